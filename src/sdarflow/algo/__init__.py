@@ -1,0 +1,56 @@
+"""Pure tensor functions of SDAR and the GRPO/OPSD family: advantages, losses, gates, aggregation, log-probs.
+
+No I/O and no config objects: callers pass tensors and the config's values. Training code selects a method by
+its config name through :func:`method_loss` (names in :data:`METHODS`) and aggregates with one of
+:data:`AGG_MODES`. Importing this package registers every method.
+"""
+
+from sdarflow.algo.advantages import broadcast_advantages, grpo_advantages, rlsd_advantages, rlsd_weights
+from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
+from sdarflow.algo.logprobs import entropy_from_logits, token_logprobs
+from sdarflow.algo.losses import (
+    KL_KINDS,
+    METHODS,
+    kl_penalty,
+    opsd_loss,
+    ppo_clip_loss,
+    sdar_gate,
+    sdar_loss,
+)
+from sdarflow.algo.registry import (
+    METHOD_REGISTRY,
+    MethodInputs,
+    Metrics,
+    Registry,
+    UnknownNameError,
+    method_loss,
+    register_method,
+)
+
+__all__ = [
+    "AGG_MODES",
+    "KL_KINDS",
+    "METHODS",
+    "METHOD_REGISTRY",
+    "AggMode",
+    "MethodInputs",
+    "Metrics",
+    "Registry",
+    "UnknownNameError",
+    "agg_loss",
+    "broadcast_advantages",
+    "entropy_from_logits",
+    "grpo_advantages",
+    "kl_penalty",
+    "masked_mean",
+    "masked_mean_value",
+    "method_loss",
+    "opsd_loss",
+    "ppo_clip_loss",
+    "register_method",
+    "rlsd_advantages",
+    "rlsd_weights",
+    "sdar_gate",
+    "sdar_loss",
+    "token_logprobs",
+]

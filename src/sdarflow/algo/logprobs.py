@@ -1,0 +1,122 @@
+"""Memory-bounded token log-probs and entropies from logits.
+
+A (N, V) float32 ``log_softmax`` over a 150k vocabulary is gigabytes for a few thousand tokens, and autograd would
+keep one per chunk alive until backward. These functions walk the flattened token dimension in chunks, in the
+forward *and* the backward (custom autograd functions that recompute the softmax per chunk), so at most
+``chunk_size x V`` upcast values exist at a time. The only full-size tensors are the logits and their gradient,
+both in the logits' own dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    # bf16/fp16 logits are upcast (their log-softmax loses the small gaps the losses depend on); fp64 stays fp64.
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _chunks(n: int, chunk_size: int) -> list[slice]:
+    return [slice(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """(N, V) logits, (N,) labels -> (N,) ``x[label] - logsumexp(x)``; grad ``g * (onehot(label) - softmax(x))``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: Tensor, labels: Tensor, chunk_size: int) -> Tensor:
+        dtype = _compute_dtype(logits)
+        out = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)
+        for sl in _chunks(logits.shape[0], chunk_size):
+            x = logits[sl].to(dtype)  # (c, V)
+            out[sl] = x.gather(-1, labels[sl, None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
+        ctx.save_for_backward(logits, labels)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        logits, labels = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for sl in _chunks(logits.shape[0], ctx.chunk_size):
+            g = grad_out[sl, None]  # (c, 1)
+            chunk = -torch.softmax(logits[sl].to(g.dtype), dim=-1) * g
+            chunk.scatter_add_(-1, labels[sl, None], g)
+            grad[sl] = chunk.to(grad.dtype)
+        return grad, None, None
+
+
+class _ChunkedEntropy(torch.autograd.Function):
+    """(N, V) logits -> (N,) ``H = logsumexp(x) - sum p x``; grad ``-g * p * (x - sum p x)``."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: Tensor, chunk_size: int) -> Tensor:
+        dtype = _compute_dtype(logits)
+        out = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)
+        for sl in _chunks(logits.shape[0], chunk_size):
+            x = logits[sl].to(dtype)
+            out[sl] = torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+        ctx.save_for_backward(logits)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor, None]:
+        (logits,) = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for sl in _chunks(logits.shape[0], ctx.chunk_size):
+            x = logits[sl].to(grad_out.dtype)
+            p = torch.softmax(x, dim=-1)
+            mean_x = (p * x).sum(-1, keepdim=True)
+            grad[sl] = (-grad_out[sl, None] * p * (x - mean_x)).to(grad.dtype)
+        return grad, None
+
+
+def _check_chunk_size(chunk_size: int) -> None:
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def token_logprobs(
+    logits: Tensor, labels: Tensor, chunk_size: int = 1024, ignore_index: int = -100
+) -> Tensor:
+    """Log-probability of each label under its logits: ``log_softmax(logits.float())[..., label]``.
+
+    Args:
+        logits: (..., V), any float dtype; gradient flows into it.
+        labels: (...) integer token ids; positions equal to ``ignore_index`` get log-prob 0 and no gradient.
+        chunk_size: tokens per chunk of the flattened (N, V) view; bounds the upcast working memory.
+    Returns:
+        (...) float32 (float64 if the logits are float64).
+    """
+    _check_chunk_size(chunk_size)
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape)} without the vocab"
+        )
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    flat_labels = labels.reshape(-1).long()  # (N,)
+    ignored = flat_labels == ignore_index
+    safe_labels = torch.where(ignored, torch.zeros_like(flat_labels), flat_labels)
+    out = _ChunkedTokenLogprobs.apply(flat_logits, safe_labels, chunk_size)
+    out = torch.where(ignored, torch.zeros_like(out), out)
+    return out.reshape(labels.shape)
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
+    """Entropy of the softmax over the last axis: ``H = logsumexp(x) - sum_v softmax(x)_v x_v``.
+
+    Args:
+        logits: (..., V), any float dtype; gradient flows into it.
+        chunk_size: tokens per chunk of the flattened (N, V) view.
+    Returns:
+        (...) float32 (float64 if the logits are float64).
+    """
+    _check_chunk_size(chunk_size)
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    return _ChunkedEntropy.apply(flat_logits, chunk_size).reshape(logits.shape[:-1])

@@ -1,0 +1,117 @@
+"""Typed stage configs: one dataclass per stage, loaded from YAML and CLI flags, hashed for lineage.
+
+Each field is documented once (``help`` metadata: effect, range, recommended value); the CLI builds its flags from
+these fields, so a flag and a YAML key are always the same thing. Fields marked ``io`` (input/output URIs, run
+identity) are excluded from the config hash: two runs with the same hash used the same settings on possibly
+different data, and the data URIs are recorded next to the hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+from sdarflow.errors import ConfigError
+
+
+def opt(default: Any, help: str, io: bool = False, choices: tuple | None = None) -> Any:
+    """A documented config field."""
+    meta = {"help": help, "io": io, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class StageConfig:
+    """Base: construction from dicts/YAML with unknown-key errors, validation, and a stable hash."""
+
+    stage: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(
+                    f"{self.stage}: {f.name} = {value!r} is not one of {', '.join(map(str, choices))}; "
+                    f"fix: pick one of those"
+                )
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks; subclasses raise ConfigError with the numbers and the fix."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> typing.Self:
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"{cls.stage}: unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
+            )
+        hints = typing.get_type_hints(cls)
+        values = {k: _coerce(cls.stage, k, v, hints[k]) for k, v in data.items()}
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> typing.Self:
+        """YAML file (optional) first, then explicit overrides (e.g. CLI flags that were given)."""
+        data: dict[str, Any] = {}
+        if path:
+            try:
+                loaded = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError) as err:
+                raise ConfigError(f"cannot read config file '{path}': {err}; fix: pass a valid YAML file") from err
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+            data.update(loaded)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def config_hash(self) -> str:
+        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("io")}
+        blob = json.dumps({"stage": self.stage, **params}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
+    """Convert YAML/CLI values to the annotated type, with an error naming the key and the expected type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if value is None:
+        return None
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(stage, name, value, inner[0])
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        return [_coerce(stage, name, v, args[0]) for v in value]
+    if origin is Literal:
+        return value
+    try:
+        if hint is bool and isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        return hint(value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{stage}: {name} = {value!r} is not a valid {hint.__name__}") from err
+
+
+def field_help(cls: type[StageConfig]) -> list[tuple[str, Any, dataclasses.Field]]:
+    """(name, type hint, field) for building CLI flags."""
+    hints = typing.get_type_hints(cls)
+    return [(f.name, hints[f.name], f) for f in dataclasses.fields(cls)]

@@ -1,0 +1,68 @@
+"""Environment protocol re-exports and the registry of env suite names.
+
+Built-in suites are named here as ``"module:Class"`` strings and imported only when asked for, so importing
+``sdarflow.envs`` stays cheap. Other packages add suites through the ``sdarflow.envs`` entry-point group, e.g.
+``[project.entry-points."sdarflow.envs"] my-env = "mypkg.env:MySuite"``; a built-in name wins over a plugin.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from importlib.metadata import entry_points
+
+from sdarflow.envs.base import SPLITS, Env, EnvError, EnvSuite, Reset, Step, Task
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "sdarflow.envs"
+
+BUILTIN_ENVS: dict[str, str] = {
+    "textworld-cooking": "sdarflow.envs.textworld_cooking:TextWorldCookingSuite",
+}
+
+__all__ = [
+    "BUILTIN_ENVS",
+    "SPLITS",
+    "Env",
+    "EnvError",
+    "EnvSuite",
+    "Reset",
+    "Step",
+    "Task",
+    "get_suite",
+    "list_envs",
+]
+
+
+def _plugins() -> dict:
+    """Entry points of the ``sdarflow.envs`` group by name, minus names a built-in already takes."""
+    found = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTIN_ENVS:
+            log.warning("ignoring entry point %s=%s: %r is a built-in env", ep.name, ep.value, ep.name)
+            continue
+        found[ep.name] = ep
+    return found
+
+
+def list_envs() -> list[str]:
+    """Every env suite name: built-ins and installed plugins, sorted."""
+    return sorted({*BUILTIN_ENVS, *_plugins()})
+
+
+def get_suite(name: str, **kwargs) -> EnvSuite:
+    """Construct the env suite registered as ``name`` with ``kwargs`` (e.g. ``cache_dir``, ``max_turns``)."""
+    if name in BUILTIN_ENVS:
+        module_name, _, attr = BUILTIN_ENVS[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+    else:
+        plugins = _plugins()
+        if name not in plugins:
+            raise EnvError(
+                f"unknown env {name!r}; available: {', '.join(list_envs())}. "
+                f"Fix: pick one of those, or install a package that registers {name!r} in the "
+                f"{ENTRY_POINT_GROUP!r} entry-point group"
+            )
+        cls = plugins[name].load()
+    return cls(**kwargs)

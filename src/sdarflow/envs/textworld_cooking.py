@@ -1,0 +1,374 @@
+"""TextWorld "tw-cooking" games as the ``textworld-cooking`` env suite.
+
+Lives here: the per-split generation settings (:data:`SPLIT_SPECS`, the one place they are defined), offline game
+generation through TextWorld's Python API into a cache keyed by a settings hash, task typing from the expert
+walkthrough, and :class:`TextWorldCookingEnv`, one episode with cleaned, short observations for a tiny policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import textworld
+from textworld.challenges.tw_cooking import cooking
+
+from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task
+
+log = logging.getLogger(__name__)
+
+# Bump when anything below changes the generated games, so stale caches are never reused.
+GENERATOR_VERSION = 1
+
+# (cut, cook) skill flags, cycled over seeds. TextWorld's --cut/--cook mean "every ingredient must be cut/cooked"
+# (without them the food starts prepared), so fixed flags give a single task type; cycling balances all four.
+SKILL_MIX: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True), (True, True))
+TASK_TYPES: tuple[str, ...] = ("plain", "cut", "cook", "cut+cook")
+_CUT_VERBS = ("slice ", "dice ", "chop ")
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """How the games of one split are generated (tw-cooking settings) and played.
+
+    tw_split: TextWorld ``--split``: ``train`` foods/preparations, or ``test`` (unseen foods and preparations).
+    recipe: ingredients in the recipe (1-5). take: how many of them must be fetched (1..recipe; >= 1 because
+        TextWorld only re-samples the recipe per ``--recipe-seed`` when something must be taken).
+    go: rooms (1, 6, 9 or 12). open: doors/containers start closed. drop: limited inventory (off: TextWorld
+        then has no walkthrough).
+    seed_base, size: task i uses game seed (= recipe seed) ``seed_base + i`` for i < size; ranges are disjoint.
+    max_turns: default episode limit, about 3x the longest expert walkthrough measured for the split.
+    skill_mix: (cut, cook) flags cycled by seed, which sets the task type mix.
+    """
+
+    tw_split: str
+    recipe: int = 1
+    take: int = 1
+    go: int = 1
+    open: bool = False
+    drop: bool = False
+    seed_base: int = 1000
+    size: int = 1000
+    max_turns: int = 20
+    skill_mix: tuple[tuple[bool, bool], ...] = SKILL_MIX
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.take <= self.recipe <= 5:
+            raise EnvError(
+                f"tw-cooking needs 1 <= take <= recipe <= 5, got take={self.take} recipe={self.recipe}"
+            )
+        if self.go not in (1, 6, 9, 12):
+            raise EnvError(
+                f"tw-cooking go={self.go} not in (1, 6, 9, 12). Fix: pick one of those room counts"
+            )
+        if self.drop:
+            raise EnvError("tw-cooking drop=True has no expert walkthrough in TextWorld. Fix: drop=False")
+
+    def game_settings(self, seed: int) -> dict:
+        """The settings dict TextWorld's ``cooking.make`` reads for the game of ``seed``."""
+        cut, cook = self.skill_mix[seed % len(self.skill_mix)]
+        return {
+            "recipe": self.recipe,
+            "take": self.take,
+            "go": self.go,
+            "open": self.open,
+            "cook": cook,
+            "cut": cut,
+            "drop": self.drop,
+            "recipe_seed": seed,  # TextWorld's default 0 would give every game the same recipe
+            "split": self.tw_split,
+        }
+
+    def settings_hash(self) -> str:
+        """Hash of everything that shapes a game besides its seed (seed range, size, max_turns do not)."""
+        content = {
+            k: v for k, v in dataclasses.asdict(self).items() if k not in ("seed_base", "size", "max_turns")
+        }
+        content.update(textworld=textworld.__version__, generator=GENERATOR_VERSION)
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+
+
+SPLIT_SPECS: dict[str, SplitSpec] = {
+    "train": SplitSpec(tw_split="train", seed_base=1000, max_turns=20),
+    "test": SplitSpec(tw_split="test", seed_base=2000, max_turns=20),
+    # Never trained on: 6 rooms (navigation), two ingredients, unseen foods/preparations.
+    "ood": SplitSpec(tw_split="test", recipe=2, take=2, go=6, seed_base=3000, max_turns=50),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$SDARFLOW_CACHE`` if set, else ``~/.cache/sdarflow``."""
+    return Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow")
+
+
+def build_game(spec: SplitSpec, seed: int, options: textworld.GameOptions | None = None) -> textworld.Game:
+    """Generate (not compile) the tw-cooking game of ``seed``: deterministic in (spec, seed)."""
+    options = options or textworld.GameOptions()
+    options.seeds = seed
+    return cooking.make(spec.game_settings(seed), options)
+
+
+def generate_game(spec: SplitSpec, seed: int, game_dir: str) -> str:
+    """Generate and compile one game into ``game_dir/<seed>.z8`` (+ ``.json``) atomically; returns the z8 path.
+
+    Compiles into a private temp dir in ``game_dir`` then renames (json first, z8 last: the z8 marks a complete
+    entry), so concurrent generators of the same game only ever replace a file with an identical one.
+    """
+    start = time.perf_counter()
+    os.makedirs(game_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{seed}-", dir=game_dir)
+    try:
+        options = textworld.GameOptions()
+        options.path, options.file_ext = os.path.join(tmp, f"{seed}.z8"), ".z8"
+        textworld.generator.compile_game(build_game(spec, seed, options), options)
+        for ext in (".json", ".z8"):
+            os.replace(os.path.join(tmp, f"{seed}{ext}"), os.path.join(game_dir, f"{seed}{ext}"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # also drops the Inform 7 source TextWorld leaves behind
+    log.info("generated tw-cooking game %s/%d in %.1f s", game_dir, seed, time.perf_counter() - start)
+    return os.path.join(game_dir, f"{seed}.z8")
+
+
+def _generate_in_subprocess(spec: SplitSpec, seed: int, game_dir: Path) -> None:
+    """:func:`generate_game` in a fresh interpreter: unlike a process pool, no fork of a parent holding torch
+    threads, and no ``if __name__ == "__main__"`` guard demanded of the caller's script (spawn)."""
+    path = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
+    )
+    args = json.dumps({"spec": dataclasses.asdict(spec), "seed": seed, "game_dir": str(game_dir)})
+    proc = subprocess.run(
+        [sys.executable, "-m", __name__, args],
+        env={**os.environ, "PYTHONPATH": path},  # so the child imports this same sdarflow
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"generating tw-cooking game {seed} failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
+        )
+
+
+def ensure_games(spec: SplitSpec, seeds: Sequence[int], game_dir: Path, workers: int = 2) -> list[Path]:
+    """Paths of the games for ``seeds``, generating the missing ones (in ``workers`` processes if several)."""
+    paths = [game_dir / f"{seed}.z8" for seed in seeds]
+    missing = [seed for seed, path in zip(seeds, paths) if not path.exists()]
+    if len(missing) > 1 and workers > 1:
+        log.info("generating %d tw-cooking games with %d workers", len(missing), workers)
+        # Threads only wait on child interpreters; list() re-raises the first failure.
+        with ThreadPoolExecutor(max_workers=min(workers, len(missing))) as pool:
+            list(pool.map(lambda seed: _generate_in_subprocess(spec, seed, game_dir), missing))
+    else:
+        for seed in missing:
+            generate_game(spec, seed, str(game_dir))
+    return paths
+
+
+def game_metadata(game_path: Path | str) -> dict:
+    """The metadata TextWorld stores next to a compiled game (recipe, ingredients, walkthrough, settings)."""
+    with open(Path(game_path).with_suffix(".json"), encoding="utf-8") as f:
+        return json.load(f)["metadata"]
+
+
+def task_type_of(walkthrough: Sequence[str]) -> str:
+    """``plain``/``cut``/``cook``/``cut+cook`` from the preparation commands the walkthrough must issue."""
+    cut = any(cmd.startswith(_CUT_VERBS) for cmd in walkthrough)
+    cook = any(cmd.startswith("cook ") for cmd in walkthrough)
+    return {(False, False): "plain", (True, False): "cut", (False, True): "cook", (True, True): "cut+cook"}[
+        (cut, cook)
+    ]
+
+
+_PROMPT_LINE = re.compile(r"^\s*>.*$", re.MULTILINE)  # the interpreter's prompt plus its status bar
+_GAME_OVER = re.compile(r"\*\*\* .+? \*\*\*")
+_RECIPE = re.compile(
+    r"Ingredients:\s*\n(?P<ingredients>.*?)\n\s*\nDirections:\s*\n(?P<directions>.*)", re.DOTALL
+)
+
+
+def clean_text(text: str, drop: str = "") -> str:
+    """Concise game text: no ASCII-art banner, prompt/status bar, restart question, or blank lines.
+
+    ``drop`` is a sentence to remove (the objective, already in the instruction).
+    """
+    over = _GAME_OVER.search(text)
+    if over:  # what follows is the score summary and a RESTART/QUIT question
+        text = text[: over.end()]
+    text = _PROMPT_LINE.sub("", text)
+    if drop:
+        text = text.replace(drop, "")
+    lines = (" ".join(line.split()) for line in text.splitlines())
+    # Banner lines are drawn only with $ \ | _ / etc.; no real line lacks a letter or digit.
+    return "\n".join(line for line in lines if any(c.isalnum() for c in line))
+
+
+def recipe_summary(text: str) -> str | None:
+    """``Ingredients: a, b`` / ``Directions: x; y; prepare meal`` from cookbook text, or None if absent."""
+    match = _RECIPE.search(text)
+    if not match:
+        return None
+
+    def items(block: str) -> list[str]:
+        return [" ".join(line.split()) for line in block.splitlines() if line.strip()]
+
+    ingredients = ", ".join(items(match["ingredients"]))
+    directions = "; ".join(items(match["directions"].split("\n\n")[0]))
+    return f"Ingredients: {ingredients}\nDirections: {directions}"
+
+
+class TextWorldCookingEnv:
+    """One episode of one tw-cooking game. Reward 1.0 on the winning turn, else 0.0."""
+
+    GOAL = "Goal: prepare the meal following the recipe, then eat it."
+
+    def __init__(self, task: Task, max_turns: int) -> None:
+        self.task = task
+        self.max_turns = max_turns
+        self._env = None
+        self._state = None  # last textworld GameState
+        self._turns = 0
+        self._done = False
+
+    def reset(self) -> Reset:
+        """(Re)start the game, read the cookbook silently, return the instruction and first observation."""
+        if self._env is None:
+            infos = textworld.EnvInfos(
+                admissible_commands=True, policy_commands=True, won=True, lost=True, score=True, max_score=True,
+                objective=True, extras=["recipe"],
+            )  # fmt: skip
+            self._env = textworld.start(self.task.payload, request_infos=infos)
+        first = self._env.reset()
+        # The expert walkthrough never reads the cookbook, so the recipe must be in the instruction. Reading it
+        # fails when the player starts outside the kitchen (go > 1): then use the recipe TextWorld stored.
+        self._state, _, _ = self._env.step("examine cookbook")
+        recipe = recipe_summary(self._state.feedback) or recipe_summary(first["extra.recipe"] or "")
+        self._turns, self._done = 0, False
+        instruction = f"{self.GOAL}\n{recipe}" if recipe else self.GOAL
+        return Reset(instruction=instruction, observation=clean_text(first.feedback, drop=first["objective"]))
+
+    def step(self, action: str) -> Step:
+        """Play ``action``; done when won, lost or after ``max_turns`` (then ``info["truncated"]``)."""
+        if self._env is None or self._state is None:
+            raise EnvError(f"step() before reset() on {self.task.task_id}. Fix: call reset() first")
+        if self._done:
+            raise EnvError(
+                f"step() after the episode of {self.task.task_id} ended. Fix: check done, or reset()"
+            )
+        # A newline would make the interpreter run two commands and desync every later observation.
+        command = " ".join(action.split())
+        self._state, _, game_over = self._env.step(command)
+        self._turns += 1
+        won, lost = bool(self._state["won"]), bool(self._state["lost"])
+        truncated = not (won or lost or game_over) and self._turns >= self.max_turns
+        self._done = won or lost or game_over or truncated
+        info = {
+            "score": self._state["score"],
+            "max_score": self._state["max_score"],
+            "turn": self._turns,
+            "lost": lost,
+            "truncated": truncated,
+        }
+        return Step(clean_text(self._state.feedback), 1.0 if won else 0.0, self._done, won, info)
+
+    def expert_action(self) -> str | None:
+        """The expert's next command from the current state, None before reset or once the game is over."""
+        if self._state is None or self._done:
+            return None
+        commands = self._state["policy_commands"] or []
+        return commands[0] if commands else None
+
+    def admissible_commands(self) -> list[str]:
+        """Commands TextWorld accepts in the current state (diagnostics; the policy is not restricted to them)."""
+        return list(self._state["admissible_commands"] or []) if self._state is not None else []
+
+    def close(self) -> None:
+        """Close the interpreter; safe to call twice."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+class TextWorldCookingSuite:
+    """The ``textworld-cooking`` suite: tasks per split from cached generated games, one env per episode.
+
+    cache_dir: game cache root (default ``$SDARFLOW_CACHE`` or ``~/.cache/sdarflow``); games live in
+        ``<cache_dir>/games/<settings-hash>/<seed>.z8``. max_turns: overrides every split's default
+        (train/test 20, ood 50). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
+    """
+
+    name = "textworld-cooking"
+
+    def __init__(
+        self,
+        cache_dir: str | Path | None = None,
+        max_turns: int | None = None,
+        workers: int = 2,
+        splits: Mapping[str, SplitSpec] | None = None,
+    ) -> None:
+        if max_turns is not None and max_turns < 1:
+            raise EnvError(f"max_turns must be >= 1, got {max_turns}. Fix: pass a positive turn limit")
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.max_turns = max_turns
+        self.workers = workers
+        self.splits = dict(splits or SPLIT_SPECS)
+
+    def spec(self, split: str) -> SplitSpec:
+        """The generation settings of ``split``; EnvError naming the allowed splits if unknown."""
+        if split not in self.splits:
+            raise EnvError(
+                f"unknown split {split!r} for {self.name}; allowed: {', '.join(self.splits)}. "
+                f"Fix: use one of {', '.join(SPLITS)}"
+            )
+        return self.splits[split]
+
+    def game_dir(self, split: str) -> Path:
+        """Cache folder holding the games of ``split``'s settings."""
+        return self.cache_dir / "games" / self.spec(split).settings_hash()
+
+    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+        """The first ``n`` tasks of ``split`` (all ``size`` if None), generating games not yet cached."""
+        spec = self.spec(split)
+        n = spec.size if n is None else n
+        if not 0 <= n <= spec.size:
+            raise EnvError(
+                f"n={n} tasks requested from split {split!r} of size {spec.size}. Fix: 0 <= n <= size"
+            )
+        seeds = [spec.seed_base + i for i in range(n)]
+        paths = ensure_games(spec, seeds, self.game_dir(split), self.workers)
+        return [
+            Task(
+                task_id=f"tw-cooking-{split}-{seed}",
+                task_type=task_type_of(game_metadata(path)["walkthrough"]),
+                split=split,
+                payload=str(path),
+            )
+            for seed, path in zip(seeds, paths)
+        ]
+
+    def make(self, task: Task) -> TextWorldCookingEnv:
+        """A fresh episode of ``task``; call ``reset()`` on it first."""
+        if not Path(task.payload).is_file():
+            raise EnvError(
+                f"game file {task.payload!r} of {task.task_id} not found. Fix: get tasks from tasks()"
+            )
+        max_turns = self.max_turns or self.spec(task.split).max_turns
+        return TextWorldCookingEnv(task, max_turns)
+
+
+if __name__ == "__main__":  # the child of _generate_in_subprocess
+    _args = json.loads(sys.argv[1])
+    _args["spec"]["skill_mix"] = tuple(map(tuple, _args["spec"]["skill_mix"]))  # JSON made the tuples lists
+    generate_game(SplitSpec(**_args["spec"]), _args["seed"], _args["game_dir"])

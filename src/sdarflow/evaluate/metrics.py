@@ -1,0 +1,187 @@
+"""Evaluation metrics: the unbiased pass@k estimator, confidence intervals over tasks, and the per-split summary
+that becomes the ``splits`` part of an evaluation report.
+
+Pure functions of episode results, no I/O. An episode result is a dict::
+
+    {"task_id": str, "task_type": str, "split": str, "success": bool,
+     "turns": int, "format_errors": int, "actions": int}
+
+where ``format_errors`` counts turns whose action could not be parsed and ``actions`` counts turns taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+# Two-sided 95% quantile of the standard normal.
+Z95 = 1.959963984540054
+
+EPISODE_KEYS: tuple[str, ...] = (
+    "task_id",
+    "task_type",
+    "split",
+    "success",
+    "turns",
+    "format_errors",
+    "actions",
+)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from ``n`` samples of which ``c`` succeeded (Chen et al. 2021, arXiv:2107.03374).
+
+    ``pass@k = 1 - C(n - c, k) / C(n, k)``: the probability that at least one of ``k`` samples drawn without
+    replacement from the ``n`` is a success. Computed as in the Codex paper,
+    ``1 - prod_{i = n-c+1}^{n} (1 - k / i)``, which avoids the huge binomials; it is exactly 1 when
+    ``n - c < k`` (every draw of ``k`` must contain a success).
+    """
+    if n < 1:
+        raise ValueError(f"pass@k needs n >= 1 samples, got n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"successes c={c} must be in [0, n={n}]")
+    if not 1 <= k <= n:
+        raise ValueError(
+            f"k={k} must be in [1, n={n}]: pass@k draws k of the n samples; lower k or sample more"
+        )
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def ks_for(n: int) -> list[int]:
+    """The k values reported for ``n`` samples per task: ``1, 2, 4, ... <= n``, plus ``n`` if not a power of two."""
+    if n < 1:
+        raise ValueError(f"ks_for needs n >= 1 samples per task, got n={n}")
+    ks = [1 << i for i in range(n.bit_length())]  # every 2**i with i < bit_length(n) is <= n
+    if ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def ci95(per_task_values: Sequence[float]) -> tuple[float, float]:
+    """95% confidence interval of the mean over tasks.
+
+    Normal approximation: ``mean +- 1.96 * s / sqrt(T)`` with ``s`` the sample standard deviation (ddof=1) over
+    the ``T`` tasks. Tasks, not episodes, are the unit: samples of one task are correlated, so the interval
+    reflects how much the score would move on a different draw of tasks. The bounds are clipped to [0, 1]
+    because every per-task value is a probability. With one task there is no spread to estimate, so the
+    interval collapses to ``(mean, mean)``; treat it as "unknown", not "exact".
+    """
+    values = np.asarray(per_task_values, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("ci95 needs at least one per-task value, got none")
+    mean = float(values.mean())
+    if values.size == 1:
+        return (mean, mean)
+    half = Z95 * float(values.std(ddof=1)) / math.sqrt(values.size)
+    return (max(0.0, mean - half), min(1.0, mean + half))
+
+
+def _check_episode(i: int, episode: Mapping[str, Any]) -> None:
+    missing = [key for key in EPISODE_KEYS if key not in episode]
+    if missing:
+        raise ValueError(f"episode {i} lacks keys {missing}; every episode needs {list(EPISODE_KEYS)}")
+
+
+def _group_by_task(
+    split: str, episodes: Iterable[Mapping[str, Any]]
+) -> tuple[dict[str, list[bool]], dict[str, str]]:
+    """Map task_id -> list of success flags, and task_id -> task_type (which must not vary within a task)."""
+    outcomes: dict[str, list[bool]] = {}
+    task_types: dict[str, str] = {}
+    for ep in episodes:
+        task_id, task_type = str(ep["task_id"]), str(ep["task_type"])
+        if task_types.setdefault(task_id, task_type) != task_type:
+            raise ValueError(
+                f"split {split!r}: task {task_id!r} has task_type {task_types[task_id]!r} and {task_type!r}; "
+                "a task has one type"
+            )
+        outcomes.setdefault(task_id, []).append(bool(ep["success"]))
+    return outcomes, task_types
+
+
+def _samples_per_task(split: str, outcomes: Mapping[str, list[bool]]) -> int:
+    """The common number of samples per task; unequal counts would weight tasks unevenly in pass@k."""
+    first_task, first = next(iter(outcomes.items()))
+    for task_id, flags in outcomes.items():
+        if len(flags) != len(first):
+            raise ValueError(
+                f"split {split!r}: task {task_id!r} has {len(flags)} episodes but task {first_task!r} has "
+                f"{len(first)}; every task needs the same number of samples (rerun evaluation for that task)"
+            )
+    return min(len(flags) for flags in outcomes.values())
+
+
+def _mean_pass_at_k(
+    per_task: Mapping[str, Mapping[int, float]], task_ids: Iterable[str], ks: Sequence[int]
+) -> dict[str, float]:
+    ids = list(task_ids)
+    return {str(k): float(np.mean([per_task[t][k] for t in ids])) for k in ks}
+
+
+def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> dict:
+    outcomes, task_types = _group_by_task(split, episodes)
+    n = _samples_per_task(split, outcomes)
+    split_ks = sorted(set(ks)) if ks is not None else ks_for(n)
+    too_big = [k for k in split_ks if k > n]
+    if too_big:
+        raise ValueError(f"split {split!r}: ks {too_big} exceed the {n} samples per task; use ks <= {n}")
+    # (task, k) -> pass@k of that task
+    per_task = {t: {k: pass_at_k(n, sum(flags), k) for k in split_ks} for t, flags in outcomes.items()}
+    by_type: dict[str, list[str]] = {}
+    for task_id, task_type in task_types.items():
+        by_type.setdefault(task_type, []).append(task_id)
+    actions = sum(int(ep["actions"]) for ep in episodes)
+    return {
+        "n_tasks": len(outcomes),
+        "samples_per_task": n,
+        "pass_at_k": _mean_pass_at_k(per_task, outcomes, split_ks),
+        "ci95": {str(k): list(ci95([per_task[t][k] for t in outcomes])) for k in split_ks},
+        "by_task_type": {
+            task_type: {"n_tasks": len(ids), "pass_at_k": _mean_pass_at_k(per_task, ids, split_ks)}
+            for task_type, ids in sorted(by_type.items())
+        },
+        "success_rate": float(np.mean([bool(ep["success"]) for ep in episodes])),
+        # Zero actions would mean no turn was taken at all; report 0 errors rather than divide by zero.
+        "format_error_rate": sum(int(ep["format_errors"]) for ep in episodes) / actions if actions else 0.0,
+        "mean_turns": float(np.mean([int(ep["turns"]) for ep in episodes])),
+    }
+
+
+def summarize(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> dict[str, dict]:
+    """Per-split summary of episode results: the ``splits`` part of the report.
+
+    For each split (in order of first appearance): ``n_tasks``, ``samples_per_task`` (n, equal for all tasks),
+    ``pass_at_k[str(k)] = mean_tasks pass_at_k(n, c_task, k)``, ``ci95[str(k)] = [lo, hi]`` over tasks,
+    ``by_task_type[type] = {"n_tasks", "pass_at_k"}``, ``success_rate = mean_episodes success``,
+    ``format_error_rate = sum format_errors / sum actions`` and ``mean_turns = mean_episodes turns``.
+    ``ks`` defaults to :func:`ks_for` of each split's n.
+    """
+    if not episodes:
+        raise ValueError("summarize needs episode results, got none; did the evaluate stage run any task?")
+    by_split: dict[str, list[Mapping[str, Any]]] = {}
+    for i, ep in enumerate(episodes):
+        _check_episode(i, ep)
+        by_split.setdefault(str(ep["split"]), []).append(ep)
+    return {split: _summarize_split(split, eps, ks) for split, eps in by_split.items()}
+
+
+def build_report(
+    episodes: Sequence[Mapping[str, Any]],
+    *,
+    adapter: str,
+    base_model: str,
+    ks: Sequence[int] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The evaluation report: ``{"adapter", "base_model", "splits": summarize(episodes, ks), **extra}``.
+
+    ``extra`` carries lineage such as ``config_hash`` and ``inputs``; it may not override the fixed keys.
+    """
+    if "splits" in extra:
+        raise ValueError("build_report computes 'splits' itself; do not pass it as an extra field")
+    return {"adapter": adapter, "base_model": base_model, "splits": summarize(episodes, ks), **extra}

@@ -1,0 +1,290 @@
+"""Rendering of evaluation reports (from :func:`sdarflow.evaluate.metrics.build_report`): Markdown for a KFP
+``Output[Markdown]``, one self-contained HTML page for a KFP ``Output[HTML]``, and the PNG plots both show.
+
+A ``baseline`` is another report of the same shape (for example the production adapter's); when given, tables
+gain baseline and delta (candidate - baseline) columns and plots draw it dashed or hatched. Rendering is
+deterministic: the same reports give the same bytes (no timestamps unless they are in the report).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+PLOT_KEYS: tuple[str, ...] = ("pass_at_k", "task_type_pass1")
+PLOT_TITLES: dict[str, str] = {"pass_at_k": "pass@k by split", "task_type_pass1": "pass@1 by task type"}
+_FIXED_KEYS = ("adapter", "base_model", "splits")
+_NA = "n/a"
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def _fmt(x: float | None) -> str:
+    return _NA if x is None else f"{x:.3f}"
+
+
+def _delta(x: float | None, base: float | None) -> str:
+    return _NA if x is None or base is None else f"{x - base:+.3f}"
+
+
+def _split_of(report: Mapping[str, Any] | None, split: str) -> Mapping[str, Any] | None:
+    return None if report is None else report.get("splits", {}).get(split)
+
+
+def _overview_table(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Table:
+    metrics = [
+        ("success_rate", "success rate"),
+        ("format_error_rate", "format error rate"),
+        ("mean_turns", "mean turns"),
+    ]
+    header = ["split", "tasks", "samples/task"]
+    for _, label in metrics:
+        header += [label] + ([f"Δ {label}"] if baseline is not None else [])
+    rows = []
+    for split, s in report["splits"].items():
+        base = _split_of(baseline, split)
+        row = [split, str(s["n_tasks"]), str(s["samples_per_task"])]
+        for key, _ in metrics:
+            row.append(_fmt(s[key]))
+            if baseline is not None:
+                row.append(_delta(s[key], None if base is None else base[key]))
+        rows.append(row)
+    return header, rows
+
+
+def _pass_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Table:
+    base = _split_of(baseline, split)
+    header = ["k", "pass@k", "95% CI"] + (["baseline", "Δ vs baseline"] if baseline is not None else [])
+    rows = []
+    for k, value in s["pass_at_k"].items():
+        lo, hi = s["ci95"][k]
+        row = [k, _fmt(value), f"{lo:.3f} – {hi:.3f}"]
+        if baseline is not None:
+            b = None if base is None else base["pass_at_k"].get(k)
+            row += [_fmt(b), _delta(value, b)]
+        rows.append(row)
+    return header, rows
+
+
+def _type_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Table:
+    base_types = (_split_of(baseline, split) or {}).get("by_task_type", {})
+    header = ["task type", "tasks", "pass@1"] + (
+        ["baseline pass@1", "Δ vs baseline"] if baseline is not None else []
+    )
+    rows = []
+    for task_type, t in s["by_task_type"].items():
+        value = t["pass_at_k"].get("1")
+        row = [task_type, str(t["n_tasks"]), _fmt(value)]
+        if baseline is not None:
+            b = base_types.get(task_type, {}).get("pass_at_k", {}).get("1")
+            row += [_fmt(b), _delta(value, b)]
+        rows.append(row)
+    return header, rows
+
+
+def _extras(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Lineage and other extra fields as (key, text); non-strings as sorted JSON so output is deterministic."""
+    return [
+        (key, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+        for key, value in report.items()
+        if key not in _FIXED_KEYS
+    ]
+
+
+def _sections(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> list[tuple[str, Table]]:
+    """(title, table) in display order; shared by both renderers so Markdown and HTML always agree."""
+    sections = [("Overview", _overview_table(report, baseline))]
+    for split, s in report["splits"].items():
+        sections.append((f"Split {split}: pass@k", _pass_table(split, s, baseline)))
+        sections.append((f"Split {split}: pass@1 by task type", _type_table(split, s, baseline)))
+    return sections
+
+
+def _subtitle(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> str:
+    text = f"base model: {report['base_model']}"
+    return text + (f"; baseline: {baseline['adapter']}" if baseline is not None else "")
+
+
+# CommonMark lets a backslash escape any ASCII punctuation; these are the ones that change rendering.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!])")
+
+
+def _md(text: str) -> str:
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
+
+
+def _md_table(table: Table) -> list[str]:
+    header, rows = table
+    lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(
+    report: Mapping[str, Any],
+    baseline: Mapping[str, Any] | None = None,
+    image_names: Mapping[str, str] | None = None,
+) -> str:
+    """Markdown report: overview, pass@k with CI per split, pass@1 by task type, lineage.
+
+    ``image_names`` maps a plot key (:data:`PLOT_KEYS`) to the file name the PNG is stored under next to the
+    Markdown; without it no images are referenced, since a Markdown artifact cannot embed them.
+    """
+    lines = [f"# Evaluation: {_md(report['adapter'])}", "", _md(_subtitle(report, baseline)), ""]
+    for title, table in _sections(report, baseline):
+        lines += [f"## {_md(title)}", "", *_md_table(table), ""]
+    if image_names:
+        lines += ["## Plots", ""]
+        for key, name in image_names.items():
+            # Angle brackets let the file name hold spaces and parentheses.
+            lines += [f"![{_md(PLOT_TITLES.get(key, key))}](<{name}>)", ""]
+    extras = _extras(report)
+    if extras:
+        lines += ["## Lineage", ""] + [f"- {_md(k)}: {_md(v)}" for k, v in extras] + [""]
+    return "\n".join(lines)
+
+
+_CSS = (
+    "body{font-family:sans-serif;margin:2em;color:#222}"
+    "table{border-collapse:collapse;margin:0 0 1.5em}"
+    "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}"
+    "img{max-width:100%;display:block;margin:0 0 1em}"
+)
+
+
+def _html_table(table: Table) -> str:
+    header, rows = table
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(
+    report: Mapping[str, Any],
+    baseline: Mapping[str, Any] | None = None,
+    images: Mapping[str, bytes] | None = None,
+) -> str:
+    """One self-contained HTML page: the Markdown's tables plus the plots as base64 ``data:`` URIs.
+
+    ``images`` reuses PNGs already made by :func:`plots` (for example ones also written as files); by default
+    they are drawn here.
+    """
+    pngs = plots(report, baseline) if images is None else images
+    title = html.escape(f"Evaluation: {report['adapter']}")
+    parts = [
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{title}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{title}</h1><p>{html.escape(_subtitle(report, baseline))}</p>",
+    ]
+    for section, table in _sections(report, baseline):
+        parts.append(f"<h2>{html.escape(section)}</h2>{_html_table(table)}")
+    if pngs:
+        parts.append("<h2>Plots</h2>")
+    for key, png in pngs.items():
+        alt = html.escape(PLOT_TITLES.get(key, key))
+        parts.append(f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">')
+    extras = _extras(report)
+    if extras:
+        items = "".join(f"<li>{html.escape(k)}: <code>{html.escape(v)}</code></li>" for k, v in extras)
+        parts.append(f"<h2>Lineage</h2><ul>{items}</ul>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _label(text: str, limit: int = 24) -> str:
+    """Plot-safe text: '$' would switch matplotlib to mathtext (and can fail to parse), long names overlap."""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return text.replace("$", r"\$")
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _split_axes(report: Mapping[str, Any], width: float) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure  # lazy: matplotlib is slow to import and only plots need it
+
+    n = max(1, len(report["splits"]))
+    fig = Figure(figsize=(width * n, 3.6), layout="constrained")
+    axes = list(fig.subplots(1, n, squeeze=False)[0])
+    if not report["splits"]:
+        axes[0].text(0.5, 0.5, "no splits evaluated", ha="center", va="center")
+    return fig, axes
+
+
+def _finish_axes(ax: Any, split: str, ylabel: str) -> None:
+    ax.set_ylim(0.0, 1.02)
+    ax.set_title(_label(f"split: {split}"))
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+
+
+def _pass_at_k_figure(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Any:
+    fig, axes = _split_axes(report, 4.2)
+    for ax, (split, s) in zip(axes, report["splits"].items()):
+        ks = [int(k) for k in s["pass_at_k"]]
+        ax.plot(
+            ks, list(s["pass_at_k"].values()), marker="o", label=_label(f"candidate: {report['adapter']}")
+        )
+        lows, highs = zip(*s["ci95"].values())
+        ax.fill_between(ks, lows, highs, alpha=0.2, label="candidate 95% CI")
+        base = _split_of(baseline, split)
+        if base is not None:
+            base_ks = [int(k) for k in base["pass_at_k"]]
+            style = {"linestyle": "--", "marker": "s", "color": "gray"}
+            ax.plot(
+                base_ks,
+                list(base["pass_at_k"].values()),
+                label=_label(f"baseline: {baseline['adapter']}"),
+                **style,
+            )
+            ks = sorted(set(ks) | set(base_ks))
+        ax.set_xscale("log", base=2)  # ks are powers of two
+        ax.set_xticks(ks, labels=[str(k) for k in ks])
+        ax.set_xlabel("k")
+        _finish_axes(ax, split, "pass@k")
+    return fig
+
+
+def _pass1(by_type: Mapping[str, Any], task_type: str) -> float:
+    # A type absent on one side draws no bar (NaN) rather than a misleading zero.
+    return by_type.get(task_type, {}).get("pass_at_k", {}).get("1", float("nan"))
+
+
+def _task_type_figure(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Any:
+    fig, axes = _split_axes(report, 4.8)
+    for ax, (split, s) in zip(axes, report["splits"].items()):
+        base = _split_of(baseline, split)
+        base_types = {} if base is None else base["by_task_type"]
+        types = sorted(set(s["by_task_type"]) | set(base_types))
+        width, shift = (0.4, 0.2) if base is not None else (0.7, 0.0)
+        xs = range(len(types))
+        cand = [_pass1(s["by_task_type"], t) for t in types]
+        ax.bar([x - shift for x in xs], cand, width, label=_label(f"candidate: {report['adapter']}"))
+        if base is not None:
+            style = {"color": "lightgray", "edgecolor": "gray", "hatch": "//"}
+            label = _label(f"baseline: {baseline['adapter']}")
+            ax.bar(
+                [x + shift for x in xs], [_pass1(base_types, t) for t in types], width, label=label, **style
+            )
+        ax.set_xticks(list(xs), labels=[_label(t) for t in types], rotation=30, ha="right")
+        _finish_axes(ax, split, "pass@1")
+    return fig
+
+
+def plots(report: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+    """PNG plots keyed by :data:`PLOT_KEYS`: ``pass_at_k`` (curve per split with its 95% CI band; baseline
+    dashed) and ``task_type_pass1`` (pass@1 bars per task type per split; baseline hatched beside)."""
+    return {
+        "pass_at_k": _png(_pass_at_k_figure(report, baseline)),
+        "task_type_pass1": _png(_task_type_figure(report, baseline)),
+    }

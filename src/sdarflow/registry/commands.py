@@ -1,0 +1,229 @@
+"""``sdarflow registry ...``: the command-line face of the adapter registry.
+
+``add_parser(subparsers)`` adds the ``registry`` command; each subcommand sets ``func`` to a handler
+``(args) -> int``. Handlers print results on stdout and raise SdarflowError subclasses, which the top-level CLI
+prints as one line and turns into ``err.exit_code`` (3: gate refused, 4: lost a race, retry). Library imports
+happen inside the handlers so ``sdarflow --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from sdarflow.errors import ConfigError
+
+
+def _emit(obj: Any, as_json: bool = True) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(obj, sort_keys=False))
+
+
+def _lineage(value: str | None) -> dict[str, Any]:
+    """--lineage takes inline JSON (``'{"run_id": ...}'``) or a path/URI to a JSON file."""
+    if not value:
+        return {}
+    if value.lstrip().startswith("{"):
+        try:
+            lineage = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"--lineage is not valid JSON ({err.msg}); fix: pass a JSON object or a file"
+            ) from err
+    else:
+        from sdarflow import storage
+
+        lineage = storage.read_json(value)
+    if not isinstance(lineage, dict):
+        raise ConfigError(f"--lineage must be a JSON object, got {type(lineage).__name__}; fix: pass {{...}}")
+    return lineage
+
+
+def _registry(args: argparse.Namespace) -> Any:
+    from sdarflow.registry.store import Registry
+
+    return Registry(args.registry)
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    version = _registry(args).register(
+        args.name, args.adapter, args.eval, _lineage(args.lineage), actor=args.actor
+    )
+    sys.stdout.write(f"{version}\n")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    if args.name:
+        rows = registry.list_versions(args.name)
+        if args.json:
+            _emit(rows)
+            return 0
+        for row in rows:
+            p1 = row["pass@1"]
+            test = "-" if p1["test"] is None else f"{p1['test']:.3f}"
+            ood = "-" if p1["ood"] is None else f"{p1['ood']:.3f}"
+            aliases = ",".join(row["aliases"]) or "-"
+            sys.stdout.write(
+                f"v{row['version']}\t{row['created_at']}\ttest@1 {test}\tood@1 {ood}\t{aliases}\n"
+            )
+        return 0
+    rows = [{"name": n, "aliases": registry.aliases(n)} for n in registry.list_names()]
+    if args.json:
+        _emit(rows)
+        return 0
+    for row in rows:
+        aliases = " ".join(f"{stage}=v{v}" for stage, v in sorted(row["aliases"].items())) or "-"
+        sys.stdout.write(f"{row['name']}\t{aliases}\n")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    _emit(_registry(args).show(args.name, args.version))
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from sdarflow.registry.gate import GatePolicy
+
+    policy = GatePolicy(
+        min_gain=args.min_gain, passk_tolerance=args.passk_tolerance, ood_tolerance=args.ood_tolerance
+    )
+    event = _registry(args).promote(
+        args.name,
+        args.version,
+        stage=args.stage,
+        policy=policy,
+        force=args.force,
+        reason=args.reason or "",
+        actor=args.actor,
+    )
+    gate = event.get("gate", "unchanged")
+    sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (gate: {gate})\n")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    event = _registry(args).rollback(args.name, stage=args.stage, reason=args.reason or "", actor=args.actor)
+    sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (was v{event['from']})\n")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    path = _registry(args).fetch_adapter(args.name, args.version, dest=args.dest)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def cmd_serve_config(args: argparse.Namespace) -> int:
+    from sdarflow.registry.serve import DEFAULT_FETCH_IMAGE, serve_config
+
+    config = serve_config(
+        args.registry,
+        args.base_model,
+        args.name,
+        image=args.image,
+        fetch_image=args.fetch_image or DEFAULT_FETCH_IMAGE,
+        secret=args.secret,
+        namespace=args.namespace,
+    )
+    if not args.out:
+        _emit(config, as_json=args.json)
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".json" or args.json:
+        out.write_text(json.dumps(config["kubernetes"], indent=2) + "\n")
+    else:
+        import yaml
+
+        out.write_text(yaml.safe_dump_all(config["kubernetes"], sort_keys=False))
+    # The manifests went to the file; the launch command (for running without Kubernetes) goes to stdout.
+    sys.stdout.write(shlex.join(config["vllm"]["args"]) + "\n")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
+    p.add_argument("--registry", required=True, help="registry root: a folder or s3://bucket/prefix")
+    if name:
+        p.add_argument("--name", required=True, help="adapter name, e.g. sdar-qwen-0.5b")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``registry`` and its subcommands to the top-level CLI's subparsers."""
+    parser = subparsers.add_parser("registry", help="adapter registry: register, promote (gated), serve")
+    sub = parser.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
+
+    p = sub.add_parser("register", help="publish an adapter as a new immutable version; prints the version")
+    _common(p)
+    p.add_argument("--adapter", required=True, help="PEFT adapter folder (adapter_config.json, weights)")
+    p.add_argument("--eval", required=True, help="eval_report.json (path or URI) from `sdarflow evaluate`")
+    p.add_argument("--lineage", help="lineage as inline JSON or a path/URI to a JSON file")
+    p.add_argument("--actor", help="who registers (default: $SDARFLOW_ACTOR or user@host)")
+    p.set_defaults(func=cmd_register)
+
+    p = sub.add_parser("list", help="names with their aliases, or the versions of one name")
+    _common(p, name=False)
+    p.add_argument("--name", help="list this name's versions")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="lineage, eval summary, files and aliases of one version")
+    _common(p)
+    p.add_argument("--version", required=True, help="version number, 'latest', production or staging")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("promote", help="point a stage at a version (production is gated)")
+    _common(p)
+    p.add_argument("--version", required=True, help="version number or 'latest'")
+    p.add_argument("--stage", default="production", choices=["production", "staging"])
+    p.add_argument("--force", action="store_true", help="override a gate refusal (needs --reason)")
+    p.add_argument(
+        "--reason", help="why (required with --force); written to the alias history and the audit log"
+    )
+    p.add_argument("--min-gain", type=float, default=0.0, help="test pass@1 must beat production by this")
+    p.add_argument(
+        "--passk-tolerance", type=float, default=0.02, help="allowed drop of test pass@k (largest k)"
+    )
+    p.add_argument("--ood-tolerance", type=float, default=0.02, help="allowed drop of ood pass@1")
+    p.add_argument("--actor", help="who promotes (default: $SDARFLOW_ACTOR or user@host)")
+    p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("rollback", help="point a stage back at its previous version")
+    _common(p)
+    p.add_argument("--stage", default="production", choices=["production", "staging"])
+    p.add_argument("--reason", help="why; written to the audit log")
+    p.add_argument("--actor", help="who rolls back (default: $SDARFLOW_ACTOR or user@host)")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("fetch", help="download a version (sha256-verified) to a local folder")
+    _common(p)
+    p.add_argument("--version", default="production", help="version number, 'latest', production or staging")
+    p.add_argument("--dest", help="target folder (default: a temp folder, or in place for a local registry)")
+    p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("serve-config", help="vLLM multi-LoRA command and Kubernetes manifests for production")
+    _common(p, name=False)
+    p.add_argument("--base-model", required=True, help="base model path or id the adapters were trained on")
+    p.add_argument("--name", help="only this adapter (default: every name with a production version)")
+    p.add_argument("--image", default="vllm/vllm-openai:latest", help="vLLM serving image")
+    p.add_argument(
+        "--fetch-image", default=None, help="image with sdarflow for the adapter-fetch initContainer"
+    )
+    p.add_argument("--secret", default="sdarflow-s3", help="Secret with AWS_* variables for the registry")
+    p.add_argument("--namespace", help="Kubernetes namespace for the manifests")
+    p.add_argument(
+        "--out", help="write the manifests here (YAML; JSON if it ends in .json) and print the command"
+    )
+    p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    p.set_defaults(func=cmd_serve_config)
+    return parser

@@ -1,0 +1,99 @@
+"""Where things live in a registry, and validation of the names that become parts of those paths.
+
+::
+
+    <registry>/<name>/claims/<v>.json          marker created exclusively to claim version number v
+    <registry>/<name>/versions/<v>/            the immutable version: adapter files (PEFT), eval_report.json,
+                                               lineage.json, _manifest.json (sha256 of each, written last)
+    <registry>/<name>/aliases.json             stage -> version, with history (compare-and-swap updated)
+    <registry>/<name>/audit/<utc>-<uuid>.json  one event per object: appends never race
+
+Versions are integers in the API and in JSON, and their decimal string in paths.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from sdarflow import storage
+from sdarflow.errors import ConfigError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+Stage = Literal["production", "staging"]
+STAGES: tuple[str, ...] = ("production", "staging")
+
+VERSION_KIND = "sdarflow-adapter-version"
+EVAL_REPORT = "eval_report.json"
+LINEAGE = "lineage.json"
+ALIASES = "aliases.json"
+# Files the registry writes into a version folder itself; an adapter folder must not bring its own.
+RESERVED_FILES: tuple[str, ...] = (EVAL_REPORT, LINEAGE, storage.MANIFEST)
+
+
+def validate_name(name: str) -> str:
+    """Refuse names that are not a single safe path component (no ``..``, no slashes, lower case)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise ConfigError(
+            f"bad adapter name {name!r}: names must match {NAME_PATTERN} and contain no '..' "
+            f"(lower-case letters, digits, '.', '_', '-'; no slashes); fix: pick a name like 'sdar-qwen-0.5b'"
+        )
+    return name
+
+
+def validate_stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise ConfigError(
+            f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}; fix: pass --stage production"
+        )
+    return stage
+
+
+def parse_version(value: int | str) -> int | None:
+    """An explicit version number (``3``, ``"3"``, ``"v3"``) or None when ``value`` is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 1 else None
+    text = str(value).strip().lower().removeprefix("v")
+    return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths of one adapter name inside a registry root URI."""
+
+    root: str
+    name: str
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+
+    @property
+    def base(self) -> str:
+        return storage.join(self.root, self.name)
+
+    @property
+    def claims(self) -> str:
+        return storage.join(self.base, "claims")
+
+    @property
+    def versions(self) -> str:
+        return storage.join(self.base, "versions")
+
+    @property
+    def aliases(self) -> str:
+        return storage.join(self.base, ALIASES)
+
+    @property
+    def audit(self) -> str:
+        return storage.join(self.base, "audit")
+
+    def claim(self, version: int) -> str:
+        return storage.join(self.claims, f"{version}.json")
+
+    def version(self, version: int) -> str:
+        return storage.join(self.versions, str(version))

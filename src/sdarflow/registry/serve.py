@@ -1,0 +1,219 @@
+"""Serving configuration for production adapters: a vLLM multi-LoRA launch command and Kubernetes manifests.
+
+One vLLM server holds the base model once and serves every production adapter as a LoRA module (clients pick one
+with ``"model": "<adapter name>"``). The Deployment's initContainer downloads the adapters from the registry
+(``sdarflow registry fetch``) into a shared emptyDir; credentials come only from a Secret through ``envFrom``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+from sdarflow import __version__
+from sdarflow.errors import ModelError
+from sdarflow.registry.errors import RegistryError
+from sdarflow.registry.layout import validate_name
+from sdarflow.registry.store import Registry
+
+log = logging.getLogger(__name__)
+
+# The values vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks); a rank is rounded up to one.
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_IMAGE = "vllm/vllm-openai:latest"
+DEFAULT_FETCH_IMAGE = f"sdarflow:{__version__}"
+DEFAULT_SECRET = "sdarflow-s3"
+
+
+def _vllm_rank(rank: int) -> int:
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ModelError(
+        f"LoRA rank {rank} is above vLLM's maximum {VLLM_LORA_RANKS[-1]}; allowed --max-lora-rank values: "
+        f"{', '.join(map(str, VLLM_LORA_RANKS))}; fix: train the adapter with a smaller r"
+    )
+
+
+def production_adapters(registry: Registry, name: str | None, adapter_root: str) -> list[dict[str, Any]]:
+    """name, version, registry URI, mount path and LoRA rank of each production adapter (or of ``name``'s)."""
+    names = [validate_name(name)] if name else registry.list_names()
+    adapters = []
+    for n in names:
+        version = registry.aliases(n).get("production")
+        if version is None:
+            if name:
+                raise RegistryError(
+                    f"'{n}' has no production version; fix: `sdarflow registry promote` one first"
+                )
+            log.info("serve-config: skipping %s (no production version)", n)
+            continue
+        info = registry.show(n, version)
+        if info["lora_rank"] is None:
+            raise ModelError(
+                f"{n} v{version} has no LoRA rank ('r') in adapter_config.json; vLLM serves LoRA adapters only; "
+                f"fix: register a LoRA adapter"
+            )
+        path = f"{adapter_root.rstrip('/')}/{n}/{version}"
+        adapters.append(
+            {"name": n, "version": version, "uri": info["uri"], "path": path, "lora_rank": info["lora_rank"]}
+        )
+    if not adapters:
+        raise RegistryError(
+            f"no production adapter in {registry.uri}; fix: promote one with "
+            f"`sdarflow registry promote --registry {registry.uri} --name NAME --version V`"
+        )
+    return adapters
+
+
+def vllm_args(base_model: str, adapters: list[dict[str, Any]], port: int = 8000) -> list[str]:
+    """``vllm serve`` argument list serving ``base_model`` with every adapter as a LoRA module."""
+    max_rank = _vllm_rank(max(a["lora_rank"] for a in adapters))
+    return [
+        "vllm",
+        "serve",
+        base_model,
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_rank),
+        # All adapters resident at once: a request for any of them never waits for a swap.
+        "--max-loras",
+        str(len(adapters)),
+        "--lora-modules",
+        *[f"{a['name']}={a['path']}" for a in adapters],
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+
+
+def kubernetes_manifests(
+    *,
+    registry_uri: str,
+    args: list[str],
+    adapters: list[dict[str, Any]],
+    image: str,
+    fetch_image: str,
+    secret: str,
+    adapter_root: str,
+    app: str,
+    port: int,
+    namespace: str | None,
+) -> list[dict[str, Any]]:
+    """A Deployment (initContainer fetches adapters, vLLM container on one GPU) and a ClusterIP Service."""
+    fetch = " && ".join(
+        shlex.join(
+            ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--name", a["name"]]
+            + ["--version", str(a["version"]), "--dest", a["path"]]
+        )
+        for a in adapters
+    )
+    labels = {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "sdarflow"}
+    metadata: dict[str, Any] = {"name": app, "labels": labels}
+    if namespace:
+        metadata["namespace"] = namespace
+    volume_mount = {"name": "adapters", "mountPath": adapter_root}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            **metadata,
+            "annotations": {
+                "sdarflow.io/registry": registry_uri,
+                "sdarflow.io/adapters": ",".join(f"{a['name']}:{a['version']}" for a in adapters),
+            },
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "initContainers": [
+                        {
+                            "name": "fetch-adapters",
+                            "image": fetch_image,
+                            "command": ["sh", "-c", fetch],
+                            # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
+                            "envFrom": [{"secretRef": {"name": secret}}],
+                            "volumeMounts": [volume_mount],
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": image,
+                            "command": args,
+                            "ports": [{"name": "http", "containerPort": port}],
+                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                            "volumeMounts": [{**volume_mount, "readOnly": True}],
+                            # Model load takes minutes: readiness, not liveness, gates traffic.
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": "http"},
+                                "initialDelaySeconds": 30,
+                                "periodSeconds": 10,
+                            },
+                        }
+                    ],
+                    "volumes": [{"name": "adapters", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"app.kubernetes.io/name": app},
+            "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+        },
+    }
+    return [deployment, service]
+
+
+def serve_config(
+    registry: Registry | str | Path,
+    base_model: str,
+    name: str | None = None,
+    *,
+    image: str = DEFAULT_IMAGE,
+    fetch_image: str = DEFAULT_FETCH_IMAGE,
+    secret: str = DEFAULT_SECRET,
+    adapter_root: str = "/adapters",
+    app: str = "sdarflow-serve",
+    port: int = 8000,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}``."""
+    registry = registry if isinstance(registry, Registry) else Registry(registry)
+    adapters = production_adapters(registry, name, adapter_root)
+    args = vllm_args(base_model, adapters, port)
+    manifests = kubernetes_manifests(
+        registry_uri=registry.uri,
+        args=args,
+        adapters=adapters,
+        image=image,
+        fetch_image=fetch_image,
+        secret=secret,
+        adapter_root=adapter_root,
+        app=app,
+        port=port,
+        namespace=namespace,
+    )
+    result = {
+        "vllm": {
+            "args": args,
+            "command": shlex.join(args),
+            "adapters": adapters,
+            "max_lora_rank": int(args[args.index("--max-lora-rank") + 1]),
+        },
+        "kubernetes": manifests,
+    }
+    # A JSON round trip unshares the dicts and lists used in several places, so YAML dumps have no &anchors.
+    return json.loads(json.dumps(result))

@@ -1,0 +1,504 @@
+"""The adapter registry: immutable numbered versions, stage aliases with history, a promotion gate, an audit log.
+
+A registry is a folder or an ``s3://bucket/prefix`` (layout in :mod:`sdarflow.registry.layout`). Writers are
+concurrent pipeline runs and people, so every shared write is conditional (:mod:`sdarflow.registry.cas`):
+
+- ``register`` claims the next version number by exclusively creating ``claims/<v>.json`` (retrying with v+1
+  when another writer got there first), then publishes the version folder manifest-last with sha256 sums.
+  Numbers are never reused, even when a publish fails half way.
+- ``promote`` / ``rollback`` read ``aliases.json`` with its etag and write it back only if it is unchanged; the
+  loser of a race gets :class:`RegistryConflict` and retries.
+- every change appends one audit object with a unique name, so appends never race.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from sdarflow import storage
+from sdarflow.errors import ConfigError, ModelError, StorageError
+from sdarflow.registry import cas, gate
+from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
+from sdarflow.registry.layout import (
+    EVAL_REPORT,
+    LINEAGE,
+    RESERVED_FILES,
+    STAGES,
+    VERSION_KIND,
+    Layout,
+    parse_version,
+    validate_stage,
+)
+
+log = logging.getLogger(__name__)
+
+# Bounds the claim loop: more than this many writers racing for one name means something is wrong.
+_MAX_CLAIM_ATTEMPTS = 1000
+
+
+def default_actor() -> str:
+    """Who is acting, for history and audit: ``SDARFLOW_ACTOR`` (set it in pipelines) or user@host."""
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    return os.environ.get("SDARFLOW_ACTOR") or f"{user}@{socket.gethostname()}"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _children(uri: str) -> list[str]:
+    """Base names directly under ``uri`` (files and folders); empty when it does not exist."""
+    loc = storage.resolve(uri)
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+    except (OSError, pa.ArrowException) as err:
+        raise StorageError(f"cannot list '{loc.uri}': {err}; fix: check the URI and credentials") from err
+    return sorted({info.base_name for info in infos})
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    # Staging the version folder hard-links the adapter files when it can: adapters can be large.
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def _load_report(eval_report: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    report = dict(eval_report) if isinstance(eval_report, Mapping) else storage.read_json(str(eval_report))
+    if not isinstance(report.get("splits"), Mapping):
+        raise ConfigError(
+            f"eval report {eval_report if not isinstance(eval_report, Mapping) else '(dict)'} has no 'splits' "
+            f"mapping; fix: pass the eval_report.json written by `sdarflow evaluate`"
+        )
+    return report
+
+
+def _lora_rank(adapter_config: Mapping[str, Any]) -> int | None:
+    """The largest LoRA rank (``r`` and any per-module ``rank_pattern``): vLLM's --max-lora-rank needs it."""
+    ranks = [adapter_config.get("r"), *dict(adapter_config.get("rank_pattern") or {}).values()]
+    ints = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool) and r > 0]
+    return max(ints) if ints else None
+
+
+def _check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:
+    """Refuse a folder that is not a PEFT adapter; return its adapter_config.json."""
+    config_path = adapter_dir / "adapter_config.json"
+    if not adapter_dir.is_dir() or not config_path.is_file():
+        raise ModelError(
+            f"'{adapter_dir}' is not a PEFT adapter folder (no adapter_config.json); "
+            f"fix: pass the folder the train stage saved with save_pretrained"
+        )
+    if not any(adapter_dir.glob("adapter_model.*")):
+        raise ModelError(
+            f"'{adapter_dir}' has no adapter_model.safetensors (or .bin); fix: pass a complete adapter folder"
+        )
+    for reserved in RESERVED_FILES:
+        if (adapter_dir / reserved).exists():
+            raise ConfigError(
+                f"adapter folder '{adapter_dir}' contains '{reserved}', which the registry writes itself; "
+                f"fix: remove it from the folder (pass the report with --eval and lineage with --lineage)"
+            )
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelError(f"'{config_path}' is not valid JSON ({err.msg}); fix: re-save the adapter") from err
+    if not isinstance(config, dict):
+        raise ModelError(f"'{config_path}' is not a JSON object; fix: re-save the adapter")
+    return config
+
+
+class Registry:
+    """An adapter registry at a local folder or ``s3://bucket/prefix``."""
+
+    def __init__(self, uri: str | Path) -> None:
+        self.uri = storage.resolve(str(uri)).uri
+
+    def __repr__(self) -> str:
+        return f"Registry({self.uri!r})"
+
+    def _layout(self, name: str) -> Layout:
+        return Layout(self.uri, name)
+
+    # ------------------------------------------------------------------------------------------------ register
+
+    def register(
+        self,
+        name: str,
+        adapter_dir: str | Path,
+        eval_report: Mapping[str, Any] | str | Path,
+        lineage: Mapping[str, Any],
+        *,
+        version: int | None = None,
+        actor: str | None = None,
+    ) -> int:
+        """Publish ``adapter_dir`` with its eval report and lineage as a new immutable version; return it.
+
+        ``version`` asks for a specific number and fails if it exists; by default the next free one is claimed.
+        """
+        layout = self._layout(name)
+        adapter_dir = Path(adapter_dir)
+        adapter_config = _check_adapter_dir(adapter_dir)
+        report = _load_report(eval_report)
+        if not isinstance(lineage, Mapping):
+            raise ConfigError(
+                f"lineage must be a JSON object, got {type(lineage).__name__}; fix: pass a dict"
+            )
+        actor = actor or default_actor()
+
+        with tempfile.TemporaryDirectory(prefix="sdarflow-register-") as tmp:
+            staged = Path(tmp) / "version"
+            shutil.copytree(adapter_dir, staged, copy_function=_link_or_copy)
+            (staged / EVAL_REPORT).write_text(json.dumps(report, indent=2, sort_keys=True))
+            (staged / LINEAGE).write_text(json.dumps(dict(lineage), indent=2, sort_keys=True, default=str))
+            number = self._claim(layout, version, actor)
+            storage.publish_dir(
+                staged,
+                layout.version(number),
+                kind=VERSION_KIND,
+                name=name,
+                version=number,
+                lora_rank=_lora_rank(adapter_config),
+                base_model=adapter_config.get("base_model_name_or_path"),
+                registered_by=actor,
+                source=str(adapter_dir.absolute()),
+            )
+        self._audit(layout, "register", version=number, by=actor)
+        log.info("registered %s v%d in %s", name, number, self.uri)
+        return number
+
+    def _claim(self, layout: Layout, version: int | None, actor: str) -> int:
+        """Reserve a version number by exclusively creating its claim marker."""
+        marker = {"by": actor, "at": _now().isoformat(timespec="seconds"), "claim": uuid.uuid4().hex}
+        data = json.dumps(marker).encode()
+        if version is not None:
+            number = parse_version(version)
+            if number is None:
+                raise ConfigError(
+                    f"bad version {version!r}: versions are integers >= 1; fix: e.g. --version 3"
+                )
+            if not cas.create_exclusive(layout.claim(number), data):
+                raise RegistryError(
+                    f"version {number} of '{layout.name}' already exists and versions are immutable; "
+                    f"fix: register without an explicit version to get the next free number"
+                )
+            return number
+        number = self._highest(layout) + 1
+        for _ in range(_MAX_CLAIM_ATTEMPTS):
+            if cas.create_exclusive(layout.claim(number), data):
+                return number
+            number += 1  # someone else claimed it between our listing and our create: try the next
+        raise RegistryConflict(
+            f"could not claim a version of '{layout.name}' after {_MAX_CLAIM_ATTEMPTS} attempts; fix: retry"
+        )
+
+    def _highest(self, layout: Layout) -> int:
+        claimed = [parse_version(Path(n).stem) for n in _children(layout.claims)]
+        published = [parse_version(n) for n in _children(layout.versions)]
+        return max([v for v in claimed + published if v is not None], default=0)
+
+    # ------------------------------------------------------------------------------------------------ reading
+
+    def list_names(self) -> list[str]:
+        """Adapter names with at least one claimed version."""
+        names = []
+        for child in _children(self.uri):
+            try:
+                layout = self._layout(child)
+            except ConfigError:
+                continue  # a foreign file or folder next to the registry's names
+            if _children(layout.claims):
+                names.append(child)
+        return names
+
+    def _published(self, layout: Layout) -> list[int]:
+        numbers = (parse_version(n) for n in _children(layout.versions))
+        # Claimed but unpublished versions (in progress, or failed) have no manifest and do not exist yet.
+        return sorted(v for v in numbers if v is not None and storage.is_published(layout.version(v)))
+
+    def _manifest(self, layout: Layout, version: int) -> dict[str, Any]:
+        uri = layout.version(version)
+        if not storage.is_published(uri):
+            raise StorageError(
+                f"version {version} of '{layout.name}' does not exist in {self.uri}; "
+                f"fix: see the versions with `sdarflow registry list --registry {self.uri} --name {layout.name}`"
+            )
+        return storage.read_manifest(uri, VERSION_KIND)
+
+    def _read_verified_json(self, layout: Layout, version: int, filename: str) -> dict[str, Any]:
+        """A JSON file of a version, refused if its bytes do not match the sha256 recorded at register."""
+        manifest = self._manifest(layout, version)
+        entry = next((f for f in manifest["files"] if f["path"] == filename), None)
+        uri = storage.join(layout.version(version), filename)
+        data = storage.read_bytes(uri)
+        if entry is None or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+            raise StorageError(
+                f"'{uri}' does not match the sha256 recorded when {layout.name} v{version} was registered "
+                f"(corrupt or tampered); fix: register the adapter again as a new version"
+            )
+        return json.loads(data)
+
+    def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
+        layout = self._layout(name)
+        return self._read_verified_json(layout, self.resolve(name, version_or_alias), EVAL_REPORT)
+
+    def lineage(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
+        layout = self._layout(name)
+        return self._read_verified_json(layout, self.resolve(name, version_or_alias), LINEAGE)
+
+    def resolve(self, name: str, version_or_alias: int | str) -> int:
+        """A version number from ``3``, ``"3"``, ``"v3"``, a stage (``production``) or ``latest``."""
+        layout = self._layout(name)
+        number = parse_version(version_or_alias)
+        if number is not None:
+            self._manifest(layout, number)  # refuses a version that does not exist
+            return number
+        if version_or_alias == "latest":
+            published = self._published(layout)
+            if not published:
+                raise StorageError(f"'{name}' has no versions in {self.uri}; fix: register one first")
+            return published[-1]
+        if version_or_alias in STAGES:
+            current = self.aliases(name).get(str(version_or_alias))
+            if current is None:
+                raise RegistryError(
+                    f"'{name}' has no '{version_or_alias}' alias yet; fix: promote a version to it first"
+                )
+            return current
+        raise ConfigError(
+            f"bad version or alias {version_or_alias!r} for '{name}'; allowed: a version number, "
+            f"'latest', {', '.join(STAGES)}; fix: e.g. --version 3"
+        )
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """Stage -> current version."""
+        state, _ = self._read_aliases(self._layout(name))
+        return {stage: entry["version"] for stage, entry in state["stages"].items() if entry.get("version")}
+
+    def alias_history(self, name: str, stage: str = "production") -> list[dict[str, Any]]:
+        state, _ = self._read_aliases(self._layout(name))
+        return list(state["stages"].get(validate_stage(stage), {}).get("history", []))
+
+    def list_versions(self, name: str) -> list[dict[str, Any]]:
+        """One row per published version: version, created_at, by, pass@1 on test/ood, aliases pointing at it."""
+        layout = self._layout(name)
+        aliases = self.aliases(name)
+        rows = []
+        for version in self._published(layout):
+            manifest = self._manifest(layout, version)
+            report = self._read_verified_json(layout, version, EVAL_REPORT)
+            rows.append(
+                {
+                    "version": version,
+                    "created_at": manifest.get("created_at"),
+                    "by": manifest.get("registered_by"),
+                    "pass@1": {split: gate.pass_at_1(report, split) for split in ("test", "ood")},
+                    "aliases": sorted(stage for stage, v in aliases.items() if v == version),
+                }
+            )
+        return rows
+
+    def show(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
+        """Everything about one version: lineage, eval summary, files with sha256, aliases pointing at it."""
+        layout = self._layout(name)
+        version = self.resolve(name, version_or_alias)
+        manifest = self._manifest(layout, version)
+        report = self._read_verified_json(layout, version, EVAL_REPORT)
+        summary = {
+            split: {key: s.get(key) for key in ("n_tasks", "samples_per_task", "pass_at_k")}
+            for split, s in report["splits"].items()
+            if isinstance(s, Mapping)
+        }
+        return {
+            "name": name,
+            "version": version,
+            "uri": layout.version(version),
+            "created_at": manifest.get("created_at"),
+            "by": manifest.get("registered_by"),
+            "base_model": report.get("base_model") or manifest.get("base_model"),
+            "lora_rank": manifest.get("lora_rank"),
+            "aliases": sorted(stage for stage, v in self.aliases(name).items() if v == version),
+            "lineage": self._read_verified_json(layout, version, LINEAGE),
+            "eval": summary,
+            "files": [{k: f.get(k) for k in ("path", "bytes", "sha256")} for f in manifest["files"]],
+        }
+
+    def fetch_adapter(self, name: str, version_or_alias: int | str, dest: str | Path | None = None) -> Path:
+        """A local folder with the version's files, every sha256 verified (a tampered file is refused).
+
+        For a local registry without ``dest`` this is the version folder itself (verified, not copied).
+        """
+        layout = self._layout(name)
+        version = self.resolve(name, version_or_alias)
+        return storage.fetch_dir(layout.version(version), kind=VERSION_KIND, dest=dest)
+
+    def audit_log(self, name: str) -> list[dict[str, Any]]:
+        """Every event for ``name``, oldest first."""
+        layout = self._layout(name)
+        return [storage.read_json(storage.join(layout.audit, n)) for n in _children(layout.audit)]
+
+    # ------------------------------------------------------------------------------------------------ aliases
+
+    def _read_aliases(self, layout: Layout) -> tuple[dict[str, Any], str | None]:
+        """The alias state and its etag (None when no alias was ever set); pass the etag to the CAS write."""
+        data, etag = cas.read_versioned(layout.aliases)
+        if data is None:
+            return {"name": layout.name, "stages": {}}, None
+        try:
+            state = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise StorageError(f"'{layout.aliases}' is not valid JSON ({err.msg}); fix: restore it") from err
+        state.setdefault("stages", {})
+        return state, etag
+
+    def _cas_write(self, layout: Layout, state: dict[str, Any], expected_etag: str | None, what: str) -> None:
+        data = json.dumps(state, indent=2, sort_keys=True).encode()
+        try:
+            cas.cas_write(layout.aliases, data, expected_etag)
+        except RegistryConflict as err:
+            raise RegistryConflict(
+                f"{what} failed: someone else changed the aliases of '{layout.name}' at the same time; "
+                f"fix: check `sdarflow registry list --registry {self.uri} --name {layout.name}` and retry"
+            ) from err
+
+    def promote(
+        self,
+        name: str,
+        version: int | str,
+        stage: str = "production",
+        policy: gate.GatePolicy | None = None,
+        force: bool = False,
+        reason: str = "",
+        actor: str | None = None,
+    ) -> dict[str, Any]:
+        """Point ``stage`` at ``version``. Production is gated against the current production version unless
+        ``force`` (with a ``reason``, recorded in history and audit). Returns the audit event."""
+        layout = self._layout(name)
+        validate_stage(stage)
+        if force and not reason.strip():
+            raise ConfigError("--force needs --reason TEXT: overrides are audited; fix: add --reason '...'")
+        number = self.resolve(name, version)
+        actor = actor or default_actor()
+
+        state, etag = self._read_aliases(layout)
+        entry = state["stages"].get(stage, {"version": None, "history": []})
+        current = entry.get("version")
+        if current == number:
+            log.info("%s %s already points at v%d: nothing to do", name, stage, number)
+            return {"event": "promote", "name": name, "stage": stage, "version": number, "changed": False}
+
+        gate_result = self._gate(layout, number, current, stage, policy, force, reason)
+        event = {"version": number, "action": "promote", "from": current, "gate": gate_result}
+        self._set(
+            layout, state, etag, stage, event, actor, reason, what=f"promoting {name} v{number} to {stage}"
+        )
+        return self._audit(layout, "promote", stage=stage, by=actor, reason=reason, forced=force, **event)
+
+    def _gate(
+        self,
+        layout: Layout,
+        number: int,
+        current: int | None,
+        stage: str,
+        policy: gate.GatePolicy | None,
+        force: bool,
+        reason: str,
+    ) -> str:
+        """'passed', 'overridden' or 'not-applicable'; raises GateRefused when it fails and is not forced."""
+        if stage != "production" or current is None:
+            return "not-applicable"  # staging is ungated; the first production version has nothing to beat
+        failures = gate.check_gate(
+            self._read_verified_json(layout, number, EVAL_REPORT),
+            self._read_verified_json(layout, current, EVAL_REPORT),
+            policy,
+            candidate_label=f"candidate v{number}",
+            production_label=f"production v{current}",
+        )
+        if not failures:
+            return "passed"
+        if not force:
+            raise GateRefused(gate.refusal_message(failures))
+        log.warning("gate overridden for %s v%d (%s): %s", layout.name, number, reason, "; ".join(failures))
+        return "overridden"
+
+    def rollback(
+        self, name: str, stage: str = "production", reason: str = "", actor: str | None = None
+    ) -> dict[str, Any]:
+        """Point ``stage`` back at the version it had before its current one. Returns the audit event."""
+        layout = self._layout(name)
+        validate_stage(stage)
+        actor = actor or default_actor()
+        state, etag = self._read_aliases(layout)
+        history = state["stages"].get(stage, {}).get("history", [])
+        stack = _alias_stack(history)
+        if len(stack) < 2:
+            raise RegistryError(
+                f"'{name}' {stage} has no previous version to roll back to (versions so far: {stack or 'none'}); "
+                f"fix: promote a version explicitly with `sdarflow registry promote`"
+            )
+        event = {"version": stack[-2], "action": "rollback", "from": stack[-1]}
+        self._set(layout, state, etag, stage, event, actor, reason, what=f"rolling back {name} {stage}")
+        return self._audit(layout, "rollback", stage=stage, by=actor, reason=reason, **event)
+
+    def _set(
+        self,
+        layout: Layout,
+        state: dict[str, Any],
+        etag: str | None,
+        stage: str,
+        event: dict[str, Any],
+        actor: str,
+        reason: str,
+        what: str,
+    ) -> None:
+        entry = state["stages"].setdefault(stage, {"version": None, "history": []})
+        entry["history"].append(
+            {**event, "at": _now().isoformat(timespec="seconds"), "by": actor, "reason": reason}
+        )
+        entry["version"] = event["version"]
+        self._cas_write(layout, state, etag, what)
+        log.info(
+            "%s %s: %s -> v%d",
+            layout.name,
+            stage,
+            f"v{event['from']}" if event["from"] else "(none)",
+            event["version"],
+        )
+
+    def _audit(self, layout: Layout, event: str, **fields: Any) -> dict[str, Any]:
+        now = _now()
+        record = {"event": event, "name": layout.name, "at": now.isoformat(timespec="microseconds"), **fields}
+        # Time first so names sort chronologically; the uuid makes concurrent appends distinct objects.
+        key = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.json"
+        storage.write_json(storage.join(layout.audit, key), record)
+        return record
+
+
+def _alias_stack(history: list[dict[str, Any]]) -> list[int]:
+    """Replay history: a promotion pushes its version, a rollback pops one; the top is the current version.
+
+    Popping (not "the previous history entry") makes two rollbacks go back two versions instead of toggling.
+    """
+    stack: list[int] = []
+    for item in history:
+        if item.get("action") == "rollback":
+            if stack:
+                stack.pop()
+        else:
+            stack.append(int(item["version"]))
+    return stack

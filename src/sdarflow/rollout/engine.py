@@ -1,0 +1,136 @@
+"""Generation engines behind one interface: prompts (token ids) in; sampled tokens, their log-probs, text out.
+
+``hf`` (transformers ``generate``, batched) is the CPU default. Sampling uses the Gumbel-max trick with one
+``torch.Generator`` per sample: argmax(logits / T + Gumbel noise) is an exact sample from softmax(logits / T), and
+giving every sample its own seed makes a group's samples differ and any sample reproducible regardless of which
+other prompts shared its batch.
+
+Log-probs are of the raw policy (temperature 1, float32 ``log_softmax``), the same quantity the trainer computes,
+so the engine/trainer gap measures numerical drift rather than a definitional difference.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sdarflow.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENGINES: tuple[str, ...] = ("hf",)
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finished: bool  # ended with EOS rather than hitting max_new_tokens
+
+
+class Engine(Protocol):
+    def generate(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+    ) -> list[Sample]: ...
+
+
+class _GumbelSampler:
+    """Logits processor that turns greedy decoding into seeded sampling (temperature, top-p)."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature <= 0:
+            return scores
+        logits = scores.float() / self.temperature  # (B, V)
+        if self.top_p < 1.0:
+            logits = _top_p_mask(logits, self.top_p)
+        u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators])
+        gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)).clamp_min(1e-20))
+        return logits + gumbel
+
+
+def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+    drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class HFEngine:
+    """Batched ``transformers`` generation on CPU (or whatever device the model is on)."""
+
+    def __init__(self, model, tokenizer, eos_id: int, batch_size: int = 64):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+        self.pad_id = tokenizer.pad_token_id
+        self.batch_size = batch_size
+
+    @torch.inference_mode()
+    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0):
+        out: list[Sample] = []
+        for i in range(0, len(prompts), self.batch_size):
+            out.extend(
+                self._batch(
+                    prompts[i : i + self.batch_size],
+                    seeds[i : i + self.batch_size],
+                    max_new_tokens,
+                    temperature,
+                    top_p,
+                )
+            )
+        return out
+
+    def _batch(self, prompts, seeds, max_new_tokens, temperature, top_p) -> list[Sample]:
+        from transformers import LogitsProcessorList
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):  # left padding: generation continues from the right edge
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        gen = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([_GumbelSampler(seeds, temperature, top_p)]),
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = gen.sequences[:, width:]  # (B, T_new)
+        logits = torch.stack(gen.logits, dim=1)  # (B, T_new, V) raw, before our processor
+        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        samples = []
+        for row in range(len(prompts)):
+            toks = new[row].tolist()
+            finished = self.eos_id in toks
+            n = toks.index(self.eos_id) + 1 if finished else len(toks)
+            text = self.tokenizer.decode(toks[:n], skip_special_tokens=True)
+            samples.append(Sample(toks[:n], logprobs[row, :n].tolist(), text, finished))
+        return samples
+
+
+def make_engine(name: str, model, tokenizer, eos_id: int, batch_size: int = 64) -> Engine:
+    if name == "hf":
+        return HFEngine(model, tokenizer, eos_id, batch_size)
+    raise ConfigError(f"unknown engine '{name}'; available: {', '.join(ENGINES)}")

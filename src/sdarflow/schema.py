@@ -1,0 +1,102 @@
+"""Arrow schemas for every table sdarflow writes, and validation with errors that name the bad column.
+
+Trajectories are turn-level: one row = one agent turn = one training sample (see ARCHITECTURE.md, Data contracts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+
+from sdarflow.errors import SchemaError
+
+TRAJECTORY_FIELDS: list[pa.Field] = [
+    pa.field("run_id", pa.string()),
+    pa.field("round", pa.int32()),
+    pa.field("task_id", pa.string()),
+    pa.field("group_id", pa.string()),
+    pa.field("traj_id", pa.string()),
+    pa.field("turn", pa.int32()),
+    pa.field("task_type", pa.string()),
+    pa.field("split", pa.string()),
+    pa.field("prompt_token_ids", pa.list_(pa.int32())),
+    pa.field("response_token_ids", pa.list_(pa.int32())),
+    pa.field("response_text", pa.string()),
+    pa.field("rollout_logprobs", pa.list_(pa.float32())),
+    pa.field("reward", pa.float32()),
+    pa.field("episode_return", pa.float32()),
+    pa.field("success", pa.bool_()),
+    pa.field("format_ok", pa.bool_()),
+    pa.field("policy_version", pa.string()),
+    # Chat messages (JSON list of {role, content}) that rendered prompt_token_ids. The teacher re-renders them with
+    # skills inserted, so the privileged context is added at the message level, not spliced into token ids.
+    pa.field("prompt_messages", pa.string()),
+    pa.field("env", pa.string()),
+    pa.field("num_turns", pa.int32()),
+]
+
+RESCORE_FIELDS: list[pa.Field] = [
+    pa.field("old_logprobs", pa.list_(pa.float32())),
+    pa.field("teacher_logprobs", pa.list_(pa.float32())),
+    pa.field("skill_ids", pa.list_(pa.string())),
+    # False when only general skills were found for the row's task type (the silent retrieval failure mode).
+    pa.field("skill_hit", pa.bool_()),
+]
+
+TRAJECTORY_SCHEMA = pa.schema(TRAJECTORY_FIELDS)
+RESCORED_SCHEMA = pa.schema(TRAJECTORY_FIELDS + RESCORE_FIELDS)
+
+SCHEMAS: dict[str, pa.Schema] = {"trajectories": TRAJECTORY_SCHEMA, "rescored": RESCORED_SCHEMA}
+
+# Per-token columns that must have one entry per response token.
+_TOKEN_ALIGNED = ("rollout_logprobs", "old_logprobs", "teacher_logprobs")
+
+
+def fingerprint(schema: pa.Schema) -> str:
+    """Short stable hash of column names and types (metadata ignored)."""
+    text = ";".join(f"{f.name}:{f.type}" for f in schema)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def validate(table: pa.Table, schema: pa.Schema, dataset: str) -> pa.Table:
+    """Check ``table`` against ``schema`` and return it with columns in schema order (extra columns dropped).
+
+    Raises SchemaError naming ``dataset`` and the first missing/mistyped column or misaligned row.
+    """
+    for field in schema:
+        if field.name not in table.column_names:
+            raise SchemaError(
+                f"{dataset}: missing required column '{field.name}' ({field.type}); "
+                f"fix: regenerate the dataset with the stage that writes it"
+            )
+        actual = table.schema.field(field.name).type
+        if actual != field.type:
+            raise SchemaError(
+                f"{dataset}: column '{field.name}' has type {actual}, expected {field.type}; "
+                f"fix: write it with sdarflow's schema (sdarflow.schema)"
+            )
+    table = table.select(schema.names)
+    _check_token_alignment(table, dataset)
+    return table
+
+
+def _check_token_alignment(table: pa.Table, dataset: str) -> None:
+    if table.num_rows == 0:
+        return
+    expected = pa.compute.list_value_length(table["response_token_ids"])
+    for name in _TOKEN_ALIGNED:
+        if name not in table.column_names:
+            continue
+        lengths = pa.compute.list_value_length(table[name])
+        bad = pa.compute.not_equal(lengths, expected)
+        if pa.compute.any(bad).as_py():
+            row = pa.compute.index(bad, True).as_py()
+            raise SchemaError(
+                f"{dataset}: row {row} has {lengths[row].as_py()} '{name}' for "
+                f"{expected[row].as_py()} response tokens; fix: lists must align with response_token_ids"
+            )
+
+
+def empty(schema: pa.Schema) -> pa.Table:
+    return schema.empty_table()

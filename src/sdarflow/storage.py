@@ -1,0 +1,289 @@
+"""Storage URIs (plain path, ``file://``, ``s3://``) through ``pyarrow.fs``, and atomic publish of datasets.
+
+Every artifact sdarflow writes (a Parquet dataset, a skill library, an adapter, a report) is a *folder* whose
+``_manifest.json`` is written last: a folder without a manifest does not exist for readers. A failed write removes
+what it wrote, so nothing half-published is left behind. S3 endpoints come from ``AWS_ENDPOINT_URL`` and
+credentials from the standard AWS environment variables (never from configs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from sdarflow import __version__
+from sdarflow.errors import SchemaError, StorageError
+from sdarflow.schema import fingerprint, validate
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "_manifest.json"
+
+
+@dataclass(frozen=True)
+class Location:
+    """A resolved URI: the filesystem and the path inside it."""
+
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+
+
+def _s3_filesystem(uri: str) -> pafs.S3FileSystem:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+    kwargs: dict = {
+        "connect_timeout": 5,
+        "request_timeout": 30,
+        # Few retries: an unreachable endpoint should fail in seconds with a clear message, not minutes.
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+        "region": os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
+    }
+    if endpoint:
+        parsed = urlparse(endpoint)
+        kwargs["endpoint_override"] = parsed.netloc or parsed.path
+        kwargs["scheme"] = parsed.scheme or "https"
+    return pafs.S3FileSystem(**kwargs)
+
+
+def resolve(uri: str) -> Location:
+    """Map a URI to (filesystem, path). Plain paths and ``file://`` are local; ``s3://bucket/key`` is S3."""
+    uri = str(uri)
+    if uri.startswith("s3://"):
+        path = uri[len("s3://") :].rstrip("/")
+        if not path or len(path.split("/")[0]) < 3:
+            raise StorageError(f"bad S3 URI '{uri}': expected s3://<bucket (3+ chars)>/<prefix>")
+        return Location(_s3_filesystem(uri), path, "s3://" + path)
+    if "://" in uri and not uri.startswith("file://"):
+        raise StorageError(f"unsupported URI scheme in '{uri}': use a local path, file:// or s3://")
+    local = Path(uri[len("file://") :] if uri.startswith("file://") else uri).expanduser().absolute()
+    return Location(pafs.LocalFileSystem(), str(local), str(local))
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([str(uri).rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+@contextlib.contextmanager
+def _reachable(loc: Location, action: str) -> Iterator[None]:
+    """Turn low-level I/O errors into one StorageError line that names the URI and the fix."""
+    try:
+        yield
+    except (SchemaError, StorageError):
+        raise
+    except (OSError, pa.ArrowException) as err:
+        hint = "check the path and permissions"
+        if loc.uri.startswith("s3://"):
+            endpoint = os.environ.get("AWS_ENDPOINT_URL", "<AWS default>")
+            hint = f"check AWS_ENDPOINT_URL ({endpoint}), the bucket and the AWS credentials in the environment"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise StorageError(f"cannot {action} '{loc.uri}': {first}; fix: {hint}") from err
+
+
+def exists(uri: str) -> bool:
+    loc = resolve(uri)
+    with _reachable(loc, "read"):
+        return loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound
+
+
+def is_published(uri: str) -> bool:
+    return exists(join(uri, MANIFEST))
+
+
+def read_bytes(uri: str) -> bytes:
+    loc = resolve(uri)
+    with _reachable(loc, "read"):
+        if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
+            raise StorageError(f"'{loc.uri}' does not exist; fix: check the URI or run the stage that writes it")
+        with loc.fs.open_input_stream(loc.path) as f:
+            return f.read()
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    loc = resolve(uri)
+    with _reachable(loc, "write"):
+        parent = loc.path.rsplit("/", 1)[0]
+        loc.fs.create_dir(parent, recursive=True)
+        with loc.fs.open_output_stream(loc.path) as f:
+            f.write(data)
+
+
+def read_json(uri: str) -> dict:
+    raw = read_bytes(uri)
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise StorageError(f"'{uri}' is not valid JSON ({err.msg} at line {err.lineno}); fix: regenerate it") from err
+
+
+def write_json(uri: str, obj: dict) -> None:
+    write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+
+def delete_tree(uri: str) -> None:
+    loc = resolve(uri)
+    with _reachable(loc, "delete"):
+        if loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound:
+            loc.fs.delete_dir(loc.path)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- publishing
+
+
+@contextlib.contextmanager
+def publishing(uri: str, overwrite: bool = False) -> Iterator[Location]:
+    """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``) and remove partial
+    output if the body raises. The body must write ``_manifest.json`` last (``write_manifest``)."""
+    loc = resolve(uri)
+    if is_published(uri):
+        if not overwrite:
+            raise StorageError(f"'{loc.uri}' is already published; fix: choose a new output URI or pass --overwrite")
+        delete_tree(uri)
+    try:
+        yield loc
+    except BaseException:
+        # Nothing half-written: readers would refuse it anyway (no manifest), but it would confuse a rerun.
+        with contextlib.suppress(StorageError):
+            delete_tree(uri)
+        raise
+
+
+def write_manifest(uri: str, kind: str, files: list[dict], **meta) -> dict:
+    manifest = {
+        "kind": kind,
+        "files": files,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "sdarflow_version": __version__,
+        **meta,
+    }
+    write_json(join(uri, MANIFEST), manifest)
+    return manifest
+
+
+def read_manifest(uri: str, kind: str | None = None) -> dict:
+    loc = resolve(uri)
+    if not is_published(uri):
+        raise StorageError(
+            f"'{loc.uri}' has no {MANIFEST}: the dataset is missing or was never fully published; "
+            f"fix: check the URI or rerun the stage that writes it"
+        )
+    manifest = read_json(join(uri, MANIFEST))
+    if kind is not None and manifest.get("kind") != kind:
+        raise StorageError(
+            f"'{loc.uri}' holds a '{manifest.get('kind')}' artifact, expected '{kind}'; fix: pass the right URI"
+        )
+    return manifest
+
+
+def write_table(
+    table: pa.Table,
+    uri: str,
+    *,
+    kind: str,
+    schema: pa.Schema,
+    config_hash: str,
+    inputs: list[str],
+    rows_per_part: int = 50_000,
+    overwrite: bool = False,
+    **meta,
+) -> dict:
+    """Validate and publish ``table`` as ``part-NNNNN.parquet`` files (zstd) plus a manifest written last."""
+    table = validate(table, schema, f"output {uri}")
+    with publishing(uri, overwrite) as loc, _reachable(loc, "write"):
+        loc.fs.create_dir(loc.path, recursive=True)
+        files = []
+        n_parts = max(1, -(-table.num_rows // rows_per_part))
+        for i in range(n_parts):
+            part = table.slice(i * rows_per_part, rows_per_part)
+            name = f"part-{i:05d}.parquet"
+            pq.write_table(part, f"{loc.path}/{name}", filesystem=loc.fs, compression="zstd")
+            files.append({"path": name, "rows": part.num_rows})
+        return write_manifest(
+            uri,
+            kind,
+            files,
+            rows=table.num_rows,
+            schema_fingerprint=fingerprint(schema),
+            config_hash=config_hash,
+            inputs=list(inputs),
+            **meta,
+        )
+
+
+def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Table:
+    """Read and validate one dataset, or the union of several (e.g. the shards of one stage)."""
+    uris = [uris] if isinstance(uris, str) else list(uris)
+    if not uris:
+        raise StorageError(f"no input {kind} dataset given; fix: pass at least one --input URI")
+    tables = []
+    for uri in uris:
+        manifest = read_manifest(uri, kind)
+        loc = resolve(uri)
+        with _reachable(loc, "read"):
+            parts = []
+            for entry in manifest["files"]:
+                try:
+                    parts.append(pq.read_table(f"{loc.path}/{entry['path']}", filesystem=loc.fs))
+                except pa.ArrowInvalid as err:
+                    raise SchemaError(
+                        f"dataset {loc.uri}: '{entry['path']}' is not valid Parquet ({err}); fix: regenerate it"
+                    ) from err
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
+        tables.append(validate(table, schema, f"dataset {loc.uri}"))
+    return pa.concat_tables(tables)
+
+
+def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
+    """Copy a local folder (adapter, skill library, report) to ``uri`` with sha256 sums in the manifest."""
+    local_dir = Path(local_dir)
+    with publishing(uri, overwrite) as loc, _reachable(loc, "write"):
+        files = []
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
+            rel = path.relative_to(local_dir).as_posix()
+            data = path.read_bytes()
+            write_bytes(join(uri, rel), data)
+            files.append({"path": rel, "bytes": len(data), "sha256": _sha256(data)})
+        return write_manifest(uri, kind, files, **meta)
+
+
+def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
+    """Materialize a published folder locally (a no-op view for local URIs) after verifying sha256 sums."""
+    manifest = read_manifest(uri, kind)
+    loc = resolve(uri)
+    if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
+        target = Path(loc.path)
+        for entry in manifest["files"]:
+            _verify(entry, (target / entry["path"]).read_bytes(), loc.uri)
+        return target
+    target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
+    for entry in manifest["files"]:
+        data = read_bytes(join(uri, entry["path"]))
+        _verify(entry, data, loc.uri)
+        out = target / entry["path"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+    return target
+
+
+def _verify(entry: dict, data: bytes, uri: str) -> None:
+    if "sha256" in entry and _sha256(data) != entry["sha256"]:
+        raise StorageError(
+            f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
+            f"fix: republish the artifact from its source"
+        )

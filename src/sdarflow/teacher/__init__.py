@@ -1,0 +1,1 @@
+"""Teacher rescoring: student and privileged-context teacher log-probs for every sampled response token."""

@@ -1,0 +1,78 @@
+"""Supervised fine-tuning on (messages, action) pairs: the warm start from expert or successful trajectories.
+
+The loss is the mean negative log-likelihood of the response tokens (the action and its end-of-turn token).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from sdarflow.models.forward import make_batch, response_logprobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTPair:
+    prompt: list[int]
+    response: list[int]
+
+
+def sft_loss(model, pairs: list[SFTPair], pad_id: int) -> torch.Tensor:
+    batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
+    logp, _ = response_logprobs(model, batch)
+    return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
+
+
+def sft(
+    model,
+    pairs: list[SFTPair],
+    pad_id: int,
+    *,
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+    time_budget_s: float | None = None,
+) -> list[dict]:
+    """AdamW with linear warmup and cosine decay; stops early when ``time_budget_s`` runs out."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(s / steps * 3.14159)).item())
+    )
+    model.train()
+    history = []
+    start = time.perf_counter()
+    order: list[int] = []
+    bar = tqdm(range(steps), desc="sft", unit="step", leave=False)
+    for step in bar:
+        if len(order) < batch_size:
+            extra = list(range(len(pairs)))
+            rng.shuffle(extra)
+            order += extra
+        idx, order = order[:batch_size], order[batch_size:]
+        loss = sft_loss(model, [pairs[i] for i in idx], pad_id)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        history.append({"step": step + 1, "loss": float(loss)})
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+        if (step + 1) % 50 == 0:
+            log.info("sft step %d | loss %.4f | %.0f s", step + 1, float(loss), time.perf_counter() - start)
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            log.info("sft: time budget %.0f s reached at step %d", time_budget_s, step + 1)
+            break
+    model.eval()
+    return history

@@ -1,0 +1,139 @@
+"""Build the demo base policy: expert walkthroughs -> seed skill library -> tokenizer -> tiny Qwen2 -> SFT.
+
+Part of the SFT pairs carry the task type's skill text in the context (``skill_share``), so the model learns to read
+skills the way an instruction-tuned LLM would; otherwise SDAR's privileged teacher context would be noise to it.
+The output is a plain HF model folder plus ``sdarflow_build.json`` (settings, their hash, SFT loss); a folder whose
+settings hash matches is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from sdarflow.envs import get_suite
+from sdarflow.models.tiny import TinyShape, build_model, save, train_tokenizer
+from sdarflow.rollout.loop import encode_prompt
+from sdarflow.rollout.prompt import build_messages, insert_skills
+from sdarflow.skills.extract import EpisodeActions, extract_skills
+from sdarflow.skills.retrieve import keyword
+from sdarflow.train.sft import SFTPair, sft
+
+log = logging.getLogger(__name__)
+
+BUILD_FILE = "sdarflow_build.json"
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    env: str = "textworld-cooking"
+    tasks: int = 24
+    sft_steps: int = 600
+    sft_batch_size: int = 16
+    sft_lr: float = 3e-3
+    sft_time_budget_s: float = 240.0
+    skill_share: float = 0.5
+    history_turns: int = 4
+    vocab_size: int = 2048
+    seed: int = 0
+
+    def hash(self) -> str:
+        blob = json.dumps({**asdict(self), "shape": asdict(TinyShape())}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass
+class ExpertStep:
+    task_type: str
+    instruction: str
+    actions: list[str]
+    observation: str
+    action: str
+
+
+def expert_steps(env_name: str, n_tasks: int) -> tuple[list[ExpertStep], list[EpisodeActions]]:
+    """Play each train task's expert walkthrough; return the decision points and the episodes."""
+    suite = get_suite(env_name)
+    steps: list[ExpertStep] = []
+    episodes: list[EpisodeActions] = []
+    for task in tqdm(suite.tasks("train", n_tasks), desc="walkthroughs", unit="game", leave=False):
+        env = suite.make(task)
+        reset = env.reset()
+        obs, actions, won = reset.observation, [], False
+        while (action := env.expert_action()) is not None:
+            steps.append(ExpertStep(task.task_type, reset.instruction, list(actions), obs, action))
+            result = env.step(action)
+            actions.append(action)
+            obs, won = result.observation, result.won
+            if result.done:
+                break
+        env.close()
+        episodes.append(EpisodeActions(task.task_id, task.task_type, tuple(actions), won))
+    return steps, episodes
+
+
+def is_built(out_dir: Path, spec: BaseModelSpec) -> bool:
+    info = out_dir / BUILD_FILE
+    return info.is_file() and json.loads(info.read_text()).get("spec_hash") == spec.hash()
+
+
+def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(), force: bool = False) -> Path:
+    out_dir = Path(out_dir)
+    if not force and is_built(out_dir, spec):
+        log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
+        return out_dir
+    t0 = time.perf_counter()
+    steps, episodes = expert_steps(spec.env, spec.tasks)
+    solved = sum(e.success for e in episodes)
+    log.info("walkthroughs: %d games, %d solved, %d decision points", len(episodes), solved, len(steps))
+    seed_lib = extract_skills(episodes, min_support=1)
+
+    rng = random.Random(spec.seed)
+    contexts = []
+    for s in steps:
+        msgs = build_messages(s.instruction, s.actions, s.observation, spec.history_turns)
+        if rng.random() < spec.skill_share:
+            msgs = insert_skills(msgs, keyword(seed_lib, s.task_type, s.instruction).text, "system")
+        contexts.append(msgs)
+    corpus = [m["content"] for msgs in contexts for m in msgs] + [s.action for s in steps]
+    corpus += [sk.text for sk in seed_lib.skills.values()]
+    tokenizer = train_tokenizer(corpus, spec.vocab_size)
+    eos = tokenizer.eos_token_id
+    pairs = [
+        SFTPair(encode_prompt(tokenizer, msgs), tokenizer(s.action, add_special_tokens=False)["input_ids"] + [eos])
+        for s, msgs in zip(steps, contexts, strict=True)
+    ]
+    log.info("SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs))
+
+    model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed)
+    history = sft(
+        model, pairs, tokenizer.pad_token_id, steps=spec.sft_steps, batch_size=spec.sft_batch_size, lr=spec.sft_lr,
+        seed=spec.seed, time_budget_s=spec.sft_time_budget_s,
+    )
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(model, tokenizer, tmp)
+    seed_lib.save(tmp / "seed_skills")
+    info = {
+        "spec": asdict(spec),
+        "spec_hash": spec.hash(),
+        "sft_pairs": len(pairs),
+        "sft_steps_done": len(history),
+        "sft_final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
+        "seed_skill_library": seed_lib.version,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    (tmp / BUILD_FILE).write_text(json.dumps(info, indent=2))
+    # Swap in the finished folder only now, so an interrupted build never looks complete.
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    log.info("base model built in %.0f s: %s (SFT loss %.3f)", info["seconds"], out_dir, info["sft_final_loss"])
+    return out_dir

@@ -1,0 +1,199 @@
+"""PPO clip, SDAR, OPSD and KL penalties: hand-computed values, gradients, metrics."""
+
+import math
+
+import pytest
+import torch
+
+from sdarflow.algo import (
+    AGG_MODES,
+    UnknownNameError,
+    kl_penalty,
+    opsd_loss,
+    ppo_clip_loss,
+    sdar_gate,
+    sdar_loss,
+)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+# --- PPO clip --------------------------------------------------------------------------------------------------
+
+
+def test_ppo_hand_values_and_metrics():
+    logprobs = torch.tensor([[0.0, 0.0, 0.0, 0.0]])
+    old = torch.tensor([[0.0, -0.5, 0.5, 3.0]])
+    adv = torch.tensor([[2.0, 1.0, -1.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    r = [1.0, math.exp(0.5), math.exp(-0.5)]
+    per_token = [
+        max(-2.0 * r[0], -2.0 * r[0]),  # ratio 1: inside the trust region
+        max(-1.0 * r[1], -1.0 * 1.2),  # A > 0, ratio 1.65 > 1.2: clipped term wins
+        max(1.0 * r[2], 1.0 * 0.8),  # A < 0, ratio 0.61 < 0.8: clipped term wins
+    ]
+    loss, metrics = ppo_clip_loss(logprobs, old, adv, mask)
+    assert loss.item() == pytest.approx(sum(per_token) / 3, rel=1e-6)
+    assert metrics["actor/clipfrac"] == pytest.approx(2 / 3)
+    assert metrics["actor/ppo_kl"] == pytest.approx((0.0 - 0.5 + 0.5) / 3, abs=1e-7)
+    assert metrics["actor/ratio_mean"] == pytest.approx(sum(r) / 3, rel=1e-6)
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_ppo_asymmetric_clip_high():
+    logprobs = torch.tensor([[0.0]], requires_grad=True)
+    old = torch.tensor([[-0.2]])  # ratio exp(0.2) = 1.221: inside 1.28, outside 1.2
+    adv = torch.tensor([[1.0]])
+    loss, m = ppo_clip_loss(logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.28)
+    assert loss.item() == pytest.approx(-math.exp(0.2))
+    assert m["actor/clipfrac"] == 0.0
+    loss, m = ppo_clip_loss(logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.2)
+    assert loss.item() == pytest.approx(-1.2)
+    assert m["actor/clipfrac"] == 1.0
+
+
+def test_ppo_gradient_is_zero_on_clipped_and_masked_tokens():
+    logprobs = torch.zeros(1, 4, requires_grad=True)
+    old = torch.tensor([[0.0, -0.5, 0.1, 0.0]])
+    adv = torch.tensor([[2.0, 1.0, -1.0, 3.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, _ = ppo_clip_loss(logprobs, old, adv, mask)
+    loss.backward()
+    # d/dlogp (-A * exp(logp - old)) = -A * ratio, over 3 tokens; token 1 is clipped, token 3 masked
+    expected = [-2.0 * 1.0 / 3, 0.0, 1.0 * math.exp(-0.1) / 3, 0.0]
+    assert logprobs.grad[0].tolist() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_ppo_gradcheck_away_from_clip_boundary(agg):
+    torch.manual_seed(0)
+    logprobs = (-torch.rand(3, 5, dtype=torch.float64)).requires_grad_()
+    old = (logprobs + 0.1 * (torch.rand(3, 5, dtype=torch.float64) - 0.5)).detach()  # |log ratio| < 0.05
+    adv = torch.randn(3, 5, dtype=torch.float64)
+    mask = torch.rand(3, 5) > 0.3
+
+    def f(lp):
+        return ppo_clip_loss(lp, old, adv, mask, agg=agg)[0]
+
+    assert torch.autograd.gradcheck(f, (logprobs,))
+
+
+def test_ppo_extreme_log_ratio_stays_finite():
+    logprobs = torch.tensor([[0.0, -200.0]], requires_grad=True)
+    old = torch.tensor([[-200.0, 0.0]])
+    loss, m = ppo_clip_loss(logprobs, old, torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2))
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(logprobs.grad).all()
+    assert all(math.isfinite(v) for v in m.values())
+
+
+# --- SDAR / OPSD ------------------------------------------------------------------------------------------------
+
+STUDENT = [[-1.0, -2.0, -0.5, -3.0]]
+TEACHER = [[-0.5, -2.5, -0.5, 0.0]]
+MASK = [[1, 1, 1, 0]]
+
+
+def test_sdar_hand_values_and_metrics():
+    student, teacher, mask = torch.tensor(STUDENT), torch.tensor(TEACHER), torch.tensor(MASK)
+    deltas = [0.5, -0.5, 0.0]
+    gates = [_sigmoid(5.0 * d) for d in deltas]  # 0.924, 0.076, 0.5
+    loss, m = sdar_loss(student, teacher, mask, beta=5.0)
+    assert loss.item() == pytest.approx(sum(g * d for g, d in zip(gates, deltas)) / 3, rel=1e-6)
+    assert m["sdar/gate_mean"] == pytest.approx(sum(gates) / 3, rel=1e-6)
+    assert m["sdar/gate_active_ratio"] == pytest.approx(1 / 3)  # 0.5 is not "active"
+    assert m["sdar/teacher_gap_mean"] == pytest.approx(0.0, abs=1e-7)
+    assert m["sdar/loss"] == pytest.approx(loss.item())
+    assert all(isinstance(v, float) for v in m.values())
+
+
+def _agg_weights(mask: torch.Tensor, agg: str) -> torch.Tensor:
+    """The per-token weight each aggregation mode gives a (B, T) loss, derived independently of agg_loss."""
+    b, t = mask.shape
+    m = mask.double()
+    if agg == "token-mean":
+        return m / m.sum()
+    if agg == "seq-mean-token-sum":
+        return m / b
+    if agg == "seq-mean-token-mean":
+        return m / (b * m.sum(-1, keepdim=True))
+    return m / (b * t)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_sdar_gradient_is_minus_gate_times_agg_weight(agg):
+    torch.manual_seed(3)
+    student = (-torch.rand(4, 6, dtype=torch.float64) * 3).requires_grad_()
+    teacher = (-torch.rand(4, 6, dtype=torch.float64) * 3).requires_grad_()
+    mask = torch.rand(4, 6) > 0.3
+    mask[:, 0] = True  # no empty rows, so every weight is well defined
+    loss, _ = sdar_loss(student, teacher, mask, beta=5.0, agg=agg)
+    loss.backward()
+    gate = torch.sigmoid(5.0 * (teacher - student)).detach()
+    assert torch.allclose(student.grad, -gate * _agg_weights(mask, agg), atol=1e-12)
+    assert student.grad[~mask].eq(0).all()
+    assert teacher.grad is None or teacher.grad.eq(0).all()
+
+
+def test_sdar_beta_zero_gates_everything_at_half():
+    torch.manual_seed(4)
+    student, teacher = torch.randn(3, 5), torch.randn(3, 5)
+    assert torch.equal(sdar_gate(student, teacher, beta=0.0), torch.full((3, 5), 0.5))
+    loss, m = sdar_loss(student, teacher, torch.ones(3, 5), beta=0.0)
+    assert m["sdar/gate_mean"] == 0.5
+    assert m["sdar/gate_active_ratio"] == 0.0
+    opsd, _ = opsd_loss(student, teacher, torch.ones(3, 5))
+    assert loss.item() == pytest.approx(0.5 * opsd.item(), rel=1e-6)
+
+
+def test_sdar_large_beta_is_a_hard_gate():
+    gate = sdar_gate(torch.tensor([-1.0, -1.0]), torch.tensor([0.0, -2.0]), beta=100.0)
+    assert gate.tolist() == pytest.approx([1.0, 0.0], abs=1e-12)
+
+
+def test_opsd_hand_values_and_gradient():
+    student = torch.tensor(STUDENT, requires_grad=True)
+    teacher, mask = torch.tensor(TEACHER), torch.tensor(MASK)
+    loss, m = opsd_loss(student, teacher, mask)
+    assert loss.item() == pytest.approx((0.5 - 0.5 + 0.0) / 3, abs=1e-7)
+    assert m["sdar/gate_mean"] == 1.0
+    assert m["sdar/gate_active_ratio"] == 1.0
+    loss.backward()
+    assert student.grad[0].tolist() == pytest.approx([-1 / 3, -1 / 3, -1 / 3, 0.0])
+
+
+def test_distillation_empty_mask_is_zero():
+    student = torch.randn(2, 3, requires_grad=True)
+    for fn in (sdar_loss, opsd_loss):
+        loss, m = fn(student, torch.randn(2, 3), torch.zeros(2, 3))
+        assert loss.item() == 0.0
+        assert all(math.isfinite(v) for v in m.values())
+
+
+# --- KL penalty -------------------------------------------------------------------------------------------------
+
+
+def test_kl_penalty_hand_values():
+    lp, ref = torch.tensor([0.0, -1.0]), torch.tensor([-0.5, 0.0])  # diff = lp - ref = [0.5, -1.0]
+    assert kl_penalty(lp, ref, "kl").tolist() == pytest.approx([0.5, -1.0])
+    assert kl_penalty(lp, ref, "abs").tolist() == pytest.approx([0.5, 1.0])
+    assert kl_penalty(lp, ref, "mse").tolist() == pytest.approx([0.125, 0.5])
+    # k3 with x = ref - lp = [-0.5, 1.0]: exp(x) - x - 1
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1]
+    assert kl_penalty(lp, ref, "low_var_kl").tolist() == pytest.approx(k3, rel=1e-6)
+
+
+def test_kl_penalty_aliases_and_clamp():
+    lp, ref = torch.randn(5), torch.randn(5)
+    for alias, name in (("k1", "kl"), ("k2", "mse"), ("k3", "low_var_kl")):
+        assert torch.equal(kl_penalty(lp, ref, alias), kl_penalty(lp, ref, name))
+    out = kl_penalty(torch.tensor([0.0, -50.0]), torch.tensor([-50.0, 0.0]), "low_var_kl")
+    assert out.tolist() == [10.0, 10.0]
+    assert (kl_penalty(lp, ref, "low_var_kl") >= 0).all()
+
+
+def test_kl_penalty_unknown_kind_lists_kinds():
+    with pytest.raises(UnknownNameError, match="low_var_kl"):
+        kl_penalty(torch.zeros(1), torch.zeros(1), "k4")

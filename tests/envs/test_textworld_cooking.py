@@ -1,0 +1,143 @@
+"""Tests of the ``textworld-cooking`` suite on three freshly generated train games (one shared session cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sdarflow.envs import EnvError, get_suite, list_envs
+from sdarflow.envs.textworld_cooking import (
+    SPLIT_SPECS,
+    TASK_TYPES,
+    TextWorldCookingSuite,
+    build_game,
+    clean_text,
+    game_metadata,
+    task_type_of,
+)
+
+N_GAMES = 3
+
+
+@pytest.fixture(scope="session")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> TextWorldCookingSuite:
+    return TextWorldCookingSuite(cache_dir=tmp_path_factory.mktemp("sdarflow-cache"))
+
+
+@pytest.fixture(scope="session")
+def tasks(suite: TextWorldCookingSuite) -> list:
+    return suite.tasks("train", N_GAMES)  # 3 games through the 2-worker generation path
+
+
+def play_expert(env) -> list:
+    steps = []
+    while (action := env.expert_action()) is not None:
+        steps.append(env.step(action))
+        if steps[-1].done:
+            break
+    return steps
+
+
+def test_registry_finds_suite_and_lists_names(tmp_path: Path) -> None:
+    assert "textworld-cooking" in list_envs()
+    suite = get_suite("textworld-cooking", cache_dir=tmp_path, max_turns=7)
+    assert isinstance(suite, TextWorldCookingSuite) and suite.max_turns == 7
+
+
+def test_unknown_env_names_available_ones() -> None:
+    with pytest.raises(EnvError, match=r"unknown env 'nope'; available: .*textworld-cooking.*Fix"):
+        get_suite("nope")
+
+
+def test_unknown_split_names_allowed_ones(suite: TextWorldCookingSuite) -> None:
+    with pytest.raises(EnvError, match=r"'valid'.*train, test, ood.*Fix"):
+        suite.tasks("valid", 1)
+
+
+def test_tasks_are_deterministic_and_typed(suite: TextWorldCookingSuite, tasks: list) -> None:
+    assert [t.task_id for t in tasks] == [f"tw-cooking-train-{1000 + i}" for i in range(N_GAMES)]
+    assert all(t.task_type in TASK_TYPES and t.split == "train" for t in tasks)
+    assert suite.tasks("train", N_GAMES) == tasks
+    assert suite.tasks("train", 0) == []
+
+
+def test_task_type_from_walkthrough() -> None:
+    assert task_type_of(["take x", "prepare meal", "eat meal"]) == "plain"
+    assert task_type_of(["take knife", "dice x with knife", "prepare meal"]) == "cut"
+    assert task_type_of(["cook x with stove", "prepare meal"]) == "cook"
+    assert task_type_of(["chop x with knife", "cook x with oven"]) == "cut+cook"
+
+
+def test_cache_hit_does_not_regenerate(suite: TextWorldCookingSuite, tasks: list) -> None:
+    before = [Path(t.payload).stat().st_mtime_ns for t in tasks]
+    again = suite.tasks("train", N_GAMES)
+    assert [Path(t.payload).stat().st_mtime_ns for t in again] == before
+    game_dir = Path(tasks[0].payload).parent
+    assert sorted(p.name for p in game_dir.iterdir()) == sorted(
+        f"{1000 + i}{ext}" for i in range(N_GAMES) for ext in (".json", ".z8")
+    )  # no temp dirs or Inform 7 sources left behind
+
+
+def test_same_seed_same_game_different_seeds_different_recipes(tasks: list) -> None:
+    metas = [game_metadata(t.payload) for t in tasks]
+    rebuilt = build_game(SPLIT_SPECS["train"], 1000).metadata  # regenerated in memory, not from the cache
+    assert rebuilt["walkthrough"] == metas[0]["walkthrough"] and rebuilt["recipe"] == metas[0]["recipe"]
+    assert len({m["recipe"] for m in metas}) > 1
+
+
+def test_reset_shows_recipe_and_clean_observation(suite: TextWorldCookingSuite, tasks: list) -> None:
+    env = suite.make(tasks[0])
+    reset = env.reset()
+    ingredient = game_metadata(tasks[0].payload)["ingredients"][0][0]
+    assert "Ingredients:" in reset.instruction and ingredient in reset.instruction
+    assert "Directions:" in reset.instruction and "prepare meal" in reset.instruction
+    assert "-= Kitchen =-" in reset.observation
+    assert "$$" not in reset.observation and "\n\n" not in reset.observation and ">" not in reset.observation
+    assert env.admissible_commands() and env.expert_action() in env.admissible_commands()
+    env.close()
+    env.close()
+
+
+@pytest.mark.parametrize("index", range(N_GAMES))
+def test_expert_walkthrough_wins(suite: TextWorldCookingSuite, tasks: list, index: int) -> None:
+    env = suite.make(tasks[index])
+    env.reset()
+    steps = play_expert(env)
+    assert steps[-1].done and steps[-1].won and steps[-1].reward == 1.0
+    assert all(s.reward == 0.0 and not s.done for s in steps[:-1])
+    assert env.expert_action() is None
+    with pytest.raises(EnvError, match="ended"):
+        env.step("look")
+    env.reset()  # a second episode on the same env restarts the game
+    assert play_expert(env)[-1].won
+    env.close()
+
+
+def test_nonsense_action_and_truncation(tmp_path: Path, suite: TextWorldCookingSuite, tasks: list) -> None:
+    short = TextWorldCookingSuite(cache_dir=suite.cache_dir, max_turns=3)
+    env = short.make(tasks[0])
+    env.reset()
+    expert = env.expert_action()
+    first = env.step("xyzzy\nexamine cookbook")  # a newline must not smuggle in a second command
+    assert first.reward == 0.0 and not first.done and first.observation
+    assert "Ingredients" not in first.observation and env.expert_action() == expert
+    assert not env.step("").done
+    last = env.step("look")
+    assert last.done and not last.won and last.reward == 0.0 and last.info["truncated"]
+    env.close()
+
+
+def test_clean_text_drops_banner_prompt_and_restart_question() -> None:
+    raw = (
+        "\n\n  ________  __\n |  \\$$$$$$\\\n\nWelcome!\n\n-= Kitchen =-\nA room.\n\n\n\n"
+        ">     -= Kitchen =-0/1\nYou burned it!\n\n  *** You lost! ***\n\nYou scored 2.\nWould you like to"
+    )
+    assert clean_text(raw, drop="Welcome!") == "-= Kitchen =-\nA room.\nYou burned it!\n*** You lost! ***"
+
+
+def test_bad_requests_raise_env_error(suite: TextWorldCookingSuite) -> None:
+    with pytest.raises(EnvError, match="n=-1"):
+        suite.tasks("train", -1)
+    with pytest.raises(EnvError, match="max_turns"):
+        TextWorldCookingSuite(max_turns=0)
