@@ -70,7 +70,9 @@ class StageConfig:
             try:
                 loaded = yaml.safe_load(Path(path).read_text()) or {}
             except (OSError, yaml.YAMLError) as err:
-                raise ConfigError(f"cannot read config file '{path}': {err}; fix: pass a valid YAML file") from err
+                raise ConfigError(
+                    f"cannot read config file '{path}': {err}; fix: pass a valid YAML file"
+                ) from err
             if not isinstance(loaded, dict):
                 raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
             data.update(loaded)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sdarflow.errors import SchemaError
 
@@ -84,14 +85,14 @@ def validate(table: pa.Table, schema: pa.Schema, dataset: str) -> pa.Table:
 def _check_token_alignment(table: pa.Table, dataset: str) -> None:
     if table.num_rows == 0:
         return
-    expected = pa.compute.list_value_length(table["response_token_ids"])
+    expected = pc.list_value_length(table["response_token_ids"])
     for name in _TOKEN_ALIGNED:
         if name not in table.column_names:
             continue
-        lengths = pa.compute.list_value_length(table[name])
-        bad = pa.compute.not_equal(lengths, expected)
-        if pa.compute.any(bad).as_py():
-            row = pa.compute.index(bad, True).as_py()
+        lengths = pc.list_value_length(table[name])
+        bad = pc.not_equal(lengths, expected)
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
             raise SchemaError(
                 f"{dataset}: row {row} has {lengths[row].as_py()} '{name}' for "
                 f"{expected[row].as_py()} response tokens; fix: lists must align with response_token_ids"

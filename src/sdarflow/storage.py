@@ -87,7 +87,9 @@ def _reachable(loc: Location, action: str) -> Iterator[None]:
         hint = "check the path and permissions"
         if loc.uri.startswith("s3://"):
             endpoint = os.environ.get("AWS_ENDPOINT_URL", "<AWS default>")
-            hint = f"check AWS_ENDPOINT_URL ({endpoint}), the bucket and the AWS credentials in the environment"
+            hint = (
+                f"check AWS_ENDPOINT_URL ({endpoint}), the bucket and the AWS credentials in the environment"
+            )
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(f"cannot {action} '{loc.uri}': {first}; fix: {hint}") from err
 
@@ -106,7 +108,9 @@ def read_bytes(uri: str) -> bytes:
     loc = resolve(uri)
     with _reachable(loc, "read"):
         if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
-            raise StorageError(f"'{loc.uri}' does not exist; fix: check the URI or run the stage that writes it")
+            raise StorageError(
+                f"'{loc.uri}' does not exist; fix: check the URI or run the stage that writes it"
+            )
         with loc.fs.open_input_stream(loc.path) as f:
             return f.read()
 
@@ -125,7 +129,9 @@ def read_json(uri: str) -> dict:
     try:
         return json.loads(raw)
     except json.JSONDecodeError as err:
-        raise StorageError(f"'{uri}' is not valid JSON ({err.msg} at line {err.lineno}); fix: regenerate it") from err
+        raise StorageError(
+            f"'{uri}' is not valid JSON ({err.msg} at line {err.lineno}); fix: regenerate it"
+        ) from err
 
 
 def write_json(uri: str, obj: dict) -> None:
@@ -153,7 +159,9 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Location]:
     loc = resolve(uri)
     if is_published(uri):
         if not overwrite:
-            raise StorageError(f"'{loc.uri}' is already published; fix: choose a new output URI or pass --overwrite")
+            raise StorageError(
+                f"'{loc.uri}' is already published; fix: choose a new output URI or pass --overwrite"
+            )
         delete_tree(uri)
     try:
         yield loc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,9 @@ def test_bad_requests_raise_env_error(suite: TextWorldCookingSuite) -> None:
         suite.tasks("train", -1)
     with pytest.raises(EnvError, match="max_turns"):
         TextWorldCookingSuite(max_turns=0)
+
+
+def test_overlapping_seed_ranges_rejected(tmp_path: Path) -> None:
+    splits = {"train": SPLIT_SPECS["train"], "test": dataclasses.replace(SPLIT_SPECS["test"], seed_base=1500)}
+    with pytest.raises(EnvError, match="'train' and 'test' overlap"):
+        TextWorldCookingSuite(cache_dir=tmp_path, splits=splits)

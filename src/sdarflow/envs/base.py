@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from sdarflow.errors import SdarflowError
+
 Split = Literal["train", "test", "ood"]
 SPLITS: tuple[str, ...] = ("train", "test", "ood")
 
 
-class EnvError(ValueError):
+class EnvError(SdarflowError, ValueError):
     """A user-fixable problem with an environment request (unknown env, bad split, ...)."""
 
 

@@ -7,6 +7,7 @@ walkthrough, and :class:`TextWorldCookingEnv`, one episode with cleaned, short o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -18,9 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import textworld
@@ -36,7 +39,7 @@ GENERATOR_VERSION = 1
 # (cut, cook) skill flags, cycled over seeds. TextWorld's --cut/--cook mean "every ingredient must be cut/cooked"
 # (without them the food starts prepared), so fixed flags give a single task type; cycling balances all four.
 SKILL_MIX: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True), (True, True))
-TASK_TYPES: tuple[str, ...] = ("plain", "cut", "cook", "cut+cook")
+TASK_TYPES: tuple[str, ...] = ("plain", "cut", "cook", "cut+cook")  # indexed by cut + 2 * cook
 _CUT_VERBS = ("slice ", "dice ", "chop ")
 
 
@@ -68,12 +71,10 @@ class SplitSpec:
     def __post_init__(self) -> None:
         if not 1 <= self.take <= self.recipe <= 5:
             raise EnvError(
-                f"tw-cooking needs 1 <= take <= recipe <= 5, got take={self.take} recipe={self.recipe}"
+                f"tw-cooking take={self.take}, recipe={self.recipe}. Fix: 1 <= take <= recipe <= 5"
             )
         if self.go not in (1, 6, 9, 12):
-            raise EnvError(
-                f"tw-cooking go={self.go} not in (1, 6, 9, 12). Fix: pick one of those room counts"
-            )
+            raise EnvError(f"tw-cooking go={self.go} not in (1, 6, 9, 12). Fix: use one of those room counts")
         if self.drop:
             raise EnvError("tw-cooking drop=True has no expert walkthrough in TextWorld. Fix: drop=False")
 
@@ -105,8 +106,16 @@ SPLIT_SPECS: dict[str, SplitSpec] = {
     "train": SplitSpec(tw_split="train", seed_base=1000, max_turns=20),
     "test": SplitSpec(tw_split="test", seed_base=2000, max_turns=20),
     # Never trained on: 6 rooms (navigation), two ingredients, unseen foods/preparations.
-    "ood": SplitSpec(tw_split="test", recipe=2, take=2, go=6, seed_base=3000, max_turns=50),
+    "ood": SplitSpec(tw_split="test", recipe=2, take=2, go=6, seed_base=3000, max_turns=30),
 }
+
+
+@contextlib.contextmanager
+def _quiet_jericho() -> Iterator[None]:
+    """Silence Jericho's per-game "not fully supported" warning: TextWorld tracks score and moves itself."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is not fully supported")
+        yield
 
 
 def default_cache_dir() -> Path:
@@ -118,7 +127,8 @@ def build_game(spec: SplitSpec, seed: int, options: textworld.GameOptions | None
     """Generate (not compile) the tw-cooking game of ``seed``: deterministic in (spec, seed)."""
     options = options or textworld.GameOptions()
     options.seeds = seed
-    return cooking.make(spec.game_settings(seed), options)
+    with _quiet_jericho():  # make() plays the walkthrough in Jericho to check it
+        return cooking.make(spec.game_settings(seed), options)
 
 
 def generate_game(spec: SplitSpec, seed: int, game_dir: str) -> str:
@@ -142,13 +152,13 @@ def generate_game(spec: SplitSpec, seed: int, game_dir: str) -> str:
     return os.path.join(game_dir, f"{seed}.z8")
 
 
-def _generate_in_subprocess(spec: SplitSpec, seed: int, game_dir: Path) -> None:
-    """:func:`generate_game` in a fresh interpreter: unlike a process pool, no fork of a parent holding torch
-    threads, and no ``if __name__ == "__main__"`` guard demanded of the caller's script (spawn)."""
+def _generate_in_subprocess(spec: SplitSpec, seeds: Sequence[int], game_dir: Path) -> None:
+    """:func:`generate_game` for ``seeds`` in one fresh interpreter (pays TextWorld's ~3 s start once): unlike a
+    process pool, no fork of a parent holding torch threads, and no ``__main__`` guard demanded of the caller."""
     path = os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
     )
-    args = json.dumps({"spec": dataclasses.asdict(spec), "seed": seed, "game_dir": str(game_dir)})
+    args = json.dumps({"spec": dataclasses.asdict(spec), "seeds": list(seeds), "game_dir": str(game_dir)})
     proc = subprocess.run(
         [sys.executable, "-m", __name__, args],
         env={**os.environ, "PYTHONPATH": path},  # so the child imports this same sdarflow
@@ -158,7 +168,7 @@ def _generate_in_subprocess(spec: SplitSpec, seed: int, game_dir: Path) -> None:
     )
     if proc.returncode != 0:
         raise RuntimeError(
-            f"generating tw-cooking game {seed} failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
+            f"generating tw-cooking games {list(seeds)} failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
         )
 
 
@@ -169,8 +179,9 @@ def ensure_games(spec: SplitSpec, seeds: Sequence[int], game_dir: Path, workers:
     if len(missing) > 1 and workers > 1:
         log.info("generating %d tw-cooking games with %d workers", len(missing), workers)
         # Threads only wait on child interpreters; list() re-raises the first failure.
-        with ThreadPoolExecutor(max_workers=min(workers, len(missing))) as pool:
-            list(pool.map(lambda seed: _generate_in_subprocess(spec, seed, game_dir), missing))
+        chunks = [missing[i::workers] for i in range(min(workers, len(missing)))]
+        with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+            list(pool.map(lambda seeds: _generate_in_subprocess(spec, seeds, game_dir), chunks))
     else:
         for seed in missing:
             generate_game(spec, seed, str(game_dir))
@@ -187,9 +198,7 @@ def task_type_of(walkthrough: Sequence[str]) -> str:
     """``plain``/``cut``/``cook``/``cut+cook`` from the preparation commands the walkthrough must issue."""
     cut = any(cmd.startswith(_CUT_VERBS) for cmd in walkthrough)
     cook = any(cmd.startswith("cook ") for cmd in walkthrough)
-    return {(False, False): "plain", (True, False): "cut", (False, True): "cook", (True, True): "cut+cook"}[
-        (cut, cook)
-    ]
+    return TASK_TYPES[int(cut) + 2 * int(cook)]
 
 
 _PROMPT_LINE = re.compile(r"^\s*>.*$", re.MULTILINE)  # the interpreter's prompt plus its status bar
@@ -249,7 +258,8 @@ class TextWorldCookingEnv:
                 admissible_commands=True, policy_commands=True, won=True, lost=True, score=True, max_score=True,
                 objective=True, extras=["recipe"],
             )  # fmt: skip
-            self._env = textworld.start(self.task.payload, request_infos=infos)
+            with _quiet_jericho():
+                self._env = textworld.start(self.task.payload, request_infos=infos)
         first = self._env.reset()
         # The expert walkthrough never reads the cookbook, so the recipe must be in the instruction. Reading it
         # fails when the player starts outside the kitchen (go > 1): then use the recipe TextWorld stored.
@@ -274,13 +284,8 @@ class TextWorldCookingEnv:
         won, lost = bool(self._state["won"]), bool(self._state["lost"])
         truncated = not (won or lost or game_over) and self._turns >= self.max_turns
         self._done = won or lost or game_over or truncated
-        info = {
-            "score": self._state["score"],
-            "max_score": self._state["max_score"],
-            "turn": self._turns,
-            "lost": lost,
-            "truncated": truncated,
-        }
+        info = {"score": self._state["score"], "max_score": self._state["max_score"], "turn": self._turns}
+        info.update(lost=lost, truncated=truncated)
         return Step(clean_text(self._state.feedback), 1.0 if won else 0.0, self._done, won, info)
 
     def expert_action(self) -> str | None:
@@ -306,7 +311,7 @@ class TextWorldCookingSuite:
 
     cache_dir: game cache root (default ``$SDARFLOW_CACHE`` or ``~/.cache/sdarflow``); games live in
         ``<cache_dir>/games/<settings-hash>/<seed>.z8``. max_turns: overrides every split's default
-        (train/test 20, ood 50). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
+        (train/test 20, ood 30). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
     """
 
     name = "textworld-cooking"
@@ -320,10 +325,14 @@ class TextWorldCookingSuite:
     ) -> None:
         if max_turns is not None and max_turns < 1:
             raise EnvError(f"max_turns must be >= 1, got {max_turns}. Fix: pass a positive turn limit")
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.max_turns = max_turns
-        self.workers = workers
+        # Absolute, so task payloads stay valid for workers started in another directory.
+        self.cache_dir = Path(cache_dir or default_cache_dir()).expanduser().resolve()
+        self.max_turns, self.workers = max_turns, workers
         self.splits = dict(splits or SPLIT_SPECS)
+        ranges = sorted((s.seed_base, s.seed_base + s.size, name) for name, s in self.splits.items())
+        for (_, end, a), (start, _, b) in pairwise(ranges):
+            if start < end:
+                raise EnvError(f"seed ranges of splits {a!r} and {b!r} overlap. Fix: disjoint seed_base/size")
 
     def spec(self, split: str) -> SplitSpec:
         """The generation settings of ``split``; EnvError naming the allowed splits if unknown."""
@@ -343,9 +352,7 @@ class TextWorldCookingSuite:
         spec = self.spec(split)
         n = spec.size if n is None else n
         if not 0 <= n <= spec.size:
-            raise EnvError(
-                f"n={n} tasks requested from split {split!r} of size {spec.size}. Fix: 0 <= n <= size"
-            )
+            raise EnvError(f"n={n} tasks asked of split {split!r} of size {spec.size}. Fix: 0 <= n <= size")
         seeds = [spec.seed_base + i for i in range(n)]
         paths = ensure_games(spec, seeds, self.game_dir(split), self.workers)
         return [
@@ -361,9 +368,7 @@ class TextWorldCookingSuite:
     def make(self, task: Task) -> TextWorldCookingEnv:
         """A fresh episode of ``task``; call ``reset()`` on it first."""
         if not Path(task.payload).is_file():
-            raise EnvError(
-                f"game file {task.payload!r} of {task.task_id} not found. Fix: get tasks from tasks()"
-            )
+            raise EnvError(f"game {task.payload!r} of {task.task_id} not found. Fix: get tasks from tasks()")
         max_turns = self.max_turns or self.spec(task.split).max_turns
         return TextWorldCookingEnv(task, max_turns)
 
@@ -371,4 +376,5 @@ class TextWorldCookingSuite:
 if __name__ == "__main__":  # the child of _generate_in_subprocess
     _args = json.loads(sys.argv[1])
     _args["spec"]["skill_mix"] = tuple(map(tuple, _args["spec"]["skill_mix"]))  # JSON made the tuples lists
-    generate_game(SplitSpec(**_args["spec"]), _args["seed"], _args["game_dir"])
+    for _seed in _args["seeds"]:
+        generate_game(SplitSpec(**_args["spec"]), _seed, _args["game_dir"])

@@ -45,7 +45,9 @@ def load_tokenizer(path: str):
     return tok
 
 
-def load_policy(path: str, adapter: str | None = None, trainable: bool = False, dtype=torch.float32) -> Policy:
+def load_policy(
+    path: str, adapter: str | None = None, trainable: bool = False, dtype=torch.float32
+) -> Policy:
     """Load the base model from an HF folder; apply ``adapter`` (a local PEFT folder) if given.
 
     ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter).
@@ -57,7 +59,9 @@ def load_policy(path: str, adapter: str | None = None, trainable: bool = False, 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as err:
-        raise ModelError(f"cannot load model from '{path}': {err}; fix: check the folder is a complete HF model") from err
+        raise ModelError(
+            f"cannot load model from '{path}': {err}; fix: check the folder is a complete HF model"
+        ) from err
     if adapter:
         model = attach_adapter(model, adapter, path, trainable)
     model.train(trainable)
@@ -72,7 +76,9 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
     try:
         json.loads(cfg_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ModelError(f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder") from err
+        raise ModelError(
+            f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
+        ) from err
     base_file = Path(adapter) / BASE_FILE
     recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
     if recorded and recorded != base_fingerprint(base_path):
@@ -84,7 +90,9 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
         return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
     except (OSError, ValueError, RuntimeError, KeyError) as err:
         first = str(err).strip().splitlines()[0]
-        raise ModelError(f"adapter '{adapter}' is corrupt or incompatible: {first}; fix: re-export the adapter") from err
+        raise ModelError(
+            f"adapter '{adapter}' is corrupt or incompatible: {first}; fix: re-export the adapter"
+        ) from err
 
 
 def base_fingerprint(path: str) -> str:
@@ -97,5 +105,7 @@ def base_fingerprint(path: str) -> str:
 def new_lora(model, rank: int, alpha: int, targets: list[str], dropout: float = 0.0):
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=dropout, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=dropout, task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, config)

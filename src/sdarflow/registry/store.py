@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import socket
 import tempfile
 import uuid
@@ -30,13 +29,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from sdarflow import storage
-from sdarflow.errors import ConfigError, ModelError, StorageError
-from sdarflow.registry import cas, gate
+from sdarflow.errors import ConfigError, StorageError
+from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
     EVAL_REPORT,
     LINEAGE,
-    RESERVED_FILES,
     STAGES,
     VERSION_KIND,
     Layout,
@@ -70,59 +68,6 @@ def _children(uri: str) -> list[str]:
     return sorted({info.base_name for info in infos})
 
 
-def _link_or_copy(src: str, dst: str) -> str:
-    # Staging the version folder hard-links the adapter files when it can: adapters can be large.
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-    return dst
-
-
-def _load_report(eval_report: Mapping[str, Any] | str | Path) -> dict[str, Any]:
-    report = dict(eval_report) if isinstance(eval_report, Mapping) else storage.read_json(str(eval_report))
-    if not isinstance(report.get("splits"), Mapping):
-        raise ConfigError(
-            f"eval report {eval_report if not isinstance(eval_report, Mapping) else '(dict)'} has no 'splits' "
-            f"mapping; fix: pass the eval_report.json written by `sdarflow evaluate`"
-        )
-    return report
-
-
-def _lora_rank(adapter_config: Mapping[str, Any]) -> int | None:
-    """The largest LoRA rank (``r`` and any per-module ``rank_pattern``): vLLM's --max-lora-rank needs it."""
-    ranks = [adapter_config.get("r"), *dict(adapter_config.get("rank_pattern") or {}).values()]
-    ints = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool) and r > 0]
-    return max(ints) if ints else None
-
-
-def _check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:
-    """Refuse a folder that is not a PEFT adapter; return its adapter_config.json."""
-    config_path = adapter_dir / "adapter_config.json"
-    if not adapter_dir.is_dir() or not config_path.is_file():
-        raise ModelError(
-            f"'{adapter_dir}' is not a PEFT adapter folder (no adapter_config.json); "
-            f"fix: pass the folder the train stage saved with save_pretrained"
-        )
-    if not any(adapter_dir.glob("adapter_model.*")):
-        raise ModelError(
-            f"'{adapter_dir}' has no adapter_model.safetensors (or .bin); fix: pass a complete adapter folder"
-        )
-    for reserved in RESERVED_FILES:
-        if (adapter_dir / reserved).exists():
-            raise ConfigError(
-                f"adapter folder '{adapter_dir}' contains '{reserved}', which the registry writes itself; "
-                f"fix: remove it from the folder (pass the report with --eval and lineage with --lineage)"
-            )
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ModelError(f"'{config_path}' is not valid JSON ({err.msg}); fix: re-save the adapter") from err
-    if not isinstance(config, dict):
-        raise ModelError(f"'{config_path}' is not a JSON object; fix: re-save the adapter")
-    return config
-
-
 class Registry:
     """An adapter registry at a local folder or ``s3://bucket/prefix``."""
 
@@ -153,8 +98,8 @@ class Registry:
         """
         layout = self._layout(name)
         adapter_dir = Path(adapter_dir)
-        adapter_config = _check_adapter_dir(adapter_dir)
-        report = _load_report(eval_report)
+        adapter_config = intake.check_adapter_dir(adapter_dir)
+        report = intake.load_report(eval_report)
         if not isinstance(lineage, Mapping):
             raise ConfigError(
                 f"lineage must be a JSON object, got {type(lineage).__name__}; fix: pass a dict"
@@ -163,9 +108,7 @@ class Registry:
 
         with tempfile.TemporaryDirectory(prefix="sdarflow-register-") as tmp:
             staged = Path(tmp) / "version"
-            shutil.copytree(adapter_dir, staged, copy_function=_link_or_copy)
-            (staged / EVAL_REPORT).write_text(json.dumps(report, indent=2, sort_keys=True))
-            (staged / LINEAGE).write_text(json.dumps(dict(lineage), indent=2, sort_keys=True, default=str))
+            intake.stage_version(adapter_dir, report, lineage, staged)
             number = self._claim(layout, version, actor)
             storage.publish_dir(
                 staged,
@@ -173,7 +116,7 @@ class Registry:
                 kind=VERSION_KIND,
                 name=name,
                 version=number,
-                lora_rank=_lora_rank(adapter_config),
+                lora_rank=intake.lora_rank(adapter_config),
                 base_model=adapter_config.get("base_model_name_or_path"),
                 registered_by=actor,
                 source=str(adapter_dir.absolute()),

@@ -73,7 +73,9 @@ def rollout(
         for g in range(group_size):
             env = suite.make(task)
             reset = env.reset()
-            episodes.append(Episode(task, group_id, f"{group_id}/g{g}", env, reset.instruction, reset.observation))
+            episodes.append(
+                Episode(task, group_id, f"{group_id}/g{g}", env, reset.instruction, reset.observation)
+            )
     bar = tqdm(total=len(episodes), desc=desc, unit="ep", leave=False)
     for turn in range(params.max_turns):
         live = [e for e in episodes if not e.done]
@@ -99,7 +101,11 @@ def _step_turn(engine, live, turn, params, tokenizer, run_id, round_, policy_ver
     prompts = [encode_prompt(tokenizer, m) for m in messages]
     seeds = [sample_seed(params.seed, e.traj_id, turn) for e in live]
     samples = engine.generate(
-        prompts, seeds, max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p
+        prompts,
+        seeds,
+        max_new_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
     )
     for ep, msgs, prompt, sample in zip(live, messages, prompts, samples, strict=True):
         action, ok = parse_action(sample.text, sample.finished)

@@ -21,7 +21,9 @@ _ACTION_RE = re.compile(r"^[a-z0-9][a-z0-9 '\-]{0,63}$")
 MAX_ACTION_WORDS = 8
 
 
-def build_messages(instruction: str, actions: list[str], observation: str, history_turns: int = 4) -> list[dict]:
+def build_messages(
+    instruction: str, actions: list[str], observation: str, history_turns: int = 4
+) -> list[dict]:
     """Student context: system prompt, then goal + the last ``history_turns`` actions + the current observation."""
     recent = actions[-history_turns:] if history_turns > 0 else []
     history = "; ".join(recent) if recent else "none"

@@ -82,6 +82,7 @@ def _separating_steps(wins: list[list[str]], losses: list[list[str]], min_win_sh
         loss_share = loss_count[step] / len(losses) if losses else 0.0
         if win_share >= min_win_share and win_share > loss_share:
             kept.append(step)
+
     # Order by mean relative position in the successful episodes.
     def position(step: str) -> float:
         pos = [p.index(step) / max(1, len(p) - 1) for p in wins if step in p]
@@ -93,12 +94,19 @@ def _separating_steps(wins: list[list[str]], losses: list[list[str]], min_win_sh
 def _render(title: str, steps: list[str], support: int, total: int) -> str:
     lines = [f"# {title}", ""]
     lines += [f"{i}. {s}" for i, s in enumerate(steps, 1)]
-    lines += ["", "<item> is an object named in the goal.", f"Evidence: {support} of {total} episodes succeeded."]
+    lines += [
+        "",
+        "<item> is an object named in the goal.",
+        f"Evidence: {support} of {total} episodes succeeded.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def extract_skills(
-    episodes: list[EpisodeActions], min_support: int = 2, min_win_share: float = 0.5, literal_share: float = 0.3
+    episodes: list[EpisodeActions],
+    min_support: int = 2,
+    min_win_share: float = 0.5,
+    literal_share: float = 0.3,
 ) -> SkillLibrary:
     """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills``."""
     literal = _literal_actions(episodes, literal_share)
@@ -111,13 +119,22 @@ def extract_skills(
         wins = [_pattern(e, literal) for e in eps if e.success]
         losses = [_pattern(e, literal) for e in eps if not e.success]
         if len(wins) < min_support:
-            log.info("skills: task type %s has %d successes < min_support %d; skipped", task_type, len(wins), min_support)
+            log.info(
+                "skills: task type %s has %d successes < min_support %d; skipped",
+                task_type,
+                len(wins),
+                min_support,
+            )
             continue
         steps = _separating_steps(wins, losses, min_win_share)
         if not steps:
             continue
         name = "skill_" + "".join(c if c.isalnum() else "_" for c in task_type)
-        evidence = {"support": len(wins), "episodes": len(eps), "success_rate": round(len(wins) / len(eps), 4)}
+        evidence = {
+            "support": len(wins),
+            "episodes": len(eps),
+            "success_rate": round(len(wins) / len(eps), 4),
+        }
         keywords = sorted({w for w in task_type.replace("+", " ").replace("_", " ").split() if w})
         text = _render(f"Skill for {task_type} tasks", steps, len(wins), len(eps))
         lib.skills[name] = Skill(name, text, [task_type], keywords, evidence)
@@ -125,7 +142,11 @@ def extract_skills(
         general = _separating_steps(all_wins, [], min_win_share=0.8)
         wins_total = len(all_wins)
         text = _render("General skills", general, wins_total, len(episodes))
-        evidence = {"support": wins_total, "episodes": len(episodes), "success_rate": round(wins_total / len(episodes), 4)}
+        evidence = {
+            "support": wins_total,
+            "episodes": len(episodes),
+            "success_rate": round(wins_total / len(episodes), 4),
+        }
         lib.skills[GENERAL] = Skill(GENERAL, text, [], [], evidence)
     return lib
 

@@ -27,7 +27,9 @@ def keyword(lib: SkillLibrary, task_type: str, instruction: str) -> Retrieved:
     skill = lib.for_task_type(task_type)
     if skill is None:
         text = instruction.lower()
-        skill = next((s for s in lib.task_specific() if s.keywords and all(k in text for k in s.keywords)), None)
+        skill = next(
+            (s for s in lib.task_specific() if s.keywords and all(k in text for k in s.keywords)), None
+        )
     chosen = ([skill] if skill else []) + ([lib.general] if lib.general else [])
     return Retrieved(chosen, hit=skill is not None)
 

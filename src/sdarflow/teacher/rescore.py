@@ -43,8 +43,14 @@ def teacher_prompts(rows: list[dict], lib: SkillLibrary, strategy, tokenizer, pl
 
 
 @torch.inference_mode()
-def score(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int, max_tokens: int,
-          desc: str = "rescore") -> list[list[float]]:
+def score(
+    model,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    pad_id: int,
+    max_tokens: int,
+    desc: str = "rescore",
+) -> list[list[float]]:
     """Teacher-forced float32 log-probs of each response given its prompt, batched by token budget."""
     out: list[list[float]] = [[] for _ in prompts]
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
@@ -61,7 +67,11 @@ def score(model, prompts: list[list[int]], responses: list[list[int]], pad_id: i
 def gap_stats(old: list[list[float]], teacher: list[list[float]]) -> dict[str, float]:
     gaps = [t - s for o, q in zip(old, teacher, strict=True) for s, t in zip(o, q, strict=True)]
     if not gaps:
-        return {"rescore/gap_mean": 0.0, "rescore/gap_positive_share": 0.0, "rescore/teacher_logprob_mean": 0.0}
+        return {
+            "rescore/gap_mean": 0.0,
+            "rescore/gap_positive_share": 0.0,
+            "rescore/teacher_logprob_mean": 0.0,
+        }
     flat_teacher = [t for q in teacher for t in q]
     return {
         "rescore/gap_mean": sum(gaps) / len(gaps),

@@ -48,7 +48,10 @@ def sft(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(s / steps * 3.14159)).item())
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(s / steps * 3.14159)).item())
+        ),
     )
     model.train()
     history = []

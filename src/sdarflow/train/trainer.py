@@ -74,8 +74,13 @@ def episode_advantages(rows: list[dict], norm_by_std: bool = True) -> dict[str, 
 def make_samples(rows: list[dict], norm_by_std: bool = True) -> list[RLSample]:
     adv = episode_advantages(rows, norm_by_std)
     return [
-        RLSample(r["prompt_token_ids"], r["response_token_ids"], r["old_logprobs"], r["teacher_logprobs"],
-                 adv[r["traj_id"]])
+        RLSample(
+            r["prompt_token_ids"],
+            r["response_token_ids"],
+            r["old_logprobs"],
+            r["teacher_logprobs"],
+            adv[r["traj_id"]],
+        )
         for r in rows
         if r["response_token_ids"]
     ]
@@ -89,7 +94,9 @@ def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
-def micro_step(model, samples: list[RLSample], hp: RLHyper, pad_id: int) -> tuple[torch.Tensor, dict[str, float]]:
+def micro_step(
+    model, samples: list[RLSample], hp: RLHyper, pad_id: int
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss and metrics of one micro-batch (not yet scaled for accumulation)."""
     batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad_id)
     logp, ent = response_logprobs(model, batch, with_entropy=True)
@@ -149,8 +156,9 @@ def rl_update(
             mini = [samples[i] for i in idx]
             total_tokens = sum(len(s.response) for s in mini)
             agg_metrics: dict[str, float] = {}
-            for micro_idx in token_budget_batches([len(s.prompt) + len(s.response) for s in mini],
-                                                  hp.micro_batch_tokens):
+            for micro_idx in token_budget_batches(
+                [len(s.prompt) + len(s.response) for s in mini], hp.micro_batch_tokens
+            ):
                 micro = [mini[i] for i in micro_idx]
                 w = _weight(micro, total_tokens, len(mini), hp.agg)
                 loss, metrics = micro_step(model, micro, hp, pad_id)
@@ -165,7 +173,9 @@ def rl_update(
                 nonfinite_in_row = 0
             else:
                 nonfinite_in_row += 1
-                log.warning("step %d: non-finite loss or gradient; step skipped (%d in a row)", step, nonfinite_in_row)
+                log.warning(
+                    "step %d: non-finite loss or gradient; step skipped (%d in a row)", step, nonfinite_in_row
+                )
                 if nonfinite_in_row >= hp.max_nonfinite_steps:
                     raise TrainingDiverged(
                         f"{nonfinite_in_row} consecutive non-finite steps at step {step}; "

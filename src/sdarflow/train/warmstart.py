@@ -108,15 +108,25 @@ def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(),
     tokenizer = train_tokenizer(corpus, spec.vocab_size)
     eos = tokenizer.eos_token_id
     pairs = [
-        SFTPair(encode_prompt(tokenizer, msgs), tokenizer(s.action, add_special_tokens=False)["input_ids"] + [eos])
+        SFTPair(
+            encode_prompt(tokenizer, msgs), tokenizer(s.action, add_special_tokens=False)["input_ids"] + [eos]
+        )
         for s, msgs in zip(steps, contexts, strict=True)
     ]
-    log.info("SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs))
+    log.info(
+        "SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs)
+    )
 
     model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed)
     history = sft(
-        model, pairs, tokenizer.pad_token_id, steps=spec.sft_steps, batch_size=spec.sft_batch_size, lr=spec.sft_lr,
-        seed=spec.seed, time_budget_s=spec.sft_time_budget_s,
+        model,
+        pairs,
+        tokenizer.pad_token_id,
+        steps=spec.sft_steps,
+        batch_size=spec.sft_batch_size,
+        lr=spec.sft_lr,
+        seed=spec.seed,
+        time_budget_s=spec.sft_time_budget_s,
     )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -135,5 +145,7 @@ def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(),
     # Swap in the finished folder only now, so an interrupted build never looks complete.
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    log.info("base model built in %.0f s: %s (SFT loss %.3f)", info["seconds"], out_dir, info["sft_final_loss"])
+    log.info(
+        "base model built in %.0f s: %s (SFT loss %.3f)", info["seconds"], out_dir, info["sft_final_loss"]
+    )
     return out_dir

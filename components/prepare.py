@@ -1,0 +1,33 @@
+"""Component ``prepare``: validate the run's settings once and store the pipeline config (the first task)."""
+
+from kfp import dsl
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE)
+def prepare(
+    storage: str,
+    base_model: str,
+    run_id: str,
+    registry: str,
+    seed_skills: str,
+    policy_name: str,
+    env: str,
+    tasks: int,
+    group_size: int,
+    max_turns: int,
+    method: str,
+    lam: float,
+    beta: float,
+    retrieval: str,
+    eval_tasks: int,
+    eval_samples: int,
+    promote_to: str,
+    seed: int,
+    stage_settings: dict,
+) -> str:
+    params = dict(locals())  # first statement: exactly the pipeline parameters
+    from sdarflow.pipeline_config import PipelineConfig, prepare
+
+    return prepare(PipelineConfig.from_dict(params))

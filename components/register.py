@@ -1,0 +1,27 @@
+"""Component ``register``: the adapter as a new registry version with its report and lineage."""
+
+from kfp import dsl
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE)
+def register(
+    config_uri: str,
+    rl_round: int,
+    adapter: str,
+    eval_report: str,
+    trajectories: str,
+    skills: str,
+    rescored: str,
+) -> str:
+    from sdarflow.pipeline_config import run_component
+
+    return run_component(
+        "register",
+        config_uri,
+        rl_round,
+        adapter=adapter,
+        eval_report=eval_report,
+        data=[trajectories, skills, rescored],
+    )

@@ -1,0 +1,200 @@
+"""``sdarflow`` command line: one subcommand per stage (flags built from the stage's config class), plus ``demo``,
+``build-model``, ``envs``, ``env``, ``registry`` and ``pipeline``.
+
+Heavy imports happen inside commands so ``--help`` is fast. User errors (``SdarflowError``) become one line on
+stderr and the error's exit code; nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import sys
+import typing
+from collections.abc import Callable
+
+from sdarflow.errors import SdarflowError
+from sdarflow.stages import STAGES
+
+log = logging.getLogger("sdarflow")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
+    from sdarflow.config import field_help
+
+    parser.add_argument("--config", help="YAML file with this stage's settings (flags override it)")
+    for name, hint, f in field_help(config_cls):
+        flag = "--" + name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        default = None if f.default is dataclasses.MISSING else f.default
+        if hint is bool:
+            parser.add_argument(
+                flag,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{help_text} (default {default})",
+            )
+            continue
+        list_type = typing.get_origin(hint) is list
+        parser.add_argument(
+            flag,
+            dest=name,
+            default=None,
+            action="append" if list_type else "store",
+            choices=f.metadata.get("choices"),
+            help=f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else ""),
+        )
+
+
+def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        module = importlib.import_module(STAGES[name])
+        config_cls = _config_class(module)
+        overrides = {
+            k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
+        }
+        cfg = config_cls.load(args.config, **overrides)
+        result = module.run(cfg)
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return 0
+
+    return handler
+
+
+def _config_class(module):
+    from sdarflow.config import StageConfig
+
+    return next(
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, StageConfig) and v is not StageConfig
+    )
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from sdarflow.demo import run_demo
+
+    summary = run_demo(args.out, storage_root=args.storage, rounds=args.rounds, preset=args.preset)
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_build_model(args: argparse.Namespace) -> int:
+    from sdarflow.train.warmstart import BaseModelSpec, build_base_model
+
+    spec = BaseModelSpec(
+        env=args.env,
+        tasks=args.tasks,
+        sft_steps=args.sft_steps,
+        seed=args.seed,
+        sft_time_budget_s=args.sft_time_budget,
+    )
+    print(build_base_model(args.out, spec, force=args.force))
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from sdarflow.envs import list_envs
+
+    for name in list_envs():
+        print(name)
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    """Versions for bug reports."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    for pkg in (
+        "sdarflow",
+        "torch",
+        "transformers",
+        "peft",
+        "kfp",
+        "pyarrow",
+        "deepspeed",
+        "textworld",
+        "vllm",
+    ):
+        try:
+            print(f"{pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            print(f"{pkg} (not installed)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sdarflow", description="SDAR post-training for LLM agents on Kubeflow"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    for name, module_path in STAGES.items():
+        p = sub.add_parser(name, help=f"run the {name} stage")
+        _add_config_flags(p, _config_class(importlib.import_module(module_path)))
+        p.set_defaults(func=_stage_command(name))
+
+    p = sub.add_parser(
+        "demo", help="build the tiny base model and run the whole DAG locally (KFP local runner)"
+    )
+    p.add_argument("--out", default="demo-output")
+    p.add_argument(
+        "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
+    )
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--preset", default="demo", choices=("demo", "smoke"), help="sizes: demo, or smoke for tests"
+    )
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser(
+        "build-model", help="build the tiny demo base model (tokenizer, Qwen2, SFT warm start)"
+    )
+    p.add_argument("--out", required=True)
+    p.add_argument("--env", default="textworld-cooking")
+    p.add_argument("--tasks", type=int, default=24, help="train games whose walkthroughs make the SFT data")
+    p.add_argument("--sft-steps", type=int, default=600)
+    p.add_argument("--sft-time-budget", type=float, default=240.0, help="stop SFT after this many seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
+    p.set_defaults(func=_cmd_build_model)
+
+    p = sub.add_parser("envs", help="environments").add_subparsers(dest="envs_command", required=True)
+    p.add_parser("list", help="registered environment names").set_defaults(func=_cmd_envs)
+    sub.add_parser("env", help="print versions for bug reports").set_defaults(func=_cmd_env)
+
+    from sdarflow.registry.commands import add_parser as add_registry
+
+    add_registry(sub)
+    from sdarflow.pipeline_cli import add_parser as add_pipeline
+
+    add_pipeline(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("httpx", "urllib3", "botocore", "transformers", "DeepSpeed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return args.func(args)
+    except SdarflowError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Stage ``evaluate``: n sampled episodes per task on ``test`` and ``ood``; pass@k (unbiased estimator), per task
+type, format-error rate, mean turns, 95% CIs. Publishes ``report.json`` plus Markdown/HTML reports with plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdarflow import storage
+from sdarflow.config import StageConfig, opt
+from sdarflow.envs import SPLITS, get_suite
+from sdarflow.errors import ConfigError
+from sdarflow.stages.common import local_artifact, require
+
+log = logging.getLogger(__name__)
+
+REPORT = "report.json"
+
+
+@dataclass
+class EvaluateConfig(StageConfig):
+    stage = "evaluate"
+    model: str = opt("", "base model HF folder", io=True)
+    adapter: str = opt("", "adapter to evaluate (published URI or folder); empty = the base model", io=True)
+    output: str = opt("", "output report URI", io=True)
+    baseline: str = opt(
+        "", "a previous evaluate output (e.g. production's) to compare against in the plots", io=True
+    )
+    env: str = opt("textworld-cooking", "environment suite name")
+    splits: list[str] = opt(["test", "ood"], "splits to evaluate")
+    tasks: int = opt(4, "tasks per split")
+    samples: int = opt(4, "n samples per task (>= the largest k)")
+    max_turns: int = opt(0, "turn limit; 0 = the env's default for the split")
+    max_new_tokens: int = opt(24, "tokens per action")
+    temperature: float = opt(0.7, "sampling temperature")
+    history_turns: int = opt(4, "recent actions kept in the prompt")
+    batch_size: int = opt(64, "prompts per engine call")
+    seed: int = opt(1234, "base seed (differs from generate's so evaluation samples are fresh)")
+    overwrite: bool = opt(False, "replace an existing report at --output", io=True)
+
+    def validate(self) -> None:
+        bad = [s for s in self.splits if s not in SPLITS]
+        if bad or not self.splits:
+            raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
+        if self.samples < 1 or self.tasks < 1:
+            raise ConfigError(f"evaluate: samples ({self.samples}) and tasks ({self.tasks}) must be >= 1")
+
+
+def run(cfg: EvaluateConfig) -> dict:
+    from sdarflow.evaluate import build_report, plots, render_html, render_markdown
+    from sdarflow.models import load_policy
+    from sdarflow.rollout.engine import HFEngine
+    from sdarflow.rollout.loop import SamplingParams, rollout
+
+    require("evaluate", model=cfg.model, output=cfg.output)
+    suite = get_suite(cfg.env)
+    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"))
+    engine = HFEngine(policy.model, policy.tokenizer, policy.eos_id, cfg.batch_size)
+    params = SamplingParams(
+        max_turns=cfg.max_turns or 1000,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        history_turns=cfg.history_turns,
+        seed=cfg.seed,
+    )
+    results = []
+    for split in cfg.splits:
+        _, episodes = rollout(
+            engine,
+            suite,
+            suite.tasks(split, cfg.tasks),
+            cfg.samples,
+            params,
+            policy.tokenizer,
+            run_id="eval",
+            round_=0,
+            policy_version=cfg.adapter or "base",
+            desc=f"evaluate {split}",
+        )
+        results += [
+            {
+                "task_id": e.task.task_id,
+                "task_type": e.task.task_type,
+                "split": split,
+                "success": e.won,
+                "turns": len(e.rows),
+                "format_errors": e.format_errors,
+                "actions": len(e.rows),
+            }
+            for e in episodes
+        ]
+    report = build_report(
+        results,
+        adapter=cfg.adapter or "base",
+        base_model=cfg.model,
+        config_hash=cfg.config_hash(),
+        env=cfg.env,
+    )
+    baseline = storage.read_json(storage.join(cfg.baseline, REPORT)) if cfg.baseline else None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        images = plots(report, baseline)
+        for key, png in images.items():
+            (out / f"{key}.png").write_bytes(png)
+        (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=True))
+        (out / "report.md").write_text(render_markdown(report, baseline, {k: f"{k}.png" for k in images}))
+        (out / "report.html").write_text(render_html(report, baseline, images))
+        storage.publish_dir(
+            out,
+            cfg.output,
+            kind="eval-report",
+            overwrite=cfg.overwrite,
+            config_hash=cfg.config_hash(),
+            inputs=[cfg.model] + ([cfg.adapter] if cfg.adapter else []),
+        )
+    headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
+    log.info("evaluate: %s -> %s", ", ".join(f"{k} {v:.3f}" for k, v in headline.items()), cfg.output)
+    return {"uri": cfg.output, "metrics": headline}

@@ -1,0 +1,62 @@
+"""Stage ``register``: the trained adapter as a new immutable registry version with its eval report and lineage
+(run id, base model, config hashes, data URIs, skill library version); optionally aliased as ``staging``."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+
+from sdarflow import storage
+from sdarflow.config import StageConfig, opt
+from sdarflow.stages.common import require
+from sdarflow.stages.evaluate import REPORT
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RegisterConfig(StageConfig):
+    stage = "register"
+    registry: str = opt("", "registry root URI (local folder or s3://)", io=True)
+    name: str = opt("sdar-policy", "policy name in the registry ([a-z0-9._-])")
+    adapter: str = opt("", "adapter to register (published URI)", io=True)
+    eval_report: str = opt("", "evaluate output URI for this adapter", io=True)
+    model: str = opt("", "base model the adapter belongs to", io=True)
+    data: list[str] = opt([], "data URIs that produced the adapter (trajectories, skills, rescored)", io=True)
+    run_id: str = opt("local", "pipeline run id", io=True)
+    round: int = opt(0, "RL round", io=True)
+    promote_to: str = opt(
+        "", "alias the new version ('staging'; production goes through the gate)", choices=("", "staging")
+    )
+
+
+def run(cfg: RegisterConfig) -> dict:
+    from sdarflow.registry import Registry
+
+    require("register", registry=cfg.registry, adapter=cfg.adapter, eval_report=cfg.eval_report)
+    adapter_manifest = storage.read_manifest(cfg.adapter, "adapter")
+    report = storage.read_json(storage.join(cfg.eval_report, REPORT))
+    skills = [
+        u for u in cfg.data if storage.is_published(u) and storage.read_manifest(u).get("kind") == "skills"
+    ]
+    lineage = {
+        "run_id": cfg.run_id,
+        "round": cfg.round,
+        "base_model": cfg.model,
+        "adapter_uri": cfg.adapter,
+        "train_config_hash": adapter_manifest.get("config_hash"),
+        "method": adapter_manifest.get("method"),
+        "eval_report_uri": cfg.eval_report,
+        "data": list(cfg.data),
+        "skill_library_version": storage.read_manifest(skills[0]).get("version") if skills else None,
+    }
+    registry = Registry(cfg.registry)
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter_dir = storage.fetch_dir(cfg.adapter, kind="adapter", dest=tmp)  # a verified copy, no manifest
+        version = registry.register(cfg.name, adapter_dir, report, lineage)
+    if cfg.promote_to:
+        registry.promote(cfg.name, version, stage=cfg.promote_to)
+    log.info("register: %s version %s in %s", cfg.name, version, cfg.registry)
+    uri = storage.join(cfg.registry, cfg.name, "versions", str(version))
+    return {"uri": uri, "registry": cfg.registry, "name": cfg.name, "version": version}

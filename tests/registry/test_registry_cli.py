@@ -1,0 +1,135 @@
+"""The `sdarflow registry` subcommands through argparse, as the top-level CLI calls them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import yaml
+
+from sdarflow.registry import GateRefused
+from sdarflow.registry.commands import add_parser
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="sdarflow")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["registry", *argv])
+    return args.func(args)
+
+
+@pytest.fixture
+def files(tmp_path, make_adapter, report, lineage):
+    def write(name: str, rep: dict) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps(rep))
+        return str(path)
+
+    lineage_path = tmp_path / "lineage.json"
+    lineage_path.write_text(json.dumps(lineage))
+    return {
+        "adapter": str(make_adapter()),
+        "base": write("base.json", report(0.50, 0.62, 0.40)),
+        "worse_passk": write("worse.json", report(0.60, 0.50, 0.40)),
+        "better": write("better.json", report(0.58, 0.66, 0.41)),
+        "lineage": str(lineage_path),
+    }
+
+
+def test_cli_flow(local_registry, files, capsys, tmp_path):
+    reg = ["--registry", local_registry, "--name", "agent"]
+    assert (
+        run(
+            [
+                "register",
+                *reg,
+                "--adapter",
+                files["adapter"],
+                "--eval",
+                files["base"],
+                "--lineage",
+                files["lineage"],
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out == "1\n"
+    inline = '{"run_id": "r2"}'
+    assert (
+        run(
+            [
+                "register",
+                *reg,
+                "--adapter",
+                files["adapter"],
+                "--eval",
+                files["worse_passk"],
+                "--lineage",
+                inline,
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out == "2\n"
+    run(["register", *reg, "--adapter", files["adapter"], "--eval", files["better"]])
+    assert capsys.readouterr().out == "3\n"
+
+    assert run(["promote", *reg, "--version", "1"]) == 0
+    assert capsys.readouterr().out == "agent production -> v1 (gate: not-applicable)\n"
+
+    with pytest.raises(GateRefused) as err:
+        run(["promote", *reg, "--version", "2"])
+    assert err.value.exit_code == 3
+    assert "test pass@4 0.50 < production v1 0.62 - tolerance 0.02" in str(err.value)
+    # A looser policy from the flags lets it through.
+    assert run(["promote", *reg, "--version", "2", "--passk-tolerance", "0.2"]) == 0
+    capsys.readouterr()
+    assert run(["rollback", *reg]) == 0
+    assert capsys.readouterr().out == "agent production -> v1 (was v2)\n"
+    assert run(["promote", *reg, "--version", "3"]) == 0
+    assert "gate: passed" in capsys.readouterr().out
+
+    assert run(["list", "--registry", local_registry, "--name", "agent", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["aliases"] for r in rows] == [[], [], ["production"]]
+    assert run(["list", "--registry", local_registry]) == 0
+    assert capsys.readouterr().out == "agent\tproduction=v3\n"
+    assert run(["list", "--registry", local_registry, "--name", "agent"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("v1\t")
+
+    assert run(["show", *reg, "--version", "1"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["lineage"]["run_id"] == "run-1" and shown["version"] == 1
+
+    assert run(["fetch", *reg, "--version", "production", "--dest", str(tmp_path / "dl")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'dl'}\n"
+    assert (tmp_path / "dl" / "adapter_model.safetensors").is_file()
+
+    out = tmp_path / "k8s.yaml"
+    argv = ["serve-config", "--registry", local_registry, "--base-model", "/models/base", "--out", str(out)]
+    assert run([*argv, "--image", "vllm/vllm-openai:v0.9.0", "--secret", "s3-creds"]) == 0
+    command = capsys.readouterr().out
+    assert (
+        command.startswith("vllm serve /models/base --enable-lora") and "agent=/adapters/agent/3" in command
+    )
+    deployment, service = yaml.safe_load_all(out.read_text())
+    assert deployment["kind"] == "Deployment" and service["kind"] == "Service"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.9.0"
+
+
+def test_cli_force_and_errors(local_registry, files, capsys):
+    from sdarflow.errors import ConfigError
+
+    reg = ["--registry", local_registry, "--name", "agent"]
+    for report_file in ("base", "worse_passk"):
+        run(["register", *reg, "--adapter", files["adapter"], "--eval", files[report_file]])
+    run(["promote", *reg, "--version", "1"])
+    with pytest.raises(ConfigError, match="--force needs --reason"):
+        run(["promote", *reg, "--version", "2", "--force"])
+    assert run(["promote", *reg, "--version", "2", "--force", "--reason", "known eval flake"]) == 0
+    assert "gate: overridden" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--lineage is not valid JSON"):
+        run(["register", *reg, "--adapter", files["adapter"], "--eval", files["base"], "--lineage", "{bad"])
+    with pytest.raises(SystemExit):
+        run(["promote", *reg, "--version", "2", "--stage", "prod"])

@@ -1,0 +1,149 @@
+"""Register / list / show / fetch round trips, immutability, name validation and tamper detection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sdarflow import storage
+from sdarflow.errors import ConfigError, ModelError, StorageError
+from sdarflow.registry import Registry, RegistryError
+from sdarflow.registry.layout import Layout
+
+
+def test_round_trip(registry_uri, make_adapter, report, lineage, tmp_path):
+    reg = Registry(registry_uri)
+    adapter = make_adapter()
+    assert reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage, actor="ci") == 1
+    assert reg.register("agent", make_adapter(seed=1), report(0.6, 0.8, 0.5), lineage, actor="ci") == 2
+    assert reg.list_names() == ["agent"]
+
+    rows = reg.list_versions("agent")
+    assert [r["version"] for r in rows] == [1, 2]
+    assert rows[1]["pass@1"] == {"test": 0.6, "ood": 0.5}
+    assert rows[0]["by"] == "ci" and rows[0]["aliases"] == []
+
+    info = reg.show("agent", 1)
+    assert info["lineage"] == lineage
+    assert info["eval"]["test"]["pass_at_k"]["1"] == 0.5
+    assert info["lora_rank"] == 8
+    files = {f["path"]: f["sha256"] for f in info["files"]}
+    assert set(files) == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "eval_report.json",
+        "lineage.json",
+    }
+    weights = (adapter / "adapter_model.safetensors").read_bytes()
+    assert files["adapter_model.safetensors"] == hashlib.sha256(weights).hexdigest()
+
+    local = reg.fetch_adapter("agent", "1", dest=tmp_path / "fetched")
+    assert (local / "adapter_model.safetensors").read_bytes() == weights
+    assert json.loads((local / "lineage.json").read_text()) == lineage
+    assert reg.resolve("agent", "latest") == 2
+    assert [e["event"] for e in reg.audit_log("agent")] == ["register", "register"]
+
+
+def test_fetched_adapter_loads_with_safetensors(local_registry, make_adapter, report, lineage):
+    from safetensors.torch import load_file
+
+    reg = Registry(local_registry)
+    reg.register("agent", make_adapter(rank=4), report(0.5, 0.7, 0.4), lineage)
+    tensors = load_file(str(reg.fetch_adapter("agent", 1) / "adapter_model.safetensors"))
+    assert next(iter(tensors.values())).shape == (4, 16)
+
+
+def test_versions_are_immutable(registry_uri, make_adapter, report, lineage):
+    reg = Registry(registry_uri)
+    reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage, version=1)
+    with pytest.raises(RegistryError, match="version 1 of 'agent' already exists and versions are immutable"):
+        reg.register("agent", make_adapter(seed=1), report(0.9, 0.9, 0.9), lineage, version=1)
+    # Even bypassing the claim, the published folder refuses to be overwritten.
+    with pytest.raises(StorageError, match="already published"):
+        storage.publish_dir(make_adapter(seed=2), Layout(reg.uri, "agent").version(1), kind="x")
+    assert reg.show("agent", 1)["eval"]["test"]["pass_at_k"]["1"] == 0.5
+    # The next automatic number skips the taken one.
+    assert reg.register("agent", make_adapter(seed=3), report(0.5, 0.7, 0.4), lineage) == 2
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "a/b", "", "..", "a..b", "Agent", "-agent", ".hidden", "a" * 64, "a b"]
+)
+def test_bad_names_are_refused(local_registry, make_adapter, report, lineage, name):
+    reg = Registry(local_registry)
+    with pytest.raises(ConfigError, match=r"bad adapter name .*must match .*fix:"):
+        reg.register(name, make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    assert not Path(local_registry).exists() or not any(Path(local_registry).rglob("*.json"))
+
+
+def test_tampered_file_is_refused(registry_uri, make_adapter, report, lineage, tmp_path):
+    reg = Registry(registry_uri)
+    reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    weights = storage.join(Layout(reg.uri, "agent").version(1), "adapter_model.safetensors")
+    storage.write_bytes(weights, b"not the weights")
+    with pytest.raises(StorageError) as err:
+        reg.fetch_adapter("agent", 1, dest=tmp_path / "out")
+    message = str(err.value)
+    assert "adapter_model.safetensors" in message and "sha256" in message and "fix:" in message
+    assert "\n" not in message
+
+
+def test_tampered_eval_report_is_refused(local_registry, make_adapter, report, lineage):
+    reg = Registry(local_registry)
+    reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    path = Path(Layout(reg.uri, "agent").version(1)) / "eval_report.json"
+    path.write_text(json.dumps(report(0.99, 0.99, 0.99)))
+    with pytest.raises(StorageError, match=r"eval_report.json' does not match the sha256 .*fix: register"):
+        reg.show("agent", 1)
+
+
+def test_not_an_adapter_folder(local_registry, tmp_path, report, lineage):
+    reg = Registry(local_registry)
+    with pytest.raises(ModelError, match="no adapter_config.json"):
+        reg.register("agent", tmp_path, report(0.5, 0.7, 0.4), lineage)
+
+
+def test_adapter_folder_must_not_bring_reserved_files(local_registry, make_adapter, report, lineage):
+    adapter = make_adapter()
+    (adapter / "lineage.json").write_text("{}")
+    with pytest.raises(ConfigError, match="contains 'lineage.json'"):
+        Registry(local_registry).register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
+
+
+def test_eval_report_from_path_and_bad_report(local_registry, make_adapter, report, lineage, tmp_path):
+    reg = Registry(local_registry)
+    path = tmp_path / "eval_report.json"
+    path.write_text(json.dumps(report(0.5, 0.7, 0.4)))
+    assert reg.register("agent", make_adapter(), path, lineage) == 1
+    with pytest.raises(ConfigError, match="has no 'splits'"):
+        reg.register("agent", make_adapter(), {"pass": 1}, lineage)
+
+
+def test_resolve_errors(local_registry, make_adapter, report, lineage):
+    reg = Registry(local_registry)
+    reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    with pytest.raises(StorageError, match="version 7 of 'agent' does not exist"):
+        reg.resolve("agent", 7)
+    with pytest.raises(RegistryError, match="no 'production' alias yet"):
+        reg.resolve("agent", "production")
+    with pytest.raises(ConfigError, match="allowed: a version number, 'latest', production, staging"):
+        reg.resolve("agent", "newest")
+
+
+def test_failed_publish_leaves_no_version_and_number_is_not_reused(
+    local_registry, make_adapter, report, lineage, monkeypatch
+):
+    reg = Registry(local_registry)
+
+    def broken(*args, **kwargs):
+        raise StorageError("disk full")
+
+    monkeypatch.setattr(storage, "publish_dir", broken)
+    with pytest.raises(StorageError, match="disk full"):
+        reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    monkeypatch.undo()
+    assert reg.list_versions("agent") == []
+    assert reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage) == 2
