@@ -4,51 +4,17 @@ eval reports."""
 from __future__ import annotations
 
 import json
-import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-BUCKET = "sdarflow-registry"
-S3_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """moto's standalone S3 server on a free port; it enforces conditional writes (IfNoneMatch, IfMatch)."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=S3_ENV["AWS_DEFAULT_REGION"],
-        aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
-    )
-    client.create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
 
 
 @pytest.fixture
-def s3_registry(monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> str:
+def s3_registry(s3_root: str) -> str:
     """A fresh registry prefix in the moto bucket, with the AWS environment pointing at the server."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    for key, value in S3_ENV.items():
-        monkeypatch.setenv(key, value)
-    return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    return s3_root
 
 
 @pytest.fixture

@@ -135,7 +135,8 @@ def generate_game(spec: SplitSpec, seed: int, game_dir: str) -> str:
     """Generate and compile one game into ``game_dir/<seed>.z8`` (+ ``.json``) atomically; returns the z8 path.
 
     Compiles into a private temp dir in ``game_dir`` then renames (json first, z8 last: the z8 marks a complete
-    entry), so concurrent generators of the same game only ever replace a file with an identical one.
+    entry), so concurrent generators of one game only ever swap in an equivalent file (the bytes differ: set
+    ordering inside TextWorld and Inform's compile serial number; walkthrough and play are identical).
     """
     start = time.perf_counter()
     os.makedirs(game_dir, exist_ok=True)
@@ -159,13 +160,9 @@ def _generate_in_subprocess(spec: SplitSpec, seeds: Sequence[int], game_dir: Pat
         filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
     )
     args = json.dumps({"spec": dataclasses.asdict(spec), "seeds": list(seeds), "game_dir": str(game_dir)})
-    proc = subprocess.run(
-        [sys.executable, "-m", __name__, args],
-        env={**os.environ, "PYTHONPATH": path},  # so the child imports this same sdarflow
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    env = {**os.environ, "PYTHONPATH": path}  # so the child imports this same sdarflow
+    cmd = [sys.executable, "-m", __name__, args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(
             f"generating tw-cooking games {list(seeds)} failed (exit {proc.returncode}): {proc.stderr[-2000:]}"

@@ -1,0 +1,67 @@
+"""Shared fixtures: a moto S3 server over HTTP on 127.0.0.1, a private game cache, and the tiny base model."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+BUCKET = "sdarflow-test"
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def game_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Generated TextWorld games go to one cache per test session unless SDARFLOW_CACHE is set (CI reuse)."""
+    cache = Path(os.environ.get("SDARFLOW_CACHE") or tmp_path_factory.mktemp("sdarflow-cache"))
+    os.environ["SDARFLOW_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's standalone S3 server on a free port; it enforces conditional writes (IfNoneMatch, IfMatch)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=S3_ENV["AWS_DEFAULT_REGION"],
+        aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+    client.create_bucket(Bucket=BUCKET)
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3_root(monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> str:
+    """A fresh prefix in the moto bucket, with the AWS environment pointing at the server."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)
+    return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, game_cache: Path) -> Path:
+    """The demo base model built with the smoke sizes (3 games, a few SFT steps): real folder, real loading."""
+    from sdarflow.demo import PRESETS
+    from sdarflow.train.warmstart import build_base_model
+
+    return build_base_model(tmp_path_factory.mktemp("models") / "tiny", PRESETS["smoke"]["model"])
