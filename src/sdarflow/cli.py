@@ -78,7 +78,8 @@ def _config_class(module):
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sdarflow.demo import run_demo
 
-    summary = run_demo(args.out, storage_root=args.storage, rounds=args.rounds, preset=args.preset)
+    summary = run_demo(args.out, storage_root=args.storage, rounds=args.rounds, preset=args.preset,
+                       base_model=args.base_model)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 

@@ -59,7 +59,8 @@ class _GumbelSampler:
         if self.top_p < 1.0:
             logits = _top_p_mask(logits, self.top_p)
         u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators])
-        gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)).clamp_min(1e-20))
+        # u in (0, 1) strictly, so both logs are finite
+        gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1.0 - 1e-7)))
         return logits + gumbel
 
 
