@@ -78,8 +78,13 @@ def _config_class(module):
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sdarflow.demo import run_demo
 
-    summary = run_demo(args.out, storage_root=args.storage, rounds=args.rounds, preset=args.preset,
-                       base_model=args.base_model)
+    summary = run_demo(
+        args.out,
+        storage_root=args.storage,
+        rounds=args.rounds,
+        preset=args.preset,
+        base_model=args.base_model,
+    )
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 
@@ -152,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument(
         "--preset", default="demo", choices=("demo", "smoke"), help="sizes: demo, or smoke for tests"
+    )
+    p.add_argument(
+        "--base-model", default=None, help="use this HF model folder instead of building the tiny one"
     )
     p.set_defaults(func=_cmd_demo)
 

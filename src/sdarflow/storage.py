@@ -68,7 +68,7 @@ def resolve(uri: str) -> Location:
         return Location(_s3_filesystem(uri), path, "s3://" + path)
     if "://" in uri and not uri.startswith("file://"):
         raise StorageError(f"unsupported URI scheme in '{uri}': use a local path, file:// or s3://")
-    local = Path(uri[len("file://") :] if uri.startswith("file://") else uri).expanduser().absolute()
+    local = Path(uri.removeprefix("file://")).expanduser().absolute()
     return Location(pafs.LocalFileSystem(), str(local), str(local))
 
 

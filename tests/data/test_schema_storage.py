@@ -15,11 +15,26 @@ from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA, fingerprint
 
 def turn_row(i: int = 0, n_tokens: int = 3) -> dict:
     return {
-        "run_id": "r", "round": 0, "task_id": f"t{i}", "group_id": "g", "traj_id": f"e{i}", "turn": 0,
-        "task_type": "cut", "split": "train", "prompt_token_ids": [1, 2, 3], "response_token_ids": list(range(n_tokens)),
-        "response_text": "take apple", "rollout_logprobs": [-0.5] * n_tokens, "reward": 1.0, "episode_return": 1.0,
-        "success": True, "format_ok": True, "policy_version": "base", "prompt_messages": "[]",
-        "env": "textworld-cooking", "num_turns": 1,
+        "run_id": "r",
+        "round": 0,
+        "task_id": f"t{i}",
+        "group_id": "g",
+        "traj_id": f"e{i}",
+        "turn": 0,
+        "task_type": "cut",
+        "split": "train",
+        "prompt_token_ids": [1, 2, 3],
+        "response_token_ids": list(range(n_tokens)),
+        "response_text": "take apple",
+        "rollout_logprobs": [-0.5] * n_tokens,
+        "reward": 1.0,
+        "episode_return": 1.0,
+        "success": True,
+        "format_ok": True,
+        "policy_version": "base",
+        "prompt_messages": "[]",
+        "env": "textworld-cooking",
+        "num_turns": 1,
     }
 
 
@@ -28,8 +43,14 @@ def table(n: int = 5) -> pa.Table:
 
 
 def write(uri: str, t: pa.Table | None = None) -> dict:
-    return storage.write_table(t if t is not None else table(), uri, kind="trajectories", schema=TRAJECTORY_SCHEMA,
-                               config_hash="abc", inputs=["in"])
+    return storage.write_table(
+        t if t is not None else table(),
+        uri,
+        kind="trajectories",
+        schema=TRAJECTORY_SCHEMA,
+        config_hash="abc",
+        inputs=["in"],
+    )
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -83,7 +83,7 @@ def test_ci95_known_values() -> None:
     lo, hi = ci95([0.4, 0.6])
     assert lo == pytest.approx(0.5 - Z95 * 0.1)
     assert hi == pytest.approx(0.5 + Z95 * 0.1)
-    assert Z95 == pytest.approx(1.96, abs=1e-3)
+    assert pytest.approx(1.96, abs=1e-3) == Z95
 
 
 def test_ci95_clips_and_degenerate_cases() -> None:

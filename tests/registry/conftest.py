@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture
 def s3_registry(s3_root: str) -> str:
     """A fresh registry prefix in the moto bucket, with the AWS environment pointing at the server."""

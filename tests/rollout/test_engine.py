@@ -34,8 +34,9 @@ def test_same_seed_same_sample_regardless_of_batch(engine, prompts):
 
 def test_group_samples_differ(engine, prompts):
     same_prompt = [prompts[0]] * 4
-    samples = engine.generate(same_prompt, [sample_seed(0, f"g{i}", 0) for i in range(4)], max_new_tokens=8,
-                              temperature=1.0)
+    samples = engine.generate(
+        same_prompt, [sample_seed(0, f"g{i}", 0) for i in range(4)], max_new_tokens=8, temperature=1.0
+    )
     assert len({tuple(s.token_ids) for s in samples}) > 1
 
 

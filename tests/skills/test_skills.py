@@ -13,7 +13,11 @@ def ep(task: str, acts: list[str], win: bool, task_type: str = "cut") -> Episode
 
 def episodes() -> list[EpisodeActions]:
     wins = [
-        ep("t1", ["take red apple", "take knife", "slice red apple with knife", "prepare meal", "eat meal"], True),
+        ep(
+            "t1",
+            ["take red apple", "take knife", "slice red apple with knife", "prepare meal", "eat meal"],
+            True,
+        ),
         ep("t2", ["take carrot", "take knife", "slice carrot with knife", "prepare meal", "eat meal"], True),
         ep("t3", ["take knife", "take tuna", "dice tuna with knife", "prepare meal", "eat meal"], True),
     ]
@@ -44,7 +48,9 @@ def test_extraction_keeps_steps_that_separate_success_from_failure():
 
 
 def test_min_support_skips_rare_task_types():
-    lib = extract_skills(episodes() + [ep("t9", ["take egg", "fry egg with stove", "eat meal"], True, "cook")])
+    lib = extract_skills(
+        episodes() + [ep("t9", ["take egg", "fry egg with stove", "eat meal"], True, "cook")]
+    )
     assert lib.for_task_type("cook") is None and lib.for_task_type("cut") is not None
 
 
@@ -54,7 +60,9 @@ def test_library_round_trip_and_content_version(tmp_path):
     back = SkillLibrary.load(tmp_path / "lib")
     assert back.version == lib.version and set(back.skills) == set(lib.skills)
     assert back.for_task_type("cut").evidence["support"] == 3
-    assert (tmp_path / "lib" / "general_skills.md").is_file() and (tmp_path / "lib" / "skill_mapping.json").is_file()
+    assert (tmp_path / "lib" / "general_skills.md").is_file() and (
+        tmp_path / "lib" / "skill_mapping.json"
+    ).is_file()
 
 
 def test_keyword_retrieval_hit_and_miss():

@@ -25,28 +25,64 @@ def fails(capsys, argv: list[str], *expected: str) -> str:
 
 
 def rows(n: int = 2) -> list[dict]:
-    return [{
-        "run_id": "r", "round": 0, "task_id": "t", "group_id": "g", "traj_id": f"e{i}", "turn": 0,
-        "task_type": "cut", "split": "train", "prompt_token_ids": [1, 2], "response_token_ids": [3, 4],
-        "response_text": "look", "rollout_logprobs": [-1.0, -1.0], "reward": 0.0, "episode_return": 0.0,
-        "success": False, "format_ok": True, "policy_version": "base", "prompt_messages": "[]",
-        "env": "textworld-cooking", "num_turns": 1,
-    } for i in range(n)]
+    return [
+        {
+            "run_id": "r",
+            "round": 0,
+            "task_id": "t",
+            "group_id": "g",
+            "traj_id": f"e{i}",
+            "turn": 0,
+            "task_type": "cut",
+            "split": "train",
+            "prompt_token_ids": [1, 2],
+            "response_token_ids": [3, 4],
+            "response_text": "look",
+            "rollout_logprobs": [-1.0, -1.0],
+            "reward": 0.0,
+            "episode_return": 0.0,
+            "success": False,
+            "format_ok": True,
+            "policy_version": "base",
+            "prompt_messages": "[]",
+            "env": "textworld-cooking",
+            "num_turns": 1,
+        }
+        for i in range(n)
+    ]
 
 
 def fake_dataset(folder: Path, table: pa.Table) -> str:
     """A dataset written by hand (not through sdarflow) with a manifest, as a foreign producer would."""
     folder.mkdir(parents=True)
     pq.write_table(table, folder / "part-00000.parquet")
-    (folder / "_manifest.json").write_text(json.dumps({"kind": "trajectories", "files": [{"path": "part-00000.parquet"}]}))
+    (folder / "_manifest.json").write_text(
+        json.dumps({"kind": "trajectories", "files": [{"path": "part-00000.parquet"}]})
+    )
     return str(folder)
 
 
 def test_missing_column(tmp_path, capsys, tiny_model):
-    src = fake_dataset(tmp_path / "in", pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA).drop_columns(["reward"]))
+    src = fake_dataset(
+        tmp_path / "in", pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA).drop_columns(["reward"])
+    )
     out = tmp_path / "out"
-    fails(capsys, ["rescore", "--input", src, "--skills", str(tiny_model / "seed_skills"), "--model", str(tiny_model),
-                   "--output", str(out)], f"dataset {src}", "missing required column 'reward'")
+    fails(
+        capsys,
+        [
+            "rescore",
+            "--input",
+            src,
+            "--skills",
+            str(tiny_model / "seed_skills"),
+            "--model",
+            str(tiny_model),
+            "--output",
+            str(out),
+        ],
+        f"dataset {src}",
+        "missing required column 'reward'",
+    )
     assert not out.exists()
 
 
@@ -54,16 +90,24 @@ def test_mismatched_list_lengths(tmp_path, capsys):
     bad = rows()
     bad[1]["rollout_logprobs"] = [-1.0]
     src = fake_dataset(tmp_path / "in", pa.Table.from_pylist(bad, schema=TRAJECTORY_SCHEMA))
-    fails(capsys, ["extract-skills", "--input", src, "--output", str(tmp_path / "out")],
-          "row 1 has 1 'rollout_logprobs' for 2 response tokens")
+    fails(
+        capsys,
+        ["extract-skills", "--input", src, "--output", str(tmp_path / "out")],
+        "row 1 has 1 'rollout_logprobs' for 2 response tokens",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_no_manifest(tmp_path, capsys):
     (tmp_path / "in").mkdir()
-    pq.write_table(pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA), tmp_path / "in" / "part-00000.parquet")
-    fails(capsys, ["extract-skills", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")],
-          "has no _manifest.json")
+    pq.write_table(
+        pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA), tmp_path / "in" / "part-00000.parquet"
+    )
+    fails(
+        capsys,
+        ["extract-skills", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")],
+        "has no _manifest.json",
+    )
 
 
 def test_malformed_parquet(tmp_path, capsys):
@@ -73,27 +117,41 @@ def test_malformed_parquet(tmp_path, capsys):
 
 
 def test_unknown_env(tmp_path, capsys, tiny_model):
-    fails(capsys, ["generate", "--model", str(tiny_model), "--env", "chess", "--output", str(tmp_path / "o")],
-          "unknown env 'chess'", "textworld-cooking")
+    fails(
+        capsys,
+        ["generate", "--model", str(tiny_model), "--env", "chess", "--output", str(tmp_path / "o")],
+        "unknown env 'chess'",
+        "textworld-cooking",
+    )
     assert not (tmp_path / "o").exists()
 
 
 def test_missing_model_folder(tmp_path, capsys):
-    fails(capsys, ["generate", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
-          "model folder", "not found")
+    fails(
+        capsys,
+        ["generate", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
+        "model folder",
+        "not found",
+    )
 
 
 def test_corrupt_adapter(tmp_path, capsys, tiny_model):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{not json")
-    fails(capsys, ["generate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(tmp_path / "o")],
-          "adapter_config.json")
+    fails(
+        capsys,
+        ["generate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(tmp_path / "o")],
+        "adapter_config.json",
+    )
 
 
 def test_bad_config_value(tmp_path, capsys):
-    fails(capsys, ["generate", "--model", "m", "--group-size", "1", "--output", str(tmp_path / "o")],
-          "group_size (1) must be >= 2")
+    fails(
+        capsys,
+        ["generate", "--model", "m", "--group-size", "1", "--output", str(tmp_path / "o")],
+        "group_size (1) must be >= 2",
+    )
     cfg = tmp_path / "c.yaml"
     cfg.write_text("lamda: 0.1\n")
     fails(capsys, ["train", "--config", str(cfg)], "unknown config key(s) lamda")
@@ -103,8 +161,12 @@ def test_unreachable_storage(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    fails(capsys, ["extract-skills", "--input", "s3://bucket/runs/x", "--output", str(tmp_path / "o")],
-          "cannot read 's3://bucket/runs/x", "AWS_ENDPOINT_URL")
+    fails(
+        capsys,
+        ["extract-skills", "--input", "s3://bucket/runs/x", "--output", str(tmp_path / "o")],
+        "cannot read 's3://bucket/runs/x",
+        "AWS_ENDPOINT_URL",
+    )
 
 
 @pytest.mark.parametrize("stage", ["generate", "extract-skills", "rescore", "train", "evaluate", "register"])
@@ -116,6 +178,12 @@ def test_help_for_every_stage(stage, capsys):
 
 def test_written_dataset_refuses_unknown_kind(tmp_path):
     uri = str(tmp_path / "t")
-    storage.write_table(pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA), uri, kind="trajectories",
-                        schema=TRAJECTORY_SCHEMA, config_hash="h", inputs=[])
+    storage.write_table(
+        pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA),
+        uri,
+        kind="trajectories",
+        schema=TRAJECTORY_SCHEMA,
+        config_hash="h",
+        inputs=[],
+    )
     assert storage.read_manifest(uri, "trajectories")["rows"] == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,14 +23,74 @@ def chain(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("store")
     uris = {s: str(root / s) for s in ("generate", "skills", "rescore", "train", "evaluate")}
     model = str(tiny_model)
-    assert main(["generate", "--model", model, "--env", "textworld-cooking", "--split", "train", "--tasks", "2",
-                 "--group-size", "2", "--max-turns", "3", "--output", uris["generate"]]) == 0
-    assert main(["extract-skills", "--input", uris["generate"], "--output", uris["skills"],
-                 "--previous", str(tiny_model / "seed_skills")]) == 0
-    assert main(["rescore", "--input", uris["generate"], "--skills", uris["skills"], "--model", model,
-                 "--output", uris["rescore"]]) == 0
-    assert main(["train", "--input", uris["rescore"], "--model", model, "--output", uris["train"],
-                 "--mini-batches", "2"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                model,
+                "--env",
+                "textworld-cooking",
+                "--split",
+                "train",
+                "--tasks",
+                "2",
+                "--group-size",
+                "2",
+                "--max-turns",
+                "3",
+                "--output",
+                uris["generate"],
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "extract-skills",
+                "--input",
+                uris["generate"],
+                "--output",
+                uris["skills"],
+                "--previous",
+                str(tiny_model / "seed_skills"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "rescore",
+                "--input",
+                uris["generate"],
+                "--skills",
+                uris["skills"],
+                "--model",
+                model,
+                "--output",
+                uris["rescore"],
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "train",
+                "--input",
+                uris["rescore"],
+                "--model",
+                model,
+                "--output",
+                uris["train"],
+                "--mini-batches",
+                "2",
+            ]
+        )
+        == 0
+    )
     return uris
 
 
@@ -63,30 +124,86 @@ def test_train_publishes_a_peft_adapter_with_step_metrics(chain):
     manifest = storage.read_manifest(chain["train"], "adapter")
     files = {f["path"] for f in manifest["files"]}
     assert {"adapter_config.json", "adapter_model.safetensors", "metrics.jsonl"} <= files
-    lines = [json.loads(x) for x in open(f"{chain['train']}/metrics.jsonl")]
+    lines = [json.loads(x) for x in Path(chain["train"], "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
-    for key in ("loss/total", "sdar/gate_mean", "sdar/gate_active_ratio", "sdar/teacher_gap_mean", "grad_norm"):
+    for key in (
+        "loss/total",
+        "sdar/gate_mean",
+        "sdar/gate_active_ratio",
+        "sdar/teacher_gap_mean",
+        "grad_norm",
+    ):
         assert key in lines[0]
 
 
 def test_evaluate_and_register(chain, tiny_model, tmp_path, capsys):
-    out = run_cli(capsys, "evaluate", "--model", str(tiny_model), "--adapter", chain["train"], "--splits", "test",
-                  "--tasks", "1", "--samples", "2", "--max-turns", "2", "--output", chain["evaluate"])
+    out = run_cli(
+        capsys,
+        "evaluate",
+        "--model",
+        str(tiny_model),
+        "--adapter",
+        chain["train"],
+        "--splits",
+        "test",
+        "--tasks",
+        "1",
+        "--samples",
+        "2",
+        "--max-turns",
+        "2",
+        "--output",
+        chain["evaluate"],
+    )
     report = storage.read_json(f"{chain['evaluate']}/report.json")
-    assert report["splits"]["test"]["samples_per_task"] == 2 and set(report["splits"]["test"]["pass_at_k"]) == {"1", "2"}
+    assert report["splits"]["test"]["samples_per_task"] == 2 and set(
+        report["splits"]["test"]["pass_at_k"]
+    ) == {"1", "2"}
     assert out["metrics"]["test/pass@1"] == report["splits"]["test"]["pass_at_k"]["1"]
     reg = str(tmp_path / "registry")
-    got = run_cli(capsys, "register", "--registry", reg, "--adapter", chain["train"], "--eval-report",
-                  chain["evaluate"], "--model", str(tiny_model), "--data", chain["generate"], "--data", chain["skills"])
+    got = run_cli(
+        capsys,
+        "register",
+        "--registry",
+        reg,
+        "--adapter",
+        chain["train"],
+        "--eval-report",
+        chain["evaluate"],
+        "--model",
+        str(tiny_model),
+        "--data",
+        chain["generate"],
+        "--data",
+        chain["skills"],
+    )
     assert got["version"] == 1
-    lineage = json.loads(open(f"{reg}/sdar-policy/versions/1/lineage.json").read())
+    lineage = json.loads(Path(reg, "sdar-policy/versions/1/lineage.json").read_text())
     assert lineage["skill_library_version"] == storage.read_manifest(chain["skills"])["version"]
     assert lineage["train_config_hash"] == storage.read_manifest(chain["train"])["config_hash"]
 
 
 def test_generate_continues_from_the_trained_adapter(chain, tiny_model, tmp_path):
     out = str(tmp_path / "gen2")
-    assert main(["generate", "--model", str(tiny_model), "--adapter", chain["train"], "--tasks", "1",
-                 "--group-size", "2", "--max-turns", "1", "--output", out]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tiny_model),
+                "--adapter",
+                chain["train"],
+                "--tasks",
+                "1",
+                "--group-size",
+                "2",
+                "--max-turns",
+                "1",
+                "--output",
+                out,
+            ]
+        )
+        == 0
+    )
     rows = storage.read_table(out, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
     assert {r["policy_version"] for r in rows} == {chain["train"]}

@@ -18,13 +18,17 @@ def rescored_rows(n_groups: int = 2, g: int = 2, nan: bool = False) -> list[dict
         for i in range(g):
             resp = torch.randint(5, 300, (3,), generator=gen).tolist()
             old = (-torch.rand(3, generator=gen) * 3).tolist()
-            rows.append({
-                "traj_id": f"g{grp}/e{i}", "group_id": f"g{grp}", "episode_return": float(i % 2),
-                "prompt_token_ids": torch.randint(5, 300, (10,), generator=gen).tolist(),
-                "response_token_ids": resp,
-                "old_logprobs": [float("nan")] * 3 if nan else old,
-                "teacher_logprobs": [x + 0.5 for x in old],
-            })
+            rows.append(
+                {
+                    "traj_id": f"g{grp}/e{i}",
+                    "group_id": f"g{grp}",
+                    "episode_return": float(i % 2),
+                    "prompt_token_ids": torch.randint(5, 300, (10,), generator=gen).tolist(),
+                    "response_token_ids": resp,
+                    "old_logprobs": [float("nan")] * 3 if nan else old,
+                    "teacher_logprobs": [x + 0.5 for x in old],
+                }
+            )
     return rows
 
 
@@ -49,10 +53,13 @@ def test_every_method_moves_the_adapter(tiny_model, method):
     # lora_B starts at zero, so the A side shows movement after one step
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    history = rl_update(model, opt, make_samples(rescored_rows()), RLHyper(method=method, mini_batches=2, lam=0.5),
-                        pad)
+    history = rl_update(
+        model, opt, make_samples(rescored_rows()), RLHyper(method=method, mini_batches=2, lam=0.5), pad
+    )
     assert len(history) == 2 and not any(h["skipped"] for h in history)
-    moved = sum(float((p.detach() - before[n]).abs().max()) for n, p in model.named_parameters() if p.requires_grad)
+    moved = sum(
+        float((p.detach() - before[n]).abs().max()) for n, p in model.named_parameters() if p.requires_grad
+    )
     assert moved > 0
     assert "loss/total" in history[0] and "actor/entropy" in history[0]
 
@@ -62,4 +69,6 @@ def test_non_finite_steps_are_skipped_then_fail(tiny_model):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     samples = make_samples(rescored_rows(nan=True))
     with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps"):
-        rl_update(model, opt, samples, RLHyper(method="grpo", mini_batches=1, epochs=5, max_nonfinite_steps=3), pad)
+        rl_update(
+            model, opt, samples, RLHyper(method="grpo", mini_batches=1, epochs=5, max_nonfinite_steps=3), pad
+        )

@@ -37,6 +37,8 @@ class GenerateConfig(StageConfig):
     engine: str = opt("hf", "generation engine", choices=ENGINES)
     batch_size: int = opt(64, "prompts per engine call")
     seed: int = opt(0, "base seed; each sample's seed derives from it, the episode and the turn")
+    shard: int = opt(0, "this task's shard index in [0, num_shards)", io=True)
+    num_shards: int = opt(1, "shards the round's tasks are split over (one KFP task each)", io=True)
     run_id: str = opt("local", "pipeline run id (lineage)", io=True)
     round: int = opt(0, "RL round (lineage)", io=True)
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
@@ -48,6 +50,8 @@ class GenerateConfig(StageConfig):
             )
         if self.tasks < 1:
             raise ConfigError(f"generate: tasks ({self.tasks}) must be >= 1")
+        if not 0 <= self.shard < self.num_shards:
+            raise ConfigError(f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"generate: top_p ({self.top_p}) must be in (0, 1]")
 
@@ -60,7 +64,7 @@ def run(cfg: GenerateConfig) -> dict:
     require("generate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)  # unknown env fails here, before any model loads
     policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"))
-    tasks = suite.tasks(cfg.split, cfg.tasks)
+    tasks = suite.tasks(cfg.split, cfg.tasks)[cfg.shard :: cfg.num_shards]
     engine = make_engine(cfg.engine, policy.model, policy.tokenizer, policy.eos_id, cfg.batch_size)
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit

@@ -73,7 +73,9 @@ def sft(
         history.append({"step": step + 1, "loss": loss.item()})
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
         if (step + 1) % 50 == 0:
-            log.info("sft step %d | loss %.4f | %.0f s", step + 1, history[-1]["loss"], time.perf_counter() - start)
+            log.info(
+                "sft step %d | loss %.4f | %.0f s", step + 1, history[-1]["loss"], time.perf_counter() - start
+            )
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             log.info("sft: time budget %.0f s reached at step %d", time_budget_s, step + 1)
             break
