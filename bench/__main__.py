@@ -1,0 +1,27 @@
+"""``python -m bench [--quick] [names...]``: run the benchmarks and write bench/results/*.json."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+BENCHMARKS = ["data_plane", "train_step", "rescoring", "rollout", "pipeline_overhead"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes: all benchmarks in < 10 min on 2 cores"
+    )
+    parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run (default all)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    for name in args.names or BENCHMARKS:
+        importlib.import_module(f"bench.{name}").run(quick=args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Shared benchmark helpers: medians of repeated runs, the measured matmul peak, the benchmark model shape, and
+result files (``bench/results/<name>.json``) with a printed table."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_peak_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5) -> float:
+    """Achieved FLOP/s of an n x n matmul on this machine (same dtype and threads as the benchmark)."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    seconds = median_time(lambda: a @ b, repeats=repeats, warmup=2)
+    return 2 * n**3 / seconds
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def bench_model(vocab: int = 32000, hidden: int = 512, layers: int = 8, heads: int = 8, seed: int = 0):
+    """A Qwen2-shaped model big enough that compute dominates (~ 50M parameters at the defaults)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def forward_flops(model, tokens: int, context: int) -> float:
+    """Forward FLOPs ~ 2 * non-embedding params * tokens + attention (4 * layers * hidden * context per token)."""
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters()) - cfg.vocab_size * cfg.hidden_size
+    return 2 * n_params * tokens + 4 * cfg.num_hidden_layers * cfg.hidden_size * context * tokens
+
+
+def write_result(name: str, result: dict, rows: list[tuple]) -> Path:
+    """Print a table and write ``bench/results/<name>.json`` (with the machine it ran on)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": name, "machine": machine(), **result}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    width = max(len(str(r[0])) for r in rows) if rows else 10
+    print(f"\n== {name} ==")
+    for row in rows:
+        print(f"  {str(row[0]):<{width}}  " + "  ".join(str(x) for x in row[1:]))
+    print(f"  -> {path}")
+    return path
