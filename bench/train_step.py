@@ -16,16 +16,17 @@ from sdarflow.models.forward import make_batch, response_logprobs
 
 _MEMORY_PROBE = r"""
 import json, resource, sys, torch
-from sdarflow.algo.logprobs import token_logprobs
-mode, n, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from sdarflow.algo import linear_token_logprobs
+mode, n, v, hdim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 512
 torch.manual_seed(0)
-logits = torch.randn(n, v, requires_grad=True)
+hidden = torch.randn(n, hdim, requires_grad=True)
+weight = torch.randn(v, hdim, requires_grad=True)
 labels = torch.randint(v, (n,))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if mode == "naive":
-    lp = torch.log_softmax(logits.float(), -1).gather(-1, labels[:, None]).squeeze(-1)
+if mode == "naive":  # what a plain implementation does: full float32 logits, log_softmax, gather
+    lp = torch.log_softmax((hidden @ weight.T).float(), -1).gather(-1, labels[:, None]).squeeze(-1)
 else:
-    lp = token_logprobs(logits, labels, chunk_size=256)
+    lp = linear_token_logprobs(hidden, weight, labels, chunk_size=256)
 lp.sum().backward()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"extra_kb": after - before}))

@@ -7,7 +7,12 @@ its config name through :func:`method_loss` (names in :data:`METHODS`) and aggre
 
 from sdarflow.algo.advantages import broadcast_advantages, grpo_advantages, rlsd_advantages, rlsd_weights
 from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
-from sdarflow.algo.logprobs import entropy_from_logits, token_logprobs
+from sdarflow.algo.logprobs import (
+    entropy_from_logits,
+    linear_entropy,
+    linear_token_logprobs,
+    token_logprobs,
+)
 from sdarflow.algo.losses import (
     KL_KINDS,
     METHODS,
@@ -40,6 +45,8 @@ __all__ = [
     "agg_loss",
     "broadcast_advantages",
     "entropy_from_logits",
+    "linear_entropy",
+    "linear_token_logprobs",
     "grpo_advantages",
     "kl_penalty",
     "masked_mean",

@@ -120,3 +120,73 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
     _check_chunk_size(chunk_size)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     return _ChunkedEntropy.apply(flat_logits, chunk_size).reshape(logits.shape[:-1])
+
+
+class _FusedLinearLogprobs(torch.autograd.Function):
+    """(N, H) hidden, (V, H) head weight, (N,) labels -> (N,) log-probs without an (N, V) tensor.
+
+    Forward keeps only the per-token logsumexp; backward recomputes each chunk's logits and accumulates
+    ``dh = G @ W`` and ``dW = G^T @ h`` with ``G = g * (onehot(label) - softmax(h W^T))``.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, hidden: Tensor, weight: Tensor, labels: Tensor, chunk_size: int) -> Tensor:
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        w = weight.to(dtype)
+        out = torch.empty(hidden.shape[0], dtype=dtype, device=hidden.device)
+        lse = torch.empty_like(out)
+        for sl in _chunks(hidden.shape[0], chunk_size):
+            x = hidden[sl].to(dtype) @ w.T  # (c, V)
+            lse[sl] = torch.logsumexp(x, dim=-1)
+            out[sl] = x.gather(-1, labels[sl, None]).squeeze(-1) - lse[sl]
+        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        hidden, weight, labels, lse = ctx.saved_tensors
+        w = weight.to(grad_out.dtype)
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros_like(w)
+        for sl in _chunks(hidden.shape[0], ctx.chunk_size):
+            h = hidden[sl].to(grad_out.dtype)
+            g = grad_out[sl, None]  # (c, 1)
+            G = -torch.exp(h @ w.T - lse[sl, None]) * g  # (c, V)
+            G.scatter_add_(-1, labels[sl, None], g)
+            grad_h[sl] = (G @ w).to(grad_h.dtype)
+            grad_w += G.T @ h
+        return grad_h, grad_w.to(weight.dtype), None, None
+
+
+def linear_token_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_size: int = 1024) -> Tensor:
+    """``log_softmax(hidden @ weight.T)[..., label]`` computed chunk by chunk, fused with the LM head.
+
+    The (N, V) logits and their gradient never exist at once: peak extra memory is ``chunk_size x V`` plus one
+    weight-sized gradient, which is what makes 32k-150k vocabularies affordable.
+
+    Args:
+        hidden: (..., H) final hidden states; gradient flows into it.
+        weight: (V, H) LM head weight; gradient flows into it if it requires grad.
+        labels: (...) integer token ids.
+    Returns:
+        (...) float32 log-probs (float64 for float64 inputs).
+    """
+    _check_chunk_size(chunk_size)
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    out = _FusedLinearLogprobs.apply(flat_h, weight, labels.reshape(-1).long(), chunk_size)
+    return out.reshape(labels.shape)
+
+
+@torch.no_grad()
+def linear_entropy(hidden: Tensor, weight: Tensor, chunk_size: int = 1024) -> Tensor:
+    """Entropy of ``softmax(hidden @ weight.T)`` per token, chunked, without gradient (a monitoring metric)."""
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    w = weight.to(dtype)
+    out = torch.empty(flat_h.shape[0], dtype=dtype, device=hidden.device)
+    for sl in _chunks(flat_h.shape[0], chunk_size):
+        x = flat_h[sl].to(dtype) @ w.T
+        out[sl] = torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+    return out.reshape(hidden.shape[:-1])
