@@ -1,9 +1,10 @@
-"""Skill extraction (hindsight, rule-based), the library format, and keyword retrieval."""
+"""Skill extraction (hindsight, rule-based), evidence, merging with dedupe, the library format, and keyword
+retrieval."""
 
 from __future__ import annotations
 
-from sdarflow.skills.extract import EpisodeActions, abstract, extract_skills, merge
-from sdarflow.skills.library import GENERAL, SkillLibrary
+from sdarflow.skills.extract import EpisodeActions, abstract, evidence, extract_skills, merge, reevaluate
+from sdarflow.skills.library import GENERAL, Skill, SkillLibrary
 from sdarflow.skills.retrieve import full, keyword
 
 
@@ -39,12 +40,42 @@ def test_abstraction_keeps_tools_and_recurring_actions():
 def test_extraction_keeps_steps_that_separate_success_from_failure():
     lib = extract_skills(episodes(), min_support=2)
     skill = lib.for_task_type("cut")
-    text = skill.text
-    assert "take knife" in text and "slice <item> with knife" in text and "eat meal" in text
+    assert {"take knife", "slice <item> with knife", "eat meal"} <= set(skill.steps)
     # "take <item>" is in every failure as often as in successes: it does not separate them
-    assert "take <item>" not in text.split("Evidence")[0]
-    assert skill.evidence == {"support": 3, "episodes": 5, "success_rate": 0.6}
-    assert lib.general is not None and "prepare meal" in lib.general.text
+    assert "take <item>" not in skill.steps
+    # every success followed the skill, no failure did: success rate 1, lift 1 - 0
+    assert skill.evidence == {
+        "support": 3,
+        "followed": 3,
+        "episodes": 5,
+        "success_rate": 1.0,
+        "lift": 1.0,
+        "source": "rule",
+    }
+    assert lib.general is not None and "prepare meal" in lib.general.steps
+    assert "Evidence" not in skill.text  # counts live in the mapping, not in the teacher's context
+
+
+def test_a_pattern_that_does_not_separate_is_not_kept():
+    same = ["take knife", "slice carrot with knife", "prepare meal", "eat meal"]
+    eps = [ep(f"t{i}", same, i % 2 == 0) for i in range(6)]  # identical actions, half succeed
+    lib = extract_skills(eps, min_support=2)
+    assert lib.for_task_type("cut") is None
+
+
+def test_evidence_counts_followers_and_lift():
+    steps = ["take knife", "slice <item> with knife"]
+    eps = [
+        ep("a", ["take knife", "slice carrot with knife"], True),
+        ep("b", ["take knife", "slice apple with knife"], False),
+        ep("c", ["look"], False),
+        ep("d", ["look", "take knife"], True),  # half the steps: follows at follow_share 0.5
+    ]
+    got = evidence(steps, eps, {"take knife"}, follow_share=0.5)
+    assert got == {"support": 2, "followed": 3, "episodes": 4, "success_rate": 0.6667, "lift": 0.6667}
+    assert evidence(steps, eps, {"take knife"}, follow_share=1.0)["followed"] == 2
+    # no failures: nothing to compare against
+    assert evidence(steps, [eps[0]], set())["lift"] is None
 
 
 def test_min_support_skips_rare_task_types():
@@ -56,19 +87,22 @@ def test_min_support_skips_rare_task_types():
 
 def test_library_round_trip_and_content_version(tmp_path):
     lib = extract_skills(episodes())
+    lib.stats = {"arms": {"cut": {"skill_cut": {"pulls": 2, "reward_sum": 0.5}}}}
     lib.save(tmp_path / "lib")
     back = SkillLibrary.load(tmp_path / "lib")
     assert back.version == lib.version and set(back.skills) == set(lib.skills)
     assert back.for_task_type("cut").evidence["support"] == 3
-    assert (tmp_path / "lib" / "general_skills.md").is_file() and (
-        tmp_path / "lib" / "skill_mapping.json"
-    ).is_file()
+    assert back.stats == lib.stats
+    assert (tmp_path / "lib" / "general_skills.md").is_file()
+    assert (tmp_path / "lib" / "skill_mapping.json").is_file()
+    back.stats = {}
+    assert back.version != lib.version  # the bandit state is part of the content
 
 
 def test_keyword_retrieval_hit_and_miss():
     lib = extract_skills(episodes())
     hit = keyword(lib, "cut", "Goal: slice the apple")
-    assert hit.hit and hit.ids == ["skill_cut", GENERAL]
+    assert hit.hit and hit.matched and hit.ids == ["skill_cut", GENERAL]
     miss = keyword(lib, "cook", "Goal: fry the egg")
     assert not miss.hit and miss.ids == [GENERAL]
     assert full(lib, "cook", "").ids == ["skill_cut", GENERAL]
@@ -79,3 +113,25 @@ def test_merge_prefers_better_supported_skills():
     weak = extract_skills(episodes()[:2] + episodes()[3:], min_support=2)
     merged = merge(old, weak)
     assert merged.for_task_type("cut").evidence["support"] == 3
+
+
+def test_merge_dedupes_a_new_skill_into_an_existing_one():
+    steps = "1. take knife\n2. slice <item> with knife\n3. prepare meal\n"
+    old = SkillLibrary({"skill_cut": Skill("skill_cut", "# cut\n" + steps, ["cut"], ["cut"], {"support": 3})})
+    twin = Skill("skill_slice", "# slice\n" + steps, ["slice"], ["slice"], {"support": 1})
+    merged = merge(old, SkillLibrary({"skill_slice": twin}))
+    assert set(merged.skills) == {"skill_cut"}
+    assert merged.for_task_type("slice").name == "skill_cut"
+    assert merged.for_task_type("cut").name == "skill_cut"
+
+
+def test_reevaluate_measures_old_skills_on_this_rounds_episodes():
+    lib = extract_skills(episodes())
+    round2 = [
+        ep("t5", ["look"], False),
+        ep("t6", ["take knife", "slice egg with knife", "prepare meal"], True),
+    ]
+    again = reevaluate(lib, round2)
+    assert again.for_task_type("cut").evidence["episodes"] == 2
+    assert again.for_task_type("cut").evidence["support"] == 1
+    assert lib.for_task_type("cut").evidence["episodes"] == 5  # the input library is not modified

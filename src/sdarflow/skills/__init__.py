@@ -1,4 +1,6 @@
-"""Skill libraries: the privileged context of SDAR's teacher. Format, extraction from trajectories, retrieval."""
+"""Skill libraries: the privileged context of SDAR's teacher. Format and version (``library``), rule-based
+extraction, evidence and merging (``extract``), LLM-written skills (``llm``), retrieval strategies (``retrieve``)
+and the ucb strategy's statistics (``bandit``)."""
 
 from sdarflow.skills.library import Skill, SkillLibrary
 

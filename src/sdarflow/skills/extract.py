@@ -1,18 +1,23 @@
-"""Hindsight, rule-based skill extraction: from a round's episodes, per task type, the action pattern of the
-successful episodes abstracted over object names, keeping only the steps that separate successes from failures.
+"""Hindsight, rule-based skill extraction, skill evidence, and merging a round's skills into the previous library.
 
-An action is kept literally when it recurs across many different tasks (``prepare meal``, ``take knife``); other
-actions keep their verb and tool and abstract the object (``slice yellow potato with knife`` ->
-``slice <item> with knife``).
+Extraction: from a round's episodes, per task type, the action pattern of the successful episodes abstracted over
+object names, keeping only the steps that separate successes from failures. An action is kept literally when it
+recurs across many different tasks (``prepare meal``, ``take knife``); other actions keep their verb and tool and
+abstract the object (``slice yellow potato with knife`` -> ``slice <item> with knife``).
+
+Evidence: an episode *followed* a skill when its abstracted actions contain at least ``follow_share`` of the
+skill's steps. ``support`` counts the successful followers, ``success_rate`` is their share of all followers and
+``lift`` is the followers' success rate minus the non-followers' (None when there is no failure to compare
+against). A mined skill is kept only when ``lift > min_lift``, or when its task type had no failures at all.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from sdarflow.skills.library import GENERAL, Skill, SkillLibrary
+from sdarflow.skills.library import GENERAL, Skill, SkillLibrary, normalize_step
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +44,7 @@ def episodes_from_rows(rows: list[dict]) -> list[EpisodeActions]:
     return out
 
 
-def _literal_actions(episodes: list[EpisodeActions], min_share: float) -> set[str]:
+def literal_actions(episodes: list[EpisodeActions], min_share: float = 0.3) -> set[str]:
     """Actions seen verbatim in successful episodes of at least ``min_share`` of the distinct solved tasks."""
     tasks_with: dict[str, set[str]] = defaultdict(set)
     solved = {e.task_id for e in episodes if e.success}
@@ -63,7 +68,7 @@ def abstract(action: str, literal: set[str]) -> str:
     return f"{words[0]} <item>"
 
 
-def _pattern(e: EpisodeActions, literal: set[str]) -> list[str]:
+def pattern(e: EpisodeActions, literal: set[str]) -> list[str]:
     steps: list[str] = []
     for a in e.actions:
         s = abstract(a, literal)
@@ -91,15 +96,47 @@ def _separating_steps(wins: list[list[str]], losses: list[list[str]], min_win_sh
     return sorted(kept, key=lambda s: (position(s), s))
 
 
-def _render(title: str, steps: list[str], support: int, total: int) -> str:
-    lines = [f"# {title}", ""]
-    lines += [f"{i}. {s}" for i, s in enumerate(steps, 1)]
-    lines += [
-        "",
-        "<item> is an object named in the goal.",
-        f"Evidence: {support} of {total} episodes succeeded.",
-    ]
+def render(title: str, steps: list[str]) -> str:
+    """The Markdown the teacher sees. Evidence stays in the mapping, so counts changing do not change the text."""
+    lines = [f"# {title}", ""] + [f"{i}. {s}" for i, s in enumerate(steps, 1)]
+    if any("<item>" in s for s in steps):
+        lines += ["", "<item> is an object named in the goal."]
     return "\n".join(lines) + "\n"
+
+
+def skill_name(task_type: str) -> str:
+    return "skill_" + "".join(c if c.isalnum() else "_" for c in task_type)
+
+
+def task_keywords(task_type: str) -> list[str]:
+    return sorted({w for w in task_type.replace("+", " ").replace("_", " ").split() if w})
+
+
+def evidence(
+    steps: list[str], episodes: list[EpisodeActions], literal: set[str], follow_share: float = 0.5
+) -> dict:
+    """Support, followers, success rate and lift of a skill with these steps on these episodes."""
+    wanted = {abstract(normalize_step(s), literal) for s in steps}
+    followed: list[bool] = []
+    for e in episodes:
+        have = set(pattern(e, literal))
+        followed.append(bool(wanted) and len(wanted & have) >= follow_share * len(wanted))
+    fol = [e for e, f in zip(episodes, followed, strict=True) if f]
+    rest = [e for e, f in zip(episodes, followed, strict=True) if not f]
+    support = sum(e.success for e in fol)
+    rate = support / len(fol) if fol else 0.0
+    has_failures = any(not e.success for e in episodes)
+    lift = None
+    if has_failures and fol:
+        rest_rate = sum(e.success for e in rest) / len(rest) if rest else 0.0
+        lift = round(rate - rest_rate, 4)
+    return {
+        "support": support,
+        "followed": len(fol),
+        "episodes": len(episodes),
+        "success_rate": round(rate, 4),
+        "lift": lift,
+    }
 
 
 def extract_skills(
@@ -107,57 +144,116 @@ def extract_skills(
     min_support: int = 2,
     min_win_share: float = 0.5,
     literal_share: float = 0.3,
+    min_lift: float = 0.0,
+    follow_share: float = 0.5,
 ) -> SkillLibrary:
     """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills``."""
-    literal = _literal_actions(episodes, literal_share)
+    literal = literal_actions(episodes, literal_share)
     by_type: dict[str, list[EpisodeActions]] = defaultdict(list)
     for e in episodes:
         by_type[e.task_type].append(e)
     lib = SkillLibrary()
-    all_wins = [_pattern(e, literal) for e in episodes if e.success]
     for task_type, eps in sorted(by_type.items()):
-        wins = [_pattern(e, literal) for e in eps if e.success]
-        losses = [_pattern(e, literal) for e in eps if not e.success]
+        wins = [pattern(e, literal) for e in eps if e.success]
+        losses = [pattern(e, literal) for e in eps if not e.success]
         if len(wins) < min_support:
             log.info(
-                "skills: task type %s has %d successes < min_support %d; skipped",
-                task_type,
-                len(wins),
-                min_support,
+                "skills: %s has %d successes < min_support %d; skipped", task_type, len(wins), min_support
             )
             continue
         steps = _separating_steps(wins, losses, min_win_share)
         if not steps:
             continue
-        name = "skill_" + "".join(c if c.isalnum() else "_" for c in task_type)
-        evidence = {
-            "support": len(wins),
-            "episodes": len(eps),
-            "success_rate": round(len(wins) / len(eps), 4),
-        }
-        keywords = sorted({w for w in task_type.replace("+", " ").replace("_", " ").split() if w})
-        text = _render(f"Skill for {task_type} tasks", steps, len(wins), len(eps))
-        lib.skills[name] = Skill(name, text, [task_type], keywords, evidence)
+        ev = {**evidence(steps, eps, literal, follow_share), "source": "rule"}
+        if ev["lift"] is not None and ev["lift"] <= min_lift:
+            log.info(
+                "skills: %s pattern does not separate successes (lift %s <= %s); skipped",
+                task_type,
+                ev["lift"],
+                min_lift,
+            )
+            continue
+        name = skill_name(task_type)
+        lib.skills[name] = Skill(
+            name, render(f"Skill for {task_type} tasks", steps), [task_type], task_keywords(task_type), ev
+        )
+        lib.task_keywords[task_type] = task_keywords(task_type)
+    all_wins = [pattern(e, literal) for e in episodes if e.success]
     if len(all_wins) >= min_support:
         general = _separating_steps(all_wins, [], min_win_share=0.8)
-        wins_total = len(all_wins)
-        text = _render("General skills", general, wins_total, len(episodes))
-        evidence = {
-            "support": wins_total,
-            "episodes": len(episodes),
-            "success_rate": round(wins_total / len(episodes), 4),
-        }
-        lib.skills[GENERAL] = Skill(GENERAL, text, [], [], evidence)
+        if general:
+            ev = {**evidence(general, episodes, literal, follow_share), "source": "rule"}
+            lib.skills[GENERAL] = Skill(GENERAL, render("General skills", general), [], [], ev)
     return lib
 
 
-def merge(previous: SkillLibrary | None, new: SkillLibrary) -> SkillLibrary:
-    """New skills replace old ones for the same task types unless the old one has more support."""
-    if previous is None:
-        return new
-    merged = SkillLibrary(dict(previous.skills))
-    for name, skill in new.skills.items():
+def reevaluate(
+    lib: SkillLibrary, episodes: list[EpisodeActions], literal_share: float = 0.3, follow_share: float = 0.5
+) -> SkillLibrary:
+    """A copy of ``lib`` with each skill's evidence measured on this round's episodes of its task types (all
+    episodes for the general skill); skills with no such episodes keep their evidence."""
+    literal = literal_actions(episodes, literal_share)
+    out = SkillLibrary(dict(lib.skills), dict(lib.task_keywords), lib.stats)
+    for name, skill in lib.skills.items():
+        eps = episodes if lib.is_general(skill) else [e for e in episodes if e.task_type in skill.task_types]
+        if eps and skill.steps:
+            measured = evidence(skill.steps, eps, literal, follow_share)
+            out.skills[name] = replace(skill, evidence={**skill.evidence, **measured})
+    return out
+
+
+def _strength(skill: Skill) -> tuple[float, int]:
+    ev = skill.evidence
+    return (ev.get("lift") if ev.get("lift") is not None else 0.0, int(ev.get("support", 0)))
+
+
+def _jaccard(a: list[str], b: list[str]) -> float:
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa | sb else 0.0
+
+
+def merge(previous: SkillLibrary | None, new: SkillLibrary, dedupe_threshold: float = 0.8) -> SkillLibrary:
+    """``new`` merged into ``previous``.
+
+    A new skill replaces the one of the same name unless the old one is stronger (higher lift, then support). A
+    new skill whose steps overlap an existing skill of another name by >= ``dedupe_threshold`` (Jaccard) is not
+    added: its task types are mapped to the existing skill instead. Task types never mapped keep their skills.
+    """
+    merged = SkillLibrary(
+        dict(previous.skills) if previous else {},
+        dict(previous.task_keywords) if previous else {},
+        previous.stats if previous else {},
+    )
+    for name, skill in sorted(new.skills.items()):
         old = merged.skills.get(name)
-        if old is None or skill.evidence.get("support", 0) >= old.evidence.get("support", 0):
+        if old is not None:
+            if _strength(skill) >= _strength(old):
+                # keep task types an earlier dedupe mapped to the old skill
+                merged.skills[name] = replace(
+                    skill, task_types=sorted(set(old.task_types) | set(skill.task_types))
+                )
+            continue
+        dup = next(
+            (
+                s
+                for s in merged.task_specific()
+                if not new.is_general(skill) and _jaccard(s.steps, skill.steps) >= dedupe_threshold
+            ),
+            None,
+        )
+        if dup is None:
             merged.skills[name] = skill
+            continue
+        log.info(
+            "skills: %s duplicates %s; task types %s mapped to %s", name, dup.name, skill.task_types, dup.name
+        )
+        for other in merged.task_specific():
+            if other.name != dup.name and set(other.task_types) & set(skill.task_types):
+                kept = [t for t in other.task_types if t not in skill.task_types]
+                merged.skills[other.name] = replace(other, task_types=kept)
+        types = sorted(set(dup.task_types) | set(skill.task_types))
+        keywords = sorted(set(dup.keywords) | set(skill.keywords))
+        merged.skills[dup.name] = replace(merged.skills[dup.name], task_types=types, keywords=keywords)
+    for t, words in new.task_keywords.items():
+        merged.task_keywords.setdefault(t, words)
     return merged

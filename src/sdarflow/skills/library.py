@@ -6,21 +6,35 @@ A library is a folder::
                           "task_keywords": {task_type: [keyword, ...]}, "evidence": {name: {...}}}
     general_skills.md    advice for every task
     <name>.md            one Markdown file per skill
+    skill_stats.json     optional: the UCB bandit's per-skill reward statistics (``sdarflow.skills.bandit``)
 
-The library version is a hash of its content, so the same skills always have the same version.
+Only ``skill_files`` (or, failing that, the ``*.md`` files themselves) is needed; ``evidence`` and
+``skill_stats.json`` are ours and optional, so a library written by hand in the reference layout loads unchanged.
+The general skill is the one stored in ``general_skills.md`` whatever its key (reference libraries call it
+``general`` or ``general_skills``). The library version is a hash of its content (canonical mapping, skill texts
+and bandit statistics), so the same skills always have the same version whatever the JSON formatting.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdarflow.errors import StorageError
 
+log = logging.getLogger(__name__)
+
 MAPPING = "skill_mapping.json"
+STATS = "skill_stats.json"
 GENERAL = "general_skills"
+GENERAL_FILE = "general_skills.md"
+
+# A step is a numbered ("1." / "1)") or bulleted ("-" / "*") Markdown list line.
+_STEP_RE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.+?)\s*$")
 
 
 @dataclass
@@ -29,36 +43,79 @@ class Skill:
     text: str
     task_types: list[str] = field(default_factory=list)
     keywords: list[str] = field(default_factory=list)
-    # support: successful episodes that followed it; success_rate: share of episodes following it that succeeded.
+    # support: successful episodes that followed it; followed: episodes that followed it; success_rate:
+    # support / followed; lift: success rate of followers minus that of non-followers (None: no failures to
+    # compare); source: rule | llm:<model> (absent for hand-written skills).
     evidence: dict = field(default_factory=dict)
+    file: str = ""  # file name inside the library folder; "" = f"{name}.md"
+
+    @property
+    def filename(self) -> str:
+        return self.file or f"{self.name}.md"
+
+    @property
+    def steps(self) -> list[str]:
+        """The skill's list items, lower-cased and whitespace-normalized (empty for prose-only skills)."""
+        out = []
+        for line in self.text.splitlines():
+            m = _STEP_RE.match(line)
+            if m:
+                out.append(normalize_step(m.group(1)))
+        return [s for s in out if s]
+
+    @property
+    def text_sha(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:12]
+
+
+def normalize_step(step: str) -> str:
+    return " ".join(step.lower().strip().rstrip(".").split())
 
 
 @dataclass
 class SkillLibrary:
     skills: dict[str, Skill] = field(default_factory=dict)
+    # Per task type, the words that identify it in a goal text (reference ``task_keywords``).
+    task_keywords: dict[str, list[str]] = field(default_factory=dict)
+    # Bandit statistics carried across rounds (see sdarflow.skills.bandit); {} when never updated.
+    stats: dict = field(default_factory=dict)
 
     @property
     def general(self) -> Skill | None:
-        return self.skills.get(GENERAL)
+        return self.skills.get(GENERAL) or next(
+            (s for s in self.skills.values() if s.filename == GENERAL_FILE), None
+        )
+
+    def is_general(self, skill: Skill) -> bool:
+        general = self.general
+        return general is not None and skill.name == general.name
 
     def for_task_type(self, task_type: str) -> Skill | None:
-        return next((s for s in self.skills.values() if task_type in s.task_types), None)
+        return next((s for s in self.task_specific() if task_type in s.task_types), None)
 
     def task_specific(self) -> list[Skill]:
-        return [s for s in self.skills.values() if s.name != GENERAL]
+        """Every skill but the general one, sorted by name (retrieval strategies rely on a stable order)."""
+        return [s for n, s in sorted(self.skills.items()) if not self.is_general(s)]
+
+    def keywords_for(self, task_type: str) -> list[str]:
+        if task_type in self.task_keywords:
+            return self.task_keywords[task_type]
+        skill = self.for_task_type(task_type)
+        return skill.keywords if skill else []
 
     @property
     def version(self) -> str:
-        blob = json.dumps(self._mapping(), sort_keys=True) + "".join(
+        blob = json.dumps({"mapping": self._mapping(), "stats": self.stats}, sort_keys=True) + "".join(
             self.skills[n].text for n in sorted(self.skills)
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def _mapping(self) -> dict:
+        task_types = sorted(set(self.task_keywords) | {t for s in self.skills.values() for t in s.task_types})
         return {
-            "skill_files": {n: f"{n}.md" for n in sorted(self.skills)},
-            "task_to_skill": {t: s.name for s in self.skills.values() for t in s.task_types},
-            "task_keywords": {t: s.keywords for s in self.skills.values() for t in s.task_types},
+            "skill_files": {n: self.skills[n].filename for n in sorted(self.skills)},
+            "task_to_skill": {t: s.name for s in self.task_specific() for t in sorted(s.task_types)},
+            "task_keywords": {t: list(self.keywords_for(t)) for t in task_types},
             "evidence": {n: s.evidence for n, s in sorted(self.skills.items()) if s.evidence},
         }
 
@@ -66,30 +123,67 @@ class SkillLibrary:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for skill in self.skills.values():
-            (folder / f"{skill.name}.md").write_text(skill.text)
+            (folder / skill.filename).write_text(skill.text)
         (folder / MAPPING).write_text(json.dumps(self._mapping(), indent=2, sort_keys=True))
+        if self.stats:
+            (folder / STATS).write_text(json.dumps(self.stats, indent=2, sort_keys=True))
         return folder
 
     @classmethod
     def load(cls, folder: str | Path) -> SkillLibrary:
         folder = Path(folder)
-        try:
-            mapping = json.loads((folder / MAPPING).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise StorageError(
-                f"skill library '{folder}' has no readable {MAPPING} ({err}); fix: pass a library folder"
-            ) from err
-        files = mapping.get("skill_files", {})
+        mapping = _read_json(folder / MAPPING, folder, required=True)
+        files = _skill_files(mapping, folder)
         types: dict[str, list[str]] = {}
-        for task_type, name in mapping.get("task_to_skill", {}).items():
-            types.setdefault(name, []).append(task_type)
-        lib = cls()
+        for task_type, names in mapping.get("task_to_skill", {}).items():
+            # The reference maps a task type to one skill; a list (several skills per type) is accepted too.
+            for name in [names] if isinstance(names, str) else list(names):
+                types.setdefault(name, []).append(task_type)
+        task_keywords = {t: _keyword_list(v) for t, v in mapping.get("task_keywords", {}).items()}
+        lib = cls(task_keywords=task_keywords, stats=_read_json(folder / STATS, folder, required=False))
         for name, fname in files.items():
             path = folder / fname
             if not path.is_file():
-                raise StorageError(f"skill library '{folder}': {MAPPING} names '{fname}' which is missing")
+                raise StorageError(
+                    f"skill library '{folder}': {MAPPING} names '{fname}' for skill '{name}' but the file is "
+                    f"missing; fix: add the file or remove the entry from skill_files"
+                )
             ts = sorted(types.get(name, []))
-            keywords = sorted({k for t in ts for k in mapping.get("task_keywords", {}).get(t, [])})
+            keywords = sorted({k for t in ts for k in task_keywords.get(t, [])})
             evidence = mapping.get("evidence", {}).get(name, {})
-            lib.skills[name] = Skill(name, path.read_text(), ts, keywords, evidence)
+            lib.skills[name] = Skill(name, path.read_text(), ts, keywords, evidence, fname)
+        unknown = sorted(set(types) - set(lib.skills))
+        if unknown:
+            log.warning("skill library %s: task_to_skill names unknown skill(s) %s; ignored", folder, unknown)
         return lib
+
+
+def _read_json(path: Path, folder: Path, required: bool) -> dict:
+    if not path.is_file() and not required:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise StorageError(
+            f"skill library '{folder}' has no readable {path.name} ({err}); fix: pass a library folder "
+            f"(skill_mapping.json + Markdown files)"
+        ) from err
+    if not isinstance(data, dict):
+        raise StorageError(f"skill library '{folder}': {path.name} must hold a JSON object")
+    return data
+
+
+def _skill_files(mapping: dict, folder: Path) -> dict[str, str]:
+    """``skill_files``, or every Markdown file when absent; ``general_skills.md`` is always included."""
+    files = dict(mapping.get("skill_files") or {})
+    if not files:
+        files = {p.stem: p.name for p in sorted(folder.glob("*.md"))}
+    if GENERAL_FILE not in files.values() and (folder / GENERAL_FILE).is_file():
+        files[GENERAL] = GENERAL_FILE
+    return files
+
+
+def _keyword_list(value) -> list[str]:
+    """Keywords as a list: the reference writes lists; a comma-separated string is accepted too."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(k).strip().lower() for k in items if str(k).strip()]

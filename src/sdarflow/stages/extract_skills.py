@@ -1,5 +1,11 @@
 """Stage ``extract-skills``: a versioned skill library mined from a round's trajectories, merged into the previous
-library (or a seed library) so task types not solved this round keep their skills."""
+library (or a seed library) so task types not solved this round keep their skills.
+
+``extractor: rule`` mines hindsight action patterns (``sdarflow.skills.extract``); ``extractor: llm`` has a chat
+model write each task type's skill from contrasting episodes (``sdarflow.skills.llm``), with the general skill
+still mined by rule. The previous library's evidence is re-measured on this round's episodes before merging, and
+its bandit statistics (``ucb`` retrieval) are updated from the previous round's rescored rows (``--rescored``).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,17 @@ from dataclasses import dataclass
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
-from sdarflow.schema import TRAJECTORY_SCHEMA
-from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge
-from sdarflow.skills.library import SkillLibrary
+from sdarflow.errors import ConfigError
+from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
+from sdarflow.skills import bandit
+from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge, reevaluate
+from sdarflow.skills.library import GENERAL, SkillLibrary
 from sdarflow.stages.common import local_artifact, require
 
 log = logging.getLogger(__name__)
+
+EXTRACTORS = ("rule", "llm")
+LLM_BACKENDS = ("openai", "engine")
 
 
 @dataclass
@@ -23,9 +34,94 @@ class ExtractSkillsConfig(StageConfig):
     input: list[str] = opt([], "trajectory dataset URI(s) (the union of a round's shards)", io=True)
     output: str = opt("", "output skill library URI", io=True)
     previous: str = opt("", "previous library (published URI or folder) to merge into", io=True)
+    rescored: list[str] = opt(
+        [],
+        "previous round's rescored dataset(s), scored with --previous: updates the ucb statistics",
+        io=True,
+    )
+    extractor: str = opt(
+        "rule", "rule (hindsight action patterns) or llm (a chat model writes skills)", choices=EXTRACTORS
+    )
     min_support: int = opt(2, "successful episodes a task type needs before it gets a skill")
     min_win_share: float = opt(0.5, "a step is kept if at least this share of successes contain it")
+    min_lift: float = opt(
+        0.0, "rule skills are kept only if followers' success rate beats non-followers' by more"
+    )
+    follow_share: float = opt(
+        0.5, "an episode followed a skill if it contains this share of its steps, (0, 1]"
+    )
+    dedupe_threshold: float = opt(
+        0.8, "a new skill whose steps overlap an existing one this much (Jaccard) is merged"
+    )
+    llm_backend: str = opt(
+        "openai", "llm extractor: an OpenAI-compatible endpoint or our engine", choices=LLM_BACKENDS
+    )
+    llm_base_url: str = opt("", "openai backend: base URL ending in /v1, e.g. http://vllm:8000/v1")
+    llm_model: str = opt("", "openai backend: model name the endpoint serves")
+    llm_api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the API key")
+    llm_max_tokens: int = opt(256, "llm extractor: tokens per written skill")
+    llm_temperature: float = opt(0.0, "llm extractor: sampling temperature (0 = greedy)")
+    llm_timeout_s: float = opt(60.0, "openai backend: seconds per request")
+    llm_episodes: int = opt(3, "llm extractor: successful and failed episodes shown per task type (each)")
+    model: str = opt("", "engine backend: base model HF folder (the policy)", io=True)
+    adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", io=True)
     overwrite: bool = opt(False, "replace an existing library at --output", io=True)
+
+    def validate(self) -> None:
+        if (
+            self.extractor == "llm"
+            and self.llm_backend == "openai"
+            and not (self.llm_base_url and self.llm_model)
+        ):
+            raise ConfigError(
+                "extract-skills: extractor llm with llm_backend openai needs --llm-base-url and --llm-model; "
+                "fix: pass both, or use --llm-backend engine (the policy writes the skills)"
+            )
+        if self.llm_base_url and not self.llm_base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"extract-skills: llm_base_url {self.llm_base_url!r} must be an http(s) URL; "
+                f"fix: pass e.g. http://vllm:8000/v1"
+            )
+        if not 0 < self.follow_share <= 1 or not 0 < self.dedupe_threshold <= 1:
+            raise ConfigError(
+                f"extract-skills: follow_share ({self.follow_share}) and dedupe_threshold "
+                f"({self.dedupe_threshold}) must be in (0, 1]"
+            )
+        if self.min_support < 1 or self.llm_episodes < 1:
+            raise ConfigError(
+                f"extract-skills: min_support ({self.min_support}) and llm_episodes ({self.llm_episodes}) must be >= 1"
+            )
+
+
+def _backend(cfg: ExtractSkillsConfig):
+    from sdarflow.skills.llm import EngineChat, OpenAIChat
+
+    if cfg.llm_backend == "openai":
+        return OpenAIChat(cfg.llm_base_url, cfg.llm_model, cfg.llm_api_key_env, cfg.llm_timeout_s)
+    from sdarflow.models import load_policy
+
+    require("extract-skills (llm_backend engine)", model=cfg.model)
+    return EngineChat(load_policy(cfg.model, local_artifact(cfg.adapter, "adapter")))
+
+
+def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> dict:
+    """The previous library's bandit statistics plus the rewards measured in the previous round's rescored rows."""
+    if not cfg.rescored:
+        return previous.stats if previous else {}
+    if previous is None:
+        raise ConfigError(
+            "extract-skills: --rescored needs --previous (the library those rows were scored with)"
+        )
+    for uri in cfg.rescored:
+        used = storage.read_manifest(uri, "rescored").get("skill_library")
+        if used != previous.version:
+            raise ConfigError(
+                f"extract-skills: rescored dataset '{uri}' was scored with skill library {used}, but --previous "
+                f"is library {previous.version}; fix: pass the previous round's library and its rescored dataset"
+            )
+    cols = ["task_type", "success", "skill_ids", "old_logprobs", "teacher_logprobs"]
+    rows = storage.read_table(cfg.rescored, kind="rescored", schema=RESCORED_SCHEMA).select(cols).to_pylist()
+    return bandit.update(previous, rows)
 
 
 def run(cfg: ExtractSkillsConfig) -> dict:
@@ -35,8 +131,34 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     episodes = episodes_from_rows(table.select(cols).to_pylist())
     previous_dir = local_artifact(cfg.previous, "skills")
     previous = SkillLibrary.load(previous_dir) if previous_dir else None
-    new = extract_skills(episodes, min_support=cfg.min_support, min_win_share=cfg.min_win_share)
-    lib = merge(previous, new)
+    stats = _updated_stats(cfg, previous)
+    if previous is not None:
+        previous = reevaluate(previous, episodes, follow_share=cfg.follow_share)
+    new = extract_skills(
+        episodes,
+        min_support=cfg.min_support,
+        min_win_share=cfg.min_win_share,
+        min_lift=cfg.min_lift,
+        follow_share=cfg.follow_share,
+    )
+    rejected: dict[str, str] = {}
+    if cfg.extractor == "llm":
+        from sdarflow.skills.llm import llm_extract
+
+        written, rejected = llm_extract(
+            episodes,
+            _backend(cfg),
+            min_support=cfg.min_support,
+            per_side=cfg.llm_episodes,
+            max_tokens=cfg.llm_max_tokens,
+            temperature=cfg.llm_temperature,
+            follow_share=cfg.follow_share,
+        )
+        if new.general:  # the general skill stays rule-mined: it needs every task type's successes
+            written.skills[GENERAL] = new.general
+        new = written
+    lib = merge(previous, new, cfg.dedupe_threshold)
+    lib.stats = bandit.carry_over(stats, lib)
     with tempfile.TemporaryDirectory() as tmp:
         lib.save(tmp)
         storage.publish_dir(
@@ -46,13 +168,16 @@ def run(cfg: ExtractSkillsConfig) -> dict:
             overwrite=cfg.overwrite,
             version=lib.version,
             config_hash=cfg.config_hash(),
-            inputs=list(cfg.input) + ([cfg.previous] if cfg.previous else []),
+            inputs=list(cfg.input) + ([cfg.previous] if cfg.previous else []) + list(cfg.rescored),
             new_skills=sorted(new.skills),
+            rejected=rejected,
+            extractor=cfg.extractor,
         )
     log.info(
-        "extract-skills: %d episodes -> %d new skills, library %s with %d skills",
+        "extract-skills: %d episodes -> %d new skills (%d rejected), library %s with %d skills",
         len(episodes),
         len(new.skills),
+        len(rejected),
         lib.version,
         len(lib.skills),
     )
@@ -61,4 +186,5 @@ def run(cfg: ExtractSkillsConfig) -> dict:
         "version": lib.version,
         "skills": sorted(lib.skills),
         "new_skills": sorted(new.skills),
+        "rejected": rejected,
     }

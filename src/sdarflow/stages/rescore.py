@@ -1,8 +1,13 @@
 """Stage ``rescore``: ``old_logprobs`` (policy, plain context) and ``teacher_logprobs`` (same policy with retrieved
-skills in its context) for every response token, plus ``skill_ids`` and whether a task-specific skill was found."""
+skills in its context) for every response token, plus ``skill_ids`` and whether a task-specific skill was found.
+
+Sanity guards (``sdarflow.teacher.guards``) fail the stage before anything is published; the output folder gets
+``report.md`` and ``report.html`` beside the Parquet parts, written before the manifest publishes the dataset.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -11,10 +16,12 @@ import pyarrow as pa
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
+from sdarflow.errors import ConfigError, StorageError
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import local_artifact, require
+from sdarflow.teacher.rescore import BATCHINGS
 
 log = logging.getLogger(__name__)
 
@@ -28,50 +35,180 @@ class RescoreConfig(StageConfig):
     adapter: str = opt("", "the adapter that generated the trajectories (the policy being trained)", io=True)
     output: str = opt("", "output rescored dataset URI", io=True)
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
+    ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0")
+    seed: int = opt(0, "random retrieval: seed of the skill draws")
     skill_place: str = opt("system", "where the teacher's skills go in the context", choices=SKILL_PLACES)
-    max_batch_tokens: int = opt(16384, "padded tokens per forward pass")
+    batching: str = opt(
+        "packed", "packed (rows end to end, block-diagonal attention) or padded", choices=BATCHINGS
+    )
+    max_batch_tokens: int = opt(16384, "tokens per forward pass (rows x padded width)")
+    pack_length: int = opt(0, "packed bin size in tokens; 0 = the longest row")
+    uniform_tol: float = opt(
+        0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate"
+    )
+    identical_tol: float = opt(1e-6, "guard: teacher == student when no token differs by more than this")
+    max_general_only_share: float = opt(
+        0.5, "guard: largest share of rows allowed only general skills, [0, 1]"
+    )
+    allow_degenerate_teacher: bool = opt(
+        False, "override: keep going with near-uniform/constant teacher log-probs"
+    )
+    allow_identical_teacher: bool = opt(
+        False, "override: keep going when teacher equals student on every token"
+    )
+    allow_general_only: bool = opt(False, "override: keep going when most rows got only general skills")
+    shard: int = opt(
+        0, "this task's shard index in [0, num_shards): rows of every num_shards-th group", io=True
+    )
+    num_shards: int = opt(1, "shards the rows are split over (one KFP task each)", io=True)
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
+
+    def guard_settings(self):
+        from sdarflow.teacher.guards import GuardSettings
+
+        return GuardSettings(
+            self.uniform_tol,
+            self.identical_tol,
+            self.max_general_only_share,
+            self.allow_degenerate_teacher,
+            self.allow_identical_teacher,
+            self.allow_general_only,
+        )
+
+    def validate(self) -> None:
+        if self.max_batch_tokens < 1 or self.pack_length < 0:
+            raise ConfigError(
+                f"rescore: max_batch_tokens ({self.max_batch_tokens}) must be >= 1 and pack_length "
+                f"({self.pack_length}) >= 0"
+            )
+        if not 0 <= self.max_general_only_share <= 1:
+            raise ConfigError(
+                f"rescore: max_general_only_share ({self.max_general_only_share}) must be in [0, 1]"
+            )
+        if self.ucb_c < 0:
+            raise ConfigError(f"rescore: ucb_c ({self.ucb_c}) must be >= 0")
+        if not 0 <= self.shard < self.num_shards:
+            raise ConfigError(f"rescore: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
+
+
+def _shard(table: pa.Table, shard: int, num_shards: int) -> pa.Table:
+    """Every ``num_shards``-th GRPO group (in sorted group order), so a group's rows stay together."""
+    if num_shards == 1:
+        return table
+    groups = sorted(set(table["group_id"].to_pylist()))
+    mine = {g for i, g in enumerate(groups) if i % num_shards == shard}
+    keep = [g in mine for g in table["group_id"].to_pylist()]
+    return table.filter(pa.array(keep, type=pa.bool_()))
+
+
+def _run_metrics(
+    cfg: RescoreConfig,
+    table: pa.Table,
+    old: list[list[float]],
+    lengths: list[int],
+    seconds: float,
+    overridden,
+) -> dict[str, float]:
+    from sdarflow.teacher.rescore import padding_share
+
+    rollout = table["rollout_logprobs"].to_pylist()
+    drift = [abs(a - b) for ro, o in zip(rollout, old, strict=True) for a, b in zip(ro, o, strict=True)]
+    return {
+        # Engine vs trainer log-probs of the same tokens: silent off-policy error if it grows.
+        "rescore/engine_logprob_gap_abs": sum(drift) / max(1, len(drift)),
+        "rescore/padding_share": padding_share(lengths, cfg.max_batch_tokens, cfg.batching, cfg.pack_length),
+        "rescore/forward_tokens_per_s": sum(lengths) / max(seconds, 1e-9),
+        "rescore/seconds": seconds,
+        "rescore/guards_overridden": float(len(overridden)),
+    }
+
+
+def _check_output(cfg: RescoreConfig) -> None:
+    """Fail before the expensive part rather than when publishing."""
+    if storage.is_published(cfg.output) and not cfg.overwrite:
+        raise StorageError(
+            f"'{storage.resolve(cfg.output).uri}' is already published; fix: choose a new output URI or pass "
+            f"--overwrite"
+        )
+
+
+def _publish(cfg: RescoreConfig, table: pa.Table, reports: dict[str, str], **meta) -> None:
+    """Reports first, then the Parquet parts and the manifest (written last, it makes the folder a dataset).
+
+    An old dataset is removed first: ``write_table`` would otherwise delete it, reports included, after we
+    wrote them. A failure removes everything written, as ``write_table`` does for its own files.
+    """
+    if cfg.overwrite and storage.is_published(cfg.output):
+        storage.delete_tree(cfg.output)
+    try:
+        for name, text in reports.items():
+            storage.write_bytes(storage.join(cfg.output, name), text.encode())
+        storage.write_table(
+            table,
+            cfg.output,
+            kind="rescored",
+            schema=RESCORED_SCHEMA,
+            config_hash=cfg.config_hash(),
+            inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
+            overwrite=cfg.overwrite,
+            reports=sorted(reports),
+            **meta,
+        )
+    except BaseException:
+        with contextlib.suppress(StorageError):
+            storage.delete_tree(cfg.output)
+        raise
 
 
 def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
-    from sdarflow.teacher.rescore import gap_stats, score, teacher_prompts
+    from sdarflow.teacher import guards
+    from sdarflow.teacher.report import render_html, render_markdown, summarize
+    from sdarflow.teacher.rescore import score, teacher_prompts
 
     require("rescore", input=cfg.input, skills=cfg.skills, model=cfg.model, output=cfg.output)
-    table = storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    table = _shard(
+        storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA),
+        cfg.shard,
+        cfg.num_shards,
+    )
+    _check_output(cfg)
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills"))
     policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"))
     rows = table.select(
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
     ).to_pylist()
+    task_types = [r["task_type"] for r in rows]
     responses = [r["response_token_ids"] for r in rows]
+    strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
+    teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place)
+    overridden: list[str] = []
+    settings = cfg.guard_settings()
+    guards.check_retrieval(lib, teach.hits, task_types, settings, overridden)
+
     t0 = time.perf_counter()
     pad = policy.tokenizer.pad_token_id
-    old = score(
-        policy.model,
-        [r["prompt_token_ids"] for r in rows],
-        responses,
-        pad,
-        cfg.max_batch_tokens,
-        desc="rescore student",
+    kw = {"batching": cfg.batching, "pack_length": cfg.pack_length}
+    student_prompts = [r["prompt_token_ids"] for r in rows]
+    old = score(policy.model, student_prompts, responses, pad, cfg.max_batch_tokens, "rescore student", **kw)
+    teacher = score(
+        policy.model, teach.prompts, responses, pad, cfg.max_batch_tokens, "rescore teacher", **kw
     )
-    teach = teacher_prompts(rows, lib, get_strategy(cfg.retrieval), policy.tokenizer, cfg.skill_place)
-    teacher = score(policy.model, teach.prompts, responses, pad, cfg.max_batch_tokens, desc="rescore teacher")
     seconds = time.perf_counter() - t0
+    vocab = int(policy.model.get_output_embeddings().weight.shape[0])
+    guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
 
-    metrics = gap_stats(old, teacher)
-    tokens = sum(len(r) for r in responses)
-    rollout = table["rollout_logprobs"].to_pylist()
-    drift = [abs(a - b) for ro, o in zip(rollout, old, strict=True) for a, b in zip(ro, o, strict=True)]
-    metrics.update(
-        {
-            # Engine vs trainer log-probs of the same tokens: silent off-policy error if it grows.
-            "rescore/engine_logprob_gap_abs": sum(drift) / max(1, len(drift)),
-            "rescore/retrieval_hit_rate": sum(teach.hits) / max(1, len(teach.hits)),
-            "rescore/tokens_per_s": 2 * tokens / max(seconds, 1e-9),
-        }
-    )
+    summary = summarize(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
+    lengths = [len(p) + len(r) for p, r in zip(student_prompts + teach.prompts, responses * 2, strict=True)]
+    summary.metrics.update(_run_metrics(cfg, table, old, lengths, seconds, overridden))
+    summary.info = {
+        "retrieval": cfg.retrieval,
+        "skill place": cfg.skill_place,
+        "skill library": f"{lib.version} ({len(lib.skills)} skills)",
+        "batching": cfg.batching,
+        "guards overridden": ", ".join(overridden) or "none",
+    }
     new_cols = {
         "old_logprobs": old,
         "teacher_logprobs": teacher,
@@ -81,22 +218,21 @@ def run(cfg: RescoreConfig) -> dict:
     types = {f.name: f.type for f in RESCORE_FIELDS}
     for name, values in new_cols.items():
         table = table.append_column(pa.field(name, types[name]), pa.array(values, type=types[name]))
-    storage.write_table(
-        table,
-        cfg.output,
-        kind="rescored",
-        schema=RESCORED_SCHEMA,
-        config_hash=cfg.config_hash(),
-        inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
-        overwrite=cfg.overwrite,
-        metrics=metrics,
-        skill_library=lib.version,
+    reports = {"report.md": render_markdown(summary), "report.html": render_html(summary)}
+    _publish(
+        cfg, table, reports, metrics=summary.metrics, skill_library=lib.version, guards_overridden=overridden
     )
     log.info(
-        "rescore: %d rows, gap mean %.4f, hit rate %.2f -> %s",
+        "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",
         table.num_rows,
-        metrics["rescore/gap_mean"],
-        metrics["rescore/retrieval_hit_rate"],
+        summary.metrics["rescore/gap_mean"],
+        summary.metrics["rescore/retrieval_hit_rate"],
+        summary.metrics["rescore/tokens_per_s"],
         cfg.output,
     )
-    return {"uri": cfg.output, "rows": table.num_rows, "metrics": metrics, "skill_library": lib.version}
+    return {
+        "uri": cfg.output,
+        "rows": table.num_rows,
+        "metrics": summary.metrics,
+        "skill_library": lib.version,
+    }

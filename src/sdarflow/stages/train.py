@@ -1,13 +1,25 @@
-"""Stage ``train``: one RL update of the LoRA adapter on rescored turn rows with the chosen method
-(default SDAR: GRPO clipped loss + lambda * gated OPSD loss). Publishes the adapter (PEFT format) with its
-``metrics.jsonl`` (one line per optimizer step) and a summary."""
+"""Stage ``train``: one RL update of the policy on rescored turn rows with the chosen method (default SDAR: GRPO
+clipped loss + lambda * gated OPSD loss), optionally interleaved with SFT steps on the successful rows
+(``--sft-ratio``), or a supervised warm start on successful/expert rows only (``--mode sft``).
+
+Trains a LoRA adapter (or the full model with ``--lora-rank 0``) through the ``torch`` or ``deepspeed`` engine,
+checkpoints atomically every ``--save-every`` steps into ``--checkpoint-dir`` and resumes from the newest
+checkpoint there. Publishes the adapter (PEFT format; a full HF model folder for a full fine-tune) with
+``metrics.jsonl`` (one line per optimizer step), ``train_summary.json``, ``report.md`` and ``report.html``.
+With more than one GPU and the deepspeed engine, the stage re-launches itself with one process per GPU.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
+import math
+import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,21 +29,32 @@ from sdarflow import storage
 from sdarflow.algo import AGG_MODES, METHODS
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
-from sdarflow.schema import RESCORED_SCHEMA
+from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import local_artifact, require
 
 log = logging.getLogger(__name__)
+
+ZERO_STAGES = (2, 3)
+# Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
+RESUMABLE_CHANGES = frozenset(
+    {"output", "overwrite", "checkpoint_dir", "max_steps", "save_every", "keep_checkpoints"}
+)
 
 
 @dataclass
 class TrainConfig(StageConfig):
     stage = "train"
-    input: list[str] = opt([], "rescored dataset URI(s)", io=True)
+    input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", io=True)
     model: str = opt("", "base model HF folder", io=True)
     adapter: str = opt(
         "", "adapter to continue training (published URI or folder); empty = a new LoRA", io=True
     )
     output: str = opt("", "output adapter URI", io=True)
+    mode: str = opt(
+        "rl",
+        "rl: the --method objective (plus SFT steps at --sft-ratio); sft: warm start, NLL on successful rows only",
+        choices=("rl", "sft"),
+    )
     method: str = opt(
         "sdar", "objective: grpo, opsd, grpo_opsd (ungated), rlsd, skill_sd, sdar", choices=METHODS
     )
@@ -43,18 +66,35 @@ class TrainConfig(StageConfig):
     rlsd_clip_eps: float = opt(0.2, "RLSD: clip of the re-weighting factor")
     agg: str = opt("token-mean", "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's reward std")
-    lr: float = opt(5e-4, "AdamW learning rate for the LoRA weights")
-    lora_rank: int = opt(8, "LoRA rank")
+    sft_ratio: float = opt(
+        0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off"
+    )
+    engine: str = opt(
+        "torch",
+        "torch (plain AdamW) or deepspeed (ZeRO; bf16 on GPU; multi-GPU)",
+        choices=("torch", "deepspeed"),
+    )
+    zero_stage: int = opt(2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)")
+    lr: float = opt(5e-4, "AdamW learning rate (after warmup)")
+    warmup_steps: int = opt(0, "linear learning-rate warmup over this many optimizer steps, then constant")
+    lora_rank: int = opt(8, "LoRA rank; 0 = full fine-tune (every weight trains; publishes a full HF model)")
     lora_alpha: int = opt(16, "LoRA alpha")
     lora_targets: list[str] = opt(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "modules that get LoRA"
     )
     epochs: int = opt(1, "passes over the round's rows")
     mini_batches: int = opt(4, "optimizer steps per epoch")
+    max_steps: int = opt(0, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches")
     micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)")
-    max_grad_norm: float = opt(1.0, "gradient clipping")
+    max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off")
     max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails")
     seed: int = opt(0, "seed for init and shuffling")
+    deterministic: bool = opt(False, "deterministic kernels and 1 CPU thread: bit-exact kill/resume on CPU")
+    checkpoint_dir: str = opt(
+        "", "local folder for checkpoints; a rerun with the same folder resumes; empty = off", io=True
+    )
+    save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)")
+    keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir")
     overwrite: bool = opt(False, "replace an existing adapter at --output", io=True)
 
     def validate(self) -> None:
@@ -66,67 +106,193 @@ class TrainConfig(StageConfig):
             )
         if self.mini_batches < 1 or self.epochs < 1:
             raise ConfigError("train: epochs and mini_batches must be >= 1")
+        if self.zero_stage not in ZERO_STAGES:
+            raise ConfigError(f"train: zero_stage = {self.zero_stage} is not one of 2, 3; fix: pick 2 or 3")
+        for name in ("sft_ratio", "warmup_steps", "max_steps", "save_every", "lora_rank"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train: {name} ({getattr(self, name)}) must be >= 0")
+        if self.checkpoint_dir and "://" in self.checkpoint_dir:
+            raise ConfigError(
+                f"train: checkpoint_dir '{self.checkpoint_dir}' must be a local folder (a volume), not a URI; "
+                f"fix: mount a volume and pass its path"
+            )
+
+    def resume_fingerprint(self) -> str:
+        """Identity of the run a checkpoint belongs to: settings and inputs, minus what may change on resume."""
+        params = {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_CHANGES}
+        return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels and one intra-op thread (reduction order then never depends on the thread count);
+    restored afterwards, because both settings are process-wide."""
+    if not enabled:
+        yield
+        return
+    # cuBLAS needs this before its first use to be deterministic (ignored on CPU).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads())
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.set_num_threads(before[1])
+
+
+def read_rows(cfg: TrainConfig) -> list[dict]:
+    """RL needs rescored rows; SFT needs only prompts, responses and success, so trajectories work too."""
+    if cfg.mode == "rl":
+        return storage.read_table(cfg.input, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
+    rows: list[dict] = []
+    for uri in cfg.input:
+        kind = storage.read_manifest(uri).get("kind")
+        if kind not in SCHEMAS:
+            raise ConfigError(
+                f"train --mode sft: '{uri}' holds a {kind!r} artifact; fix: pass a trajectories or rescored dataset"
+            )
+        table = storage.read_table(uri, kind=kind, schema=SCHEMAS[kind])
+        rows += table.select(["prompt_token_ids", "response_token_ids", "success"]).to_pylist()
+    return rows
+
+
+def build_model(cfg: TrainConfig):
+    """(policy, trainable model): the base with the given adapter, a new LoRA, or all weights (rank 0)."""
+    from sdarflow.models import load_policy
+    from sdarflow.models.policy import new_lora
+
+    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"), trainable=True)
+    model = policy.model
+    if not cfg.adapter and cfg.lora_rank > 0:
+        model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    model.train()
+    return policy, model
 
 
 def run(cfg: TrainConfig) -> dict:
-    from sdarflow.models import load_policy
-    from sdarflow.models.policy import BASE_FILE, base_fingerprint, new_lora
-    from sdarflow.train.trainer import RLHyper, jsonl_writer, make_samples, rl_update
+    from sdarflow.train.launch import relaunch, should_relaunch
 
     require("train", input=cfg.input, model=cfg.model, output=cfg.output)
-    rows = storage.read_table(cfg.input, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
-    torch.manual_seed(cfg.seed)
-    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"), trainable=True)
-    model = policy.model
-    if not cfg.adapter:
-        model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
-    model.train()
-    samples = make_samples(rows, cfg.norm_by_std)
+    if should_relaunch(cfg.engine, torch.cuda.device_count()):
+        return relaunch(cfg.to_dict(), cfg.output, torch.cuda.device_count())
+    if cfg.engine == "torch" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            f"train: engine torch trains in one process, but this is one of {os.environ['WORLD_SIZE']} launched "
+            f"workers; fix: pass --engine deepspeed for multi-process training"
+        )
+    with deterministic_mode(cfg.deterministic):
+        return _train(cfg)
+
+
+def _train(cfg: TrainConfig) -> dict:
+    from sdarflow.train.checkpoint import Checkpoints
+    from sdarflow.train.engine import make_engine
+    from sdarflow.train.schedule import WarmupConstant
+    from sdarflow.train.sft import sft_pairs_from_rows
+    from sdarflow.train.trainer import RLHyper, TrainData, jsonl_writer, make_samples, train
+
+    rows = read_rows(cfg)
+    torch.manual_seed(cfg.seed)  # LoRA initialization
+    policy, model = build_model(cfg)
+    engine = make_engine(
+        cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
+    )
+    data = TrainData(
+        make_samples(rows, cfg.norm_by_std) if cfg.mode == "rl" else [],
+        sft_pairs_from_rows(rows),
+        policy.tokenizer.pad_token_id,
+    )
     hyper_fields = {f.name for f in dataclasses.fields(RLHyper)}
     hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields})
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0
+    schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
+    checkpoints = (
+        Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
+        if cfg.checkpoint_dir
+        else None
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    state = checkpoints.restore(engine) if checkpoints else None
+    resumed_from = state.step if state else 0
+
+    def save_checkpoint(st) -> None:
+        meta = {
+            "cursor": st.cursor(
+                min(hp.mini_batches, len(data.samples)), min(hp.mini_batches, len(data.sft_pairs))
+            ),
+            "schedule": schedule.state_dict(),
+            "config_hash": cfg.config_hash(),
+        }
+        checkpoints.save(engine, st, meta)
+
+    with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
         out = Path(tmp)
-        history = rl_update(
-            model,
-            optimizer,
-            samples,
+        writer = (
+            jsonl_writer(out / "metrics.jsonl", state.history if state else None)
+            if engine.rank == 0
+            else None
+        )
+        state = train(
+            engine,
+            data,
             hp,
-            policy.tokenizer.pad_token_id,
-            on_step=jsonl_writer(out / "metrics.jsonl"),
+            schedule,
+            state=state,
+            on_step=writer,
+            on_checkpoint=save_checkpoint if checkpoints else None,
         )
-        model.save_pretrained(out)
+        summary = summarize(state.history)
+        with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
+            masters = engine.master_weights()
+            if engine.rank == 0:
+                _publish(cfg, policy, model, masters, out, state.history, summary)
+        engine.barrier()
+    label = "sft" if cfg.mode == "sft" else cfg.method
+    log.info("train: %s, %d steps (resumed at %d) -> %s", label, state.step, resumed_from, cfg.output)
+    return {"uri": cfg.output, "steps": state.step, "resumed_from_step": resumed_from, "metrics": summary}
+
+
+def _publish(
+    cfg: TrainConfig, policy, model, masters: dict, out: Path, history: list[dict], summary: dict
+) -> None:
+    from sdarflow.models.policy import BASE_FILE, base_fingerprint
+    from sdarflow.train.report import write_reports
+
+    full = cfg.lora_rank == 0 and not cfg.adapter
+    # PEFT keeps only the adapter's keys of the state dict it is given; the masters replace bf16 module copies.
+    model.save_pretrained(out, state_dict={**model.state_dict(), **masters} if masters else None)
+    if full:
+        policy.tokenizer.save_pretrained(out)  # a full model folder is usable as --model on its own
+    else:
         (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(cfg.model)}))
-        summary = summarize(history)
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-        storage.publish_dir(
-            out,
-            cfg.output,
-            kind="adapter",
-            overwrite=cfg.overwrite,
-            config_hash=cfg.config_hash(),
-            inputs=[*cfg.input, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
-            method=cfg.method,
-            metrics=summary,
-        )
-    log.info(
-        "train: %d samples, %d steps, method %s -> %s", len(samples), len(history), cfg.method, cfg.output
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    label = "sft warm start" if cfg.mode == "sft" else cfg.method
+    write_reports(out, history, summary, f"train: {label}, {len(history)} steps")
+    storage.publish_dir(
+        out,
+        cfg.output,
+        kind="model" if full else "adapter",
+        overwrite=cfg.overwrite,
+        config_hash=cfg.config_hash(),
+        inputs=[*cfg.input, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
+        method="sft" if cfg.mode == "sft" else cfg.method,
+        metrics=summary,
     )
-    return {"uri": cfg.output, "steps": len(history), "metrics": summary}
 
 
 def summarize(history: list[dict]) -> dict[str, float]:
-    """Mean of each numeric metric over the steps, plus the count of skipped (non-finite) steps."""
-    if not history:
-        return {"train/steps": 0.0}
-    keys = {
-        k for h in history for k, v in h.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+    """Mean of each numeric metric over the steps that have it, plus step and skipped-step counts."""
+    sums: dict[str, list[float]] = {}
+    for h in history:
+        for k, v in h.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                sums.setdefault(k, []).append(float(v))
     out = {
-        f"train/{k}" if "/" not in k else k: sum(h.get(k, 0.0) for h in history) / len(history) for k in keys
+        (f"train/{k}" if "/" not in k else k): sum(v) / len(v)
+        for k, v in sums.items()
+        if k not in ("step", "epoch", "position")
     }
     out["train/steps"] = float(len(history))
-    out["train/skipped_steps"] = float(sum(h["skipped"] for h in history))
+    out["train/skipped_steps"] = float(sum(bool(h.get("skipped")) for h in history))
+    out["train/sft_steps"] = float(sum(h.get("kind") == "sft" for h in history))
     return out

@@ -1,10 +1,14 @@
-"""Supervised fine-tuning on (messages, action) pairs: the warm start from expert or successful trajectories.
+"""Supervised fine-tuning on (prompt, response) token pairs: the warm start from expert or successful trajectories.
 
 The loss is the mean negative log-likelihood of the response tokens (the action and its end-of-turn token).
+:func:`sft` is the standalone loop used to build the demo base model; :func:`sft_pairs_from_rows` and
+:func:`sft_micro_step` are the pieces the RL trainer uses for ``--mode sft`` and for SFT batches interleaved with
+RL batches (``--sft-ratio``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -13,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from sdarflow.models.forward import make_batch, response_logprobs
+from sdarflow.algo import masked_mean_value
+from sdarflow.models.forward import ResponseBatch, make_batch, response_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,36 @@ def sft_loss(model, pairs: list[SFTPair], pad_id: int) -> torch.Tensor:
     batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
     logp, _ = response_logprobs(model, batch)
     return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
+
+
+def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
+    """Every turn of every solved episode (``success`` True) with a non-empty response, in input order."""
+    return [
+        SFTPair(list(r["prompt_token_ids"]), list(r["response_token_ids"]))
+        for r in rows
+        if r.get("success") and r["response_token_ids"]
+    ]
+
+
+def sft_micro_step(
+    model, pairs: list[SFTPair], pad_id: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean NLL of one micro-batch (not yet scaled for accumulation) and its metrics."""
+    batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
+    if device is not None:
+        batch = batch_to(batch, device)
+    logp, ent = response_logprobs(model, batch, with_entropy=True)
+    loss = -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
+    value = float(loss.detach())
+    metrics = {"loss/total": value, "loss/sft": value, "actor/entropy": masked_mean_value(ent, batch.mask)}
+    return loss, metrics
+
+
+def batch_to(batch: ResponseBatch, device: torch.device) -> ResponseBatch:
+    """The batch's tensors on ``device`` (``make_batch`` builds them on the CPU)."""
+    return dataclasses.replace(
+        batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)}
+    )
 
 
 def sft(

@@ -1,17 +1,19 @@
-"""The RL update: rescored turn rows -> GRPO advantages -> mini-batches of token-budget micro-batches -> the
-configured method's loss (``sdarflow.algo.method_loss``) on a LoRA adapter (or the full model).
+"""The training loop: rescored turn rows -> GRPO advantages -> mini-batches of token-budget micro-batches -> the
+configured method's loss (``sdarflow.algo.method_loss``), or the SFT loss on successful rows, on a LoRA adapter or
+the full model, through an engine (:mod:`sdarflow.train.engine`: torch or DeepSpeed).
 
 Micro-batch losses are scaled by their share of the mini-batch's tokens (sequences for ``seq-mean-*``), so gradient
-accumulation never changes what the loss means. A non-finite loss or gradient skips the step; too many in a row
-fail the run.
+accumulation never changes what the loss means, whichever engine runs it. A non-finite loss or gradient skips the
+step; ``max_nonfinite_steps`` in a row fail the run. Step kinds, data order and learning rate come from
+:mod:`sdarflow.train.schedule`, so a run resumed from a checkpoint repeats nothing and skips nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,15 +22,36 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from sdarflow.algo import grpo_advantages, method_loss
+from sdarflow.algo import grpo_advantages, masked_mean_value, method_loss, sdar_gate
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, token_budget_batches
+from sdarflow.train.engine import Engine, TorchEngine
+from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
+from sdarflow.train.sft import SFTPair, batch_to, sft_micro_step
 
 log = logging.getLogger(__name__)
+
+# Keys every metrics.jsonl line carries (null where a step has no such quantity, e.g. the gate on an SFT step).
+REQUIRED_METRICS: tuple[str, ...] = (
+    "loss/total",
+    "loss/pg",
+    "loss/aux",
+    "actor/clipfrac",
+    "actor/entropy",
+    "sdar/gate_mean",
+    "sdar/gate_active_ratio",
+    "sdar/teacher_gap_mean",
+)
+
+LossFn = Callable[[list], tuple[torch.Tensor, dict[str, float]]]
 
 
 class TrainingDiverged(SdarflowError):
     """Too many consecutive non-finite steps."""
+
+
+class NoTrainingData(SdarflowError):
+    """The input holds no rows the chosen mode can train on."""
 
 
 @dataclass
@@ -56,6 +79,10 @@ class RLHyper:
     max_grad_norm: float = 1.0
     max_nonfinite_steps: int = 3
     seed: int = 0
+    mode: str = "rl"  # rl: method loss (+ SFT steps at sft_ratio); sft: SFT steps only
+    sft_ratio: float = 0.0  # SFT steps per RL step, on the successful rows
+    max_steps: int = 0  # 0: epochs x mini_batches
+    save_every: int = 0  # steps between checkpoints; 0: none
 
 
 def episode_advantages(rows: list[dict], norm_by_std: bool = True) -> dict[str, float]:
@@ -95,15 +122,17 @@ def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
 
 
 def micro_step(
-    model, samples: list[RLSample], hp: RLHyper, pad_id: int
+    model, samples: list[RLSample], hp: RLHyper, pad_id: int, device: torch.device | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss and metrics of one micro-batch (not yet scaled for accumulation)."""
     batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad_id)
+    device = device or batch.mask.device
+    batch = batch_to(batch, device)
     logp, ent = response_logprobs(model, batch, with_entropy=True)
     width = batch.targets.shape[1]
-    old = _pad_right_aligned([s.old_logprobs for s in samples], width)
-    teacher = _pad_right_aligned([s.teacher_logprobs for s in samples], width)
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None] * batch.mask  # (B, R)
+    old = _pad_right_aligned([s.old_logprobs for s in samples], width).to(device)
+    teacher = _pad_right_aligned([s.teacher_logprobs for s in samples], width).to(device)
+    adv = torch.tensor([s.advantage for s in samples], device=device)[:, None] * batch.mask  # (B, R)
     loss, metrics = method_loss(
         hp.method,
         logprobs=logp,
@@ -119,103 +148,231 @@ def micro_step(
         rlsd_clip_eps=hp.rlsd_clip_eps,
         agg=hp.agg,
     )
+    if not torch.isfinite(loss):
+        # A NaN in a constant input (old or teacher log-probs) can leave the gradient finite (min/max route it to
+        # neither branch), and the step would go through. Make the gradient non-finite too, so every engine skips.
+        loss = loss.detach() + float("nan") * logp.sum()
     metrics = {k: float(v) for k, v in metrics.items()}
-    metrics["actor/entropy"] = float((ent.detach() * batch.mask).sum() / batch.mask.sum().clamp_min(1))
+    metrics["actor/entropy"] = masked_mean_value(ent, batch.mask)
+    # Methods without a distillation term still get the teacher-gap diagnostics (what the gate would be at this
+    # beta), so every method's run shows whether the teacher is informative; absent loss terms are 0.
+    gate = sdar_gate(logp, teacher, hp.beta)
+    metrics.setdefault("sdar/gate_mean", masked_mean_value(gate, batch.mask))
+    metrics.setdefault("sdar/gate_active_ratio", masked_mean_value((gate > 0.5).float(), batch.mask))
+    metrics.setdefault("sdar/teacher_gap_mean", masked_mean_value(teacher - logp.detach(), batch.mask))
+    for key in ("loss/pg", "loss/aux", "actor/clipfrac"):
+        metrics.setdefault(key, 0.0)
     return loss, metrics
 
 
-def _weight(samples: list[RLSample], total_tokens: int, total_seqs: int, agg: str) -> float:
+def _weight(items: list, total_tokens: int, total_seqs: int, agg: str) -> float:
+    """Share of the mini-batch's loss carried by ``items``: tokens for token-mean, sequences for ``seq-mean-*``."""
     if agg == "token-mean":
-        return sum(len(s.response) for s in samples) / total_tokens
-    return len(samples) / total_seqs
+        return sum(len(s.response) for s in items) / max(1, total_tokens)
+    return len(items) / max(1, total_seqs)
+
+
+def _rank_share(items: list, rank: int, world: int) -> list[tuple[int, bool]]:
+    """(index, counts) of the items this rank computes: a length-balanced stride. A rank left without items
+    runs the first one with weight 0, because every rank must take part in the gradient reduction."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt) + len(items[i].response))
+    mine = order[rank::world]
+    return [(i, True) for i in mine] if mine else [(order[0], False)]
+
+
+def accumulate(
+    engine: Engine, items: list, loss_fn: LossFn, agg: str, micro_batch_tokens: int
+) -> tuple[dict[str, float], int]:
+    """Backward over the token-budget micro-batches of one mini-batch; returns its metrics and response tokens.
+
+    Each micro-batch loss is scaled by its share of the whole mini-batch (all ranks together), so the accumulated
+    gradient is the gradient of the mini-batch loss however it is split.
+    """
+    total_tokens = sum(len(x.response) for x in items)
+    mine = _rank_share(items, engine.rank, engine.world_size)
+    lengths = [len(items[i].prompt) + len(items[i].response) for i, _ in mine]
+    sums: dict[str, float] = {}
+    for micro_idx in token_budget_batches(lengths, micro_batch_tokens):
+        chosen = [mine[j] for j in micro_idx]
+        counted = [items[i] for i, counts in chosen if counts]
+        w = _weight(counted, total_tokens, len(items), agg)
+        loss, metrics = loss_fn([items[i] for i, _ in chosen])
+        engine.backward(loss * w)
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + w * v
+    return engine.all_reduce_sum(sums), total_tokens
+
+
+@dataclass
+class TrainData:
+    samples: list[RLSample]
+    sft_pairs: list[SFTPair]
+    pad_id: int
+
+
+def _one_step(engine: Engine, data: TrainData, hp: RLHyper, state: TrainState, kind: str, lr: float) -> dict:
+    t0 = time.perf_counter()
+    if kind == "rl":
+        n_mini = min(hp.mini_batches, len(data.samples))
+        epoch, position, idx = mini_batch(len(data.samples), n_mini, hp.seed, state.rl_steps, "rl")
+        items: list = [data.samples[i] for i in idx]
+        agg = hp.agg
+
+        def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
+            return micro_step(engine.forward_model, micro, hp, data.pad_id, engine.device)
+
+    else:
+        n_mini = min(hp.mini_batches, len(data.sft_pairs))
+        epoch, position, idx = mini_batch(len(data.sft_pairs), n_mini, hp.seed, state.sft_steps, "sft")
+        items = [data.sft_pairs[i] for i in idx]
+        agg = "token-mean"
+
+        def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
+            return sft_micro_step(engine.forward_model, micro, data.pad_id, engine.device)
+
+    metrics, tokens = accumulate(engine, items, loss_fn, agg, hp.micro_batch_tokens)
+    result = engine.step(lr)
+    dt = time.perf_counter() - t0
+    finite = result.applied and all(math.isfinite(v) for v in metrics.values())
+    return {
+        **dict.fromkeys(REQUIRED_METRICS),
+        **metrics,
+        "step": state.step + 1,
+        "kind": kind,
+        "epoch": epoch,
+        "position": position,
+        "skipped": not finite,
+        "grad_norm": result.grad_norm,
+        "lr": lr,
+        "tokens": tokens,
+        "tokens_per_s": tokens / dt,
+        "seconds": dt,
+    }
+
+
+def train(
+    engine: Engine,
+    data: TrainData,
+    hp: RLHyper,
+    schedule: WarmupConstant,
+    *,
+    state: TrainState | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    on_checkpoint: Callable[[TrainState], None] | None = None,
+) -> TrainState:
+    """Run optimizer steps from ``state`` (a fresh run when None) until the run's total; return the final state.
+
+    Step kinds (RL or SFT), mini-batch contents and the learning rate are functions of the counters in ``state``,
+    so a run resumed from a checkpointed state takes exactly the steps the uninterrupted run would have taken.
+    ``on_checkpoint`` is called every ``hp.save_every`` steps.
+    """
+    state = state or TrainState()
+    ratio = hp.sft_ratio
+    if hp.mode == "sft" and not data.sft_pairs:
+        raise NoTrainingData(
+            "mode sft: the input has no successful rows (success = True) with a response; "
+            "fix: pass trajectories that contain solved episodes (e.g. expert walkthroughs)"
+        )
+    if hp.mode == "rl" and not data.samples:
+        raise NoTrainingData(
+            "the input has no rows with a response to train on; fix: check the --input dataset"
+        )
+    if hp.mode == "rl" and ratio > 0 and not data.sft_pairs:
+        log.warning("sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", ratio)
+        ratio = 0.0
+    main_rows = data.sft_pairs if hp.mode == "sft" else data.samples
+    total = total_steps(hp.mode, hp.epochs, min(hp.mini_batches, len(main_rows)), ratio, hp.max_steps)
+    kinds = itertools.islice(step_kinds(ratio, hp.mode), state.step, None)
+    main_rank = engine.rank == 0  # every rank computes the same records; one reports them
+    bar = tqdm(
+        total=total,
+        initial=state.step,
+        desc=f"train ({hp.mode})",
+        unit="step",
+        leave=False,
+        disable=not main_rank,
+    )
+    while state.step < total:
+        kind = next(kinds)
+        record = _one_step(engine, data, hp, state, kind, schedule.lr_at(state.step))
+        state.step += 1
+        state.rl_steps += kind == "rl"
+        state.sft_steps += kind == "sft"
+        state.nonfinite_in_row = state.nonfinite_in_row + 1 if record["skipped"] else 0
+        state.history.append(record)
+        if on_step:
+            on_step(record)
+        bar.update(1)
+        if main_rank:
+            log.info(progress_line(record))
+        if record["skipped"]:
+            log.warning(
+                "step %d: non-finite loss or gradient; step skipped (%d in a row)",
+                record["step"],
+                state.nonfinite_in_row,
+            )
+            if state.nonfinite_in_row >= hp.max_nonfinite_steps:
+                raise TrainingDiverged(
+                    f"{state.nonfinite_in_row} consecutive non-finite steps at step {record['step']} "
+                    f"(limit --max-nonfinite-steps {hp.max_nonfinite_steps}); "
+                    f"fix: lower the learning rate or check the input log-probs"
+                )
+        if on_checkpoint and hp.save_every > 0 and state.step % hp.save_every == 0:
+            on_checkpoint(state)
+    bar.close()
+    return state
 
 
 def rl_update(
     model,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Engine,
     samples: list[RLSample],
     hp: RLHyper,
     pad_id: int,
     on_step: Callable[[dict], None] | None = None,
+    sft_pairs: list[SFTPair] | None = None,
 ) -> list[dict]:
-    """Run ``epochs`` passes of ``mini_batches`` optimizer steps over ``samples``; return one metrics dict a step."""
-    rng = random.Random(hp.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    history: list[dict] = []
-    nonfinite_in_row = 0
-    n_steps = hp.epochs * hp.mini_batches
-    bar = tqdm(total=n_steps, desc="train", unit="step", leave=False)
-    for epoch in range(hp.epochs):
-        order = list(range(len(samples)))
-        rng.shuffle(order)
-        for mb in range(hp.mini_batches):
-            idx = order[mb :: hp.mini_batches]
-            if not idx:
-                continue
-            t0 = time.perf_counter()
-            mini = [samples[i] for i in idx]
-            total_tokens = sum(len(s.response) for s in mini)
-            agg_metrics: dict[str, float] = {}
-            for micro_idx in token_budget_batches(
-                [len(s.prompt) + len(s.response) for s in mini], hp.micro_batch_tokens
-            ):
-                micro = [mini[i] for i in micro_idx]
-                w = _weight(micro, total_tokens, len(mini), hp.agg)
-                loss, metrics = micro_step(model, micro, hp, pad_id)
-                (loss * w).backward()
-                for k, v in metrics.items():
-                    agg_metrics[k] = agg_metrics.get(k, 0.0) + w * v
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm))
-            step = len(history) + 1
-            finite = math.isfinite(grad_norm) and all(math.isfinite(v) for v in agg_metrics.values())
-            if finite:
-                optimizer.step()
-                nonfinite_in_row = 0
-            else:
-                nonfinite_in_row += 1
-                log.warning(
-                    "step %d: non-finite loss or gradient; step skipped (%d in a row)", step, nonfinite_in_row
-                )
-                if nonfinite_in_row >= hp.max_nonfinite_steps:
-                    raise TrainingDiverged(
-                        f"{nonfinite_in_row} consecutive non-finite steps at step {step}; "
-                        f"fix: lower the learning rate or check the input log-probs"
-                    )
-            optimizer.zero_grad(set_to_none=True)
-            dt = time.perf_counter() - t0
-            record = {
-                "step": step,
-                "epoch": epoch,
-                "skipped": not finite,
-                "grad_norm": grad_norm,
-                "lr": optimizer.param_groups[0]["lr"],
-                "tokens_per_s": total_tokens / dt,
-                "seconds": dt,
-                **agg_metrics,
-            }
-            history.append(record)
-            if on_step:
-                on_step(record)
-            bar.update(1)
-            log.info(progress_line(record))
-    bar.close()
-    return history
+    """One round of training at a constant learning rate; return one metrics dict per optimizer step.
+
+    ``optimizer`` is a torch optimizer over the model's trainable parameters (wrapped in the torch engine) or an
+    engine from :func:`sdarflow.train.engine.make_engine`.
+    """
+    if isinstance(optimizer, torch.optim.Optimizer):
+        engine: Engine = TorchEngine(model, optimizer, hp.max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]
+    else:
+        engine, lr = optimizer, optimizer.optimizer.param_groups[0]["lr"]
+    data = TrainData(samples, sft_pairs or [], pad_id)
+    return train(engine, data, hp, WarmupConstant(lr), on_step=on_step).history
 
 
 def progress_line(r: dict) -> str:
+    def f(key: str, digits: int) -> str:
+        v = r.get(key)
+        return "-" if v is None else f"{v:.{digits}f}"
+
     return (
-        f"step {r['step']} | loss {r.get('loss/total', float('nan')):.4f} | pg {r.get('loss/pg', 0.0):.4f} | "
-        f"gate {r.get('sdar/gate_mean', float('nan')):.3f} | gap {r.get('sdar/teacher_gap_mean', float('nan')):.3f} | "
-        f"clip {r.get('actor/clipfrac', 0.0):.3f} | grad {r['grad_norm']:.3f} | {r['seconds']:.2f} s/it"
+        f"step {r['step']} {r.get('kind', 'rl')} | loss {f('loss/total', 4)} | pg {f('loss/pg', 4)} | "
+        f"gate {f('sdar/gate_mean', 3)} | gap {f('sdar/teacher_gap_mean', 3)} | clip {f('actor/clipfrac', 3)} | "
+        f"grad {f('grad_norm', 3)} | lr {f('lr', 6)} | {r['seconds']:.2f} s/it"
     )
 
 
-def jsonl_writer(path: Path) -> Callable[[dict], None]:
-    """Append one JSON line per step, flushed, so a watcher (or a crash) sees every finished step."""
+def _json_safe(value):
+    # inf/nan are not JSON (browsers and the KFP UI reject them): write null, the step's "skipped" says why.
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dict], None]:
+    """Write ``history`` (steps restored from a checkpoint) to ``path``, then append one flushed JSON line per
+    step, so a watcher (or a crash) sees every finished step."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for record in history or []:
+            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, sort_keys=True) + "\n")
 
     def write(record: dict) -> None:
         with path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, sort_keys=True) + "\n")
 
     return write

@@ -1,0 +1,101 @@
+"""Statistics for the ``ucb`` retrieval strategy: a UCB1 bandit per task type whose arms are the library's
+task-specific skills. The statistics live in the library folder (``skill_stats.json``) so they carry across rounds.
+
+Reward, precisely: for one rescored row whose teacher context held skill ``k``,
+
+    r = sign * mean_t (teacher_logprob_t - old_logprob_t),   sign = +1 if the episode succeeded, else -1
+
+over the row's response tokens. It is positive when the skill makes the teacher more confident in the actions of
+successful episodes and less confident in those of failed ones, which is the direction the gated distillation
+loss pushes the student, so a skill with a high mean reward is one whose distillation signal points towards
+success. Every non-general skill in the row's ``skill_ids`` is credited, under the row's task type. Statistics
+are updated by ``extract-skills`` from the previous round's rescored dataset (``--rescored``) and reset for a
+skill whose text changed (the measurement was of the old text).
+
+Layout::
+
+    {"reward": "<the definition above>", "updates": 3,
+     "arms": {task_type: {skill: {"pulls": 12, "reward_sum": 0.84}}}, "text_sha": {skill: "ab12..."}}
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+from sdarflow.skills.library import SkillLibrary
+
+log = logging.getLogger(__name__)
+
+REWARD = "sign(success) * mean_t(teacher_logprob - old_logprob) per rescored row, credited to its non-general skills"
+
+
+def row_reward(success: bool, old: list[float], teacher: list[float]) -> float | None:
+    """The reward of one rescored row (None for a row without response tokens)."""
+    if not old:
+        return None
+    gap = sum(q - s for s, q in zip(old, teacher, strict=True)) / len(old)
+    return gap if success else -gap
+
+
+def arm(stats: dict, task_type: str, skill: str) -> tuple[int, float]:
+    """(pulls, mean reward) of a skill for a task type; (0, 0.0) when never observed."""
+    entry = stats.get("arms", {}).get(task_type, {}).get(skill)
+    if not entry or entry.get("pulls", 0) <= 0:
+        return 0, 0.0
+    return int(entry["pulls"]), float(entry["reward_sum"]) / int(entry["pulls"])
+
+
+def ucb_score(mean: float, pulls: int, total: int, c: float) -> float:
+    """UCB1: ``mean + c * sqrt(ln(total) / pulls)``; an arm never pulled scores +inf (tried first)."""
+    if pulls <= 0:
+        return math.inf
+    return mean + c * math.sqrt(math.log(max(total, 1)) / pulls)
+
+
+def update(lib: SkillLibrary, rows: list[dict]) -> dict:
+    """New statistics: ``lib.stats`` plus the rewards of ``rows`` (rescored rows scored with ``lib``).
+
+    Each row needs ``task_type``, ``success``, ``skill_ids``, ``old_logprobs``, ``teacher_logprobs``.
+    """
+    stats = copy.deepcopy(lib.stats) if lib.stats else {}
+    stats["reward"] = REWARD
+    arms = stats.setdefault("arms", {})
+    general = lib.general.name if lib.general else None
+    credited = 0
+    for row in rows:
+        r = row_reward(row["success"], row["old_logprobs"], row["teacher_logprobs"])
+        if r is None:
+            continue
+        for name in row["skill_ids"]:
+            if name == general or name not in lib.skills:
+                continue
+            entry = arms.setdefault(row["task_type"], {}).setdefault(name, {"pulls": 0, "reward_sum": 0.0})
+            entry["pulls"] += 1
+            entry["reward_sum"] = round(entry["reward_sum"] + r, 6)
+            credited += 1
+    stats["updates"] = int(stats.get("updates", 0)) + 1
+    stats["text_sha"] = {n: s.text_sha for n, s in sorted(lib.skills.items())}
+    log.info("skill stats: %d rows, %d skill credits", len(rows), credited)
+    return stats
+
+
+def carry_over(stats: dict, lib: SkillLibrary) -> dict:
+    """``stats`` for the merged library ``lib``: arms of removed skills or skills whose text changed are dropped."""
+    if not stats:
+        return {}
+    out = copy.deepcopy(stats)
+    shas = out.get("text_sha", {})
+    keep = {n for n, s in lib.skills.items() if shas.get(n) == s.text_sha}
+    dropped = set()
+    for per_type in out.get("arms", {}).values():
+        for name in list(per_type):
+            if name not in keep:
+                dropped.add(name)
+                del per_type[name]
+    out["arms"] = {t: a for t, a in out.get("arms", {}).items() if a}
+    out["text_sha"] = {n: s.text_sha for n, s in sorted(lib.skills.items())}
+    if dropped:
+        log.info("skill stats: reset for changed or removed skill(s) %s", sorted(dropped))
+    return out

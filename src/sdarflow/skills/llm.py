@@ -1,0 +1,281 @@
+"""LLM-written skills: a chat model reads contrasting successful and failed episodes of one task type and writes
+a skill, which is validated before it may enter the library.
+
+Backends: any OpenAI-compatible server (``POST <base_url>/chat/completions``; the API key is read only from the
+environment variable named in the config, never from the config itself), or the policy itself through our HF
+engine (``sdarflow.rollout.engine.HFEngine``), so no external service is needed.
+
+Validation (``parse_reply``): the reply must contain at least ``MIN_STEPS`` numbered or bulleted steps of plain
+text (letters, digits, ``<item>``, light punctuation; 2-20 words; mostly letters). Steps that fail are dropped;
+a reply left with fewer than ``MIN_STEPS`` steps is rejected, the reason is logged and returned, and the task type
+keeps its previous skill. A small or untrained model (the tiny demo policy) writes gibberish: it is rejected this
+way rather than inserted into the teacher's context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from typing import Protocol
+
+from sdarflow.errors import SdarflowError
+from sdarflow.skills.extract import (
+    EpisodeActions,
+    evidence,
+    literal_actions,
+    render,
+    skill_name,
+    task_keywords,
+)
+from sdarflow.skills.library import Skill, SkillLibrary, normalize_step
+
+log = logging.getLogger(__name__)
+
+MIN_STEPS = 2
+MAX_STEPS = 8
+_LIST_LINE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.+?)\s*$")
+_PLAIN = re.compile(r"^[a-z0-9<>' ,.;:()/\-]+$")
+SYSTEM = (
+    "You write short reusable procedures (skills) for an agent that plays text cooking games by typing one "
+    "command per turn."
+)
+
+
+class SkillExtractionError(SdarflowError):
+    """The LLM backend could not be reached or answered something that is not a chat completion."""
+
+
+class ChatBackend(Protocol):
+    name: str
+
+    def fits(self, messages: list[dict], max_tokens: int) -> bool: ...
+
+    def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str: ...
+
+
+class OpenAIChat:
+    """``/chat/completions`` of an OpenAI-compatible server (vLLM, llama.cpp, TGI, OpenAI, ...)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 60.0,
+        retries: int = 2,
+    ):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.name = f"openai:{model}"
+
+    def fits(self, messages: list[dict], max_tokens: int) -> bool:
+        return True  # the server enforces its own context; prompts here are a few hundred tokens
+
+    def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers, method="POST")
+        for attempt in range(self.retries + 1):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                    return self._content(resp.read())
+            except urllib.error.HTTPError as err:
+                # Rate limits and server errors are transient; anything else will not get better by retrying.
+                if err.code in (429, 500, 502, 503, 504) and attempt < self.retries:
+                    time.sleep(0.5 * 2**attempt)
+                    continue
+                raise self._http_error(err) from err
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+                if attempt < self.retries:
+                    time.sleep(0.5 * 2**attempt)
+                    continue
+                reason = getattr(err, "reason", err)
+                raise SkillExtractionError(
+                    f"cannot reach LLM endpoint {self.url}: {reason}; fix: check --llm-base-url "
+                    f"(e.g. http://host:8000/v1) and that the server is up"
+                ) from err
+        raise AssertionError("unreachable")
+
+    def _http_error(self, err: urllib.error.HTTPError) -> SkillExtractionError:
+        if err.code in (401, 403):
+            return SkillExtractionError(
+                f"LLM endpoint {self.url} refused the request (HTTP {err.code}); fix: put the API key in the "
+                f"environment variable {self.api_key_env} (it is read from there only)"
+            )
+        detail = err.read()[:200].decode(errors="replace") if err.fp else ""
+        return SkillExtractionError(
+            f"LLM endpoint {self.url} answered HTTP {err.code} {detail!r}; fix: check --llm-model "
+            f"('{self.model}') and the server's logs"
+        )
+
+    def _content(self, raw: bytes) -> str:
+        try:
+            content = json.loads(raw)["choices"][0]["message"]["content"]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+            raise SkillExtractionError(
+                f"LLM endpoint {self.url} answered without choices[0].message.content ({raw[:120]!r}); "
+                f"fix: point --llm-base-url at an OpenAI-compatible /v1 API"
+            ) from err
+        return content or ""
+
+
+class EngineChat:
+    """The policy itself as the skill writer, through the HF engine (greedy when temperature is 0)."""
+
+    def __init__(self, policy, seed: int = 0):
+        from sdarflow.rollout.engine import HFEngine
+
+        self.engine = HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size=1)
+        self.tokenizer = policy.tokenizer
+        self.context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.seed = seed
+        self.name = f"engine:{policy.path}"
+
+    def _ids(self, messages: list[dict]) -> list[int]:
+        from sdarflow.rollout.loop import encode_prompt
+
+        return encode_prompt(self.tokenizer, messages)
+
+    def fits(self, messages: list[dict], max_tokens: int) -> bool:
+        return len(self._ids(messages)) + max_tokens <= self.context
+
+    def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str:
+        sample = self.engine.generate(
+            [self._ids(messages)], [self.seed], max_new_tokens=max_tokens, temperature=temperature, top_p=1.0
+        )[0]
+        return sample.text
+
+
+def build_messages(
+    task_type: str, wins: list[EpisodeActions], losses: list[EpisodeActions], max_actions: int = 16
+) -> list[dict]:
+    """The request: successful and failed action sequences of one task type, and the required reply format."""
+
+    def show(eps: list[EpisodeActions]) -> str:
+        # Episodes as ';'-joined lines, not numbered lists, so an echoed prompt cannot pass as a skill.
+        return (
+            "\n".join(
+                f"Episode {chr(65 + i)}: " + "; ".join(e.actions[:max_actions]) for i, e in enumerate(eps)
+            )
+            or "none"
+        )
+
+    user = (
+        f"Task type: {task_type}\n\nSuccessful episodes:\n{show(wins)}\n\nFailed episodes:\n{show(losses)}\n\n"
+        f"Write one skill for this task type: a first line '# <title>', then {MIN_STEPS} to {MAX_STEPS} numbered "
+        "steps ('1. ...'), each a short command pattern. Write <item> for objects that change between games. "
+        "Keep what the successful episodes do and the failed ones miss. Reply with the skill only."
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def _step_problem(step: str) -> str | None:
+    words = step.split()
+    if not 2 <= len(words) <= 20:
+        return f"{len(words)} words (need 2-20)"
+    if not _PLAIN.match(step):
+        return "characters outside plain text"
+    letters = sum(c.isalpha() for c in step)
+    if letters < 0.6 * len(step.replace(" ", "")):
+        return "mostly not letters"
+    return None
+
+
+def parse_reply(text: str) -> tuple[str, list[str] | None, str]:
+    """(title, steps, reason): steps is None when the reply is rejected, and reason says why."""
+    lines = [ln for ln in text.replace("```", "\n").splitlines() if ln.strip()]
+    title = next((ln.strip().lstrip("#").strip() for ln in lines if ln.strip().startswith("#")), "")
+    raw = [m.group(1) for ln in lines if (m := _LIST_LINE.match(ln))]
+    if not raw:
+        return title, None, "no numbered or bulleted steps in the reply"
+    steps: list[str] = []
+    problems: list[str] = []
+    for r in raw:
+        step = normalize_step(r)
+        problem = _step_problem(step)
+        if problem:
+            problems.append(f"'{step[:40]}': {problem}")
+        elif step not in steps:
+            steps.append(step)
+    if len(steps) < MIN_STEPS:
+        detail = f" (dropped {'; '.join(problems[:2])})" if problems else ""
+        return title, None, f"{len(steps)} valid step(s), need >= {MIN_STEPS}{detail}"
+    return title, steps[:MAX_STEPS], ""
+
+
+def _fitting(backend: ChatBackend, task_type, wins, losses, max_tokens) -> list[dict] | None:
+    """The largest request (dropping episodes, failures first when they outnumber successes) that fits."""
+    wins, losses = list(wins), list(losses)
+    while wins:
+        messages = build_messages(task_type, wins, losses)
+        if backend.fits(messages, max_tokens):
+            return messages
+        if losses and len(losses) >= len(wins):
+            losses.pop()
+        else:
+            wins.pop()
+    return None
+
+
+def llm_extract(
+    episodes: list[EpisodeActions],
+    backend: ChatBackend,
+    *,
+    min_support: int = 1,
+    per_side: int = 3,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    follow_share: float = 0.5,
+) -> tuple[SkillLibrary, dict[str, str]]:
+    """One LLM-written skill per task type with >= ``min_support`` successes; returns (skills, rejected reasons)."""
+    literal = literal_actions(episodes)
+    by_type: dict[str, list[EpisodeActions]] = defaultdict(list)
+    for e in episodes:
+        by_type[e.task_type].append(e)
+    lib, rejected = SkillLibrary(), {}
+    for task_type, eps in sorted(by_type.items()):
+        # Short successes are the cleanest demonstrations; the order is deterministic for reproducible requests.
+        wins = sorted((e for e in eps if e.success), key=lambda e: (len(e.actions), e.task_id, e.actions))
+        losses = sorted((e for e in eps if not e.success), key=lambda e: (e.task_id, e.actions))
+        if len(wins) < min_support:
+            continue
+        messages = _fitting(backend, task_type, wins[:per_side], losses[:per_side], max_tokens)
+        if messages is None:
+            rejected[task_type] = (
+                f"the request does not fit {backend.name}'s context with {max_tokens} new tokens"
+            )
+            log.warning("skills: LLM skill for %s rejected: %s", task_type, rejected[task_type])
+            continue
+        reply = backend.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        _, steps, reason = parse_reply(reply)
+        if steps is None:
+            rejected[task_type] = reason
+            log.warning(
+                "skills: LLM skill for %s rejected: %s; reply began %r", task_type, reason, reply[:80]
+            )
+            continue
+        ev = {**evidence(steps, eps, literal, follow_share), "source": f"llm:{backend.name}"}
+        name = skill_name(task_type)
+        # The model's own title is not validated text, so the teacher sees a fixed one.
+        text = render(f"Skill for {task_type} tasks", steps)
+        lib.skills[name] = Skill(name, text, [task_type], task_keywords(task_type), ev)
+        lib.task_keywords[task_type] = task_keywords(task_type)
+        log.info("skills: %s wrote %s (%d steps)", backend.name, name, len(steps))
+    return lib, rejected

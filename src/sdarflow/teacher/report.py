@@ -1,0 +1,171 @@
+"""Rescore metrics (teacher - student gap distribution overall and per task type, retrieval, skills used,
+throughput) and the stage's Markdown/HTML summary with a gap histogram, for the KFP UI."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RescoreSummary:
+    metrics: dict[str, float]
+    per_type: dict[str, dict[str, float]]  # task type -> rows, tokens, gap_mean, gap_positive_share, hit_rate
+    skills: dict[str, dict[str, float]]  # skill -> rows, gap_mean
+    gaps: list[float] = field(repr=False)
+    info: dict[str, str] = field(default_factory=dict)  # strategy, library version, batching, ...
+
+
+def _gap_stats(gaps: list[float]) -> tuple[float, float]:
+    if not gaps:
+        return 0.0, 0.0
+    return sum(gaps) / len(gaps), sum(g > 0 for g in gaps) / len(gaps)
+
+
+def summarize(
+    old: list[list[float]],
+    teacher: list[list[float]],
+    task_types: list[str],
+    hits: list[bool],
+    matched: list[bool],
+    skill_ids: list[list[str]],
+    seconds: float,
+) -> RescoreSummary:
+    """Metrics keyed ``rescore/...`` (task types and skills as the last path element)."""
+    row_gaps = [[q - s for s, q in zip(o, t, strict=True)] for o, t in zip(old, teacher, strict=True)]
+    gaps = [g for r in row_gaps for g in r]
+    flat_t = [q for t in teacher for q in t]
+    flat_s = [s for o in old for s in o]
+    mean, pos = _gap_stats(gaps)
+    n = max(1, len(hits))
+    metrics = {
+        "rescore/gap_mean": mean,
+        "rescore/gap_positive_share": pos,
+        "rescore/teacher_logprob_mean": sum(flat_t) / max(1, len(flat_t)),
+        "rescore/student_logprob_mean": sum(flat_s) / max(1, len(flat_s)),
+        "rescore/tokens": float(len(gaps)),
+        "rescore/rows": float(len(hits)),
+        "rescore/retrieval_hit_rate": sum(hits) / n,
+        "rescore/retrieval_match_rate": sum(matched) / n,
+        # student and teacher passes both count
+        "rescore/tokens_per_s": 2 * len(gaps) / max(seconds, 1e-9),
+    }
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(task_types):
+        by_type[t].append(i)
+    per_type = {}
+    for t, idx in sorted(by_type.items()):
+        g = [x for i in idx for x in row_gaps[i]]
+        m, p = _gap_stats(g)
+        per_type[t] = {
+            "rows": len(idx),
+            "tokens": len(g),
+            "gap_mean": m,
+            "gap_positive_share": p,
+            "hit_rate": sum(hits[i] for i in idx) / len(idx),
+        }
+        metrics[f"rescore/gap_mean/{t}"] = m
+        metrics[f"rescore/gap_positive_share/{t}"] = p
+    uses = Counter(s for ids in skill_ids for s in ids)
+    skill_gaps: dict[str, list[float]] = defaultdict(list)
+    for ids, g in zip(skill_ids, row_gaps, strict=True):
+        for s in ids:
+            skill_gaps[s].extend(g)
+    skills = {s: {"rows": uses[s], "gap_mean": _gap_stats(skill_gaps[s])[0]} for s in sorted(uses)}
+    for s, c in uses.items():
+        metrics[f"rescore/skill_uses/{s}"] = float(c)
+    return RescoreSummary(metrics, per_type, skills, gaps)
+
+
+def histogram_png(gaps: list[float], bins: int = 40) -> bytes:
+    """PNG of the per-token gap histogram (matplotlib's object API: no global pyplot state, no display)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3), dpi=100)
+    ax = fig.add_subplot()
+    ax.hist(gaps or [0.0], bins=bins, color="#3b6ea8")
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("teacher - student log-prob per token")
+    ax.set_ylabel("tokens")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _rows(summary: RescoreSummary) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+    m = summary.metrics
+    headline = [
+        ["rows", f"{m['rescore/rows']:.0f}"],
+        ["response tokens", f"{m['rescore/tokens']:.0f}"],
+        ["gap mean (teacher - student)", f"{m['rescore/gap_mean']:.4f}"],
+        ["gap > 0 share", f"{m['rescore/gap_positive_share']:.1%}"],
+        ["retrieval hit rate (task-specific skill found)", f"{m['rescore/retrieval_hit_rate']:.1%}"],
+        ["retrieval match rate (the task type's own skill)", f"{m['rescore/retrieval_match_rate']:.1%}"],
+        ["tokens/s (student + teacher)", f"{m['rescore/tokens_per_s']:.0f}"],
+    ] + [[k, v] for k, v in summary.info.items()]
+    types = [
+        [
+            t,
+            str(v["rows"]),
+            str(v["tokens"]),
+            f"{v['gap_mean']:.4f}",
+            f"{v['gap_positive_share']:.1%}",
+            f"{v['hit_rate']:.1%}",
+        ]
+        for t, v in summary.per_type.items()
+    ]
+    skills = [[s, str(v["rows"]), f"{v['gap_mean']:.4f}"] for s, v in summary.skills.items()]
+    return headline, types, skills
+
+
+TYPE_HEADER = ["task type", "rows", "tokens", "gap mean", "gap > 0", "hit rate"]
+SKILL_HEADER = ["skill", "rows", "gap mean"]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def render_markdown(summary: RescoreSummary) -> str:
+    headline, types, skills = _rows(summary)
+    return (
+        "\n\n".join(
+            [
+                "# Rescore",
+                _md_table(["metric", "value"], headline),
+                "## Per task type",
+                _md_table(TYPE_HEADER, types),
+                "## Skills used",
+                _md_table(SKILL_HEADER, skills) if skills else "No skills were retrieved.",
+            ]
+        )
+        + "\n"
+    )
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(summary: RescoreSummary) -> str:
+    """Self-contained page: inline CSS, the histogram as a base64 data URI."""
+    headline, types, skills = _rows(summary)
+    png = base64.b64encode(histogram_png(summary.gaps)).decode()
+    style = (
+        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#eee}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Rescore</title><style>{style}</style></head>"
+        f"<body><h1>Rescore</h1>{_html_table(['metric', 'value'], headline)}"
+        f"<h2>Gap per token</h2><img alt='gap histogram' src='data:image/png;base64,{png}'>"
+        f"<h2>Per task type</h2>{_html_table(TYPE_HEADER, types)}"
+        f"<h2>Skills used</h2>{_html_table(SKILL_HEADER, skills)}</body></html>\n"
+    )

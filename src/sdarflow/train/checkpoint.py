@@ -1,0 +1,160 @@
+"""Atomic checkpoints of a training run in a local folder (a PVC on Kubernetes), and resuming from the newest one.
+
+Layout: ``<dir>/step-00000006/`` holding ``engine/`` (weights + optimizer, written by the engine), one
+``rng-rank<r>.pt`` per rank (python, numpy, torch and CUDA generator states) and ``state.json`` (counters, data
+cursor, LR schedule, metrics history, run fingerprint), written last. A checkpoint is written into
+``step-XXXXXXXX.tmp`` and renamed when complete, so a kill at any moment leaves either the previous checkpoints or
+the new one, never a half-written folder that looks complete; leftover ``.tmp`` folders are removed on restore.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from sdarflow.errors import SdarflowError
+from sdarflow.train.schedule import TrainState
+
+if TYPE_CHECKING:
+    from sdarflow.train.engine import Engine
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+_NAME = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(SdarflowError):
+    """A checkpoint is missing, unreadable, or belongs to a different run."""
+
+
+def capture_rng() -> dict:
+    """Generator states as tensors and plain lists, so they load with ``torch.load(weights_only=True)``."""
+    import numpy as np
+
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    import numpy as np
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Checkpoints:
+    """The checkpoints of one run. ``fingerprint`` identifies the run's settings and inputs: resuming from a
+    folder written with other settings would silently mix two experiments, so it is refused."""
+
+    def __init__(self, root: str | Path, fingerprint: str, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.fingerprint = fingerprint
+        self.keep = max(1, keep)
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every complete checkpoint, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = _NAME.match(p.name)
+            if m and (p / STATE_FILE).is_file():
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        done = self.complete()
+        return done[-1][1] if done else None
+
+    def save(self, engine: Engine, state: TrainState, meta: dict) -> Path:
+        """Write the checkpoint of ``state.step`` (collective: every rank calls it)."""
+        final = self.root / f"step-{state.step:08d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if engine.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        engine.barrier()
+        engine.save(tmp / "engine")
+        torch.save(capture_rng(), tmp / f"rng-rank{engine.rank}.pt")
+        engine.barrier()
+        if engine.rank == 0:
+            body = {"fingerprint": self.fingerprint, "engine": engine.name, **meta, "state": state.to_dict()}
+            with (tmp / STATE_FILE).open("w") as f:
+                json.dump(body, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            shutil.rmtree(final, ignore_errors=True)  # only after a crash between rename and prune
+            tmp.rename(final)  # atomic: the checkpoint appears complete or not at all
+            _fsync_dir(self.root)
+            for _, old in self.complete()[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+            log.info("checkpoint: step %d -> %s", state.step, final)
+        engine.barrier()
+        return final
+
+    def restore(self, engine: Engine) -> TrainState | None:
+        """Load the newest complete checkpoint into ``engine`` and the RNGs; None when there is none."""
+        if engine.rank == 0 and self.root.is_dir():
+            for stale in self.root.glob("step-*.tmp"):
+                log.info("checkpoint: removing incomplete %s", stale)
+                shutil.rmtree(stale, ignore_errors=True)
+        engine.barrier()
+        path = self.latest()
+        if path is None:
+            return None
+        try:
+            body = json.loads((path / STATE_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CheckpointError(
+                f"checkpoint '{path}' is unreadable ({err}); fix: delete it to resume from the one before"
+            ) from err
+        if body.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(
+                f"checkpoint '{path}' was written by a run with other settings or inputs "
+                f"(fingerprint {body.get('fingerprint')} != {self.fingerprint}); "
+                f"fix: rerun with the same settings, or pass a new --checkpoint-dir"
+            )
+        if body.get("engine") != engine.name:
+            raise CheckpointError(
+                f"checkpoint '{path}' was written by engine {body.get('engine')!r}, this run uses "
+                f"{engine.name!r}; fix: pass --engine {body.get('engine')} or a new --checkpoint-dir"
+            )
+        engine.load(path / "engine")
+        rng_file = path / f"rng-rank{engine.rank}.pt"
+        if rng_file.is_file():
+            restore_rng(torch.load(rng_file, weights_only=True))
+        else:
+            log.warning("checkpoint %s has no RNG state for rank %d (world size changed?)", path, engine.rank)
+        state = TrainState.from_dict(body["state"])
+        log.info("resuming from %s at step %d", path, state.step)
+        return state

@@ -1,0 +1,282 @@
+"""Training engines behind one small interface, so the training loop never branches on the engine:
+
+- ``torch``: plain ``torch.optim.AdamW`` with ``clip_grad_norm_``; one process.
+- ``deepspeed``: a DeepSpeed engine (ZeRO stage 2 or 3) wrapping the same AdamW; bf16 on GPU, fp32 on CPU; one
+  process, or one per GPU under a launcher (see :mod:`sdarflow.train.launch`).
+
+Interface: ``backward(loss)`` accumulates, ``step(lr)`` applies the accumulated gradient (or skips it when the
+gradient is not finite) and reports the pre-clip gradient norm, ``zero_grad()``, ``save(dir)`` / ``load(dir)``
+for weights + optimizer, ``gathered()`` to see full parameters (ZeRO-3), and the rank helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+from sdarflow.errors import SdarflowError
+from sdarflow.train.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+EngineName = Literal["torch", "deepspeed"]
+ENGINES: tuple[str, ...] = ("torch", "deepspeed")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: float  # global L2 norm before clipping; inf/nan when the step was skipped
+    applied: bool  # False: non-finite gradient, weights and optimizer state untouched
+
+
+class Engine(Protocol):
+    name: str
+    rank: int
+    world_size: int
+    device: torch.device
+    forward_model: object  # what the loss functions call for log-probs
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def step(self, lr: float) -> StepResult: ...
+    def zero_grad(self) -> None: ...
+    def save(self, path: Path) -> None: ...
+    def load(self, path: Path) -> None: ...
+    def gathered(self) -> contextlib.AbstractContextManager: ...
+    def master_weights(self) -> dict[str, torch.Tensor]: ...
+    def barrier(self) -> None: ...
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]: ...
+
+
+def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(_trainable(model), lr=lr, weight_decay=0.0)
+
+
+class TorchEngine:
+    """Single-process AdamW; the model stays where it is (moved to CUDA by :func:`make_engine` if present)."""
+
+    name = "torch"
+    rank = 0
+    world_size = 1
+
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float
+    ) -> None:
+        self.model = model
+        self.forward_model = model
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.device = next(model.parameters()).device
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, lr: float) -> StepResult:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # max_norm inf: measure without clipping (clip_grad_norm_ still returns the total norm)
+        max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        applied = math.isfinite(norm)
+        if applied:
+            self.optimizer.step()
+        self.zero_grad()
+        return StepResult(norm, applied)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        weights = {n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad}
+        torch.save({"model": weights, "optimizer": self.optimizer.state_dict()}, path / "torch_engine.pt")
+
+    def load(self, path: Path) -> None:
+        file = path / "torch_engine.pt"
+        if not file.is_file():
+            raise CheckpointError(
+                f"checkpoint '{path}' has no torch_engine.pt (written by another engine?); "
+                f"fix: resume with the same --engine, or use a new --checkpoint-dir"
+            )
+        state = torch.load(file, map_location=self.device, weights_only=True)
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(state["model"]) ^ {n for n, p in params.items() if p.requires_grad})
+        if missing:
+            raise CheckpointError(
+                f"checkpoint '{path}' does not match the model's trainable weights (e.g. {missing[:3]}); "
+                f"fix: resume with the same --lora-rank/--lora-targets, or use a new --checkpoint-dir"
+            )
+        with torch.no_grad():
+            for name, value in state["model"].items():
+                params[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        return {}  # the module's own fp32 weights are the masters
+
+    def barrier(self) -> None:
+        pass
+
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        return values
+
+
+class WholeModelCall:
+    """Calls the model's forward and hides ``get_decoder``/``get_output_embeddings``, so
+    ``models.forward.response_logprobs`` takes its unfused path (logits for the last R + 1 positions)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.config = model.config
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+class DeepSpeedEngine:
+    """A DeepSpeed ZeRO engine around the model and a client AdamW.
+
+    Gradient accumulation is unmanaged (``managed_gradient_accumulation: false``): the trainer calls ``backward``
+    once per token-budget micro-batch with the loss already weighted by its share of the mini-batch, and ``step``
+    is the boundary, so micro-batch counts may vary from step to step.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, model: torch.nn.Module, lr: float, max_grad_norm: float, zero_stage: int) -> None:
+        import deepspeed  # lazy: slow import, and only this engine needs it
+
+        from sdarflow.train.launch import ensure_process_group_env
+
+        ensure_process_group_env()
+        on_gpu = torch.cuda.is_available()
+        if not torch.distributed.is_initialized():
+            # gloo on CPU: DeepSpeed's CPU default (ccl) needs oneCCL, which is not installed.
+            deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+        self.zero_stage = zero_stage
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "managed_gradient_accumulation": False,
+            "zero_optimization": {"stage": zero_stage},
+            "gradient_clipping": max_grad_norm if max_grad_norm > 0 else 0.0,
+            # check_grad_overflow: without it bf16 ZeRO applies a NaN gradient instead of skipping the step.
+            "bf16": {"enabled": on_gpu, "check_grad_overflow": True},
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=adamw(model, lr), config=config
+        )
+        self.model = model
+        # ZeRO-3 gathers a module's weights in that module's forward hook. The fused head + log-prob path reads
+        # lm_head.weight without calling lm_head, so under ZeRO-3 the model is called as a whole instead.
+        self.forward_model = WholeModelCall(model) if zero_stage >= 3 else model
+        self.rank = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
+        self.device = self.engine.device
+        log.info(
+            "deepspeed engine: ZeRO-%d, %s, rank %d of %d",
+            zero_stage,
+            "bf16" if on_gpu else "fp32",
+            self.rank,
+            self.world_size,
+        )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; the trainer's weights already sum to 1 over the whole
+        # mini-batch (all ranks together), so multiply back to get the sum.
+        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def step(self, lr: float) -> StepResult:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # ZeRO checks the gradient for inf/nan and, if found, skips the update and clears the gradient itself.
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm = float("nan") if norm is None else float(norm)
+        return StepResult(norm, math.isfinite(norm))
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def save(self, path: Path) -> None:
+        # Collective: every rank writes its optimizer partition into the same folder.
+        self.engine.save_checkpoint(
+            str(path), tag="engine", save_latest=False, exclude_frozen_parameters=True
+        )
+
+    def load(self, path: Path) -> None:
+        if not (path / "engine").is_dir():
+            raise CheckpointError(
+                f"checkpoint '{path}' has no DeepSpeed state (written by another engine?); "
+                f"fix: resume with the same --engine, or use a new --checkpoint-dir"
+            )
+        # Frozen base weights are not in the checkpoint (exclude_frozen_parameters), hence non-strict.
+        loaded, _ = self.engine.load_checkpoint(
+            str(path), tag="engine", load_module_strict=False, load_lr_scheduler_states=False
+        )
+        if loaded is None:
+            raise CheckpointError(
+                f"DeepSpeed could not load checkpoint '{path}'; fix: use a new --checkpoint-dir"
+            )
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Full parameters visible on every rank (ZeRO-3 partitions them; a no-op for ZeRO-2)."""
+        if self.zero_stage < 3:
+            yield
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+            yield
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        """fp32 master copies of the trainable weights, by parameter name; on GPU the module holds bf16 copies,
+        and publishing those would lose precision. Collective: every rank calls it."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        out = {}
+        for name, p in self.model.named_parameters():
+            if p.requires_grad and (full := safe_get_full_fp32_param(p)) is not None:
+                out[name] = full.detach().float().cpu()
+        return out
+
+    def barrier(self) -> None:
+        torch.distributed.barrier()
+
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        if self.world_size == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t)
+        return dict(zip(keys, t.tolist()))
+
+
+def make_engine(
+    name: EngineName, model: torch.nn.Module, *, lr: float, max_grad_norm: float, zero_stage: int = 2
+) -> Engine:
+    """Build the named engine around ``model`` (its ``requires_grad`` parameters are the ones trained)."""
+    if name == "torch":
+        if torch.cuda.is_available():
+            model.to("cuda")
+        return TorchEngine(model, adamw(model, lr), max_grad_norm)
+    if name == "deepspeed":
+        return DeepSpeedEngine(model, lr, max_grad_norm, zero_stage)
+    raise SdarflowError(f"unknown engine {name!r}; fix: choose one of {', '.join(ENGINES)}")

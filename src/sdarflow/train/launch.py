@@ -1,0 +1,104 @@
+"""Process topology of the train stage: the single-process distributed environment DeepSpeed needs, and the
+multi-GPU path, where the stage re-launches itself through ``torchrun`` with one process per GPU.
+
+The re-launch passes the stage's config as a YAML file (the KFP component calls ``run(config)`` in Python, so
+there is no command line to repeat). Every rank trains on its share of each mini-batch; rank 0 publishes; the
+parent process waits and reads the published manifest back as the stage result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from sdarflow.errors import SdarflowError
+
+log = logging.getLogger(__name__)
+
+# Set by torchrun / the deepspeed launcher in every worker; its presence means "already launched".
+LAUNCHED_ENV = "LOCAL_RANK"
+
+
+class LaunchError(SdarflowError):
+    """The multi-process training launch failed."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_process_group_env() -> None:
+    """Without a launcher, describe a one-process group so DeepSpeed can initialize (a no-op under a launcher)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
+
+
+def should_relaunch(engine: str, device_count: int, env: Mapping[str, str] = os.environ) -> bool:
+    """True when this process should start one worker per GPU instead of training itself."""
+    if device_count <= 1 or LAUNCHED_ENV in env:
+        return False
+    if engine != "deepspeed":
+        log.warning(
+            "%d GPUs visible but engine %r trains on one; pass --engine deepspeed to use all",
+            device_count,
+            engine,
+        )
+        return False
+    return True
+
+
+def launcher_command(
+    config_path: str | Path, nproc: int, master_port: int, python: str = sys.executable
+) -> list[str]:
+    """The ``torchrun`` command that runs ``sdarflow train --config CONFIG`` once per GPU on this node."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",  # single node: a local rendezvous, no external store
+        f"--nproc-per-node={nproc}",
+        f"--master-port={master_port}",
+        "-m",
+        "sdarflow.cli",
+        "train",
+        "--config",
+        str(config_path),
+    ]
+
+
+def relaunch(config: dict, output: str, nproc: int) -> dict:
+    """Run the train stage in ``nproc`` worker processes; return the stage result read from the published output."""
+    import yaml
+
+    from sdarflow import storage
+
+    with tempfile.TemporaryDirectory(prefix="sdarflow-launch-") as tmp:
+        path = Path(tmp) / "train.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=True))
+        cmd = launcher_command(path, nproc, free_port())
+        log.info("multi-GPU: launching %d workers: %s", nproc, " ".join(cmd))
+        code = subprocess.run(cmd, check=False).returncode
+    if code != 0:
+        raise LaunchError(
+            f"multi-GPU training exited with code {code}; fix: read the worker logs above "
+            f"(rerun with the same --checkpoint-dir to resume)"
+        )
+    manifest = storage.read_manifest(output)
+    metrics = manifest.get("metrics", {})
+    return {"uri": output, "steps": int(metrics.get("train/steps", 0)), "metrics": metrics, "workers": nproc}

@@ -1,0 +1,119 @@
+"""What happens at each optimizer step, as pure functions of the step counters: the learning rate (warmup, then
+constant), whether the step is an RL or an SFT step (``sft_ratio``), and which rows an epoch visits in which order.
+
+Because all three are functions of counters (not of mutable RNG state), a resumed run only needs the counters in
+:class:`TrainState` to continue exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal
+
+StepKind = Literal["rl", "sft"]
+Mode = Literal["rl", "sft"]
+
+
+@dataclass(frozen=True)
+class WarmupConstant:
+    """``lr * min(1, (step + 1) / warmup_steps)``: linear warmup over ``warmup_steps`` steps, then constant."""
+
+    lr: float
+    warmup_steps: int = 0
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based: the step about to be taken)."""
+        if self.warmup_steps <= 0:
+            return self.lr
+        return self.lr * min(1.0, (step + 1) / self.warmup_steps)
+
+    def state_dict(self) -> dict:
+        return {"kind": "warmup_constant", "lr": self.lr, "warmup_steps": self.warmup_steps}
+
+
+def step_kinds(sft_ratio: float, mode: Mode = "rl") -> Iterator[StepKind]:
+    """The endless sequence of step kinds: in ``rl`` mode, after RL step k (1-based) come
+    ``floor(k * r) - floor((k - 1) * r)`` SFT steps, so ``r = 0.25`` gives one SFT step after every 4 RL steps and
+    ``r = 2`` two after each. In ``sft`` mode every step is SFT."""
+    if mode == "sft":
+        while True:
+            yield "sft"
+    # Fraction, not float: 0.1 * 10 must be exactly 1 so the pattern never drifts over a long run.
+    r = Fraction(str(sft_ratio))
+    k = 0
+    while True:
+        k += 1
+        yield "rl"
+        for _ in range(math.floor(k * r) - math.floor((k - 1) * r)):
+            yield "sft"
+
+
+def total_steps(mode: Mode, epochs: int, mini_batches: int, sft_ratio: float, max_steps: int) -> int:
+    """Optimizer steps of a run: ``max_steps`` if set (epochs cycle), else ``epochs * mini_batches`` passes of the
+    main data plus, in ``rl`` mode, the SFT steps interleaved after them."""
+    if max_steps > 0:
+        return max_steps
+    main = epochs * mini_batches
+    if mode == "sft":
+        return main
+    return main + math.floor(main * Fraction(str(sft_ratio)))
+
+
+def epoch_order(n: int, seed: int, epoch: int, stream: str) -> list[int]:
+    """A permutation of ``range(n)`` that depends only on (stream, seed, epoch), so resuming needs no RNG state."""
+    order = list(range(n))
+    random.Random(f"{stream}:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def mini_batch(n: int, n_mini: int, seed: int, done: int, stream: str) -> tuple[int, int, list[int]]:
+    """(epoch, position, indices) of the ``done``-th mini-batch (0-based) of a stream of ``n`` rows split into
+    ``n_mini`` strided mini-batches per epoch."""
+    epoch, position = divmod(done, n_mini)
+    return epoch, position, epoch_order(n, seed, epoch, stream)[position::n_mini]
+
+
+@dataclass
+class TrainState:
+    """Counters of a run: everything besides weights, optimizer and RNG that a checkpoint must restore."""
+
+    step: int = 0  # optimizer steps taken (RL + SFT, skipped ones included)
+    rl_steps: int = 0
+    sft_steps: int = 0
+    nonfinite_in_row: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    def cursor(self, rl_mini: int, sft_mini: int) -> dict[str, int]:
+        """The data cursor: epoch and position in the shuffled order of each stream, and the step."""
+        rl_epoch, rl_pos = divmod(self.rl_steps, max(1, rl_mini))
+        sft_epoch, sft_pos = divmod(self.sft_steps, max(1, sft_mini))
+        return {
+            "step": self.step,
+            "epoch": rl_epoch,
+            "position": rl_pos,
+            "sft_epoch": sft_epoch,
+            "sft_position": sft_pos,
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "rl_steps": self.rl_steps,
+            "sft_steps": self.sft_steps,
+            "nonfinite_in_row": self.nonfinite_in_row,
+            "history": self.history,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainState:
+        return cls(
+            step=int(d["step"]),
+            rl_steps=int(d["rl_steps"]),
+            sft_steps=int(d["sft_steps"]),
+            nonfinite_in_row=int(d["nonfinite_in_row"]),
+            history=list(d.get("history", [])),
+        )

@@ -1,0 +1,115 @@
+"""Trajectory datasets built by hand with the tiny model's real tokenizer and chat template (no env rollouts), so
+rescoring tests run in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from sdarflow import storage
+from sdarflow.cli import main
+from sdarflow.models.policy import load_tokenizer
+from sdarflow.rollout.loop import encode_prompt
+from sdarflow.rollout.prompt import build_messages, dumps
+from sdarflow.schema import TRAJECTORY_SCHEMA
+
+GAMES = [
+    ("cut", "Goal: slice the red apple, then prepare and eat the meal.", ["take red apple", "take knife"]),
+    (
+        "cook",
+        "Goal: fry the yellow egg, then prepare and eat the meal.",
+        ["take yellow egg", "cook yellow egg with stove"],
+    ),
+    (
+        "cut",
+        "Goal: dice the carrot, then prepare and eat the meal.",
+        ["take carrot", "take knife", "dice carrot with knife"],
+    ),
+    ("cook", "Goal: roast the potato, then prepare and eat the meal.", ["take potato"]),
+]
+ACTIONS = ["take knife", "prepare meal", "eat meal", "look", "open fridge", "chop red apple with knife"]
+
+
+def make_rows(tokenizer, task_types: list[str] | None = None) -> list[dict]:
+    """Two episodes per game, one won and one lost, 1-3 turns each: mixed prompt and response lengths."""
+    rows = []
+    for g, (task_type, goal, history) in enumerate(GAMES):
+        task_type = task_types[g] if task_types else task_type
+        for e in range(2):
+            traj = f"g{g}/e{e}"
+            turns = 1 + (g + e) % 3
+            for t in range(turns):
+                msgs = build_messages(goal, history[: t + e], f"You are in the kitchen. Turn {t}.")
+                action = ACTIONS[(g + e + t) % len(ACTIONS)]
+                response = tokenizer(action, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                rows.append(
+                    {
+                        "run_id": "test",
+                        "round": 0,
+                        "task_id": f"game-{g}",
+                        "group_id": f"test/r0/game-{g}",
+                        "traj_id": traj,
+                        "turn": t,
+                        "task_type": task_type,
+                        "split": "train",
+                        "prompt_token_ids": encode_prompt(tokenizer, msgs),
+                        "response_token_ids": response,
+                        "response_text": action,
+                        "rollout_logprobs": [-1.0] * len(response),
+                        "reward": float(e == 0 and t == turns - 1),
+                        "episode_return": float(e == 0),
+                        "success": e == 0,
+                        "format_ok": True,
+                        "policy_version": "base",
+                        "prompt_messages": dumps(msgs),
+                        "env": "textworld-cooking",
+                        "num_turns": turns,
+                    }
+                )
+    return rows
+
+
+def write_trajectories(uri: str, rows: list[dict]) -> str:
+    table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+    storage.write_table(
+        table, uri, kind="trajectories", schema=TRAJECTORY_SCHEMA, config_hash="test", inputs=[]
+    )
+    return uri
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model):
+    return load_tokenizer(str(tiny_model))
+
+
+@pytest.fixture
+def rescore(capsys, tiny_model):
+    """Run ``sdarflow rescore`` through the CLI; returns (exit code, result JSON or the one error line)."""
+
+    def run(traj: str, skills: str, out: str, *flags: str) -> tuple[int, dict | str]:
+        argv = ["rescore", "--input", traj, "--skills", skills, "--model", str(tiny_model), "--output", out]
+        code = main([*argv, *flags])
+        captured = capsys.readouterr()
+        if code == 0:
+            return code, json.loads(captured.out)
+        return code, captured.err.strip().splitlines()[-1]
+
+    return run
+
+
+@pytest.fixture
+def dataset(tmp_path, tokenizer):
+    """Write a hand-built trajectory dataset; ``task_types`` overrides the four games' types."""
+
+    def make(name: str = "traj", task_types: list[str] | None = None) -> str:
+        return write_trajectories(str(tmp_path / name), make_rows(tokenizer, task_types))
+
+    return make
+
+
+@pytest.fixture
+def reference_library() -> str:
+    return str(Path(__file__).parents[1] / "skills" / "data" / "reference_library")

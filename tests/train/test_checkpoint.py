@@ -1,0 +1,134 @@
+"""Checkpoints: atomic folders, newest-complete selection, refusal of another run's folder, RNG round trip, and an
+in-process crash + resume that ends with the same weights as an uninterrupted run (torch engine)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from train_data import rescored_table
+
+from sdarflow.models import load_policy
+from sdarflow.models.policy import new_lora
+from sdarflow.train.checkpoint import CheckpointError, Checkpoints, capture_rng, restore_rng
+from sdarflow.train.engine import make_engine
+from sdarflow.train.schedule import TrainState, WarmupConstant
+from sdarflow.train.sft import sft_pairs_from_rows
+from sdarflow.train.trainer import RLHyper, TrainData, make_samples, train
+
+
+class Crash(Exception):
+    pass
+
+
+def setup(tiny_model):
+    policy = load_policy(str(tiny_model), trainable=True)
+    torch.manual_seed(0)
+    model = new_lora(policy.model, 4, 8, ["q_proj", "v_proj"])
+    engine = make_engine("torch", model, lr=1e-2, max_grad_norm=1.0)
+    rows = rescored_table(n_groups=2, group_size=4, prompt_len=12).to_pylist()
+    data = TrainData(make_samples(rows), sft_pairs_from_rows(rows), policy.tokenizer.pad_token_id)
+    return model, engine, data
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_crash_and_resume_equals_an_uninterrupted_run(tiny_model, tmp_path):
+    hp = RLHyper(method="sdar", mini_batches=2, max_steps=6, save_every=2, sft_ratio=0.5, seed=3)
+    schedule = WarmupConstant(1e-2, warmup_steps=3)
+
+    model, engine, data = setup(tiny_model)
+    reference = train(engine, data, hp, schedule)
+    expected = weights(model)
+
+    ckpt = Checkpoints(tmp_path / "ck", "run-a")
+    model, engine, data = setup(tiny_model)
+
+    def crash_at_step_3(record: dict) -> None:
+        if record["step"] == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(
+            engine,
+            data,
+            hp,
+            schedule,
+            on_step=crash_at_step_3,
+            on_checkpoint=lambda s: ckpt.save(engine, s, {}),
+        )
+    assert [s for s, _ in ckpt.complete()] == [2]
+
+    model, engine, data = setup(tiny_model)
+    state = ckpt.restore(engine)
+    assert state.step == 2 and len(state.history) == 2
+    resumed = train(engine, data, hp, schedule, state=state, on_checkpoint=lambda s: ckpt.save(engine, s, {}))
+    got = weights(model)
+    assert max(float((got[n] - expected[n]).abs().max()) for n in got) == 0.0
+    assert [h["kind"] for h in resumed.history] == [h["kind"] for h in reference.history]
+    assert [h["loss/total"] for h in resumed.history] == [h["loss/total"] for h in reference.history]
+    assert [s for s, _ in ckpt.complete()] == [4, 6]  # keep=2 prunes the oldest
+
+
+class FakeEngine:
+    """Enough of the engine interface for the checkpoint folder logic."""
+
+    name = "torch"
+    rank = 0
+    world_size = 1
+
+    def __init__(self) -> None:
+        self.loaded = None
+
+    def save(self, path):
+        path.mkdir(parents=True)
+        (path / "w").write_text("x")
+
+    def load(self, path):
+        self.loaded = path
+
+    def barrier(self):
+        pass
+
+
+def test_incomplete_folders_are_ignored_and_removed(tmp_path):
+    ckpt = Checkpoints(tmp_path, "fp")
+    engine = FakeEngine()
+    ckpt.save(engine, TrainState(step=2), {})
+    (tmp_path / "step-00000004.tmp").mkdir()  # killed while writing
+    (tmp_path / "step-00000006").mkdir()  # no state.json: not complete either
+    assert ckpt.restore(engine).step == 2
+    assert engine.loaded == tmp_path / "step-00000002" / "engine"
+    assert not (tmp_path / "step-00000004.tmp").exists()
+
+
+def test_another_runs_checkpoint_is_refused(tmp_path):
+    engine = FakeEngine()
+    Checkpoints(tmp_path, "settings-a").save(engine, TrainState(step=2), {})
+    with pytest.raises(CheckpointError, match="other settings or inputs.*new --checkpoint-dir"):
+        Checkpoints(tmp_path, "settings-b").restore(engine)
+    engine.name = "deepspeed"
+    with pytest.raises(CheckpointError, match="engine 'torch'.*--engine torch"):
+        Checkpoints(tmp_path, "settings-a").restore(engine)
+    assert Checkpoints(tmp_path / "empty", "x").restore(FakeEngine()) is None
+
+
+def test_rng_states_round_trip():
+    import numpy as np
+
+    state = capture_rng()
+    a = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    restore_rng(torch.load(_save(state), weights_only=True))
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == a
+
+
+def _save(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf

@@ -1,0 +1,53 @@
+"""The training report: a self-contained HTML page with the curves as a base64 PNG, and Markdown tables."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+from sdarflow.train.report import MAX_TABLE_ROWS, render_html, render_markdown, write_reports
+
+
+def history(n: int = 6) -> list[dict]:
+    out = []
+    for i in range(1, n + 1):
+        sft = i % 3 == 0
+        out.append(
+            {
+                "step": i,
+                "kind": "sft" if sft else "rl",
+                "loss/total": 1.0 / i,
+                "loss/pg": None if sft else 0.1,
+                "loss/aux": None if sft else 0.2,
+                "sdar/gate_mean": None if sft else 0.3 + 0.01 * i,
+                "sdar/teacher_gap_mean": None if sft else 0.5,
+                "actor/entropy": 2.0,
+                "actor/clipfrac": None if sft else 0.1,
+                "grad_norm": float("nan") if i == 2 else 0.5,
+                "lr": 1e-3,
+            }
+        )
+    return out
+
+
+def test_html_is_self_contained_with_a_png(tmp_path):
+    write_reports(tmp_path, history(), {"loss/total": 0.4, "train/steps": 6.0}, "train: sdar")
+    page = (tmp_path / "report.html").read_text()
+    m = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert m and base64.b64decode(m.group(1)).startswith(b"\x89PNG")
+    assert "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# train: sdar") and "| loss/total | 0.4 |" in md
+    assert "| 3 | sft |" in md and "| 2 | rl |" in md
+
+
+def test_rendering_is_deterministic_and_tables_stay_short():
+    h = history(200)
+    assert render_html(h, {}, "t") == render_html(h, {}, "t")
+    rows = [line for line in render_markdown(h, {}, "t").splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) <= MAX_TABLE_ROWS + 1 and rows[-1].startswith("| 200 |")
+
+
+def test_empty_history_still_renders():
+    assert "no data" not in render_markdown([], {}, "t")
+    assert "<img" in render_html([], {}, "t")

@@ -1,0 +1,160 @@
+"""The train stage through the CLI: published adapter with metrics and reports, full fine-tune, SFT warm start,
+config errors, and a real SIGKILL + resume that ends with the same adapter as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from train_data import adapter_weights, cli, max_abs_diff, metrics_lines, publish_rescored, rescored_table
+
+from sdarflow import storage
+from sdarflow.cli import main
+from sdarflow.schema import RESCORED_SCHEMA
+from sdarflow.train.trainer import REQUIRED_METRICS
+
+
+def train_cli(*argv: str) -> int:
+    return main(["train", *argv])
+
+
+def test_train_publishes_adapter_metrics_and_reports(tiny_model, rescored, tmp_path):
+    out = str(tmp_path / "adapter")
+    args = ["--input", rescored, "--model", str(tiny_model), "--output", out]
+    assert (
+        train_cli(*args, "--mini-batches", "2", "--sft-ratio", "0.5", "--warmup-steps", "2", "--lr", "1e-3")
+        == 0
+    )
+    manifest = storage.read_manifest(out, "adapter")
+    files = {f["path"] for f in manifest["files"]}
+    assert {
+        "adapter_model.safetensors",
+        "metrics.jsonl",
+        "report.html",
+        "report.md",
+        "train_summary.json",
+    } <= files
+    lines = metrics_lines(out)
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert [x["kind"] for x in lines] == ["rl", "rl", "sft"]
+    assert [x["lr"] for x in lines] == [5e-4, 1e-3, 1e-3]  # 2 warmup steps, then constant
+    for line in lines:
+        assert set(REQUIRED_METRICS) | {"step", "grad_norm", "lr", "tokens_per_s"} <= line.keys()
+        assert line["grad_norm"] > 0 and line["tokens_per_s"] > 0
+    assert manifest["metrics"]["train/steps"] == 3.0 and manifest["metrics"]["train/sft_steps"] == 1.0
+    assert "data:image/png;base64," in Path(out, "report.html").read_text()
+
+
+def test_full_fine_tune_publishes_a_loadable_model(tiny_model, rescored, tmp_path):
+    from safetensors.torch import load_file
+
+    from sdarflow.models import load_policy
+
+    out = str(tmp_path / "full")
+    assert (
+        train_cli("--input", rescored, "--model", str(tiny_model), "--output", out, "--lora-rank", "0") == 0
+    )
+    assert storage.read_manifest(out)["kind"] == "model"
+    base = load_file(str(tiny_model / "model.safetensors"))
+    tuned = load_file(str(Path(out, "model.safetensors")))
+    assert max(float((base[k] - tuned[k]).abs().max()) for k in base if k in tuned) > 0
+    policy = load_policy(out)  # a complete HF folder: config, weights, tokenizer
+    assert policy.tokenizer.eos_token_id == load_policy(str(tiny_model)).tokenizer.eos_token_id
+
+
+def test_sft_mode_trains_on_successful_rows_only(tiny_model, rescored, tmp_path):
+    out = str(tmp_path / "sft")
+    assert train_cli("--input", rescored, "--model", str(tiny_model), "--output", out, "--mode", "sft") == 0
+    lines = metrics_lines(out)
+    assert {x["kind"] for x in lines} == {"sft"} and len(lines) == 4
+    solved = [r for r in rescored_table().to_pylist() if r["success"]]
+    assert sum(x["tokens"] for x in lines) == sum(len(r["response_token_ids"]) for r in solved)
+    assert storage.read_manifest(out)["method"] == "sft"
+
+
+def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, capsys):
+    data = str(tmp_path / "failed")
+    table = rescored_table(n_groups=1)
+    table = table.set_column(table.schema.get_field_index("success"), "success", [[False] * table.num_rows])
+    storage.write_table(table, data, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
+    code = train_cli(
+        "--input", data, "--model", str(tiny_model), "--output", str(tmp_path / "o"), "--mode", "sft"
+    )
+    assert code == 2 and "no successful rows" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--zero-stage", "1"], "zero_stage = 1 is not one of 2, 3"),
+        (["--checkpoint-dir", "s3://bucket/ck"], "must be a local folder"),
+        (["--sft-ratio", "-1"], "sft_ratio \\(-1.0\\) must be >= 0"),
+    ],
+)
+def test_bad_settings_fail_with_the_fix(flags, message, capsys):
+    assert train_cli("--input", "x", "--model", "m", "--output", "o", *flags) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def _wait(proc, timeout: float = 600) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tiny_model, tmp_path):
+    data = publish_rescored(str(tmp_path / "data"), prompt_len=64)
+    common = [
+        "train",
+        "--input",
+        data,
+        "--model",
+        str(tiny_model),
+        "--method",
+        "sdar",
+        "--mini-batches",
+        "2",
+        "--sft-ratio",
+        "0.5",
+        "--warmup-steps",
+        "3",
+        "--max-steps",
+        "6",
+        "--seed",
+        "3",
+        "--deterministic",
+    ]
+    ref = str(tmp_path / "ref")
+    _wait(cli(*common, "--output", ref))
+
+    ck, out = tmp_path / "ck", str(tmp_path / "out")
+    resumable = [*common, "--output", out, "--save-every", "2", "--checkpoint-dir", str(ck)]
+    proc = cli(*resumable)
+    deadline = time.monotonic() + 300
+    while not (ck / "step-00000002").is_dir():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert not storage.is_published(out)  # killed mid-run: nothing published
+    done = sorted(p.name for p in ck.iterdir() if not p.name.endswith(".tmp"))
+    assert "step-00000006" not in done
+
+    result = json.loads(_wait(cli(*resumable)))
+    assert result["resumed_from_step"] in (2, 4) and result["steps"] == 6
+    diff = max_abs_diff(adapter_weights(out), adapter_weights(ref))
+    print(f"kill/resume max abs diff: {diff:.3g} (resumed from step {result['resumed_from_step']})")
+    assert diff <= 1e-6
+    got, want = metrics_lines(out), metrics_lines(ref)
+    assert [x["step"] for x in got] == [1, 2, 3, 4, 5, 6]
+    for key in ("kind", "lr", "loss/total", "grad_norm"):
+        assert [x[key] for x in got] == pytest.approx([x[key] for x in want], abs=1e-6)
+    assert torch.equal(torch.tensor([x["epoch"] for x in got]), torch.tensor([x["epoch"] for x in want]))

@@ -1,0 +1,96 @@
+"""Helpers for training tests: a synthetic rescored dataset published the way the rescore stage publishes it,
+adapter weights, metrics lines, and the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+
+from sdarflow import storage
+from sdarflow.schema import RESCORED_SCHEMA
+
+
+def rescored_table(
+    n_groups: int = 4,
+    group_size: int = 4,
+    turns: int = 2,
+    prompt_len: int = 24,
+    resp_len: int = 4,
+    seed: int = 0,
+) -> pa.Table:
+    """Token ids below 700 (the smoke tokenizer has ~740). Episodes of ``turns`` turn rows; odd episodes of each group succeed (return 1), even ones fail."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for grp in range(n_groups):
+        for ep in range(group_size):
+            won = ep % 2 == 1
+            for turn in range(turns):
+                resp = torch.randint(5, 700, (resp_len,), generator=gen).tolist()
+                old = (-torch.rand(resp_len, generator=gen) * 3).tolist()
+                rows.append(
+                    {
+                        "run_id": "test",
+                        "round": 0,
+                        "task_id": f"task-{grp}",
+                        "group_id": f"g{grp}",
+                        "traj_id": f"g{grp}/e{ep}",
+                        "turn": turn,
+                        "task_type": "cook",
+                        "split": "train",
+                        "prompt_token_ids": torch.randint(5, 700, (prompt_len,), generator=gen).tolist(),
+                        "response_token_ids": resp,
+                        "response_text": "x",
+                        "rollout_logprobs": old,
+                        "reward": float(won and turn == turns - 1),
+                        "episode_return": float(won),
+                        "success": won,
+                        "format_ok": True,
+                        "policy_version": "base",
+                        "prompt_messages": "[]",
+                        "env": "test",
+                        "num_turns": turns,
+                        "old_logprobs": old,
+                        "teacher_logprobs": [x + 0.3 for x in old],
+                        "skill_ids": ["s1"],
+                        "skill_hit": True,
+                    }
+                )
+    return pa.Table.from_pylist(rows, schema=RESCORED_SCHEMA)
+
+
+def publish_rescored(uri: str, **kwargs) -> str:
+    storage.write_table(
+        rescored_table(**kwargs), uri, kind="rescored", schema=RESCORED_SCHEMA, config_hash="test", inputs=[]
+    )
+    return uri
+
+
+def adapter_weights(uri: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(uri) / "adapter_model.safetensors"))
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def metrics_lines(uri: str) -> list[dict]:
+    return [json.loads(x) for x in Path(uri, "metrics.jsonl").read_text().splitlines()]
+
+
+def cli(*argv: str, **kwargs) -> subprocess.Popen:
+    """``sdarflow`` in a subprocess (the way a pod runs it), stdout/stderr to files next to nothing."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sdarflow.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
