@@ -27,5 +27,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check src components pipelines tests
 	$(BIN)/ruff format --check src components pipelines tests
 
+IMAGE_REPO ?= ghcr.io/sdarflow
+VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+
+images:
+	@command -v docker >/dev/null || { echo "error: docker not found; fix: run on a machine with Docker (BuildKit)"; exit 2; }
+	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.cpu -t $(IMAGE_REPO)/sdarflow:$(VERSION) .
+	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.train-gpu -t $(IMAGE_REPO)/sdarflow-train-gpu:$(VERSION) .
+	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.rollout-gpu -t $(IMAGE_REPO)/sdarflow-rollout-gpu:$(VERSION) .
+
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache

@@ -6,7 +6,7 @@ from kfp.dsl import HTML, Markdown, Metrics, Output
 from components import IMAGE
 
 
-@dsl.component(base_image=IMAGE)
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def evaluate(
     config_uri: str,
     rl_round: int,

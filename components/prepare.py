@@ -5,13 +5,14 @@ from kfp import dsl
 from components import IMAGE
 
 
-@dsl.component(base_image=IMAGE)
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def prepare(
     storage: str,
     base_model: str,
     run_id: str,
     registry: str,
     seed_skills: str,
+    start_adapter: str,
     policy_name: str,
     env: str,
     tasks: int,
@@ -24,7 +25,11 @@ def prepare(
     eval_tasks: int,
     eval_samples: int,
     promote_to: str,
+    gate_min_gain: float,
+    gate_passk_tolerance: float,
+    gate_ood_tolerance: float,
     seed: int,
+    shards: int,
     stage_settings: dict,
 ) -> str:
     params = dict(locals())  # first statement: exactly the pipeline parameters

@@ -5,13 +5,14 @@ from kfp import dsl
 from components import IMAGE
 
 
-@dsl.component(base_image=IMAGE)
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def register(
     config_uri: str,
     rl_round: int,
     adapter: str,
     eval_report: str,
     trajectories: str,
+    trajectory_shards: list,
     skills: str,
     rescored: str,
 ) -> str:
@@ -23,5 +24,5 @@ def register(
         rl_round,
         adapter=adapter,
         eval_report=eval_report,
-        data=[trajectories, skills, rescored],
+        data=[trajectories, *trajectory_shards, skills, rescored],
     )

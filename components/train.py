@@ -1,13 +1,30 @@
-"""Component ``train``: the SDAR update of the LoRA adapter."""
+"""Component ``train``: the SDAR update of the LoRA adapter, with the training report shown in the KFP UI."""
 
 from kfp import dsl
-from kfp.dsl import Metrics, Output
+from kfp.dsl import HTML, Markdown, Metrics, Output
 
 from components import IMAGE
 
 
-@dsl.component(base_image=IMAGE)
-def train(config_uri: str, rl_round: int, rescored: str, adapter: str, metrics: Output[Metrics]) -> str:
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def train(
+    config_uri: str,
+    rl_round: int,
+    rescored: str,
+    adapter: str,
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    summary: Output[Markdown],
+) -> str:
     from sdarflow.pipeline_config import run_component
 
-    return run_component("train", config_uri, rl_round, metrics=metrics, input=[rescored], adapter=adapter)
+    return run_component(
+        "train",
+        config_uri,
+        rl_round,
+        metrics=metrics,
+        html=report,
+        markdown=summary,
+        input=[rescored],
+        adapter=adapter,
+    )

@@ -1,1 +1,2 @@
-"""KFP pipelines: the SDAR training DAG (and, later, promotion), compiled to IR YAML or run locally."""
+"""KFP pipelines: the SDAR training DAG and the promotion pipeline, their Kubernetes wiring (``kube``), the
+operations against a KFP server (``client``) and the multi-node Kubeflow Trainer manifest (``trainjob``)."""

@@ -1,7 +1,11 @@
 """The SDAR training pipeline: ``prepare`` then, per round, generate -> extract-skills -> rescore -> train ->
-evaluate -> register; each round generates with the adapter the previous round trained.
+evaluate -> register; each round generates with the adapter the previous round trained. After the last round,
+``promote`` moves its version to production through the gate when the run asks for it (``promote_to``).
 
-Rounds are unrolled at compile time (KFP has no dynamic loops). Caching is off for the stochastic stages.
+Rounds and shards are unrolled at compile time (KFP has no dynamic loops). With ``shards > 1`` each round runs
+the ``generate-shards`` sub-pipeline, which fans ``generate`` out over a ``dsl.ParallelFor`` and returns the
+shards' URIs (``dsl.Collected``); the next stages read their union. The KFP local runner runs all of it.
+Kubernetes settings come from ``pipelines.kube.KubeOptions`` and are applied here, never in components.
 """
 
 from kfp import dsl
@@ -10,25 +14,71 @@ from components.evaluate import evaluate
 from components.extract_skills import extract_skills
 from components.generate import generate
 from components.prepare import prepare
+from components.promote_candidate import promote_candidate
 from components.register import register
 from components.rescore import rescore
 from components.train import train
+from pipelines.kube import KubeOptions, wire
+from sdarflow.errors import ConfigError
 
 PIPELINE_NAME = "sdar-training"
+# Written to the registry's audit log as the actor of an automatic promotion.
+ACTOR = f"kfp-run:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}"
 
 
-def build_training_pipeline(rounds: int = 2):
-    """Return the ``@dsl.pipeline`` function for ``rounds`` chained RL rounds."""
+def sharded_generate(shards: int, kube: KubeOptions | None):
+    """A sub-pipeline: ``generate`` fanned out over ``shards`` in a ``dsl.ParallelFor``; its output is the list
+    of the shards' dataset URIs (``dsl.Collected``).
+
+    A sub-pipeline rather than a loop in the main DAG because the KFP local runner (2.17) hands a loop's
+    task-output inputs (the config URI, the previous round's adapter) the loop item instead; inside a
+    sub-pipeline they arrive as its inputs, which it passes correctly, and the compiled spec is the same fan-out.
+    """
+
+    @dsl.pipeline(name="generate-shards", description=f"generate, {shards} shards in parallel")
+    def generate_shards(config_uri: str, rl_round: int, adapter: str) -> list[str]:
+        with dsl.ParallelFor(list(range(shards)), parallelism=shards) as shard:
+            gen = generate(config_uri=config_uri, rl_round=rl_round, adapter=adapter, shard=shard)
+            wire(gen, "generate", kube, "generate (shard)")
+        return dsl.Collected(gen.outputs["Output"])
+
+    return generate_shards
+
+
+def _generate_round(config_uri, r: int, adapter, shards: int, kube, fan_out) -> dict:
+    """One round's rollouts, as the trajectory inputs of the downstream tasks: the single dataset, or the list
+    of the shards' datasets (their union is what the next stages read)."""
+    if shards == 1:
+        gen = generate(config_uri=config_uri, rl_round=r, adapter=adapter, shard=0)
+        wire(gen, "generate", kube, f"generate (round {r})")
+        return {"trajectories": gen.outputs["Output"], "trajectory_shards": []}
+    gen = fan_out(config_uri=config_uri, rl_round=r, adapter=adapter)
+    gen.set_display_name(f"generate (round {r}, {shards} shards)")
+    return {"trajectories": "", "trajectory_shards": gen.output}
+
+
+def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions | None = None):
+    """Return the ``@dsl.pipeline`` function for ``rounds`` chained RL rounds with ``shards`` generate tasks
+    per round. ``kube`` None leaves out the Kubernetes settings (the local runner ignores them either way)."""
     if rounds < 1:
-        raise ValueError(f"rounds ({rounds}) must be >= 1")
+        raise ConfigError(f"rounds ({rounds}) must be >= 1; fix: --rounds 1 or more")
+    if shards < 1:
+        raise ConfigError(f"shards ({shards}) must be >= 1; fix: --shards 1 or more")
+    root = kube.pipeline_root if kube and kube.pipeline_root else None
+    fan_out = sharded_generate(shards, kube) if shards > 1 else None
 
-    @dsl.pipeline(name=PIPELINE_NAME, description=f"SDAR: GRPO + gated self-distillation, {rounds} round(s)")
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description=f"SDAR: GRPO + gated self-distillation, {rounds} round(s), {shards} generate shard(s)",
+        pipeline_root=root,
+    )
     def sdar_training(
         storage: str,
         base_model: str,
         run_id: str = "",
         registry: str = "",
         seed_skills: str = "",
+        start_adapter: str = "",
         policy_name: str = "sdar-policy",
         env: str = "textworld-cooking",
         tasks: int = 8,
@@ -41,6 +91,9 @@ def build_training_pipeline(rounds: int = 2):
         eval_tasks: int = 4,
         eval_samples: int = 4,
         promote_to: str = "",
+        gate_min_gain: float = 0.0,
+        gate_passk_tolerance: float = 0.02,
+        gate_ood_tolerance: float = 0.02,
         seed: int = 0,
         stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
     ) -> str:
@@ -50,6 +103,7 @@ def build_training_pipeline(rounds: int = 2):
             run_id=run_id,
             registry=registry,
             seed_skills=seed_skills,
+            start_adapter=start_adapter,
             policy_name=policy_name,
             env=env,
             tasks=tasks,
@@ -62,22 +116,30 @@ def build_training_pipeline(rounds: int = 2):
             eval_tasks=eval_tasks,
             eval_samples=eval_samples,
             promote_to=promote_to,
+            gate_min_gain=gate_min_gain,
+            gate_passk_tolerance=gate_passk_tolerance,
+            gate_ood_tolerance=gate_ood_tolerance,
             seed=seed,
+            shards=shards,
             stage_settings=stage_settings,
-        ).set_display_name("prepare")
+        )
+        wire(cfg, "prepare", kube, "prepare")
         config_uri = cfg.output
-        adapter = ""
+        adapter = ""  # round 0: prepare's start_adapter (or a new LoRA), filled in by the stage config
         skills = seed_skills
-        version = None
+        version = previous_register = None
         for r in range(rounds):
-            gen = generate(config_uri=config_uri, rl_round=r, adapter=adapter)
+            trajectories = _generate_round(config_uri, r, adapter, shards, kube, fan_out)
             sk = extract_skills(
-                config_uri=config_uri, rl_round=r, trajectories=gen.outputs["Output"], previous=skills
+                config_uri=config_uri,
+                rl_round=r,
+                **trajectories,
+                previous=skills,
             )
             rs = rescore(
                 config_uri=config_uri,
                 rl_round=r,
-                trajectories=gen.outputs["Output"],
+                **trajectories,
                 skills=sk.output,
                 adapter=adapter,
             )
@@ -88,23 +150,28 @@ def build_training_pipeline(rounds: int = 2):
                 rl_round=r,
                 adapter=tr.outputs["Output"],
                 eval_report=ev.outputs["Output"],
-                trajectories=gen.outputs["Output"],
+                **trajectories,
                 skills=sk.output,
                 rescored=rs.outputs["Output"],
             )
+            if version is not None:
+                # Registry versions follow the rounds (round r is v(r+1) in a fresh registry), so "latest" is
+                # the newest round; only the register task waits, training runs on.
+                rg.after(previous_register)
+            previous_register = rg
             for task, name in (
-                (gen, "generate"),
                 (sk, "extract-skills"),
                 (rs, "rescore"),
                 (tr, "train"),
                 (ev, "evaluate"),
                 (rg, "register"),
             ):
-                task.set_display_name(f"{name} (round {r})")
-                task.set_caching_options(False)
+                wire(task, name, kube, f"{name} (round {r})")
             adapter = tr.outputs["Output"]
             skills = sk.output
             version = rg.output
+        pr = promote_candidate(config_uri=config_uri, registered=version, actor=ACTOR)
+        wire(pr, "promote", kube, "promote (gated)")
         return version
 
     return sdar_training

@@ -4,6 +4,7 @@ compiled pipeline spec."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -50,9 +51,225 @@ def test_demo_dag_on_s3(tiny_model, tmp_path, s3_root):
 def test_compiled_spec_has_every_stage(tmp_path, capsys):
     out = tmp_path / "pipeline.yaml"
     assert main(["pipeline", "compile", "--out", str(out), "--rounds", "1"]) == 0
-    spec = yaml.safe_load(out.read_text())
+    spec = next(yaml.safe_load_all(out.read_text()))  # the second document is the Kubernetes platform spec
     tasks = spec["root"]["dag"]["tasks"]
     assert {"prepare", "generate", "extract-skills", "rescore", "train", "evaluate", "register"} <= set(tasks)
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params["lam"]["defaultValue"] == 0.01 and params["beta"]["defaultValue"] == 5.0
     assert params["method"]["defaultValue"] == "sdar"
+
+
+@pytest.mark.slow
+def test_demo_dag_with_two_generate_shards(tiny_model, tmp_path):
+    """generate fans out over a ParallelFor; extract-skills, rescore and register read the union of the shards."""
+    summary = run_demo(tmp_path / "demo", rounds=2, preset="smoke", base_model=str(tiny_model), shards=2)
+    shards = summary["trajectories"]
+    assert [uri.rsplit("/", 1)[1] for uri in shards] == ["shard=0", "shard=1"]
+    check_summary(summary)
+    tables = [storage.read_table(u, kind="trajectories", schema=TRAJECTORY_SCHEMA) for u in shards]
+    tasks = [set(t["task_id"].to_pylist()) for t in tables]
+    assert tasks[0] and tasks[1] and not tasks[0] & tasks[1]  # each shard rolled out its own tasks
+    rescored = storage.read_table(summary["rescored"], kind="rescored", schema=RESCORED_SCHEMA)
+    assert rescored.num_rows == sum(t.num_rows for t in tables)  # the union of the shards was rescored
+    assert storage.read_manifest(summary["rescored"])["inputs"][: len(shards)] == shards
+    # round 1's shards generated with round 0's adapter
+    round0 = summary["adapter"].replace("round=1", "round=0")
+    assert {v for t in tables for v in t["policy_version"].to_pylist()} == {round0}
+    lineage = storage.read_json(
+        storage.join(summary["registry"], "sdar-policy", "versions", "2", "lineage.json")
+    )
+    assert lineage["round"] == 1 and set(shards) <= set(lineage["data"])  # versions follow the rounds
+
+
+# ------------------------------------------------------------------------------------- the promotion pipeline
+
+
+def fake_adapter(folder, rank: int = 8):
+    """A tiny PEFT LoRA adapter folder, as tests/registry/conftest.py builds one."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj"]}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    save_file({"lora_A.weight": torch.zeros(rank, 16)}, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def eval_report(test1: float, testk: float, ood1: float) -> dict:
+    split = {"n_tasks": 10, "samples_per_task": 4, "ci95": {}, "by_task_type": {}}
+    return {
+        "adapter": "file:///adapter",
+        "base_model": "tiny",
+        "splits": {
+            "test": {**split, "pass_at_k": {"1": test1, "4": testk}},
+            "ood": {**split, "pass_at_k": {"1": ood1, "4": ood1}},
+        },
+    }
+
+
+@pytest.fixture
+def registry_with_production(tmp_path):
+    """v1 in production (0.50 / 0.70 / 0.40); v2 raised pass@1 but lost pass@4; v3 is better everywhere."""
+    from sdarflow.registry import Registry
+
+    registry = Registry(tmp_path / "registry")
+    for i, scores in enumerate([(0.5, 0.7, 0.4), (0.6, 0.6, 0.4), (0.6, 0.75, 0.45)], start=1):
+        registry.register(
+            "sdar-policy", fake_adapter(tmp_path / f"a{i}"), eval_report(*scores), {"run_id": "r"}
+        )
+    registry.promote("sdar-policy", 1)
+    return registry
+
+
+def test_promotion_pipeline_in_the_local_runner(registry_with_production, tmp_path, capfd):
+    import kfp.local
+
+    from pipelines.kube import KubeOptions
+    from pipelines.promotion import build_promotion_pipeline
+
+    registry = registry_with_production
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    pipeline = build_promotion_pipeline(KubeOptions())  # the cluster wiring; the local runner ignores it
+    uri = str(registry.uri)
+
+    capfd.readouterr()
+    with pytest.raises(RuntimeError):  # the gate refuses v2: the task (and the run) fails
+        pipeline(registry=uri, version="2")
+    logs = capfd.readouterr()
+    assert "gate refused: test pass@4 0.60 < production v1 0.70 - tolerance 0.02" in logs.out + logs.err
+    assert registry.aliases("sdar-policy")["production"] == 1
+
+    task = pipeline(registry=uri, version="3")
+    assert task.output == "sdar-policy production -> v3 (gate: passed)"
+    assert registry.aliases("sdar-policy")["production"] == 3
+    event = [e for e in registry.audit_log("sdar-policy") if e["event"] == "promote"][-1]
+    assert event["by"].startswith("kfp-run:")
+
+    task = pipeline(registry=uri, version="2", force=True, reason="hotfix: v3 breaks tool calls")
+    assert task.output.endswith("(gate: overridden)")
+    assert registry.alias_history("sdar-policy")[-1]["reason"] == "hotfix: v3 breaks tool calls"
+
+
+# ------------------------------------------------------------------------------- pipeline config, no DAG
+
+
+def make_config(tmp_path, **overrides):
+    from sdarflow.pipeline_config import PipelineConfig
+
+    return PipelineConfig(storage=str(tmp_path / "store"), base_model=str(tmp_path / "base"), **overrides)
+
+
+def test_generate_shards_get_their_own_output(tmp_path):
+    from sdarflow.pipeline_config import stage_config
+
+    pc = make_config(tmp_path, run_id="r1", tasks=4, shards=2)
+    cfg = stage_config(pc, "generate", 1, adapter="", shard=1)
+    assert (cfg.shard, cfg.num_shards) == (1, 2)
+    assert cfg.output.endswith("runs/r1/round=1/generate/shard=1")
+    single = stage_config(make_config(tmp_path, run_id="r1"), "generate", 1, adapter="", shard=0)
+    assert single.output.endswith("runs/r1/round=1/generate") and single.num_shards == 1
+    # a component passes the single-dataset input and the shard list together; the empty one is dropped
+    rescore = stage_config(pc, "rescore", 1, input=["", "s0", "s1"], skills="k", adapter="a")
+    assert rescore.input == ["s0", "s1"]
+    assert getattr(rescore, "num_shards", 1) == 1  # one rescore task reads every generate shard
+
+
+def test_pipeline_config_checks(tmp_path):
+    from sdarflow.errors import ConfigError
+    from sdarflow.pipeline_config import stage_config
+
+    with pytest.raises(ConfigError, match=r"tasks \(2\) must be >= shards \(4\)"):
+        make_config(tmp_path, tasks=2, shards=4)
+    with pytest.raises(ConfigError, match="passk_tolerance"):
+        make_config(tmp_path, gate_passk_tolerance=2.0)
+    with pytest.raises(ConfigError, match="promote_to"):
+        make_config(tmp_path, promote_to="prod")
+    # production is promoted by the gated promote task, never by register
+    pc = make_config(tmp_path, run_id="r", promote_to="production", registry="reg")
+    assert stage_config(pc, "register", 0, adapter="a", eval_report="e").promote_to == ""
+
+
+def test_start_adapter_resolves_production_into_the_run(registry_with_production, tmp_path):
+    from sdarflow.pipeline_config import load, prepare, stage_config
+    from sdarflow.stages.common import local_artifact
+
+    registry = registry_with_production
+    pc = make_config(tmp_path, registry=str(registry.uri), start_adapter="production")
+    uri = load(prepare(pc)).start_adapter
+    assert uri == storage.join(pc.storage, "runs", pc.run_id, "start-adapter")
+    manifest = storage.read_manifest(uri, "adapter")
+    assert (manifest["version"], manifest["resolved_from"]) == (1, "production")
+    folder = local_artifact(uri, "adapter")  # what generate/rescore/train load
+    assert sorted(p.name for p in Path(folder).iterdir() if not p.name.startswith("_")) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    # round 0 continues from it; later rounds get their previous round's adapter
+    assert stage_config(load(prepare(pc)), "train", 0, input=["x"], adapter="").adapter.endswith(
+        "start-adapter"
+    )
+    assert stage_config(pc, "train", 1, input=["x"], adapter="round0").adapter == "round0"
+
+
+def test_start_adapter_without_a_production_version_starts_fresh(tmp_path):
+    from sdarflow.pipeline_config import load, prepare
+
+    pc = make_config(tmp_path, start_adapter="production")
+    assert load(prepare(pc)).start_adapter == ""
+    assert (
+        load(prepare(make_config(tmp_path, start_adapter="/some/adapter"))).start_adapter == "/some/adapter"
+    )
+
+
+def test_promote_candidate_reports_a_refusal_without_failing(registry_with_production, tmp_path):
+    from sdarflow.pipeline_config import prepare, promote_candidate
+
+    registry = registry_with_production
+    uri = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="production"))
+    version_uri = storage.join(str(registry.uri), "sdar-policy", "versions")
+    refused = promote_candidate(uri, f"{version_uri}/2", actor="test")
+    assert refused.startswith("refused: gate refused: test pass@4")
+    assert registry.aliases("sdar-policy")["production"] == 1
+    assert promote_candidate(uri, f"{version_uri}/3", actor="test").endswith("-> v3 (gate: passed)")
+    skipped = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="staging"))
+    assert promote_candidate(skipped, f"{version_uri}/2").startswith("not promoted")
+
+
+class _Artifact:
+    def __init__(self, path):
+        self.path = str(path)
+
+
+def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
+    from sdarflow.pipeline_config import _write_report
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("# real report\n")
+    html, md = _Artifact(tmp_path / "a.html"), _Artifact(tmp_path / "a.md")
+    _write_report(html, str(out), "report.html", "train")
+    _write_report(md, str(out), "report.md", "train")
+    assert "published no report.html" in Path(html.path).read_text()
+    assert Path(md.path).read_text() == "# real report\n"
+    assert "no report.html" in caplog.text
+
+
+def test_base_model_on_s3_is_copied_once(tmp_path, s3_root, monkeypatch):
+    import pyarrow.fs as pafs
+
+    from sdarflow.pipeline_config import local_model
+
+    monkeypatch.setenv("SDARFLOW_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    loc = storage.resolve(f"{s3_root}/models/base")
+    pafs.copy_files(
+        str(model), loc.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=loc.fs
+    )
+    local = Path(local_model(f"{s3_root}/models/base"))
+    assert (local / "model.safetensors").read_bytes() == b"weights"
+    assert local_model(f"{s3_root}/models/base") == str(local)  # cached
+    assert local_model(str(model)) == str(model)  # paths pass through

@@ -43,6 +43,7 @@ def run_demo(
     rounds: int = 2,
     preset: str = "demo",
     base_model: str | None = None,
+    shards: int = 1,
 ) -> dict:
     import kfp.local
 
@@ -59,7 +60,7 @@ def run_demo(
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))
-    pipeline = build_training_pipeline(rounds)
+    pipeline = build_training_pipeline(rounds, shards)
     try:
         pipeline(
             storage=storage_root,
@@ -74,7 +75,7 @@ def run_demo(
             f"demo pipeline failed: {first}; fix: see the failing task's error above"
         ) from err
 
-    summary = collect_summary(storage_root, run_id, rounds, str(base))
+    summary = collect_summary(storage_root, run_id, rounds, str(base), shards)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     log.info("demo finished in %.0f s: %s", summary["seconds"], out / "summary.json")
@@ -85,21 +86,32 @@ def round_uri(storage_root: str, run_id: str, round_: int, stage: str) -> str:
     return storage.join(storage_root, "runs", run_id, f"round={round_}", stage)
 
 
-def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str) -> dict:
-    """The last round's output URIs (validated), plus each round's headline metrics."""
+def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
+    """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
+    uri = round_uri(storage_root, run_id, round_, "generate")
+    return [uri] if shards == 1 else [storage.join(uri, f"shard={i}") for i in range(shards)]
+
+
+def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str, shards: int = 1) -> dict:
+    """The last round's output URIs (validated), plus each round's headline metrics.
+
+    With shards, ``trajectories`` is the list of the last round's shard URIs (readers take a list)."""
     last = rounds - 1
     uri = {
         stage: round_uri(storage_root, run_id, last, stage)
-        for stage in ("generate", "extract-skills", "rescore", "train", "evaluate")
+        for stage in ("extract-skills", "rescore", "train", "evaluate")
     }
-    storage.read_table(uri["generate"], kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    gen_uris = generate_uris(storage_root, run_id, last, shards)
+    uri["generate"] = gen_uris[0] if shards == 1 else gen_uris
+    storage.read_table(gen_uris, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     storage.read_table(uri["rescore"], kind="rescored", schema=RESCORED_SCHEMA)
     storage.read_manifest(uri["extract-skills"], "skills")
     storage.read_manifest(uri["train"], "adapter")
     storage.read_manifest(uri["evaluate"], "eval-report")
     per_round = []
     for r in range(rounds):
-        gen = storage.read_manifest(round_uri(storage_root, run_id, r, "generate"))["metrics"]
+        gens = [storage.read_manifest(u)["metrics"] for u in generate_uris(storage_root, run_id, r, shards)]
+        episodes = sum(g["rollout/episodes"] for g in gens)
         trn = storage.read_manifest(round_uri(storage_root, run_id, r, "train"))["metrics"]
         report = storage.read_json(
             storage.join(round_uri(storage_root, run_id, r, "evaluate"), "report.json")
@@ -107,7 +119,8 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
         per_round.append(
             {
                 "round": r,
-                "train_success": gen["rollout/success"],
+                "train_success": sum(g["rollout/success"] * g["rollout/episodes"] for g in gens)
+                / max(episodes, 1.0),
                 "gate_mean": trn.get("sdar/gate_mean"),
                 **{f"{split}_pass@1": d["pass_at_k"]["1"] for split, d in report["splits"].items()},
             }

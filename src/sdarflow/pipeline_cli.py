@@ -1,32 +1,315 @@
-"""``sdarflow pipeline``: compile the KFP pipelines to IR YAML, and run them locally with the KFP local runner."""
+"""``sdarflow pipeline``: compile the KFP pipelines to IR YAML (with their Kubernetes settings), upload them, run
+them and schedule recurring runs on a KFP server, and write a multi-node Kubeflow Trainer TrainJob.
+
+    sdarflow pipeline compile --out training.yaml --rounds 3 --shards 4 --gpus train=8 --node-selector pool=h100
+    sdarflow pipeline compile --out promotion.yaml --pipeline promote
+    sdarflow pipeline upload --host http://localhost:8080 --package training.yaml
+    sdarflow pipeline schedule --host http://localhost:8080 --pipeline sdar-training --cron '0 0 3 * * *' \\
+        --param storage=s3://bucket/sdar --param base_model=s3://bucket/models/qwen
+
+Heavy imports (kfp, the pipelines package) happen inside the handlers so ``sdarflow --help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
+import os
+import sys
 from pathlib import Path
+
+from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+PIPELINES = ("training", "promote")
 
-def compile_training(out: str, rounds: int) -> Path:
+
+def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` flags as a dict; a value may itself contain '='."""
+    out: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {item!r} is not KEY=VALUE; fix: e.g. {flag} train=8")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def kube_options(args: argparse.Namespace):
+    """``KubeOptions`` from the compile flags (defaults for anything not given)."""
+    from pipelines.kube import KubeOptions, Toleration
+
+    opts = KubeOptions()
+    gpus = {}
+    for stage, count in _pairs(args.gpus, "--gpus").items():
+        if not count.isdigit():
+            raise ConfigError(
+                f"--gpus {stage}={count!r}: the count must be an integer >= 0; fix: e.g. train=8"
+            )
+        gpus[stage] = int(count)
+    tolerations = opts.tolerations
+    if args.toleration:
+        # Any --toleration replaces the default one; '--toleration none' drops them all.
+        specs = [t for t in args.toleration if t != "none"]
+        tolerations = [Toleration.parse(t) for t in specs]
+    return KubeOptions(
+        image=args.image or opts.image,
+        train_image=args.train_image or opts.train_image,
+        rollout_image=args.rollout_image or opts.rollout_image,
+        gpu_resource=args.gpu_resource,
+        gpus={**opts.gpus, **gpus},
+        node_selector=_pairs(args.node_selector, "--node-selector"),
+        tolerations=tolerations,
+        s3_secret=args.s3_secret,
+        cpu={**opts.cpu, **_pairs(args.cpu, "--cpu")},
+        memory={**opts.memory, **_pairs(args.memory, "--memory")},
+        retries=args.retries,
+        pipeline_root=args.pipeline_root,
+    )
+
+
+def compile_pipeline(
+    out: str, pipeline: str = "training", rounds: int = 2, shards: int = 1, kube=None
+) -> Path:
+    """Write the KFP IR YAML of the training (or promotion) pipeline to ``out``."""
     from kfp import compiler
 
-    from pipelines.training import build_training_pipeline
+    from pipelines.kube import KubeOptions
 
-    compiler.Compiler().compile(build_training_pipeline(rounds), package_path=out)
+    kube = kube or KubeOptions()
+    if pipeline == "training":
+        from pipelines.training import build_training_pipeline
+
+        func = build_training_pipeline(rounds, shards, kube)
+    elif pipeline == "promote":
+        from pipelines.promotion import build_promotion_pipeline
+
+        func = build_promotion_pipeline(kube)
+    else:
+        raise ConfigError(f"unknown pipeline {pipeline!r}; allowed: {', '.join(PIPELINES)}")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(func, package_path=out)
     return Path(out)
 
 
+def compile_training(out: str, rounds: int) -> Path:
+    """Kept for callers of the first version: the training pipeline with default Kubernetes settings."""
+    return compile_pipeline(out, "training", rounds)
+
+
 def _cmd_compile(args: argparse.Namespace) -> int:
-    print(compile_training(args.out, args.rounds))
+    print(compile_pipeline(args.out, args.pipeline, args.rounds, args.shards, kube_options(args)))
     return 0
 
 
+def _client(args: argparse.Namespace):
+    from pipelines.client import connect
+
+    return connect(args.host, args.namespace)
+
+
+def _print(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _cmd_upload(args: argparse.Namespace) -> int:
+    from pipelines.client import upload
+
+    with contextlib.redirect_stdout(sys.stderr):
+        result = upload(_client(args), args.package, args.name, args.version_name)
+    _print(result)
+    return 0
+
+
+def _source_and_params(args: argparse.Namespace, client):
+    from pipelines.client import check_params, resolve_source
+
+    source = resolve_source(client, args.package, args.pipeline, args.pipeline_version)
+    return source, check_params(source.spec, _pairs(args.param, "--param"))
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pipelines.client import start_run
+
+    # kfp.Client prints UI links on stdout: they go to stderr, so stdout holds only our JSON for scripts.
+    with contextlib.redirect_stdout(sys.stderr):
+        client = _client(args)
+        source, params = _source_and_params(args, client)
+        result = start_run(
+            client,
+            source,
+            params,
+            experiment=args.experiment,
+            run_name=args.run_name,
+            service_account=args.service_account,
+        )
+    _print(result)
+    return 0
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    from pipelines.client import check_cron, schedule
+
+    check_cron(args.cron)  # before any request: a bad cron is the commonest mistake
+    with contextlib.redirect_stdout(sys.stderr):
+        client = _client(args)
+        source, params = _source_and_params(args, client)
+        result = schedule(
+            client,
+            source,
+            params,
+            cron=args.cron,
+            name=args.name,
+            start_from=args.start_from,
+            experiment=args.experiment,
+            service_account=args.service_account,
+        )
+    _print(result)
+    return 0
+
+
+def _cmd_trainjob(args: argparse.Namespace) -> int:
+    import yaml
+
+    from components import TRAIN_GPU_IMAGE
+    from pipelines.kube import Toleration
+    from pipelines.trainjob import trainjob_manifest
+    from sdarflow import pipeline_config
+    from sdarflow.stages.train import TrainConfig
+
+    if bool(args.train_config) == bool(args.pipeline_config):
+        raise ConfigError("pass exactly one of --train-config FILE or --pipeline-config URI")
+    if args.train_config:
+        cfg = TrainConfig.load(args.train_config)
+        name = args.name or f"sdar-train-{Path(args.train_config).stem}"
+    else:
+        if not args.rescored:
+            raise ConfigError("--pipeline-config needs --rescored URI (the round's rescore output)")
+        pc = pipeline_config.load(args.pipeline_config)
+        io = {"input": args.rescored, "adapter": args.adapter or ""}
+        cfg = pipeline_config.stage_config(pc, "train", args.round, **io)
+        name = args.name or f"sdar-train-{pc.run_id}-r{args.round}"
+    specs = [t for t in args.toleration or [] if t != "none"]
+    manifest = trainjob_manifest(
+        cfg,
+        name=name,
+        image=args.image or TRAIN_GPU_IMAGE,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu_resource=args.gpu_resource,
+        cpu=args.cpu,
+        memory=args.memory,
+        runtime=args.runtime,
+        namespace=args.namespace,
+        s3_secret=args.s3_secret,
+        node_selector=_pairs(args.node_selector, "--node-selector"),
+        tolerations=[Toleration.parse(t) for t in specs] if args.toleration else None,
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    print(args.out)
+    return 0
+
+
+def _scheduling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-resource", default="nvidia.com/gpu", help="extended resource name of a GPU")
+    p.add_argument(
+        "--node-selector", action="append", metavar="KEY=VALUE", help="GPU pool label [repeatable]"
+    )
+    p.add_argument(
+        "--toleration",
+        action="append",
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="replaces the default nvidia.com/gpu:NoSchedule; 'none' for no tolerations [repeatable]",
+    )
+    p.add_argument("--s3-secret", default="sdarflow-s3", help="Secret with AWS_* keys; '' = none (IRSA etc.)")
+
+
+def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
+    p.add_argument(
+        "--host",
+        default=os.environ.get("KF_PIPELINES_ENDPOINT"),
+        help="KFP API URL, e.g. http://localhost:8080 (default $KF_PIPELINES_ENDPOINT); token from $KFP_TOKEN",
+    )
+    p.add_argument("--namespace", help="profile namespace (multi-user KFP)")
+    if source:
+        p.add_argument("--package", help="compiled pipeline YAML")
+        p.add_argument("--pipeline", help="or: an uploaded pipeline's name")
+        p.add_argument("--pipeline-version", help="with --pipeline: this version (default: the newest)")
+        p.add_argument(
+            "--param", action="append", metavar="KEY=VALUE", help="pipeline parameter [repeatable]"
+        )
+        p.add_argument("--experiment", default="sdarflow", help="KFP experiment (created if missing)")
+        p.add_argument("--service-account", help="Kubernetes ServiceAccount the run's pods use")
+
+
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("pipeline", help="compile or run the KFP pipelines")
+    p = subparsers.add_parser("pipeline", help="compile, upload, run and schedule the KFP pipelines")
     sub = p.add_subparsers(dest="pipeline_command", required=True)
-    c = sub.add_parser("compile", help="write the training pipeline's KFP IR YAML")
+
+    c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML")
     c.add_argument("--out", required=True)
-    c.add_argument("--rounds", type=int, default=2)
+    c.add_argument("--pipeline", default="training", choices=PIPELINES)
+    c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
+    c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
+    c.add_argument("--image", help="CPU image (default: components.IMAGE)")
+    c.add_argument("--train-image", help="GPU image of rescore and train (default: the -train-gpu image)")
+    c.add_argument(
+        "--rollout-image", help="GPU image of generate and evaluate (default: the -rollout-gpu image)"
+    )
+    c.add_argument(
+        "--gpus",
+        action="append",
+        metavar="STAGE=N",
+        help="GPUs of generate|rescore|train|evaluate (default 1)",
+    )
+    c.add_argument("--cpu", action="append", metavar="STAGE=CPU", help="CPU request of a task [repeatable]")
+    c.add_argument("--memory", action="append", metavar="STAGE=SIZE", help="memory of a task [repeatable]")
+    c.add_argument("--retries", type=int, default=2, help="retries of generate and rescore")
+    c.add_argument("--pipeline-root", default="", help="where KFP keeps its artifacts, e.g. s3://bucket/kfp")
+    _scheduling_flags(c)
     c.set_defaults(func=_cmd_compile)
+
+    u = sub.add_parser("upload", help="upload a compiled pipeline (a new version if the name exists)")
+    _server_flags(u, source=False)
+    u.add_argument("--package", required=True, help="compiled pipeline YAML")
+    u.add_argument("--name", help="pipeline name (default: the spec's, sdar-training or sdar-promotion)")
+    u.add_argument("--version-name", help="version name (default: NAME-<sdarflow version>-<UTC time>)")
+    u.set_defaults(func=_cmd_upload)
+
+    r = sub.add_parser("run", help="start a run")
+    _server_flags(r)
+    r.add_argument("--run-name", help="run name (default: sdarflow-<UTC time>)")
+    r.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("schedule", help="create a recurring run (no catch-up, one at a time)")
+    _server_flags(s)
+    s.add_argument("--cron", required=True, help="6-field cron, seconds first: '0 0 3 * * *' = 03:00 daily")
+    s.add_argument("--name", default="sdarflow-retraining", help="recurring run name")
+    s.add_argument(
+        "--start-from",
+        default="production",
+        help="start_adapter of each run: production (default), staging, latest, a version, or '' (new LoRA)",
+    )
+    s.set_defaults(func=_cmd_schedule)
+
+    t = sub.add_parser("trainjob", help="write a Kubeflow Trainer TrainJob for a multi-node train stage")
+    t.add_argument("--out", required=True)
+    t.add_argument("--train-config", help="a train stage YAML (as for `sdarflow train --config`)")
+    t.add_argument("--pipeline-config", help="or: a run's pipeline.yaml URI (from its prepare task)")
+    t.add_argument("--round", type=int, default=0, help="with --pipeline-config: the RL round")
+    t.add_argument("--rescored", action="append", help="with --pipeline-config: rescore output URI(s)")
+    t.add_argument("--adapter", help="with --pipeline-config: adapter to continue (the previous round's)")
+    t.add_argument("--name", help="TrainJob name (default: sdar-train-<run id>-r<round>)")
+    t.add_argument("--namespace", help="namespace of the TrainJob")
+    t.add_argument("--image", help="trainer image (default: the -train-gpu image)")
+    t.add_argument("--nodes", type=int, default=2)
+    t.add_argument("--gpus-per-node", type=int, default=8)
+    t.add_argument("--cpu", default="32", help="CPU request per node")
+    t.add_argument("--memory", default="256Gi", help="memory per node")
+    t.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime name")
+    _scheduling_flags(t)
+    t.set_defaults(func=_cmd_trainjob)

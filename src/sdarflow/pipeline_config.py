@@ -2,17 +2,24 @@
 as YAML next to the run's data; each stage task then reads its own stage config from it.
 
 Components pass only ``config_uri``, the round and upstream URIs, never twenty parameters. Output URIs follow the
-data layout ``<storage>/runs/<run_id>/round=<r>/<stage>``.
+data layout ``<storage>/runs/<run_id>/round=<r>/<stage>`` (``.../generate/shard=<i>`` when generate is sharded).
+This module also holds what the thin KFP components call: ``run_component`` for a stage, and the registry
+promotion steps (``run_promotion`` for the promotion pipeline, ``promote_candidate`` after the last round).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import importlib
 import logging
+import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,6 +31,12 @@ from sdarflow.stages import STAGES
 
 log = logging.getLogger(__name__)
 
+PROMOTE_TO = ("", "staging", "production")
+# Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
+REGISTRY_REFS = ("production", "staging", "latest")
+# Stages that load the base model's weights (and so need a remote base model copied to local disk first).
+_LOADS_MODEL = ("generate", "rescore", "train", "evaluate")
+
 
 @dataclass
 class PipelineConfig(StageConfig):
@@ -32,11 +45,18 @@ class PipelineConfig(StageConfig):
     stage = "pipeline"
     storage: str = opt("", "storage root URI: local folder or s3://bucket/prefix", io=True)
     base_model: str = opt(
-        "", "base model HF folder (on a cluster: a path on the image or a mounted volume)", io=True
+        "", "base model HF folder, or s3://... (copied to each GPU pod's local disk once per pod)", io=True
     )
     run_id: str = opt("", "run id; empty = generated (UTC time + random suffix)", io=True)
     registry: str = opt("", "adapter registry URI; empty = <storage>/registry", io=True)
     seed_skills: str = opt("", "skill library to start from (e.g. the base model's seed_skills)", io=True)
+    start_adapter: str = opt(
+        "",
+        "adapter round 0 continues from: empty = a new LoRA; production, staging, latest or a version "
+        "number of policy_name in the registry (resolved when the run starts; an alias that is not set yet "
+        "starts a new LoRA); or an adapter URI",
+        io=True,
+    )
     policy_name: str = opt("sdar-policy", "policy name in the registry")
     env: str = opt("textworld-cooking", "environment suite")
     tasks: int = opt(8, "train tasks per round")
@@ -48,8 +68,19 @@ class PipelineConfig(StageConfig):
     retrieval: str = opt("keyword", "skill retrieval strategy")
     eval_tasks: int = opt(4, "evaluation tasks per split")
     eval_samples: int = opt(4, "evaluation samples per task (n of pass@k)")
-    promote_to: str = opt("", "alias each registered version ('staging' or empty)")
+    promote_to: str = opt(
+        "",
+        "'' = register only; 'staging' = alias every registered version (ungated); 'production' = promote "
+        "the last round's version through the gate (a refusal is reported, the run still succeeds)",
+        choices=PROMOTE_TO,
+    )
+    gate_min_gain: float = opt(0.0, "gate: test pass@1 must beat production by at least this")
+    gate_passk_tolerance: float = opt(0.02, "gate: allowed drop of test pass@k (largest k)")
+    gate_ood_tolerance: float = opt(0.02, "gate: allowed drop of ood pass@1")
     seed: int = opt(0, "base seed")
+    shards: int = opt(
+        1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
+    )
     stage_settings: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={"help": "per-stage overrides: {stage: {key: value}}", "io": False}
     )
@@ -58,6 +89,23 @@ class PipelineConfig(StageConfig):
         unknown = sorted(set(self.stage_settings) - set(STAGES))
         if unknown:
             raise ConfigError(f"stage_settings: unknown stage(s) {unknown}; valid: {', '.join(STAGES)}")
+        if self.shards < 1:
+            raise ConfigError(f"pipeline: shards ({self.shards}) must be >= 1; fix: compile with --shards 1")
+        if self.tasks < self.shards:
+            raise ConfigError(
+                f"pipeline: tasks ({self.tasks}) must be >= shards ({self.shards}): every generate shard "
+                f"needs a task; fix: raise tasks or compile with fewer --shards"
+            )
+        self.gate_policy()  # raises ConfigError naming the bad tolerance
+
+    def gate_policy(self):
+        from sdarflow.registry.gate import GatePolicy
+
+        return GatePolicy(
+            min_gain=self.gate_min_gain,
+            passk_tolerance=self.gate_passk_tolerance,
+            ood_tolerance=self.gate_ood_tolerance,
+        )
 
 
 # Which pipeline settings feed which stage fields.
@@ -82,10 +130,21 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     cls = config_class(stage)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {dst: getattr(pc, src) for src, dst in _SHARED[stage].items()}
+    if values.get("promote_to") == "production":
+        values["promote_to"] = ""  # production goes through the gated promote task, never through register
     values.update(pc.stage_settings.get(stage, {}))
-    values.update({k: v for k, v in io.items() if k in names})
+    # A component passes its single-dataset input and its sharded inputs together; one of the two is empty.
+    values.update({k: [u for u in v if u] if isinstance(v, list) else v for k, v in io.items() if k in names})
+    if "adapter" in names and not values.get("adapter") and pc.start_adapter:
+        values["adapter"] = pc.start_adapter  # round 0 continues from the run's start adapter
+    if stage == "generate":
+        # Only generate fans out in the pipeline; other stages' own shard fields keep their (single) defaults.
+        values["num_shards"] = pc.shards
     if "output" in names and stage != "register":
-        values["output"] = storage.join(pc.storage, "runs", pc.run_id, f"round={round_}", stage)
+        parts = ["runs", pc.run_id, f"round={round_}", stage]
+        if stage == "generate" and pc.shards > 1:
+            parts.append(f"shard={values.get('shard', 0)}")
+        values["output"] = storage.join(pc.storage, *parts)
     # Every run has its own folder, so a retried task may replace its own partial or finished output.
     for key, value in (
         ("model", pc.base_model),
@@ -118,21 +177,109 @@ def prepare(pc: PipelineConfig) -> str:
         pc.registry = storage.join(pc.storage, "registry")
     for stage in STAGES:
         stage_config(pc, stage, 0)  # raises ConfigError naming the stage and the key
+    pc.start_adapter = resolve_start_adapter(pc)
     uri = storage.join(pc.storage, "runs", pc.run_id, "pipeline.yaml")
     storage.write_bytes(uri, yaml.safe_dump(pc.to_dict(), sort_keys=True).encode())
     log.info("pipeline config %s (hash %s) -> %s", pc.run_id, pc.config_hash(), uri)
     return uri
 
 
+def resolve_start_adapter(pc: PipelineConfig) -> str:
+    """The adapter URI round 0 starts from. A registry reference is resolved now (so a scheduled run continues
+    from whatever is in production when it starts) and copied into the run folder as a published adapter."""
+    from sdarflow.registry import Registry
+    from sdarflow.registry.layout import RESERVED_FILES, parse_version
+
+    ref = pc.start_adapter.strip()
+    if ref not in REGISTRY_REFS and parse_version(ref) is None:
+        return ref  # empty (a new LoRA) or an adapter URI/folder
+    registry = Registry(pc.registry)
+    if ref in ("production", "staging") and ref not in registry.aliases(pc.policy_name):
+        log.warning(
+            "start_adapter: %s has no %s version yet in %s; starting from a new LoRA",
+            pc.policy_name,
+            ref,
+            pc.registry,
+        )
+        return ""
+    version = registry.resolve(pc.policy_name, ref)
+    target = storage.join(pc.storage, "runs", pc.run_id, "start-adapter")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy
+        for name in RESERVED_FILES:  # registry bookkeeping, not adapter files
+            (Path(folder) / name).unlink(missing_ok=True)
+        storage.publish_dir(
+            folder,
+            target,
+            kind="adapter",
+            overwrite=True,
+            registry=pc.registry,
+            name=pc.policy_name,
+            version=version,
+            resolved_from=ref,
+        )
+    log.info("start_adapter: %s %s = v%d -> %s", pc.policy_name, ref, version, target)
+    return target
+
+
 def load(config_uri: str) -> PipelineConfig:
     return PipelineConfig.from_dict(yaml.safe_load(storage.read_bytes(config_uri)))
+
+
+def local_model(uri: str) -> str:
+    """A base model on object storage copied once to local disk (``$SDARFLOW_CACHE/models``); paths pass."""
+    if not uri.startswith("s3://"):
+        return uri
+    import pyarrow.fs as pafs
+
+    cache = Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow") / "models"
+    target = cache / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if (target / "config.json").is_file():
+        return str(target)
+    loc = storage.resolve(uri)
+    if loc.fs.get_file_info(storage.join(loc.path, "config.json")).type == pafs.FileType.NotFound:
+        raise ConfigError(f"base_model '{uri}' has no config.json; fix: upload the HF model folder there")
+    cache.mkdir(parents=True, exist_ok=True)
+    # Copy to a temp folder, then rename: a pod killed mid-download never leaves a half model behind.
+    partial = Path(tempfile.mkdtemp(prefix="partial-", dir=cache))
+    pafs.copy_files(
+        loc.path, str(partial), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem()
+    )
+    try:
+        partial.rename(target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(partial)  # a concurrent task on this node finished the same copy first
+    log.info("base model %s -> %s", uri, target)
+    return str(target)
 
 
 def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
     """Load the pipeline config, build the stage config, run the stage."""
     module = importlib.import_module(STAGES[stage])
     cfg = stage_config(load(config_uri), stage, round_, **io)
+    if stage in _LOADS_MODEL:
+        cfg.model = local_model(cfg.model)
     return module.run(cfg)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _write_report(artifact, uri: str, name: str, stage: str) -> None:
+    """Copy ``<uri>/<name>`` into a KFP UI artifact; a stage that publishes none gets a placeholder, because
+    the KFP launcher fails a task whose declared output artifact file is missing."""
+    source = storage.join(uri, name)
+    if storage.exists(source):
+        data = storage.read_bytes(source)
+    else:
+        log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
+        note = f"{stage} published no {name} in {uri}"
+        data = (f"<p>{note}</p>" if name.endswith(".html") else f"_{note}_\n").encode()
+    with open(artifact.path, "wb") as f:
+        f.write(data)
 
 
 def run_component(
@@ -140,14 +287,84 @@ def run_component(
 ) -> str:
     """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
     HTML/Markdown report into the UI artifacts, and return the output URI for downstream tasks."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _setup_logging()
     result = run_stage(stage, config_uri, round_, **io)
     if metrics is not None:
         for key, value in sorted(result.get("metrics", {}).items()):
             metrics.log_metric(key.replace("/", "_"), float(value))
     for artifact, name in ((html, "report.html"), (markdown, "report.md")):
         if artifact is not None:
-            artifact_text = storage.read_bytes(storage.join(result["uri"], name))
-            with open(artifact.path, "wb") as f:
-                f.write(artifact_text)
+            _write_report(artifact, str(result["uri"]), name, stage)
     return str(result["uri"])
+
+
+def run_promotion(
+    registry: str,
+    name: str,
+    version: str,
+    stage: str = "production",
+    *,
+    force: bool = False,
+    reason: str = "",
+    min_gain: float = 0.0,
+    passk_tolerance: float = 0.02,
+    ood_tolerance: float = 0.02,
+    actor: str | None = None,
+    markdown=None,
+) -> str:
+    """The promotion pipeline's step: ``Registry.promote`` through the gate. A refusal raises GateRefused (the
+    task fails with the gate's message); returns one summary line, also written to the Markdown artifact."""
+    from sdarflow.registry import GatePolicy, Registry
+
+    _setup_logging()
+    policy = GatePolicy(min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance)
+    event = Registry(registry).promote(
+        name, version, stage=stage, policy=policy, force=force, reason=reason, actor=actor
+    )
+    line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
+    _write_markdown(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
+    log.info("promotion: %s", line)
+    return line
+
+
+def promote_candidate(config_uri: str, registered: str, actor: str | None = None, markdown=None) -> str:
+    """After the last round: promote its registered version to production when the run asked for it
+    (``promote_to=production``). A gate refusal is an expected outcome of retraining, so it is reported in the
+    result and the UI, and the run still succeeds; production is left as it was."""
+    from sdarflow.registry import GateRefused
+
+    _setup_logging()
+    pc = load(config_uri)
+    if pc.promote_to != "production":
+        line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"
+        _write_markdown(markdown, line + "\n")
+        return line
+    version = registered.rstrip("/").rsplit("/", 1)[-1]
+    if not version.isdigit():
+        raise ConfigError(
+            f"registered version URI '{registered}' does not end in a version number; "
+            f"fix: pass the register task's output"
+        )
+    try:
+        return run_promotion(
+            pc.registry,
+            pc.policy_name,
+            version,
+            force=False,
+            min_gain=pc.gate_min_gain,
+            passk_tolerance=pc.gate_passk_tolerance,
+            ood_tolerance=pc.gate_ood_tolerance,
+            actor=actor,
+            markdown=markdown,
+        )
+    except GateRefused as err:
+        log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)
+        line = f"refused: {err}"
+        _write_markdown(markdown, f"**{pc.policy_name} v{version} not promoted**\n\n{err}\n")
+        return line
+
+
+def _write_markdown(artifact, text: str) -> None:
+    if artifact is not None:
+        with open(artifact.path, "w") as f:
+            f.write(text)

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # The values vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks); a rank is rounded up to one.
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_IMAGE = "vllm/vllm-openai:latest"
-DEFAULT_FETCH_IMAGE = f"sdarflow:{__version__}"
+DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
 DEFAULT_SECRET = "sdarflow-s3"
 
 

@@ -1,0 +1,40 @@
+"""Component ``promote``: point a registry stage at a version through the promotion gate (promotion pipeline).
+
+A gate refusal fails the task; its log holds the gate's message with both numbers.
+"""
+
+from kfp import dsl
+from kfp.dsl import Markdown, Output
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def promote(
+    registry: str,
+    name: str,
+    version: str,
+    stage: str,
+    force: bool,
+    reason: str,
+    min_gain: float,
+    passk_tolerance: float,
+    ood_tolerance: float,
+    actor: str,
+    summary: Output[Markdown],
+) -> str:
+    from sdarflow.pipeline_config import run_promotion
+
+    return run_promotion(
+        registry,
+        name,
+        version,
+        stage,
+        force=force,
+        reason=reason,
+        min_gain=min_gain,
+        passk_tolerance=passk_tolerance,
+        ood_tolerance=ood_tolerance,
+        actor=actor,
+        markdown=summary,
+    )

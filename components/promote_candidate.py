@@ -1,0 +1,14 @@
+"""Component ``promote`` of the training pipeline: the last round's version to production through the gate,
+when the run asked for it (``promote_to=production``); a refusal is reported, not a failure."""
+
+from kfp import dsl
+from kfp.dsl import Markdown, Output
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def promote_candidate(config_uri: str, registered: str, actor: str, summary: Output[Markdown]) -> str:
+    from sdarflow.pipeline_config import promote_candidate as run
+
+    return run(config_uri, registered, actor=actor, markdown=summary)

@@ -1,0 +1,150 @@
+"""Kubernetes wiring of pipeline tasks: per-stage images, GPU limits, node selectors and tolerations for the GPU
+pool, S3 credentials from a Secret, CPU/memory requests, retries and caching. Components stay free of it.
+
+Everything here is compile-time: ``KubeOptions`` comes from ``sdarflow pipeline compile`` flags, and ``wire``
+applies it to one task. The KFP local runner ignores it, so local runs and the cluster run the same DAG.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kfp import dsl, kubernetes
+
+from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
+from sdarflow.errors import ConfigError
+
+GPU_STAGES = ("generate", "rescore", "train", "evaluate")
+# Which GPU image a stage uses: rollouts (generate, evaluate) want vLLM; log-probs and training want DeepSpeed.
+GPU_IMAGE_ROLE = {"generate": "rollout", "evaluate": "rollout", "rescore": "train", "train": "train"}
+# Tasks whose failure is usually transient (preempted GPU node, engine start-up, S3 hiccup) and whose output
+# is safe to redo: every run writes its own folder with overwrite on.
+RETRIED = ("generate", "rescore")
+# Required Secret keys, then keys a Secret may omit (AWS S3 needs no endpoint; MinIO needs no region).
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_OPTIONAL_KEYS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+DEFAULT_SECRET = "sdarflow-s3"
+DEFAULT_CPU = {
+    "prepare": "500m",
+    "generate": "4",
+    "extract-skills": "1",
+    "rescore": "4",
+    "train": "8",
+    "evaluate": "4",
+    "register": "1",
+    "promote": "500m",
+}
+DEFAULT_MEMORY = {
+    "prepare": "1Gi",
+    "generate": "32Gi",
+    "extract-skills": "4Gi",
+    "rescore": "32Gi",
+    "train": "64Gi",
+    "evaluate": "32Gi",
+    "register": "4Gi",
+    "promote": "1Gi",
+}
+TASKS = tuple(DEFAULT_CPU)
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration; ``value`` None means operator ``Exists``."""
+
+    key: str
+    effect: str = "NoSchedule"
+    value: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Toleration:
+        """``KEY[=VALUE][:EFFECT]``, e.g. ``nvidia.com/gpu:NoSchedule`` or ``pool=gpu:NoExecute``."""
+        match = re.fullmatch(r"([^=:\s]+)(?:=([^:\s]*))?(?::(\w+))?", text.strip())
+        effect = (match.group(3) if match else None) or "NoSchedule"
+        if not match or effect not in _EFFECTS:
+            raise ConfigError(
+                f"bad toleration {text!r}: expected KEY[=VALUE][:EFFECT] with EFFECT one of "
+                f"{', '.join(_EFFECTS)}; fix: e.g. --toleration nvidia.com/gpu:NoSchedule"
+            )
+        return cls(key=match.group(1), value=match.group(2), effect=effect)
+
+
+@dataclass
+class KubeOptions:
+    """Compile-time Kubernetes settings. GPU stages with 0 GPUs run on the CPU image without GPU scheduling."""
+
+    image: str = IMAGE
+    train_image: str = TRAIN_GPU_IMAGE
+    rollout_image: str = ROLLOUT_GPU_IMAGE
+    gpu_resource: str = "nvidia.com/gpu"
+    gpus: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GPU_STAGES, 1))
+    node_selector: dict[str, str] = field(default_factory=dict)
+    # GPU node pools are commonly tainted nvidia.com/gpu (GKE, AKS, the NVIDIA operator's docs): tolerate it.
+    tolerations: list[Toleration] = field(default_factory=lambda: [Toleration("nvidia.com/gpu")])
+    s3_secret: str = DEFAULT_SECRET
+    cpu: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CPU))
+    memory: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MEMORY))
+    retries: int = 2
+    pipeline_root: str = ""
+
+    def __post_init__(self) -> None:
+        for what, mapping, allowed in (
+            ("gpus", self.gpus, GPU_STAGES),
+            ("cpu", self.cpu, TASKS),
+            ("memory", self.memory, TASKS),
+        ):
+            unknown = sorted(set(mapping) - set(allowed))
+            if unknown:
+                raise ConfigError(
+                    f"--{what}: unknown stage(s) {unknown}; allowed: {', '.join(allowed)}; fix: e.g. "
+                    f"--{what} {allowed[0]}=..."
+                )
+        bad = {s: n for s, n in self.gpus.items() if not isinstance(n, int) or n < 0}
+        if bad:
+            raise ConfigError(f"--gpus: counts must be integers >= 0, got {bad}; fix: e.g. --gpus train=8")
+        if self.retries < 0:
+            raise ConfigError(f"--retries ({self.retries}) must be >= 0")
+
+    def gpus_for(self, stage: str) -> int:
+        return self.gpus.get(stage, 0)
+
+    def image_for(self, stage: str) -> str:
+        if self.gpus_for(stage) == 0:
+            return self.image
+        return self.rollout_image if GPU_IMAGE_ROLE[stage] == "rollout" else self.train_image
+
+
+def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_name: str) -> dsl.PipelineTask:
+    """Apply display name, caching, retries and (with ``opts``) the Kubernetes settings to one task."""
+    task.set_display_name(display_name)
+    # Off for every task: each run writes a new run folder and registers a new version, so a cache hit
+    # would replay another run's URIs; the stochastic stages (generate, rescore, train, evaluate) must rerun.
+    task.set_caching_options(False)
+    if opts is None:
+        return task
+    if stage in RETRIED and opts.retries:
+        task.set_retry(opts.retries, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="3600s")
+    task.set_container_image(opts.image_for(stage))
+    task.set_cpu_request(opts.cpu.get(stage, DEFAULT_CPU[stage]))
+    memory = opts.memory.get(stage, DEFAULT_MEMORY[stage])
+    # Limit = request: an over-eager rollout batch is OOM-killed in its own pod, not evicting its neighbours.
+    task.set_memory_request(memory).set_memory_limit(memory)
+    gpus = opts.gpus_for(stage)
+    if gpus:
+        task.set_accelerator_type(opts.gpu_resource).set_accelerator_limit(gpus)
+        for key, value in sorted(opts.node_selector.items()):
+            kubernetes.add_node_selector(task, label_key=key, label_value=value)
+        for tol in opts.tolerations:
+            kubernetes.add_toleration(
+                task,
+                key=tol.key,
+                operator="Exists" if tol.value is None else "Equal",
+                value=tol.value,
+                effect=tol.effect,
+            )
+    if opts.s3_secret:
+        # Credentials reach the pod only as env vars from the Secret: nothing secret is in the pipeline spec.
+        kubernetes.use_secret_as_env(task, opts.s3_secret, {k: k for k in S3_KEYS})
+        kubernetes.use_secret_as_env(task, opts.s3_secret, {k: k for k in S3_OPTIONAL_KEYS}, optional=True)
+    return task

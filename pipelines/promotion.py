@@ -1,0 +1,50 @@
+"""The promotion pipeline: one task that points a registry stage (production by default) at an adapter version
+through the promotion gate, so users promote from the KFP UI. A gate refusal fails the run with the gate's
+message (the failing criterion with both numbers); ``force`` with a ``reason`` overrides it, audited.
+"""
+
+from kfp import dsl
+
+from components.promote import promote
+from pipelines.kube import KubeOptions, wire
+
+PIPELINE_NAME = "sdar-promotion"
+ACTOR = f"kfp-run:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}"
+
+
+def build_promotion_pipeline(kube: KubeOptions | None = None):
+    """Return the ``@dsl.pipeline`` function; gate defaults are ``GatePolicy``'s."""
+    root = kube.pipeline_root if kube and kube.pipeline_root else None
+
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="Promote an adapter version to a registry stage through the pass@1/pass@k/OOD gate",
+        pipeline_root=root,
+    )
+    def sdar_promotion(
+        registry: str,
+        version: str,
+        name: str = "sdar-policy",
+        stage: str = "production",
+        force: bool = False,
+        reason: str = "",
+        min_gain: float = 0.0,
+        passk_tolerance: float = 0.02,
+        ood_tolerance: float = 0.02,
+    ) -> str:
+        task = promote(
+            registry=registry,
+            name=name,
+            version=version,
+            stage=stage,
+            force=force,
+            reason=reason,
+            min_gain=min_gain,
+            passk_tolerance=passk_tolerance,
+            ood_tolerance=ood_tolerance,
+            actor=ACTOR,
+        )
+        wire(task, "promote", kube, "promote")
+        return task.outputs["Output"]
+
+    return sdar_promotion

@@ -1,0 +1,219 @@
+"""The compiled KFP IR YAML (``sdarflow pipeline compile``) read back: task names, GPU limits, images, node
+selectors and tolerations, S3 credentials only from a Secret, resource requests, retries, caching, parameters,
+shards as ParallelFor + Collected, and the promotion pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
+from sdarflow.cli import main
+
+GPU = ("generate", "rescore", "train", "evaluate")
+CPU = ("prepare", "extract-skills", "register", "promote-candidate")
+CANARY = "canary-secret-value-that-must-not-leak"
+
+
+def compile_spec(tmp_path: Path, *flags: str) -> tuple[dict, dict, str]:
+    """(pipeline spec, platform spec, raw text) of a compile run with ``flags``."""
+    out = tmp_path / "pipeline.yaml"
+    assert main(["pipeline", "compile", "--out", str(out), *flags]) == 0
+    text = out.read_text()
+    docs = list(yaml.safe_load_all(text))
+    return docs[0], (docs[1] if len(docs) > 1 else {}), text
+
+
+def executor(spec: dict, task: dict) -> dict:
+    component = spec["components"][task["componentRef"]["name"]]
+    return spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
+
+
+def k8s_executor(spec: dict, platform: dict, task: dict) -> dict:
+    label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
+    return platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].get(label, {})
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    # A credential in the compiling environment must not end up in the spec.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CANARY)
+    return compile_spec(
+        tmp_path,
+        "--rounds",
+        "1",
+        "--gpus",
+        "train=4",
+        "--node-selector",
+        "sdarflow.io/pool=gpu",
+        "--toleration",
+        "nvidia.com/gpu:NoSchedule",
+        "--toleration",
+        "dedicated=ml:NoExecute",
+        "--pipeline-root",
+        "s3://kfp-artifacts/sdar",
+    )
+
+
+def test_task_names_and_round_suffixes(tmp_path):
+    spec, _, _ = compile_spec(tmp_path, "--rounds", "2")
+    tasks = set(spec["root"]["dag"]["tasks"])
+    assert {"prepare", "generate", "extract-skills", "rescore", "train", "evaluate", "register"} <= tasks
+    # KFP suffixes later rounds' task names; display names say the round
+    assert {"generate-2", "extract-skills-2", "rescore-2", "train-2", "evaluate-2", "register-2"} <= tasks
+    assert spec["root"]["dag"]["tasks"]["train-2"]["taskInfo"]["name"] == "train (round 1)"
+    # round 1 generates with round 0's adapter
+    adapter = spec["root"]["dag"]["tasks"]["generate-2"]["inputs"]["parameters"]["adapter"]
+    assert adapter["taskOutputParameter"]["producerTask"] == "train"
+    # registry versions follow the rounds: round 1 registers after round 0
+    assert "register" in spec["root"]["dag"]["tasks"]["register-2"]["dependentTasks"]
+
+
+def test_gpu_stages_get_accelerators_images_and_gpu_pool(spec):
+    pipeline, platform, _ = spec
+    tasks = pipeline["root"]["dag"]["tasks"]
+    for name in GPU:
+        container = executor(pipeline, tasks[name])
+        accel = container["resources"]["accelerator"]
+        assert accel["resourceType"] == "nvidia.com/gpu"
+        assert accel["resourceCount"] == ("4" if name == "train" else "1")
+        expected = ROLLOUT_GPU_IMAGE if name in ("generate", "evaluate") else TRAIN_GPU_IMAGE
+        assert container["image"] == expected
+        k8s = k8s_executor(pipeline, platform, tasks[name])
+        assert k8s["nodeSelector"]["labels"] == {"sdarflow.io/pool": "gpu"}
+        assert {(t["key"], t["operator"], t.get("value"), t["effect"]) for t in k8s["tolerations"]} == {
+            ("nvidia.com/gpu", "Exists", None, "NoSchedule"),
+            ("dedicated", "Equal", "ml", "NoExecute"),
+        }
+    for name in CPU:
+        container = executor(pipeline, tasks[name])
+        assert "accelerator" not in container.get("resources", {})
+        assert container["image"] == IMAGE
+        k8s = k8s_executor(pipeline, platform, tasks[name])
+        assert "nodeSelector" not in k8s and "tolerations" not in k8s
+
+
+def test_s3_credentials_only_through_the_secret(spec):
+    pipeline, platform, text = spec
+    assert CANARY not in text
+    tasks = pipeline["root"]["dag"]["tasks"]
+    for name in (*GPU, *CPU):
+        entries = k8s_executor(pipeline, platform, tasks[name])["secretAsEnv"]
+        mapped = {
+            m["envVar"]: (e["secretName"], m["secretKey"], e["optional"])
+            for e in entries
+            for m in e["keyToEnv"]
+        }
+        assert mapped["AWS_ACCESS_KEY_ID"] == ("sdarflow-s3", "AWS_ACCESS_KEY_ID", False)
+        assert mapped["AWS_SECRET_ACCESS_KEY"] == ("sdarflow-s3", "AWS_SECRET_ACCESS_KEY", False)
+        assert mapped["AWS_ENDPOINT_URL"][2] is True  # optional: AWS S3 needs no endpoint
+        # no container sets an AWS variable literally
+        env = executor(pipeline, tasks[name]).get("env", [])
+        assert not [e for e in env if e["name"].startswith("AWS_")]
+    # the only places AWS key names appear are the secret mappings
+    for line in text.splitlines():
+        if "AWS_SECRET_ACCESS_KEY" in line:
+            assert line.strip() in ("- envVar: AWS_SECRET_ACCESS_KEY", "secretKey: AWS_SECRET_ACCESS_KEY"), (
+                line
+            )
+
+
+def test_requests_retries_caching_and_root(spec):
+    pipeline, _, _ = spec
+    tasks = pipeline["root"]["dag"]["tasks"]
+    for name, task in tasks.items():
+        resources = executor(pipeline, task)["resources"]
+        assert float(resources["cpuRequest"]) > 0 and resources["resourceMemoryRequest"], name
+        # caching off everywhere: every run writes its own folder and registers a new version
+        assert not task.get("cachingOptions", {}).get("enableCache", False), name
+    assert executor(pipeline, tasks["train"])["resources"]["resourceMemoryRequest"] == "64Gi"
+    for name in ("generate", "rescore"):
+        assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2
+    for name in ("prepare", "extract-skills", "train", "evaluate", "register"):
+        assert "retryPolicy" not in tasks[name]
+    assert pipeline["defaultPipelineRoot"] == "s3://kfp-artifacts/sdar"
+
+
+def test_ui_parameters_and_report_artifacts(spec):
+    pipeline, _, _ = spec
+    params = pipeline["root"]["inputDefinitions"]["parameters"]
+    assert params["lam"]["defaultValue"] == 0.01 and params["beta"]["defaultValue"] == 5.0
+    assert params["method"]["defaultValue"] == "sdar"
+    for name in ("base_model", "env", "group_size", "retrieval", "registry", "policy_name", "start_adapter"):
+        assert name in params
+    assert params["gate_passk_tolerance"]["defaultValue"] == 0.02
+    assert params["gate_ood_tolerance"]["defaultValue"] == 0.02
+    assert params["gate_min_gain"]["defaultValue"] == 0.0
+    assert "defaultValue" not in params["storage"] and "defaultValue" not in params["base_model"]
+    for component in ("comp-train", "comp-rescore", "comp-evaluate"):
+        artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]
+        kinds = {a["artifactType"]["schemaTitle"] for a in artifacts.values()}
+        assert {"system.HTML", "system.Markdown", "system.Metrics"} <= kinds, component
+
+
+def test_cpu_only_stage_and_no_secret(tmp_path):
+    pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "1", "--gpus", "evaluate=0", "--s3-secret", "")
+    tasks = pipeline["root"]["dag"]["tasks"]
+    container = executor(pipeline, tasks["evaluate"])
+    assert container["image"] == IMAGE and "accelerator" not in container["resources"]
+    assert "tolerations" not in k8s_executor(pipeline, platform, tasks["evaluate"])
+    assert "secretAsEnv" not in k8s_executor(pipeline, platform, tasks["train"])
+
+
+def test_shards_fan_out_generate_and_collect(tmp_path):
+    pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "2", "--shards", "3")
+    tasks = pipeline["root"]["dag"]["tasks"]
+    # each round runs the generate-shards sub-pipeline: a ParallelFor over the shards, collected
+    assert {"generate-shards", "generate-shards-2"} <= set(tasks) and "generate" not in tasks
+    adapter = tasks["generate-shards-2"]["inputs"]["parameters"]["adapter"]
+    assert adapter["taskOutputParameter"]["producerTask"] == "train"  # round 1 starts from round 0's adapter
+    for fan_out in ("generate-shards", "generate-shards-2"):
+        sub = pipeline["components"][tasks[fan_out]["componentRef"]["name"]]["dag"]
+        (loop_name,) = sub["tasks"]
+        loop = sub["tasks"][loop_name]
+        assert loop["parameterIterator"]["items"]["raw"] == "[0, 1, 2]"
+        assert sub["outputs"]["parameters"]["Output"]["valueFromParameter"]["producerSubtask"] == loop_name
+        inner = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
+        (name,) = inner
+        gen = inner[name]
+        assert name == "generate" and gen["retryPolicy"]["maxRetryCount"] == 2
+        assert gen["inputs"]["parameters"]["shard"]["componentInputParameter"].startswith(
+            "pipelinechannel--loop"
+        )
+        assert k8s_executor(pipeline, platform, gen)["secretAsEnv"]
+        assert executor(pipeline, gen)["resources"]["accelerator"]["resourceCount"] == "1"
+    # downstream stages read the union of the shards
+    for name in ("extract-skills", "rescore", "register"):
+        shards = tasks[name]["inputs"]["parameters"]["trajectory_shards"]
+        assert shards["taskOutputParameter"]["producerTask"] == "generate-shards", name
+        assert tasks[name]["inputs"]["parameters"]["trajectories"]["runtimeValue"]["constant"] == ""
+
+
+def test_promotion_pipeline_spec(tmp_path):
+    pipeline, platform, _ = compile_spec(tmp_path, "--pipeline", "promote")
+    assert pipeline["pipelineInfo"]["name"] == "sdar-promotion"
+    params = pipeline["root"]["inputDefinitions"]["parameters"]
+    assert {"name", "version", "stage", "force", "reason", "registry"} <= set(params)
+    assert {"min_gain", "passk_tolerance", "ood_tolerance"} <= set(params)
+    assert params["stage"]["defaultValue"] == "production" and params["force"]["defaultValue"] is False
+    tasks = pipeline["root"]["dag"]["tasks"]
+    assert set(tasks) == {"promote"}
+    assert k8s_executor(pipeline, platform, tasks["promote"])["secretAsEnv"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpus", "trian=1"], "unknown stage(s) ['trian']"),
+        (["--gpus", "train=x"], "must be an integer"),
+        (["--toleration", "gpu:Sometimes"], "bad toleration"),
+        (["--node-selector", "pool"], "is not KEY=VALUE"),
+        (["--shards", "0"], "shards (0) must be >= 1"),
+    ],
+)
+def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):
+    assert main(["pipeline", "compile", "--out", str(tmp_path / "p.yaml"), *flags]) == 2
+    assert message in capsys.readouterr().err

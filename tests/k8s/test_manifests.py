@@ -1,0 +1,147 @@
+"""Every manifest under k8s/ validates against the Kubernetes 1.37 schemas (kubernetes-validate, offline, strict),
+every kustomization references only files that exist, every overlay renders (``kubectl kustomize``, when kubectl
+is installed) to objects that validate, and the serving Deployment matches ``sdarflow registry serve-config``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2] / "k8s"
+K8S = "1.37.0"
+KUSTOMIZATION = "kustomization.yaml"
+
+
+def kustomizations() -> list[Path]:
+    return sorted(ROOT.rglob(KUSTOMIZATION))
+
+
+def patch_files() -> set[Path]:
+    """Strategic-merge patches are partial objects: they are checked in the rendered overlays instead."""
+    out = set()
+    for k in kustomizations():
+        for patch in yaml.safe_load(k.read_text()).get("patches", []):
+            out.add((k.parent / patch["path"]).resolve())
+    return out
+
+
+def manifest_files() -> list[Path]:
+    return sorted(
+        p for p in ROOT.rglob("*.yaml") if p.name != KUSTOMIZATION and p.resolve() not in patch_files()
+    )
+
+
+def test_there_is_something_to_check():
+    names = {p.relative_to(ROOT).as_posix() for p in manifest_files()}
+    for expected in (
+        "namespace/namespace.yaml",
+        "rbac/role.yaml",
+        "rbac/serviceaccount.yaml",
+        "rbac/rolebinding.yaml",
+        "secrets/s3-secret.template.yaml",
+        "serving/deployment.yaml",
+        "serving/service.yaml",
+        "overlays/minio/minio.yaml",
+    ):
+        assert expected in names
+    assert {"base", "serving", "overlays/minio", "overlays/gpu", "overlays/kfp-standalone"} <= {
+        k.parent.relative_to(ROOT).as_posix() for k in kustomizations()
+    }
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_manifest_validates_strictly(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs, path
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+@pytest.mark.parametrize("path", kustomizations(), ids=lambda p: p.parent.relative_to(ROOT).as_posix())
+def test_kustomization_references_exist(path):
+    spec = yaml.safe_load(path.read_text())
+    assert spec["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and spec["kind"] == "Kustomization"
+    refs = list(spec.get("resources", [])) + [p["path"] for p in spec.get("patches", [])]
+    assert refs, path
+    for ref in refs:
+        target = (path.parent / ref).resolve()
+        assert target.exists(), f"{path}: {ref} does not exist"
+        if target.is_dir():
+            assert (target / KUSTOMIZATION).is_file(), f"{path}: {ref} is a folder without {KUSTOMIZATION}"
+        else:
+            # a plain file must sit inside the kustomization's folder (kustomize's default load restrictor)
+            assert path.parent.resolve() in target.parents, f"{path}: {ref} is outside its root"
+
+
+def test_the_secret_template_holds_no_values():
+    secret = yaml.safe_load((ROOT / "secrets" / "s3-secret.template.yaml").read_text())
+    assert secret["metadata"]["name"] == "sdarflow-s3"
+    assert set(secret["stringData"]) == {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_ENDPOINT_URL",
+        "AWS_DEFAULT_REGION",
+    }
+    assert secret["stringData"]["AWS_SECRET_ACCESS_KEY"].startswith("<")
+    assert secret["stringData"]["AWS_ACCESS_KEY_ID"].startswith("<")
+    for k in kustomizations():  # a template is never applied by a kustomization
+        assert "s3-secret" not in k.read_text()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
+@pytest.mark.parametrize("path", kustomizations(), ids=lambda p: p.parent.relative_to(ROOT).as_posix())
+def test_kustomization_renders_to_valid_objects(path):
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(path.parent)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    if path.parent == ROOT / "overlays" / "gpu":
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] and pod["tolerations"] and pod["containers"][0]["name"] == "vllm"
+    if path.parent == ROOT / "overlays" / "kfp-standalone":
+        assert {d["metadata"]["namespace"] for d in docs} == {"kubeflow"}
+        assert "Namespace" not in {d["kind"] for d in docs}  # never owns KFP's namespace
+    # where a namespace is set (not in the rbac building block), the binding's subject follows it
+    for b in [d for d in docs if d["kind"] == "RoleBinding" and "namespace" in d["metadata"]]:
+        assert b["subjects"][0]["namespace"] == b["metadata"]["namespace"]
+
+
+def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
+    """The static Deployment/Service are serve-config's, with the adapter path resolved at pod start."""
+    from sdarflow.registry import Registry, serve_config
+
+    registry = Registry(tmp_path / "registry")
+    version = registry.register("sdar-policy", make_adapter(rank=8), report(0.5, 0.7, 0.4), {"run_id": "r"})
+    registry.promote("sdar-policy", version)
+    generated = serve_config(registry, "/models/base", "sdar-policy", secret="sdarflow-s3")["kubernetes"]
+    gen_deploy, gen_service = generated
+    deploy = yaml.safe_load((ROOT / "serving" / "deployment.yaml").read_text())
+    service = yaml.safe_load((ROOT / "serving" / "service.yaml").read_text())
+
+    assert service == gen_service
+    assert deploy["metadata"]["name"] == gen_deploy["metadata"]["name"]
+    assert deploy["metadata"]["labels"] == gen_deploy["metadata"]["labels"]
+    assert deploy["spec"]["selector"] == gen_deploy["spec"]["selector"]
+    pod, gen_pod = deploy["spec"]["template"]["spec"], gen_deploy["spec"]["template"]["spec"]
+    (vllm,), (gen_vllm,) = pod["containers"], gen_pod["containers"]
+    fixed_path = f"/adapters/sdar-policy/{version}"
+    assert [a.replace("/production", f"/{version}") for a in vllm["command"]] == gen_vllm["command"]
+    assert fixed_path in " ".join(gen_vllm["command"])
+    for key in ("name", "ports", "resources", "readinessProbe"):
+        assert vllm[key] == gen_vllm[key], key
+    (fetch,), (gen_fetch,) = pod["initContainers"], gen_pod["initContainers"]
+    assert fetch["name"] == gen_fetch["name"] and fetch["envFrom"] == gen_fetch["envFrom"]
+    assert (
+        "sdarflow registry fetch" in fetch["command"][-1] and "--version production" in fetch["command"][-1]
+    )
+    assert fetch["volumeMounts"] == gen_fetch["volumeMounts"]
+    assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]
