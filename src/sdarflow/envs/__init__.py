@@ -11,7 +11,7 @@ import importlib
 import logging
 from importlib.metadata import entry_points
 
-from sdarflow.envs.base import SPLITS, Env, EnvError, EnvSuite, Reset, Step, Task
+from sdarflow.envs.base import SPLITS, ActionFormat, Env, EnvError, EnvSuite, Reset, Step, Task
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +19,13 @@ ENTRY_POINT_GROUP = "sdarflow.envs"
 
 BUILTIN_ENVS: dict[str, str] = {
     "textworld-cooking": "sdarflow.envs.textworld_cooking:TextWorldCookingSuite",
+    "tool-use": "sdarflow.envs.tool_use:ToolUseSuite",
+    "search-qa": "sdarflow.envs.search_qa:SearchQASuite",
 }
 
 __all__ = [
     "BUILTIN_ENVS",
+    "ActionFormat",
     "SPLITS",
     "Env",
     "EnvError",
@@ -64,5 +67,11 @@ def get_suite(name: str, **kwargs) -> EnvSuite:
                 f"Fix: pick one of those, or install a package that registers {name!r} in the "
                 f"{ENTRY_POINT_GROUP!r} entry-point group"
             )
-        cls = plugins[name].load()
+        try:
+            cls = plugins[name].load()
+        except (ImportError, AttributeError) as err:
+            raise EnvError(
+                f"env {name!r} is registered as {plugins[name].value!r} but cannot be loaded: {err}. "
+                f"Fix: reinstall the package that provides it, or correct its {ENTRY_POINT_GROUP!r} entry point"
+            ) from err
     return cls(**kwargs)

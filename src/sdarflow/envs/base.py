@@ -1,7 +1,14 @@
 """The environment protocol every agent task implements, and the errors envs raise.
 
 An *env suite* (one registered name, e.g. ``textworld-cooking``) owns a set of tasks per split and makes one
-:class:`Env` per episode. Episodes are independent objects so the rollout loop can step many of them together.
+:class:`Env` per episode. Episodes are independent objects so the rollout loop can step many of them together;
+it calls them from worker threads (a per-call watchdog), concurrently only for suites that set ``thread_safe = True``
+(episodes share no mutable state; TextWorld's parser is shared, so its suite does not).
+
+The action format belongs to the suite: a suite may define ``parse_action(text, finished) -> (action, ok)``
+(see :class:`ActionFormat`); the rollout loop uses it, and falls back to the short lower-case command parser of
+``sdarflow.rollout.prompt`` for suites without one. Optional attributes: ``format_hint`` (the observation shown after
+a malformed action), ``max_action_tokens`` (the generation budget one action needs) and ``thread_safe``.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ class Step:
 
 
 class Env(Protocol):
-    """One episode of one task."""
+    """One episode of one task. Optional attribute ``max_turns``: the episode's turn limit, which the rollout loop
+    also applies to turns whose response was malformed (those never reach ``step``)."""
 
     def reset(self) -> Reset: ...
 
@@ -60,6 +68,18 @@ class Env(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ActionFormat(Protocol):
+    """Optional suite members that define how a sampled response becomes an action."""
+
+    format_hint: str
+    max_action_tokens: int
+
+    def parse_action(self, text: str, finished: bool) -> tuple[str, bool]:
+        """(action, format_ok): the normalized action to execute, and whether the response is well formed
+        (``finished``: generation ended on its own rather than at the token limit). Must be pure and fast."""
+        ...
 
 
 class EnvSuite(Protocol):

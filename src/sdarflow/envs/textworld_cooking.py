@@ -312,6 +312,8 @@ class TextWorldCookingSuite:
     """
 
     name = "textworld-cooking"
+    # TextWorld parses game state with one shared parser: concurrent resets fail inside it ("pop from empty list").
+    thread_safe = False
 
     def __init__(
         self,

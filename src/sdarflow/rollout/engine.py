@@ -1,6 +1,8 @@
 """Generation engines behind one interface: prompts (token ids) in; sampled tokens, their log-probs, text out.
 
-``hf`` (transformers ``generate``, batched) is the CPU default. Sampling uses the Gumbel-max trick with one
+``hf`` (transformers ``generate``, batched) is the CPU default; ``vllm`` (``rollout.vllm_engine``) is the throughput
+engine, imported only when asked for. Every engine exposes its tokenizer, EOS id and context length (so prompts are
+checked before any generation) and ``close()``. The hf engine's sampling uses the Gumbel-max trick with one
 ``torch.Generator`` per sample: argmax(logits / T + Gumbel noise) is an exact sample from softmax(logits / T), and
 giving every sample its own seed makes a group's samples differ and any sample reproducible regardless of which
 other prompts shared its batch.
@@ -21,7 +23,7 @@ from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-ENGINES: tuple[str, ...] = ("hf",)
+ENGINES: tuple[str, ...] = ("hf", "vllm")
 
 
 @dataclass
@@ -33,6 +35,12 @@ class Sample:
 
 
 class Engine(Protocol):
+    tokenizer: object
+    eos_id: int
+    max_context: int  # tokens of prompt + response the model accepts
+
+    def close(self) -> None: ...
+
     def generate(
         self,
         prompts: list[list[int]],
@@ -82,6 +90,10 @@ class HFEngine:
         self.eos_id = eos_id
         self.pad_id = tokenizer.pad_token_id
         self.batch_size = batch_size
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+
+    def close(self) -> None:
+        """Nothing to release: the model is an ordinary in-process module."""
 
     @torch.inference_mode()
     def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0):
@@ -131,7 +143,21 @@ class HFEngine:
         return samples
 
 
-def make_engine(name: str, model, tokenizer, eos_id: int, batch_size: int = 64) -> Engine:
+def load_engine(
+    name: str, model: str, adapter: str | None = None, *, batch_size: int = 64, vllm_options=None
+) -> Engine:
+    """Open engine ``name`` on the HF model folder ``model`` with an optional LoRA ``adapter`` (local folder).
+
+    Both engines refuse an adapter trained on another base model; ``vllm`` fails in one line with the install fix
+    when the package is missing, and starts its engine processes only at the first ``generate``.
+    """
     if name == "hf":
-        return HFEngine(model, tokenizer, eos_id, batch_size)
-    raise ConfigError(f"unknown engine '{name}'; available: {', '.join(ENGINES)}")
+        from sdarflow.models import load_policy
+
+        policy = load_policy(model, adapter)
+        return HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size)
+    if name == "vllm":
+        from sdarflow.rollout.vllm_engine import VLLMEngine, VLLMOptions
+
+        return VLLMEngine(model, adapter, vllm_options or VLLMOptions(max_num_seqs=batch_size))
+    raise ConfigError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}; fix: pick one of those")

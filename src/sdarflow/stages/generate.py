@@ -1,10 +1,15 @@
-"""Stage ``generate``: multi-turn rollouts, G per task (a GRPO group), as turn-level trajectory Parquet."""
+"""Stage ``generate``: multi-turn rollouts, G per task (a GRPO group), as turn-level trajectory Parquet.
+
+One shard (``--shard i --num-shards n``) takes every n-th task of the round, so shards partition the tasks and each
+gets the same task-type mix. Bad input (unknown env or engine, an adapter for another base model, a prompt longer
+than the engine's context, vllm not installed) fails in one line before any episode runs.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -16,7 +21,13 @@ from sdarflow.rollout.engine import ENGINES
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import local_artifact, policy_version, require
 
+if TYPE_CHECKING:
+    from sdarflow.rollout.loop import RolloutResult
+
 log = logging.getLogger(__name__)
+
+DEFAULT_ACTION_TOKENS = 24  # for suites that do not say (short text-game commands)
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -30,13 +41,30 @@ class GenerateConfig(StageConfig):
     tasks: int = opt(8, "tasks: the first N of the split")
     group_size: int = opt(4, "G rollouts per task (one GRPO group); >= 2, paper uses 8")
     max_turns: int = opt(0, "turn limit per episode; 0 = the env's default for the split")
-    max_new_tokens: int = opt(24, "tokens per action")
+    max_new_tokens: int = opt(
+        0, "tokens per action; 0 = the env's need (24 for commands, 64 for JSON tool calls)"
+    )
     temperature: float = opt(1.0, "sampling temperature; > 0 so a group's samples differ")
     top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]")
     history_turns: int = opt(4, "recent actions kept in the prompt")
     engine: str = opt("hf", "generation engine", choices=ENGINES)
     batch_size: int = opt(64, "prompts per engine call")
     seed: int = opt(0, "base seed; each sample's seed derives from it, the episode and the turn")
+    step_timeout_s: float = opt(
+        60.0,
+        "seconds one env reset/step may take before its episode ends as failed (run continues); 0 = no limit",
+    )
+    env_workers: int = opt(
+        4, "env calls run at once (threads) for suites that declare thread_safe; 1 = serial"
+    )
+    vllm_memory: float = opt(
+        0.0,
+        "vllm: gpu_memory_utilization (on CPU: the RAM share for the KV cache); 0 = 0.2 on CPU, 0.85 on GPU",
+    )
+    vllm_dtype: str = opt("auto", "vllm: weight dtype; auto = the model's", choices=VLLM_DTYPES)
+    vllm_enforce_eager: bool = opt(
+        False, "vllm: skip torch.compile / CUDA graphs (faster start, slower steps)"
+    )
     shard: int = opt(0, "this task's shard index in [0, num_shards)", io=True)
     num_shards: int = opt(1, "shards the round's tasks are split over (one KFP task each)", io=True)
     run_id: str = opt("local", "pipeline run id (lineage)", io=True)
@@ -54,42 +82,86 @@ class GenerateConfig(StageConfig):
             raise ConfigError(f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"generate: top_p ({self.top_p}) must be in (0, 1]")
+        if self.tasks < self.num_shards:
+            raise ConfigError(
+                f"generate: tasks ({self.tasks}) must be >= num_shards ({self.num_shards}): every shard needs a task"
+            )
+        if self.step_timeout_s < 0 or self.env_workers < 1 or self.max_new_tokens < 0:
+            raise ConfigError(
+                f"generate: step_timeout_s ({self.step_timeout_s}) and max_new_tokens ({self.max_new_tokens}) "
+                f"must be >= 0 and env_workers ({self.env_workers}) >= 1"
+            )
+        if not 0 <= self.vllm_memory < 1:
+            raise ConfigError(f"generate: vllm_memory ({self.vllm_memory}) must be in [0, 1); 0 = automatic")
+
+
+def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
+    """Every ``num_shards``-th task from ``shard``: the shards partition ``tasks`` and differ in size by at most 1."""
+    return tasks[shard::num_shards]
 
 
 def run(cfg: GenerateConfig) -> dict:
-    from sdarflow.models import load_policy
-    from sdarflow.rollout.engine import make_engine
-    from sdarflow.rollout.loop import SamplingParams, rollout
+    from sdarflow.rollout.engine import load_engine
+    from sdarflow.rollout.loop import SamplingParams, run_rollout
+    from sdarflow.rollout.vllm_engine import VLLMOptions
 
     require("generate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)  # unknown env fails here, before any model loads
-    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"))
-    tasks = suite.tasks(cfg.split, cfg.tasks)[cfg.shard :: cfg.num_shards]
-    engine = make_engine(cfg.engine, policy.model, policy.tokenizer, policy.eos_id, cfg.batch_size)
+    vllm_options = VLLMOptions(
+        memory=cfg.vllm_memory,
+        dtype=cfg.vllm_dtype,
+        max_num_seqs=cfg.batch_size,
+        enforce_eager=cfg.vllm_enforce_eager,
+    )
+    adapter = local_artifact(cfg.adapter, "adapter")
+    engine = load_engine(cfg.engine, cfg.model, adapter, batch_size=cfg.batch_size, vllm_options=vllm_options)
+    max_new_tokens = cfg.max_new_tokens or getattr(suite, "max_action_tokens", DEFAULT_ACTION_TOKENS)
+    if engine.max_context and engine.max_context <= max_new_tokens:
+        raise ConfigError(
+            f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
+            f"({engine.max_context}); fix: lower --max-new-tokens"
+        )
+    tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks), cfg.shard, cfg.num_shards)
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         history_turns=cfg.history_turns,
         seed=cfg.seed,
+        step_timeout_s=cfg.step_timeout_s,
+        env_workers=cfg.env_workers,
+        max_prompt_tokens=engine.max_context - max_new_tokens if engine.max_context else 0,
     )
-    t0 = time.perf_counter()
-    rows, episodes = rollout(
-        engine,
-        suite,
-        tasks,
-        cfg.group_size,
-        params,
-        policy.tokenizer,
-        run_id=cfg.run_id,
-        round_=cfg.round,
-        policy_version=policy_version(cfg.adapter),
-        desc=f"generate {cfg.split}",
-    )
-    seconds = time.perf_counter() - t0
-    metrics = rollout_metrics(rows, episodes, seconds)
-    table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+    try:
+        result = run_rollout(
+            engine,
+            suite,
+            tasks,
+            cfg.group_size,
+            params,
+            engine.tokenizer,
+            run_id=cfg.run_id,
+            round_=cfg.round,
+            policy_version=policy_version(cfg.adapter),
+            desc=f"generate {cfg.env}/{cfg.split} shard {cfg.shard}/{cfg.num_shards}",
+        )
+    finally:
+        engine.close()
+    metrics = result.metrics()
+    _write(cfg, result, metrics)
+    log.info(
+        "generate %s: %d episodes | success %.3f | turns %.1f | format errors %.3f | %.0f tok/s | "
+        "%.1f env steps/s | identical groups %d | env errors %d -> %s",
+        cfg.engine, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
+        metrics["rollout/format_error_rate"], metrics["rollout/tokens_per_s"], metrics["rollout/env_steps_per_s"],
+        metrics["rollout/identical_groups"], metrics["rollout/env_errors"], cfg.output,
+    )  # fmt: skip
+    return {"uri": cfg.output, "rows": len(result.rows), "metrics": metrics}
+
+
+def _write(cfg: GenerateConfig, result: RolloutResult, metrics: dict[str, float]) -> None:
+    table = pa.Table.from_pylist(result.rows, schema=TRAJECTORY_SCHEMA)
     storage.write_table(
         table,
         cfg.output,
@@ -102,26 +174,3 @@ def run(cfg: GenerateConfig) -> dict:
         round=cfg.round,
         metrics=metrics,
     )
-    log.info(
-        "generate: %d episodes, success %.3f, %d rows -> %s",
-        len(episodes),
-        metrics["rollout/success"],
-        len(rows),
-        cfg.output,
-    )
-    return {"uri": cfg.output, "rows": len(rows), "metrics": metrics}
-
-
-def rollout_metrics(rows: list[dict], episodes, seconds: float) -> dict[str, float]:
-    n = max(1, len(episodes))
-    tokens = sum(len(r["response_token_ids"]) for r in rows)
-    return {
-        "rollout/episodes": float(len(episodes)),
-        "rollout/success": sum(e.won for e in episodes) / n,
-        "rollout/mean_turns": sum(len(e.rows) for e in episodes) / n,
-        "rollout/format_error_rate": sum(not r["format_ok"] for r in rows) / max(1, len(rows)),
-        "rollout/tokens": float(tokens),
-        "rollout/tokens_per_s": tokens / max(seconds, 1e-9),
-        "rollout/env_steps_per_s": len(rows) / max(seconds, 1e-9),
-        "rollout/seconds": seconds,
-    }

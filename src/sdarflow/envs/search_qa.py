@@ -1,0 +1,203 @@
+"""The ``search-qa`` env suite: multi-hop questions over a generated corpus, answered with a BM25 search tool.
+
+Actions are ``search[query]`` (the observation is the best ``top_k`` documents) and ``answer[text]`` (ends the
+episode; reward 1.0 on an exact, case- and space-insensitive match). Questions follow relation paths from a person
+(:data:`TEMPLATES`); each hop's answer is only in the previous hop's document, so an n-hop question needs n
+searches. ``train``/``test`` use the same templates on disjoint people; ``ood`` has a 3-hop template and the
+``mentor`` relation, which is in the corpus but in no train question.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from dataclasses import dataclass
+
+from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task
+from sdarflow.envs.search_corpus import BM25, KIND_SIZES, build_world, documents
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Template:
+    task_type: str
+    path: tuple[str, ...]  # relations followed from the subject person
+    question: str  # {s} = the subject's name
+
+
+TEMPLATES: dict[str, tuple[Template, ...]] = {
+    "in-distribution": (
+        Template("birthplace", ("born_in",), "Where was {s} born?"),
+        Template("employer", ("works_for",), "Which company does {s} work for?"),
+        Template(
+            "employer-city", ("works_for", "based_in"), "In which city is the company {s} works for based?"
+        ),
+        Template("birth-country", ("born_in", "in_country"), "In which country was {s} born?"),
+    ),
+    "ood": (
+        Template(
+            "employer-country",
+            ("works_for", "based_in", "in_country"),
+            "In which country is the company {s} works for based?",
+        ),
+        Template("mentor-city", ("mentor", "born_in"), "Where was the mentor of {s} born?"),
+        Template(
+            "mentor-employer", ("mentor", "works_for"), "Which company does the mentor of {s} work for?"
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class QASplit:
+    """Question templates and the share of people [lo, hi) whose questions the split asks, plus its turn limit."""
+
+    templates: tuple[Template, ...]
+    people: tuple[float, float]
+    max_turns: int = 6
+
+
+QA_SPLITS: dict[str, QASplit] = {
+    "train": QASplit(TEMPLATES["in-distribution"], (0.0, 0.6)),
+    "test": QASplit(TEMPLATES["in-distribution"], (0.6, 0.8)),
+    "ood": QASplit(TEMPLATES["ood"], (0.8, 1.0), max_turns=8),
+}
+
+_ACTION = re.compile(r"^(search|answer)\[([^\[\]]{1,80})\]$")
+INSTRUCTIONS = "Use search[query] to find documents, then answer[text] with the exact name."
+
+
+def normalize(text: str) -> str:
+    """Lower case, single spaces, no surrounding spaces or final period: how answers are compared."""
+    return " ".join(text.lower().split()).rstrip(".").strip()
+
+
+def parse_qa_action(text: str) -> tuple[str, str] | None:
+    """(verb, argument) of ``search[...]``/``answer[...]``, or None when malformed."""
+    match = _ACTION.match(normalize(text))
+    return (match[1], match[2].strip()) if match else None
+
+
+class SearchQAEnv:
+    """One episode: a question, a search tool over the suite's shared (read-only) index, one answer."""
+
+    def __init__(self, task: Task, suite: SearchQASuite, max_turns: int) -> None:
+        spec = json.loads(task.payload)
+        self.task, self.suite, self.max_turns = task, suite, max_turns
+        self.question, self.chain = spec["question"], spec["chain"]  # entity ids, subject first, answer last
+        self.answer = suite.world[self.chain[-1]].name
+        self.seen: set[str] | None = None
+
+    def reset(self) -> Reset:
+        self.seen, self.turns, self.done, self.malformed = set(), 0, False, 0
+        return Reset(instruction=f"{self.question}\n{INSTRUCTIONS}", observation="No search yet.")
+
+    def step(self, action: str) -> Step:
+        if self.seen is None:
+            raise EnvError(f"step() before reset() on {self.task.task_id}. Fix: call reset() first")
+        if self.done:
+            raise EnvError(
+                f"step() after the episode of {self.task.task_id} ended. Fix: check done, or reset()"
+            )
+        self.turns += 1
+        parsed, won = parse_qa_action(action), False
+        if parsed is None:
+            self.malformed += 1
+            observation = "Unknown action. Use search[query] or answer[text]."
+        elif parsed[0] == "search":
+            hits = self.suite.index.search(parsed[1], self.suite.top_k)
+            self.seen.update(d.doc_id for d in hits)
+            observation = "\n".join(f"[{d.title}] {d.text}" for d in hits) or "No results."
+        else:
+            won, self.done = normalize(parsed[1]) == normalize(self.answer), True
+            observation = "Correct." if won else "Wrong answer."
+        truncated = not self.done and self.turns >= self.max_turns
+        self.done = self.done or truncated
+        info = {"turn": self.turns, "malformed_calls": self.malformed, "truncated": truncated}
+        return Step(observation, 1.0 if won else 0.0, self.done, won, info)
+
+    def expert_action(self) -> str | None:
+        """Search each hop's entity in order until its document has been shown, then answer."""
+        if self.seen is None or self.done:
+            return None
+        for eid in self.chain[:-1]:
+            if eid not in self.seen:
+                return f"search[{self.suite.world[eid].name.lower()}]"
+        return f"answer[{self.answer.lower()}]"
+
+    def close(self) -> None:
+        self.seen = None
+
+
+class SearchQASuite:
+    """The ``search-qa`` suite. world_seed: the generated corpus; top_k: documents per search; max_turns:
+    overrides every split's default (train/test 6, ood 8)."""
+
+    name = "search-qa"
+    format_hint = "Invalid action. Reply with search[query] or answer[text]."
+    max_action_tokens = 32
+    thread_safe = True  # episodes share only read-only data
+
+    def __init__(self, world_seed: int = 0, top_k: int = 2, max_turns: int | None = None) -> None:
+        if max_turns is not None and max_turns < 1:
+            raise EnvError(f"max_turns must be >= 1, got {max_turns}. Fix: pass a positive turn limit")
+        if top_k < 1:
+            raise EnvError(f"top_k must be >= 1, got {top_k}. Fix: show at least one document per search")
+        self.world_seed, self.top_k, self.max_turns = world_seed, top_k, max_turns
+        self.world = build_world(world_seed)
+        self.index = BM25(documents(self.world))
+
+    def _spec(self, split: str) -> QASplit:
+        if split not in QA_SPLITS:
+            raise EnvError(
+                f"unknown split {split!r} for {self.name}; allowed: {', '.join(QA_SPLITS)}. "
+                f"Fix: use one of {', '.join(SPLITS)}"
+            )
+        return QA_SPLITS[split]
+
+    def _people(self, split: str) -> list[int]:
+        """The split's people in a fixed, seeded order (so the first n questions cover many people)."""
+        lo, hi = self._spec(split).people
+        people = list(range(int(lo * KIND_SIZES["person"]), int(hi * KIND_SIZES["person"])))
+        random.Random(f"{self.world_seed}/{split}").shuffle(people)
+        return people
+
+    def size(self, split: str) -> int:
+        return len(self._spec(split).templates) * len(self._people(split))
+
+    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+        """Question i asks template ``i % T`` about person ``i // T`` of the split's people."""
+        spec, people = self._spec(split), self._people(split)
+        size = len(spec.templates) * len(people)
+        n = size if n is None else n
+        if not 0 <= n <= size:
+            raise EnvError(f"n={n} tasks asked of split {split!r} of size {size}. Fix: 0 <= n <= size")
+        return [self._task(split, i, spec.templates[i % len(spec.templates)], people[i // len(spec.templates)])
+                for i in range(n)]  # fmt: skip
+
+    def _task(self, split: str, i: int, template: Template, person: int) -> Task:
+        chain = [f"person-{person}"]
+        for rel in template.path:
+            chain.append(self.world[chain[-1]].facts[rel])
+        question = template.question.format(s=self.world[chain[0]].name)
+        payload = json.dumps({"question": question, "chain": chain, "world_seed": self.world_seed})
+        return Task(f"search-qa-{split}-{i}", template.task_type, split, payload)
+
+    def make(self, task: Task) -> SearchQAEnv:
+        seed = json.loads(task.payload).get("world_seed")
+        if seed != self.world_seed:  # entity ids would name other entities in another world
+            raise EnvError(
+                f"task {task.task_id} was made for world_seed={seed}, this suite has {self.world_seed}. "
+                f"Fix: get tasks from this suite's tasks()"
+            )
+        return SearchQAEnv(task, self, self.max_turns or self._spec(task.split).max_turns)
+
+    def parse_action(self, text: str, finished: bool) -> tuple[str, bool]:
+        """(normalized action, ok): ok needs ``search[...]`` or ``answer[...]`` that ended on its own."""
+        parsed = parse_qa_action(text)
+        if parsed is None:
+            return normalize(text), False
+        return f"{parsed[0]}[{parsed[1]}]", finished

