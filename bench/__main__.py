@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import importlib
 import logging
+import os
 import sys
 
 BENCHMARKS = ["data_plane", "train_step", "rescoring", "rollout", "pipeline_overhead"]

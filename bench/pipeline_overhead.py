@@ -15,7 +15,9 @@ from sdarflow.pipeline_config import PipelineConfig, prepare, run_stage
 
 def _direct(model: str, root: str, sizes: dict) -> float:
     t0 = time.perf_counter()
-    pc = PipelineConfig(storage=root, base_model=model, run_id="direct", seed_skills=f"{model}/seed_skills", **sizes)
+    pc = PipelineConfig(
+        storage=root, base_model=model, run_id="direct", seed_skills=f"{model}/seed_skills", **sizes
+    )
     cfg = prepare(pc)
     gen = run_stage("generate", cfg, 0, adapter="")["uri"]
     skills = run_stage("extract-skills", cfg, 0, input=[gen], previous=pc.seed_skills)["uri"]
@@ -43,9 +45,13 @@ def run(quick: bool = True) -> dict:
         "speedup": direct / kfp,
         "target": "overhead <= 0.10",
     }
-    write_result("pipeline_overhead", result, [
-        ("direct stage calls (s)", f"{direct:.1f}"),
-        ("KFP local runner (s)", f"{kfp:.1f}"),
-        ("overhead", f"{overhead:.0%}"),
-    ])
+    write_result(
+        "pipeline_overhead",
+        result,
+        [
+            ("direct stage calls (s)", f"{direct:.1f}"),
+            ("KFP local runner (s)", f"{kfp:.1f}"),
+            ("overhead", f"{overhead:.0%}"),
+        ],
+    )
     return result

@@ -53,8 +53,17 @@ def run(quick: bool = True) -> dict:
         stats: dict = {}
 
         def episode_batch(group=group, stats=stats) -> None:
-            rows, _ = rollout(engine, suite, tasks, group, SamplingParams(max_turns=8, temperature=1.0),
-                              policy.tokenizer, run_id="bench", round_=0, policy_version="base")
+            rows, _ = rollout(
+                engine,
+                suite,
+                tasks,
+                group,
+                SamplingParams(max_turns=8, temperature=1.0),
+                policy.tokenizer,
+                run_id="bench",
+                round_=0,
+                policy_version="base",
+            )
             stats["steps"] = len(rows)
 
         seconds = median_time(episode_batch, repeats=3)
@@ -67,7 +76,9 @@ def run(quick: bool = True) -> dict:
         "vllm": "available" if importlib.util.find_spec("vllm") else "not installed in this environment",
     }
     rows = [("engine batch", "tokens/s", "speedup vs batch 1")]
-    rows += [(f"hf {bs}", f"{v['tokens_per_s']:.0f}", f"{v['tokens_per_s'] / base:.1f}x") for bs, v in gen.items()]
+    rows += [
+        (f"hf {bs}", f"{v['tokens_per_s']:.0f}", f"{v['tokens_per_s'] / base:.1f}x") for bs, v in gen.items()
+    ]
     rows += [(f"loop {n} episodes", f"{v['env_steps_per_s']:.1f} env steps/s", "") for n, v in loop.items()]
     write_result("rollout", result, rows)
     return result
