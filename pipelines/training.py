@@ -128,6 +128,7 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
         adapter = ""  # round 0: prepare's start_adapter (or a new LoRA), filled in by the stage config
         skills = seed_skills
         version = previous_register = None
+        previous_rescored = ""  # ucb retrieval learns from the previous round's teacher gaps
         for r in range(rounds):
             trajectories = _generate_round(config_uri, r, adapter, shards, kube, fan_out)
             sk = extract_skills(
@@ -135,6 +136,7 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
                 rl_round=r,
                 **trajectories,
                 previous=skills,
+                rescored=previous_rescored,
             )
             rs = rescore(
                 config_uri=config_uri,
@@ -159,6 +161,7 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
                 # the newest round; only the register task waits, training runs on.
                 rg.after(previous_register)
             previous_register = rg
+            previous_rescored = rs.outputs["Output"]
             for task, name in (
                 (sk, "extract-skills"),
                 (rs, "rescore"),

@@ -84,6 +84,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         preset=args.preset,
         base_model=args.base_model,
+        shards=args.shards,
     )
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

@@ -120,7 +120,13 @@ _SHARED: dict[str, dict[str, str]] = {
     "extract-skills": {},
     "rescore": {"retrieval": "retrieval"},
     "train": {"method": "method", "lam": "lam", "beta": "beta", "seed": "seed"},
-    "evaluate": {"env": "env", "eval_tasks": "tasks", "eval_samples": "samples", "max_turns": "max_turns"},
+    "evaluate": {
+        "env": "env",
+        "eval_tasks": "tasks",
+        "eval_samples": "samples",
+        "max_turns": "max_turns",
+        "policy_name": "policy_name",
+    },
     "register": {"policy_name": "name", "promote_to": "promote_to"},
 }
 

@@ -143,6 +143,14 @@ class HFEngine:
         return samples
 
 
+DEFAULT_ACTION_TOKENS = 24  # for suites that do not say (short text-game commands)
+
+
+def action_tokens(suite, requested: int) -> int:
+    """Tokens per action: the requested number, else the suite's own need, else the default."""
+    return requested or getattr(suite, "max_action_tokens", DEFAULT_ACTION_TOKENS)
+
+
 def load_engine(
     name: str, model: str, adapter: str | None = None, *, batch_size: int = 64, vllm_options=None
 ) -> Engine:

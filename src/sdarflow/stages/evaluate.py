@@ -34,7 +34,12 @@ class EvaluateConfig(StageConfig):
     tasks: int = opt(4, "tasks per split")
     samples: int = opt(4, "n samples per task (>= the largest k)")
     max_turns: int = opt(0, "turn limit; 0 = the env's default for the split")
-    max_new_tokens: int = opt(24, "tokens per action")
+    registry: str = opt(
+        "", "registry whose production adapter is the baseline when --baseline is empty", io=True
+    )
+    policy_name: str = opt("sdar-policy", "policy name in --registry")
+    engine: str = opt("hf", "generation engine (hf, vllm)")
+    max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need")
     temperature: float = opt(0.7, "sampling temperature")
     history_turns: int = opt(4, "recent actions kept in the prompt")
     batch_size: int = opt(64, "prompts per engine call")
@@ -51,17 +56,17 @@ class EvaluateConfig(StageConfig):
 
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report, plots, render_html, render_markdown
-    from sdarflow.models import load_policy
-    from sdarflow.rollout.engine import HFEngine
+    from sdarflow.rollout.engine import action_tokens, load_engine
     from sdarflow.rollout.loop import SamplingParams, rollout
 
     require("evaluate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)
-    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"))
-    engine = HFEngine(policy.model, policy.tokenizer, policy.eos_id, cfg.batch_size)
+    engine = load_engine(
+        cfg.engine, cfg.model, local_artifact(cfg.adapter, "adapter"), batch_size=cfg.batch_size
+    )
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=action_tokens(suite, cfg.max_new_tokens),
         temperature=cfg.temperature,
         history_turns=cfg.history_turns,
         seed=cfg.seed,
@@ -74,7 +79,7 @@ def run(cfg: EvaluateConfig) -> dict:
             suite.tasks(split, cfg.tasks),
             cfg.samples,
             params,
-            policy.tokenizer,
+            engine.tokenizer,
             run_id="eval",
             round_=0,
             policy_version=cfg.adapter or "base",
@@ -99,7 +104,7 @@ def run(cfg: EvaluateConfig) -> dict:
         config_hash=cfg.config_hash(),
         env=cfg.env,
     )
-    baseline = storage.read_json(storage.join(cfg.baseline, REPORT)) if cfg.baseline else None
+    baseline = _baseline(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         images = plots(report, baseline)
@@ -119,3 +124,17 @@ def run(cfg: EvaluateConfig) -> dict:
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
     log.info("evaluate: %s -> %s", ", ".join(f"{k} {v:.3f}" for k, v in headline.items()), cfg.output)
     return {"uri": cfg.output, "metrics": headline}
+
+
+def _baseline(cfg: EvaluateConfig) -> dict | None:
+    """The report to compare against: --baseline, else the registry's production version (if there is one)."""
+    if cfg.baseline:
+        return storage.read_json(storage.join(cfg.baseline, REPORT))
+    if not cfg.registry:
+        return None
+    from sdarflow.registry import Registry
+
+    registry = Registry(cfg.registry)
+    if "production" not in registry.aliases(cfg.policy_name):
+        return None
+    return registry.eval_report(cfg.policy_name, "production")

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ACTION_TOKENS = 24  # for suites that do not say (short text-game commands)
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -101,7 +100,7 @@ def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
 
 
 def run(cfg: GenerateConfig) -> dict:
-    from sdarflow.rollout.engine import load_engine
+    from sdarflow.rollout.engine import action_tokens, load_engine
     from sdarflow.rollout.loop import SamplingParams, run_rollout
     from sdarflow.rollout.vllm_engine import VLLMOptions
 
@@ -115,7 +114,7 @@ def run(cfg: GenerateConfig) -> dict:
     )
     adapter = local_artifact(cfg.adapter, "adapter")
     engine = load_engine(cfg.engine, cfg.model, adapter, batch_size=cfg.batch_size, vllm_options=vllm_options)
-    max_new_tokens = cfg.max_new_tokens or getattr(suite, "max_action_tokens", DEFAULT_ACTION_TOKENS)
+    max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
     if engine.max_context and engine.max_context <= max_new_tokens:
         raise ConfigError(
             f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
