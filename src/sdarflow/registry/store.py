@@ -63,6 +63,10 @@ def _children(uri: str) -> list[str]:
     loc = storage.resolve(uri)
     try:
         infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+    except FileNotFoundError:
+        # A folder another writer is creating can vanish between pyarrow's existence check and its listing
+        # (seen with concurrent registers): treat it as empty; version claims stay exclusive regardless.
+        return []
     except (OSError, pa.ArrowException) as err:
         raise StorageError(f"cannot list '{loc.uri}': {err}; fix: check the URI and credentials") from err
     return sorted({info.base_name for info in infos})
