@@ -159,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset", default="demo", choices=("demo", "smoke"), help="sizes: demo, or smoke for tests"
     )
-    p.add_argument("--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)")
+    p.add_argument(
+        "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
+    )
     p.add_argument(
         "--base-model", default=None, help="use this HF model folder instead of building the tiny one"
     )

@@ -69,12 +69,10 @@ def load_policy(
     return Policy(model=model, tokenizer=tokenizer, eos_id=eos_id, path=path)
 
 
-def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
-    from peft import PeftModel
-
-    cfg_file = Path(adapter) / "adapter_config.json"
+def check_adapter(adapter: str, base_path: str) -> dict:
+    """The adapter's PEFT config, after checking it was trained on ``base_path`` (ModelError otherwise)."""
     try:
-        json.loads(cfg_file.read_text())
+        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ModelError(
             f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
@@ -86,6 +84,13 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
             f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
             f"(fingerprint {recorded} != {base_fingerprint(base_path)}); fix: pass the matching --model"
         )
+    return config
+
+
+def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
+    from peft import PeftModel
+
+    check_adapter(adapter, base_path)
     try:
         return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
     except (OSError, ValueError, RuntimeError, KeyError) as err:

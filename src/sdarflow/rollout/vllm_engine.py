@@ -61,21 +61,9 @@ def import_vllm():
 
 def adapter_rank(adapter: str, base: str) -> int:
     """The LoRA rank of a PEFT folder, after checking it was trained on ``base`` (ModelError otherwise)."""
-    from sdarflow.models.policy import BASE_FILE, base_fingerprint
+    from sdarflow.models.policy import check_adapter
 
-    try:
-        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ModelError(
-            f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
-        ) from err
-    base_file = Path(adapter) / BASE_FILE
-    recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
-    if recorded and recorded != base_fingerprint(base):
-        raise ModelError(
-            f"adapter '{adapter}' was trained on a different base model than '{base}' "
-            f"(fingerprint {recorded} != {base_fingerprint(base)}); fix: pass the matching --model"
-        )
+    config = check_adapter(adapter, base)
     return int(config.get("r", 8))
 
 
