@@ -15,20 +15,22 @@ from sdarflow.algo import method_loss
 from sdarflow.models.forward import make_batch, response_logprobs
 
 _MEMORY_PROBE = r"""
-import json, resource, sys, torch
+import json, sys, torch
 from sdarflow.algo import linear_token_logprobs
 mode, n, v, hdim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 512
 torch.manual_seed(0)
 hidden = torch.randn(n, hdim, requires_grad=True)
 weight = torch.randn(v, hdim, requires_grad=True)
 labels = torch.randint(v, (n,))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def hwm_kb():  # this process's peak RSS; unlike ru_maxrss it is not inherited from a big parent at fork
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
+before = hwm_kb()
 if mode == "naive":  # what a plain implementation does: full float32 logits, log_softmax, gather
     lp = torch.log_softmax((hidden @ weight.T).float(), -1).gather(-1, labels[:, None]).squeeze(-1)
 else:
     lp = linear_token_logprobs(hidden, weight, labels, chunk_size=256)
 lp.sum().backward()
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = hwm_kb()
 print(json.dumps({"extra_kb": after - before}))
 """
 
