@@ -5,49 +5,99 @@ import math
 import pytest
 import torch
 
-from sdarflow.algo import broadcast_advantages, grpo_advantages, rlsd_advantages, rlsd_weights
+from sdarflow.algo import (
+    broadcast_advantages,
+    grpo_advantages,
+    penalized_scores,
+    rlsd_advantages,
+    rlsd_lambda,
+    rlsd_weights,
+)
 
 
 def test_grpo_hand_values_with_unsorted_noncontiguous_groups():
-    rewards = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0, 4.0])
+    scores = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0, 4.0])
     groups = torch.tensor([3, 0, 3, 0, 3, 9])
-    # group 3: r = 1, 2, 6; mean 3; unbiased var (4 + 1 + 9) / 2 = 7
-    # group 0: r = 1, 0; mean 0.5; unbiased var (0.25 + 0.25) / 1 = 0.5
-    # group 9: singleton -> 0
+    # group 3: s = 1, 2, 6; mean 3; unbiased var (4 + 1 + 9) / 2 = 7
+    # group 0: s = 1, 0; mean 0.5; unbiased var (0.25 + 0.25) / 1 = 0.5
+    # group 9: one score -> mean 0, std 1 (verl-agent), so it keeps 4 / (1 + eps)
     eps = 1e-6
     s3, s0 = math.sqrt(7) + eps, math.sqrt(0.5) + eps
-    expected = [-2 / s3, 0.5 / s0, -1 / s3, -0.5 / s0, 3 / s3, 0.0]
-    out = grpo_advantages(rewards, groups, eps=eps)
+    expected = [-2 / s3, 0.5 / s0, -1 / s3, -0.5 / s0, 3 / s3, 4 / (1 + eps)]
+    out = grpo_advantages(scores, groups, eps=eps)
     assert out.tolist() == pytest.approx(expected, rel=1e-5)
 
 
-def test_grpo_without_std_is_centered_reward():
-    rewards = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0, 4.0])
+def test_grpo_without_std_is_centered_score_and_a_single_keeps_its_score():
+    scores = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0, 4.0])
     groups = torch.tensor([3, 0, 3, 0, 3, 9])
-    out = grpo_advantages(rewards, groups, norm_by_std=False)
-    assert out.tolist() == pytest.approx([-2.0, 0.5, -1.0, -0.5, 3.0, 0.0])
+    out = grpo_advantages(scores, groups, norm_by_std=False)
+    assert out.tolist() == pytest.approx([-2.0, 0.5, -1.0, -0.5, 3.0, 4.0])
+
+
+def test_grpo_statistics_over_turn_rows_weigh_long_episodes():
+    # One group: a success in 3 turns (score 1 on each row) and a failure in 10 turns (score 0).
+    scores = torch.tensor([1.0] * 3 + [0.0] * 10)
+    groups = ["task-a"] * 13
+    trajs = ["win"] * 3 + ["lose"] * 10
+    # rows: mean 3/13, unbiased std sqrt((3 (10/13)^2 + 10 (3/13)^2) / 12) = 0.43853
+    mean = 3 / 13
+    std = math.sqrt((3 * (1 - mean) ** 2 + 10 * mean**2) / 12)
+    rows = grpo_advantages(scores, groups)
+    assert rows[0].item() == pytest.approx((1 - mean) / std, rel=1e-5)
+    assert rows[0].item() == pytest.approx(1.754, abs=1e-3)
+    assert rows[-1].item() == pytest.approx(-0.526, abs=1e-3)
+    # episodes: one score each (1 and 0): mean 0.5, std sqrt(0.5) -> +-0.7071
+    episodes = grpo_advantages(scores, groups, traj_ids=trajs)
+    assert episodes[0].item() == pytest.approx(0.5 / math.sqrt(0.5), rel=1e-5)
+    assert episodes[-1].item() == pytest.approx(-0.5 / math.sqrt(0.5), rel=1e-5)
+
+
+def test_grpo_episode_statistics_take_each_episodes_first_row():
+    # Rows of one episode may differ (the invalid-action penalty is per turn): the first row stands for it in the
+    # group's statistics, and every row is then normalised with its own score.
+    scores = torch.tensor([1.0, 0.9, 0.0, -0.1])
+    groups = ["g", "g", "g", "g"]
+    trajs = ["a", "a", "b", "b"]
+    # counted: 1.0 (a) and 0.0 (b): mean 0.5, std sqrt(0.5)
+    std = math.sqrt(0.5) + 1e-6
+    expected = [0.5 / std, 0.4 / std, -0.5 / std, -0.6 / std]
+    assert grpo_advantages(scores, groups, traj_ids=trajs).tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_grpo_episode_level_group_of_one_episode_gets_mean_zero_std_one():
+    out = grpo_advantages(torch.tensor([0.5, 0.4]), ["g", "g"], traj_ids=["t", "t"])
+    assert out.tolist() == pytest.approx([0.5 / (1 + 1e-6), 0.4 / (1 + 1e-6)], rel=1e-6)
+
+
+def test_grpo_string_and_tensor_group_ids_agree():
+    torch.manual_seed(5)
+    scores = torch.rand(12)
+    codes = torch.randint(0, 3, (12,))
+    names = [f"group-{int(c)}" for c in codes]
+    assert torch.equal(grpo_advantages(scores, codes), grpo_advantages(scores, names))
 
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
 def test_grpo_sums_to_zero_per_group(norm_by_std):
     torch.manual_seed(0)
-    rewards = torch.rand(64)
-    groups = torch.randint(0, 9, (64,))
-    adv = grpo_advantages(rewards, groups, norm_by_std=norm_by_std)
+    scores = torch.rand(64)
+    groups = torch.arange(64) % 9  # every group has >= 2 rows
+    adv = grpo_advantages(scores, groups, norm_by_std=norm_by_std)
     for g in groups.unique():
         assert adv[groups == g].sum().item() == pytest.approx(0.0, abs=1e-5)
 
 
 def test_grpo_normalised_groups_have_unit_std():
     torch.manual_seed(1)
-    rewards = torch.rand(40)
+    scores = torch.rand(40)
     groups = torch.arange(40) // 8
-    adv = grpo_advantages(rewards, groups)
+    adv = grpo_advantages(scores, groups)
     for g in range(5):
         assert adv[groups == g].std().item() == pytest.approx(1.0, rel=1e-4)
 
 
-def test_grpo_identical_rewards_give_zero_not_nan():
+def test_grpo_identical_scores_give_zero_not_nan():
     adv = grpo_advantages(torch.ones(4), torch.zeros(4, dtype=torch.int64))
     assert torch.equal(adv, torch.zeros(4))
 
@@ -55,8 +105,30 @@ def test_grpo_identical_rewards_give_zero_not_nan():
 def test_grpo_shape_errors():
     with pytest.raises(ValueError, match=r"\(N,\)"):
         grpo_advantages(torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.int64))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="group_ids"):
         grpo_advantages(torch.ones(3), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="traj_ids"):
+        grpo_advantages(torch.ones(3), ["g"] * 3, traj_ids=["t"])
+
+
+def test_penalized_scores_hand_values():
+    returns = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    ok = torch.tensor([True, False, True, False])
+    assert penalized_scores(returns, ok, 0.1).tolist() == pytest.approx([1.0, 0.9, 0.0, -0.1])
+    assert penalized_scores(returns, ok.float(), 0.01).tolist() == pytest.approx([1.0, 0.99, 0.0, -0.01])
+    assert torch.equal(penalized_scores(returns, ok, 0.0), returns)
+    with pytest.raises(ValueError, match="must match"):
+        penalized_scores(returns, ok[:2], 0.1)
+
+
+def test_rlsd_lambda_decays_linearly_to_zero():
+    assert rlsd_lambda(0) == 0.5
+    assert rlsd_lambda(1) == pytest.approx(0.495)  # the reference's first update is step 1
+    assert rlsd_lambda(50) == pytest.approx(0.25)
+    assert rlsd_lambda(100) == 0.0
+    assert rlsd_lambda(250) == 0.0
+    assert rlsd_lambda(30, lam0=0.2, warmdown_steps=60) == pytest.approx(0.1)
+    assert rlsd_lambda(1000, lam0=0.3, warmdown_steps=0) == 0.3  # 0 steps: no decay
 
 
 def test_broadcast_advantages():

@@ -15,7 +15,7 @@ EXPECTED = {
     "token-mean": (1 + 2 + 4) / 3,
     "seq-mean-token-sum": ((1 + 2) + 4) / 2,
     "seq-mean-token-mean": ((1 + 2) / 2 + 4 / 1) / 2,
-    "seq-mean-token-sum-norm": ((1 + 2) / 3 + 4 / 3) / 2,
+    "seq-mean-token-sum-norm": (1 + 2 + 4) / 3,  # verl: a sum over sequences over T, not a mean
 }
 
 
@@ -78,9 +78,14 @@ def test_seq_mean_modes_split_by_sequence_count():
     torch.manual_seed(2)
     loss = torch.randn(6, 5)
     mask = torch.rand(6, 5) > 0.3
-    for mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    for mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
         halves = (agg_loss(loss[:3], mask[:3], mode) + agg_loss(loss[3:], mask[3:], mode)) / 2
         assert agg_loss(loss, mask, mode).item() == pytest.approx(halves.item(), rel=1e-6)
+    # seq-mean-token-sum-norm sums over sequences: halves of one width add up.
+    halves = agg_loss(loss[:3], mask[:3], "seq-mean-token-sum-norm") + agg_loss(
+        loss[3:], mask[3:], "seq-mean-token-sum-norm"
+    )
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(halves.item(), rel=1e-6)
 
 
 def test_unknown_mode_lists_valid_modes():

@@ -1,4 +1,4 @@
-"""PPO clip, SDAR, OPSD and KL penalties: hand-computed values, gradients, metrics."""
+"""Dual-clip PPO, SDAR, Skill-SD and KL penalties: hand-computed values, gradients, metrics."""
 
 import math
 
@@ -9,10 +9,10 @@ from sdarflow.algo import (
     AGG_MODES,
     UnknownNameError,
     kl_penalty,
-    opsd_loss,
     ppo_clip_loss,
     sdar_gate,
     sdar_loss,
+    skill_sd_loss,
 )
 
 
@@ -39,7 +39,39 @@ def test_ppo_hand_values_and_metrics():
     assert metrics["actor/clipfrac"] == pytest.approx(2 / 3)
     assert metrics["actor/ppo_kl"] == pytest.approx((0.0 - 0.5 + 0.5) / 3, abs=1e-7)
     assert metrics["actor/ratio_mean"] == pytest.approx(sum(r) / 3, rel=1e-6)
+    assert metrics["actor/clipfrac_lower"] == 0.0  # 0.8 < 3: the dual clip is not active
     assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_ppo_dual_clip_caps_negative_advantages():
+    logprobs = torch.tensor([[0.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-2.0, -0.5, -2.0, -25.0]])  # ratios e^2 = 7.39, e^0.5, e^2, e^25
+    adv = torch.tensor([[-1.0, -2.0, 1.0, -0.5]])
+    mask = torch.ones(1, 4)
+    per_token = [
+        min(max(1.0 * math.exp(2), 1.0 * 1.2), 1.0 * 3),  # A < 0, ratio 7.39 > 3: capped at -A * c = 3
+        min(max(2.0 * math.exp(0.5), 2.0 * 1.2), 2.0 * 3),  # ratio 1.65 < 3: plain PPO, 3.30
+        max(-math.exp(2), -1.2),  # A > 0: no dual clip, -1.2
+        0.5 * 3,  # log-ratio 25 (not clamped): -A * ratio is huge, capped at 1.5
+    ]
+    loss, m = ppo_clip_loss(logprobs, old, adv, mask, clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx(sum(per_token) / 4, rel=1e-6)
+    assert m["actor/clipfrac_lower"] == pytest.approx(2 / 4)
+    assert m["actor/ratio_mean"] == pytest.approx(
+        (2 * math.exp(2) + math.exp(0.5) + math.exp(25)) / 4, rel=1e-5
+    )
+    loss.backward()
+    # capped tokens carry no gradient; the plain one has -A * ratio / 4
+    assert logprobs.grad[0].tolist() == pytest.approx([0.0, 2.0 * math.exp(0.5) / 4, 0.0, 0.0], rel=1e-6)
+
+
+def test_ppo_without_dual_clip_is_plain_ppo():
+    logprobs, old = torch.zeros(1, 1), torch.tensor([[-2.0]])
+    loss, m = ppo_clip_loss(logprobs, old, torch.tensor([[-1.0]]), torch.ones(1, 1), clip_ratio_c=None)
+    assert loss.item() == pytest.approx(math.exp(2), rel=1e-6)
+    assert m["actor/clipfrac_lower"] == 0.0
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        ppo_clip_loss(logprobs, old, torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=1.0)
 
 
 def test_ppo_asymmetric_clip_high():
@@ -80,16 +112,7 @@ def test_ppo_gradcheck_away_from_clip_boundary(agg):
     assert torch.autograd.gradcheck(f, (logprobs,))
 
 
-def test_ppo_extreme_log_ratio_stays_finite():
-    logprobs = torch.tensor([[0.0, -200.0]], requires_grad=True)
-    old = torch.tensor([[-200.0, 0.0]])
-    loss, m = ppo_clip_loss(logprobs, old, torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2))
-    loss.backward()
-    assert math.isfinite(loss.item()) and torch.isfinite(logprobs.grad).all()
-    assert all(math.isfinite(v) for v in m.values())
-
-
-# --- SDAR / OPSD ------------------------------------------------------------------------------------------------
+# --- SDAR ----------------------------------------------------------------------------------------------------
 
 STUDENT = [[-1.0, -2.0, -0.5, -3.0]]
 TEACHER = [[-0.5, -2.5, -0.5, 0.0]]
@@ -119,7 +142,7 @@ def _agg_weights(mask: torch.Tensor, agg: str) -> torch.Tensor:
         return m / b
     if agg == "seq-mean-token-mean":
         return m / (b * m.sum(-1, keepdim=True))
-    return m / (b * t)
+    return m / t  # seq-mean-token-sum-norm: a sum over sequences divided by the width
 
 
 @pytest.mark.parametrize("agg", AGG_MODES)
@@ -144,8 +167,7 @@ def test_sdar_beta_zero_gates_everything_at_half():
     loss, m = sdar_loss(student, teacher, torch.ones(3, 5), beta=0.0)
     assert m["sdar/gate_mean"] == 0.5
     assert m["sdar/gate_active_ratio"] == 0.0
-    opsd, _ = opsd_loss(student, teacher, torch.ones(3, 5))
-    assert loss.item() == pytest.approx(0.5 * opsd.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(0.5 * (teacher - student).mean().item(), rel=1e-5)
 
 
 def test_sdar_large_beta_is_a_hard_gate():
@@ -153,21 +175,60 @@ def test_sdar_large_beta_is_a_hard_gate():
     assert gate.tolist() == pytest.approx([1.0, 0.0], abs=1e-12)
 
 
-def test_opsd_hand_values_and_gradient():
-    student = torch.tensor(STUDENT, requires_grad=True)
-    teacher, mask = torch.tensor(TEACHER), torch.tensor(MASK)
-    loss, m = opsd_loss(student, teacher, mask)
-    assert loss.item() == pytest.approx((0.5 - 0.5 + 0.0) / 3, abs=1e-7)
-    assert m["sdar/gate_mean"] == 1.0
-    assert m["sdar/gate_active_ratio"] == 1.0
+# --- Skill-SD ---------------------------------------------------------------------------------------------------
+
+
+def test_skill_sd_hand_values():
+    s = torch.tensor([[-1.0, -2.0, -0.5, -1.0]])
+    q = torch.tensor([[-2.0, -1.0, -0.5, -30.0]])
+    old = torch.tensor([[-1.5, -2.0, -0.5, -13.0]])
+    mask = torch.tensor([[1, 1, 1, 1]])
+
+    def term(s_, q_, o_):
+        ell = s_ - q_
+        k3 = math.exp(min(-ell, 20.0)) - 1 + ell
+        return math.exp(min(s_ - o_, 10.0)) * k3
+
+    # token 0: l = 1, k3 = e^-1, rho = e^0.5; token 1: l = -1, k3 = e - 2, rho = 1; token 2: all equal, 0;
+    # token 3: l = 29, k3 = e^-29 + 28, rho = e^min(12, 10) (the on-policy ratio is clamped at e^10)
+    expected = [term(-1, -2, -1.5), term(-2, -1, -2), 0.0, term(-1, -30, -13)]
+    assert expected[0] == pytest.approx(math.exp(0.5) * math.exp(-1))
+    assert expected[3] == pytest.approx(math.exp(10) * (28 + math.exp(-29)))
+    loss, m = skill_sd_loss(s, q, old, mask)
+    assert loss.item() == pytest.approx(sum(expected) / 4, rel=1e-6)
+    assert m["skill_sd/loss"] == pytest.approx(loss.item())
+    assert m["skill_sd/rho_mean"] == pytest.approx((math.exp(0.5) + 1 + 1 + math.exp(10)) / 4, rel=1e-6)
+
+
+def test_skill_sd_pulls_student_toward_teacher_from_both_sides():
+    q = torch.tensor([[-2.0, -2.0]])
+    s = torch.tensor([[-1.0, -3.0]], requires_grad=True)  # above and below the teacher
+    loss, _ = skill_sd_loss(s, q, s.detach(), torch.ones(1, 2))
     loss.backward()
-    assert student.grad[0].tolist() == pytest.approx([-1 / 3, -1 / 3, -1 / 3, 0.0])
+    # d/ds [rho * k3] = rho * (k3 + 1 - e^-l), rho = 1 at s = old; token mean over 2 tokens
+    g0 = (math.exp(-1) - 1 + 1) + 1 - math.exp(-1)  # l = 1: 1.0 > 0, so descent lowers s toward q
+    g1 = (math.exp(1) - 1 - 1) + 1 - math.exp(1)  # l = -1: -1.0 < 0, so descent raises s toward q
+    assert s.grad[0].tolist() == pytest.approx([g0 / 2, g1 / 2], rel=1e-6)
+    assert s.grad[0, 0] > 0 > s.grad[0, 1]
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_skill_sd_gradcheck(agg):
+    torch.manual_seed(8)
+    s = (-torch.rand(3, 4, dtype=torch.float64) * 2).requires_grad_()
+    q = -torch.rand(3, 4, dtype=torch.float64) * 2
+    old = (s + 0.2 * torch.randn(3, 4, dtype=torch.float64)).detach()
+    mask = torch.rand(3, 4) > 0.3
+    mask[:, 0] = True
+    assert torch.autograd.gradcheck(lambda x: skill_sd_loss(x, q, old, mask, agg)[0], (s,))
 
 
 def test_distillation_empty_mask_is_zero():
     student = torch.randn(2, 3, requires_grad=True)
-    for fn in (sdar_loss, opsd_loss):
-        loss, m = fn(student, torch.randn(2, 3), torch.zeros(2, 3))
+    for loss, m in (
+        sdar_loss(student, torch.randn(2, 3), torch.zeros(2, 3)),
+        skill_sd_loss(student, torch.randn(2, 3), torch.randn(2, 3), torch.zeros(2, 3)),
+    ):
         assert loss.item() == 0.0
         assert all(math.isfinite(v) for v in m.values())
 

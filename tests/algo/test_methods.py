@@ -11,10 +11,7 @@ from sdarflow.algo import (
     Registry,
     UnknownNameError,
     method_loss,
-    opsd_loss,
-    ppo_clip_loss,
     register_method,
-    sdar_loss,
     token_logprobs,
 )
 
@@ -67,38 +64,135 @@ def test_every_method_gives_a_finite_scalar_with_gradient(method):
     ],
 )
 def test_metric_terms_and_total(method, has_pg, has_aux):
-    lam = 0.3
-    _, m = method_loss(method, lam=lam, **_batch())
+    _, m = method_loss(method, lam=0.3, skill_sd_coef=0.2, **_batch())
     assert ("loss/pg" in m) == has_pg
     assert ("loss/aux" in m) == has_aux
-    weight = lam if has_pg else 1.0  # opsd alone has weight 1
-    expected = m.get("loss/pg", 0.0) + weight * m.get("loss/aux", 0.0)
+    expected = m.get("loss/pg", 0.0) + m.get("loss/aux_coef", 0.0) * m.get("loss/aux", 0.0)
     assert m["loss/total"] == pytest.approx(expected, rel=1e-6)
+    if has_aux:
+        assert m["loss/aux_coef"] == (0.2 if method == "skill_sd" else 0.3)
 
 
-def test_sdar_is_grpo_plus_lam_gated_distillation():
-    batch, lam, beta = _batch(1), 0.01, 5.0
-    total, _ = method_loss("sdar", lam=lam, beta=beta, **batch)
-    pg, _ = ppo_clip_loss(batch["logprobs"], batch["old_logprobs"], batch["advantages"], batch["mask"])
-    aux, _ = sdar_loss(batch["logprobs"], batch["teacher_logprobs"], batch["mask"], beta=beta)
-    assert total.item() == pytest.approx((pg + lam * aux).item(), rel=1e-6)
+# --- every method against values computed by hand (plain floats, the reference's formulas) -----------------------
+# One row of three response tokens and a masked fourth; the student is the current policy.
+S = [-1.0, -0.4, -2.0, -9.0]  # logprobs
+OLD = [-1.2, -0.4, -0.6, -9.0]  # rollout-time log-probs
+Q = [-0.5, -1.4, -1.0, -9.0]  # teacher
+REF = [-1.5, -0.2, -2.0, -9.0]  # reference policy
+MASK4 = [1, 1, 1, 0]
 
 
-def test_opsd_is_distillation_only():
-    batch = _batch(2)
-    total, m = method_loss("opsd", **batch)
-    aux, _ = opsd_loss(batch["logprobs"], batch["teacher_logprobs"], batch["mask"])
-    assert total.item() == pytest.approx(aux.item())
-    assert "loss/pg" not in m
-    other, _ = method_loss("opsd", **(batch | {"advantages": torch.zeros(B, T)}))
-    assert other.item() == pytest.approx(total.item())
+def _sig(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
 
 
-def test_skill_sd_and_grpo_opsd_share_a_loss_form():
-    batch = _batch(3)
-    a, _ = method_loss("skill_sd", lam=0.1, **batch)
-    b, _ = method_loss("grpo_opsd", lam=0.1, **batch)
-    assert a.item() == pytest.approx(b.item())
+def _mean(values: list[float]) -> float:
+    kept = [v for v, m in zip(values, MASK4) if m]
+    return sum(kept) / len(kept)
+
+
+def _ppo(adv: list[float], c: float = 3.0) -> float:
+    out = []
+    for s, o, a in zip(S, OLD, adv):
+        r = math.exp(s - o)
+        l1 = max(-a * r, -a * min(max(r, 0.8), 1.2))
+        out.append(min(l1, -a * c) if a < 0 else l1)
+    return _mean(out)
+
+
+def _gated(beta: float) -> float:
+    return _mean([_sig(beta * (q - s)) * (q - s) for s, q in zip(S, Q)])
+
+
+def _k3_kl() -> float:
+    return _mean([math.exp(r - s) - (r - s) - 1 for s, r in zip(S, REF)])
+
+
+def _loss(method: str, adv: float, **kw):
+    t = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
+    return method_loss(
+        method,
+        logprobs=t(S).requires_grad_(),
+        old_logprobs=t(OLD),
+        teacher_logprobs=t(Q),
+        advantages=t([adv] * 3 + [0.0]),
+        mask=torch.tensor([MASK4], dtype=torch.bool),
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("adv", [1.3, -0.7])
+def test_method_values_by_hand(adv):
+    a = [adv] * 4
+    lam, beta = 0.01, 5.0
+    expected = {
+        "grpo": _ppo(a),
+        "sdar": _ppo(a) + lam * _gated(beta),
+        "opsd": lam * _gated(beta),  # the gated term alone, weight lambda
+        "grpo_opsd": _ppo(a) + lam * _gated(0.0),  # beta 0: gate 0.5 on every token
+    }
+    for method, value in expected.items():
+        assert _loss(method, adv, lam=lam, beta=beta)[0].item() == pytest.approx(value, rel=1e-9), method
+
+
+def test_sdar_hand_number():
+    # adv 1: ratios e^0.2, 1, e^-1.4 -> PPO terms max(-1.2214, -1.2) = -1.2, -1, max(-0.2466, -0.8) = -0.2466;
+    # gaps q - s = 0.5, -1, 1 -> gated 0.5 sig(2.5) = 0.46207, -sig(-5) = -0.00669, sig(5) = 0.99331
+    pg = (-1.2 - 1.0 - math.exp(-1.4)) / 3
+    gated = (0.5 * _sig(2.5) - _sig(-5.0) + _sig(5.0)) / 3
+    assert pg + 0.01 * gated == pytest.approx(-0.8155323 + 0.01 * 0.4828951, rel=1e-6)
+    loss, _ = _loss("sdar", 1.0)
+    assert loss.item() == pytest.approx(-0.8107034, rel=1e-6)
+
+
+def test_skill_sd_value_by_hand():
+    terms = []
+    for s, q, o in zip(S, Q, OLD):
+        ell = s - q
+        terms.append(math.exp(min(s - o, 10)) * (math.exp(min(-ell, 20)) - 1 + ell))
+    expected = _ppo([0.8] * 4) + 0.001 * _mean(terms)
+    assert _loss("skill_sd", 0.8)[0].item() == pytest.approx(expected, rel=1e-9)
+    assert _loss("skill_sd", 0.8, skill_sd_coef=0.5)[0].item() == pytest.approx(
+        _ppo([0.8] * 4) + 0.5 * _mean(terms), rel=1e-9
+    )
+
+
+@pytest.mark.parametrize(("adv", "step"), [(1.3, 1), (-0.7, 1), (1.3, 60), (1.3, 100)])
+def test_rlsd_value_by_hand(adv, step):
+    lam = 0.5 * max(0.0, 1 - step / 100)
+    sign = 1 if adv > 0 else -1
+    # re-weighted with the rollout (old) log-probs, not the current ones
+    a = [adv * ((1 - lam) + lam * min(max(math.exp(sign * (q - o)), 0.8), 1.2)) for q, o in zip(Q, OLD)]
+    loss, m = _loss("rlsd", adv, step=step)
+    assert loss.item() == pytest.approx(_ppo(a), rel=1e-9)
+    assert m["rlsd/lambda"] == pytest.approx(lam)
+    if step >= 100:
+        assert loss.item() == pytest.approx(_loss("grpo", adv)[0].item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["grpo", "sdar", "opsd", "grpo_opsd", "rlsd", "skill_sd"])
+def test_every_method_adds_the_kl_term(method):
+    ref = torch.tensor([REF], dtype=torch.float64)
+    base, _ = _loss(method, 0.9)
+    with_kl, m = _loss(method, 0.9, ref_logprobs=ref, kl_coef=0.01)
+    assert with_kl.item() == pytest.approx(base.item() + 0.01 * _k3_kl(), rel=1e-9)
+    assert m["actor/kl_loss"] == pytest.approx(_k3_kl(), rel=1e-9)
+    assert m["loss/total"] == pytest.approx(with_kl.item(), rel=1e-9)
+
+
+def test_kl_kind_and_missing_reference():
+    ref = torch.tensor([REF], dtype=torch.float64)
+    loss, _ = _loss("grpo", 0.9, ref_logprobs=ref, kl_coef=0.1, kl_kind="mse")
+    k2 = _mean([0.5 * (s - r) ** 2 for s, r in zip(S, REF)])
+    assert loss.item() == pytest.approx(_ppo([0.9] * 4) + 0.1 * k2, rel=1e-9)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        _loss("grpo", 0.9, kl_coef=0.01)
+
+
+def test_dual_clip_is_on_by_default_and_can_be_turned_off():
+    a = [-2.0] * 4
+    assert _loss("grpo", -2.0)[0].item() == pytest.approx(_ppo(a, c=3.0), rel=1e-9)
+    assert _loss("grpo", -2.0, clip_ratio_c=None)[0].item() == pytest.approx(_ppo(a, c=math.inf), rel=1e-9)
 
 
 def test_reductions_to_grpo():
@@ -106,6 +200,7 @@ def test_reductions_to_grpo():
     grpo, _ = method_loss("grpo", **batch)
     assert method_loss("rlsd", rlsd_lam=0.0, **batch)[0].item() == pytest.approx(grpo.item())
     assert method_loss("sdar", lam=0.0, **batch)[0].item() == pytest.approx(grpo.item())
+    assert method_loss("skill_sd", skill_sd_coef=0.0, **batch)[0].item() == pytest.approx(grpo.item())
 
 
 def test_grpo_needs_no_teacher_but_distillers_do():

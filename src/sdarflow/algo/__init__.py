@@ -5,7 +5,14 @@ its config name through :func:`method_loss` (names in :data:`METHODS`) and aggre
 :data:`AGG_MODES`. Importing this package registers every method.
 """
 
-from sdarflow.algo.advantages import broadcast_advantages, grpo_advantages, rlsd_advantages, rlsd_weights
+from sdarflow.algo.advantages import (
+    broadcast_advantages,
+    grpo_advantages,
+    penalized_scores,
+    rlsd_advantages,
+    rlsd_lambda,
+    rlsd_weights,
+)
 from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
 from sdarflow.algo.logprobs import (
     entropy_from_logits,
@@ -17,10 +24,10 @@ from sdarflow.algo.losses import (
     KL_KINDS,
     METHODS,
     kl_penalty,
-    opsd_loss,
     ppo_clip_loss,
     sdar_gate,
     sdar_loss,
+    skill_sd_loss,
 )
 from sdarflow.algo.registry import (
     METHOD_REGISTRY,
@@ -52,12 +59,14 @@ __all__ = [
     "masked_mean",
     "masked_mean_value",
     "method_loss",
-    "opsd_loss",
+    "penalized_scores",
     "ppo_clip_loss",
     "register_method",
     "rlsd_advantages",
+    "rlsd_lambda",
     "rlsd_weights",
     "sdar_gate",
     "sdar_loss",
+    "skill_sd_loss",
     "token_logprobs",
 ]

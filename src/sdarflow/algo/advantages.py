@@ -1,56 +1,114 @@
-"""Advantage estimators: GRPO's group-relative advantage, its per-token broadcast, and RLSD's teacher re-weighting.
+"""Advantage estimators: GRPO's group-relative advantage as verl-agent computes it for multi-turn agents, the
+invalid-action penalty on its scores, and RLSD's teacher re-weighting with its decaying weight.
 
-GRPO (DeepSeekMath, arXiv:2402.03300) needs no critic: an episode's advantage is its reward standardised within
-its group (all rollouts of one task in one round). RLSD re-weights that advantage per token by how much the
-teacher (the same policy with privileged context) prefers the sampled token, as benchmarked in the SDAR paper.
+GRPO (DeepSeekMath, arXiv:2402.03300) needs no critic: a turn row's advantage is its score standardised within its
+group (all rollouts of one task in one round). The SDAR reference (ZJU-REAL/SDAR, a verl-agent fork) scores every
+turn row with its episode's return minus an invalid-action penalty and takes a group's statistics over its rows
+(``compute_grpo_outcome_advantage`` in ``verl/trainer/ppo/core_algos.py``, ``compute_mean_std_cross_steps=True``).
 Advantages carry no gradient.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
 import torch
 from torch import Tensor
 
+Ids = Tensor | Sequence[Hashable]
+
+
+def _codes(ids: Ids, n: int, name: str) -> list[Hashable]:
+    values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    if len(values) != n or (isinstance(ids, Tensor) and ids.dim() != 1):
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else (len(values),)
+        raise ValueError(f"{name} must be (N,) with N = {n} like the scores, got {shape}")
+    return values
+
 
 def grpo_advantages(
-    rewards: Tensor, group_ids: Tensor, norm_by_std: bool = True, eps: float = 1e-6
+    scores: Tensor,
+    group_ids: Ids,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    traj_ids: Ids | None = None,
 ) -> Tensor:
-    """Group-relative advantages, one per episode.
+    """Group-relative advantages, one per row.
 
     Args:
-        rewards: (N,) float, one scalar per episode.
-        group_ids: (N,) integer group index per episode (any values; need not be contiguous or sorted).
-        norm_by_std: divide by the group's standard deviation (GRPO); False gives Dr. GRPO's ``r - mean``.
-        eps: added to the std so a group of identical rewards gives 0, not NaN.
+        scores: (N,) float, one score per row (a turn row carries its episode's penalized return).
+        group_ids: (N,) group of each row: a tensor or a list of hashables (strings); any order.
+        norm_by_std: divide by the group's standard deviation (GRPO); False gives Dr. GRPO's ``s - mean``.
+        eps: added to the std so a group of identical scores gives 0, not NaN.
+        traj_ids: (N,) episode of each row. None: every row counts in its group's statistics (verl-agent's
+            default, ``compute_mean_std_cross_steps=True``, so long episodes weigh more); given: each (group,
+            episode) pair counts once, with the score of its first row (episode-level GRPO).
     Returns:
-        (N,) ``A_i = (r_i - mean_g) / (std_g + eps)`` with ``std_g`` the *unbiased* (n - 1) standard deviation,
-        as ``torch.std`` and verl compute it. A group of size 1 gets advantage 0 (nothing to compare against).
+        (N,) ``A_i = (s_i - mean_g) / (std_g + eps)``, ``std_g`` the unbiased (n - 1) standard deviation of the
+        counted scores of row i's group. A group with one counted score gets mean 0 and std 1, so its rows keep
+        ``s_i / (1 + eps)`` (``s_i`` without the std), as the reference does.
     """
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be (N,), got {tuple(scores.shape)}")
+    n = scores.shape[0]
+    s = scores.detach()
+    groups = _codes(group_ids, n, "group_ids")
+    index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+    inv = torch.tensor([index[g] for g in groups], dtype=torch.long, device=s.device)  # (N,)
+    if traj_ids is None:
+        counted = torch.ones(n, dtype=torch.bool, device=s.device)
+    else:
+        seen: set = set()
+        keep = []
+        for pair in zip(groups, _codes(traj_ids, n, "traj_ids"), strict=True):
+            keep.append(pair not in seen)  # the first row of each episode stands for it
+            seen.add(pair)
+        counted = torch.tensor(keep, dtype=torch.bool, device=s.device)
+    w = counted.to(s.dtype)
+    zeros = torch.zeros(len(index), dtype=s.dtype, device=s.device)
+    count = zeros.index_add(0, inv, w)  # (G,) counted scores per group
+    mean = zeros.index_add(0, inv, s * w) / count
+    sq = zeros.index_add(0, inv, (s - mean[inv]).square() * w)
+    std = (sq / (count - 1).clamp(min=1)).sqrt()
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    centered = s - mean[inv]
+    return centered / (std[inv] + eps) if norm_by_std else centered
+
+
+def penalized_scores(episode_returns: Tensor, format_ok: Tensor, coef: float) -> Tensor:
+    """Per-row GRPO scores with the invalid-action penalty: ``R_ep - coef * (1 - format_ok)``, (N,) -> (N,).
+
+    verl-agent's ``apply_invalid_action_penalty`` (``verl/trainer/ppo/ray_trainer.py``) subtracts ``coef`` from a
+    turn whose action did not parse; the reference scripts use 0.1 (ALFWorld, WebShop) and 0.01 (search).
+    """
+    if episode_returns.shape != format_ok.shape:
         raise ValueError(
-            f"rewards and group_ids must both be (N,), got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+            f"episode_returns {tuple(episode_returns.shape)} and format_ok {tuple(format_ok.shape)} must match"
         )
-    r = rewards.detach()
-    _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n = counts.to(r.dtype)  # (G,)
-    mean = torch.zeros_like(n).index_add_(0, inv, r) / n
-    centered = r - mean[inv]  # (N,); exactly 0 for a singleton group
-    if not norm_by_std:
-        return centered
-    sq = torch.zeros_like(n).index_add_(0, inv, centered.square())
-    std = (
-        sq / (n - 1).clamp(min=1)
-    ).sqrt()  # clamp: singleton groups have no spread, and centered is 0 there
-    return centered / (std[inv] + eps)
+    return episode_returns - coef * (1.0 - format_ok.to(episode_returns.dtype))
 
 
 def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
-    """Per-episode advantages to per-token ones: (B,) x (B, T) -> (B, T), ``A_b * m_bt`` (0 on masked tokens)."""
+    """Per-row advantages to per-token ones: (B,) x (B, T) -> (B, T), ``A_b * m_bt`` (0 on masked tokens)."""
     if advantages.dim() != 1 or mask.dim() != 2 or advantages.shape[0] != mask.shape[0]:
         raise ValueError(
             f"need advantages (B,) and mask (B, T), got {tuple(advantages.shape)}, {tuple(mask.shape)}"
         )
     return advantages.detach()[:, None] * mask.to(advantages.dtype)
+
+
+def rlsd_lambda(step: int, lam0: float = 0.5, warmdown_steps: int = 100) -> float:
+    """RLSD's mixing weight at RL step ``step``: ``lam0 * max(0, 1 - step / warmdown_steps)``.
+
+    Linear decay to 0 over ``warmdown_steps`` (100 in the reference scripts, ``RLSDRayTrainer._get_rlsd_lambda``
+    in ``verl/trainer/ppo/rlsd_ray_trainer.py``; its first training step is 1); ``warmdown_steps <= 0`` keeps
+    ``lam0`` (no decay).
+    """
+    if warmdown_steps <= 0:
+        return lam0
+    return lam0 * max(0.0, 1.0 - step / warmdown_steps)
 
 
 def rlsd_weights(
@@ -64,7 +122,7 @@ def rlsd_weights(
 
     ``w_t = (1 - lam) + lam * clip(exp(sign(A_t) * delta_t), 1 - clip_eps, 1 + clip_eps)``, with the teacher gap
     ``delta_t = q_t - s_t`` detached: a token the teacher likes more than the student gets a larger push when
-    A > 0 and a smaller penalty when A < 0.
+    A > 0 and a smaller penalty when A < 0. The reference passes the rollout-time (old) log-probs as ``s_t``.
     """
     delta = (teacher_logprobs - student_logprobs).detach()
     # exp overflows to inf for large gaps; the clip turns inf into 1 + clip_eps, so no NaN can appear.
@@ -82,11 +140,14 @@ def rlsd_advantages(
 ) -> Tensor:
     """RLSD advantages: ``A_t * w_t`` (see :func:`rlsd_weights`) on response tokens, 0 on masked ones.
 
+    ``compute_rlsd_token_advantage`` in ``verl/trainer/ppo/rlsd_utils.py``.
+
     Args:
-        advantages: (B, T) per-token advantages (the episode's GRPO advantage broadcast over its tokens).
-        student_logprobs, teacher_logprobs: (B, T) ``s_t`` and ``q_t``; both treated as constants.
+        advantages: (B, T) per-token advantages (the row's GRPO advantage broadcast over its tokens).
+        student_logprobs: (B, T) ``s_t``: the rollout-time (old) log-probs, as the reference passes them.
+        teacher_logprobs: (B, T) ``q_t``; both treated as constants.
         mask: (B, T) bool or 0/1.
-        lam: mixing weight; 0 returns the advantages unchanged (on the mask).
+        lam: mixing weight (see :func:`rlsd_lambda`); 0 returns the advantages unchanged (on the mask).
         clip_eps: trust range of the teacher/student ratio.
     Returns:
         (B, T) detached advantages.

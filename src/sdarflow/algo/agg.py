@@ -48,10 +48,10 @@ def _seq_mean_token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
 
 @_AGG.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor) -> Tensor:
-    # mean_b (sum_t m*l / T), T = mask.shape[-1]: a constant normaliser (Dr. GRPO), so long and short responses
-    # are not re-weighted. Unlike verl we also average over sequences, so the scale is batch-size independent.
+    # sum_{b,t} m*l / T, T = mask.shape[-1]: Dr. GRPO's constant normaliser, so long and short responses are not
+    # re-weighted. As verl defines it: a sum over sequences, not a mean (the scale grows with the batch).
     loss, _ = _masked(loss_mat, mask)
-    return (loss.sum(-1) / max(1, mask.shape[-1])).mean()
+    return loss.sum() / max(1, mask.shape[-1])
 
 
 AGG_MODES: tuple[str, ...] = _AGG.names()
@@ -67,7 +67,7 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: AggMode | str = "token-mean")
             ``token-mean``              sum m*l / sum m
             ``seq-mean-token-sum``      mean_b sum_t m*l
             ``seq-mean-token-mean``     mean_b (sum_t m*l / sum_t m)
-            ``seq-mean-token-sum-norm`` mean_b (sum_t m*l / T)
+            ``seq-mean-token-sum-norm`` sum_{b,t} m*l / T
     Returns:
         0-dim tensor. Denominators are clamped to >= 1, so an empty mask gives 0, never NaN.
     """

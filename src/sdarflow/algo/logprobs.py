@@ -179,14 +179,50 @@ def linear_token_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_
     return out.reshape(labels.shape)
 
 
-@torch.no_grad()
+class _FusedLinearEntropy(torch.autograd.Function):
+    """(N, H) hidden, (V, H) head weight -> (N,) entropies ``H = lse(x) - sum p x`` of ``x = h W^T``, chunked.
+
+    Backward recomputes each chunk's logits: ``G = -g * p * (x - sum p x)``, ``dh = G @ W``, ``dW = G^T @ h``.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, hidden: Tensor, weight: Tensor, chunk_size: int) -> Tensor:
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        w = weight.to(dtype)
+        out = torch.empty(hidden.shape[0], dtype=dtype, device=hidden.device)
+        for sl in _chunks(hidden.shape[0], chunk_size):
+            x = hidden[sl].to(dtype) @ w.T  # (c, V)
+            out[sl] = torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+        ctx.save_for_backward(hidden, weight)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor, Tensor, None]:
+        hidden, weight = ctx.saved_tensors
+        w = weight.to(grad_out.dtype)
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros_like(w)
+        for sl in _chunks(hidden.shape[0], ctx.chunk_size):
+            h = hidden[sl].to(grad_out.dtype)
+            x = h @ w.T  # (c, V)
+            p = torch.softmax(x, dim=-1)
+            G = -grad_out[sl, None] * p * (x - (p * x).sum(-1, keepdim=True))
+            grad_h[sl] = (G @ w).to(grad_h.dtype)
+            grad_w += G.T @ h
+        return grad_h, grad_w.to(weight.dtype), None
+
+
 def linear_entropy(hidden: Tensor, weight: Tensor, chunk_size: int = 1024) -> Tensor:
-    """Entropy of ``softmax(hidden @ weight.T)`` per token, chunked, without gradient (a monitoring metric)."""
+    """Entropy of ``softmax(hidden @ weight.T)`` per token, chunked and fused with the LM head like
+    :func:`linear_token_logprobs`; differentiable, for the entropy bonus.
+
+    Args:
+        hidden: (..., H) final hidden states; weight: (V, H) LM head weight.
+    Returns:
+        (...) float32 entropies (float64 for float64 inputs).
+    """
+    _check_chunk_size(chunk_size)
     flat_h = hidden.reshape(-1, hidden.shape[-1])
-    dtype = torch.promote_types(hidden.dtype, torch.float32)
-    w = weight.to(dtype)
-    out = torch.empty(flat_h.shape[0], dtype=dtype, device=hidden.device)
-    for sl in _chunks(flat_h.shape[0], chunk_size):
-        x = flat_h[sl].to(dtype) @ w.T
-        out[sl] = torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
-    return out.reshape(hidden.shape[:-1])
+    return _FusedLinearEntropy.apply(flat_h, weight, chunk_size).reshape(hidden.shape[:-1])

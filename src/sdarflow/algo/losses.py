@@ -1,10 +1,12 @@
-"""Policy losses (PPO clip, SDAR's gated distillation, ungated OPSD, KL penalties) and the methods built on them.
+"""Policy losses (dual-clip PPO, SDAR's gated distillation, Skill-SD's self-distillation loss, KL penalties) and
+the methods built on them.
 
 SDAR (the SDAR paper, Self-Distilled Agentic RL) trains with ``L = L_GRPO + lambda * L_SDAR``: GRPO's clipped
 policy gradient plus on-policy self-distillation toward a teacher that is the same policy given retrieved skills,
 gated per token by ``sigmoid(beta * (q_t - s_t))`` so only tokens the teacher prefers are pulled. The methods at
-the bottom compose these losses and register under their config names; the trainer reaches them only through
-:func:`sdarflow.algo.registry.method_loss`.
+the bottom compose these losses as the SDAR reference code (ZJU-REAL/SDAR, a verl-agent fork) trains each
+baseline, and register under their config names; the trainer reaches them only through
+:func:`sdarflow.algo.registry.method_loss`, which also adds the KL term every reference script uses.
 
 All tensors are (B, T) (one row per agent turn, T response tokens); every loss reduces through
 :func:`sdarflow.algo.agg.agg_loss` and returns ``(loss, metrics)`` with python-float, namespaced metrics.
@@ -17,11 +19,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from sdarflow.algo.advantages import rlsd_advantages, rlsd_weights
+from sdarflow.algo.advantages import rlsd_advantages, rlsd_lambda, rlsd_weights
 from sdarflow.algo.agg import AggMode, agg_loss, masked_mean_value
 from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics, UnknownNameError, register_method
 
-# exp of a log-ratio beyond this overflows or underflows float32 and poisons the batch (verl uses the same bound).
+# exp of a log-ratio beyond this overflows float32; the KL and Skill-SD terms clamp there as verl does.
 _LOG_RATIO_CLAMP = 20.0
 
 
@@ -33,8 +35,11 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     agg: AggMode | str = "token-mean",
+    clip_ratio_c: float | None = 3.0,
 ) -> tuple[Tensor, Metrics]:
-    """PPO's clipped surrogate (arXiv:1707.06347), as GRPO uses it.
+    """PPO's clipped surrogate (arXiv:1707.06347) with dual clip for negative advantages (arXiv:1912.09729).
+
+    verl's ``compute_policy_loss`` (``verl/trainer/ppo/core_algos.py``), as the SDAR reference trains every method.
 
     Args:
         logprobs: (B, T) current policy ``log pi_theta(y_t)``; carries the gradient.
@@ -43,19 +48,33 @@ def ppo_clip_loss(
         mask: (B, T) bool or 0/1.
         clip_low, clip_high: ratio trust region ``[1 - clip_low, 1 + clip_high]`` (asymmetric allows DAPO's
             clip-higher).
+        clip_ratio_c: dual-clip bound ``c > 1``; None turns the dual clip off.
     Returns:
-        ``agg(max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)))`` with ``r = exp(logprobs - old_logprobs)``,
-        and metrics ``actor/clipfrac`` (share of tokens where the clipped term is the active one),
-        ``actor/ppo_kl`` (masked mean of ``old - new``) and ``actor/ratio_mean``.
+        ``agg(L_t)`` with ``r = exp(logprobs - old_logprobs)`` (not clamped, as in the reference),
+        ``L1 = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and ``L_t = min(L1, -A c)`` where ``A < 0``,
+        else ``L1``. Metrics: ``actor/clipfrac`` (share of tokens where the clipped term is the larger one),
+        ``actor/clipfrac_lower`` (share where the dual clip is active), ``actor/ppo_kl`` (masked mean of
+        ``old - new``) and ``actor/ratio_mean``.
     """
-    log_ratio = (logprobs - old_logprobs.detach()).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(
+            f"clip_ratio_c ({clip_ratio_c}) must be > 1: it bounds -A * ratio for A < 0, or None"
+        )
+    log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)
     adv = advantages.detach()
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = agg_loss(torch.maximum(unclipped, clipped), mask, agg)
+    loss_mat = torch.maximum(unclipped, clipped)
+    lower = torch.zeros_like(adv, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        dual = -adv * clip_ratio_c
+        lower = (adv < 0) & (loss_mat > dual)
+        loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, dual), loss_mat)
+    loss = agg_loss(loss_mat, mask, agg)
     metrics = {
         "actor/clipfrac": masked_mean_value((clipped > unclipped).float(), mask),
+        "actor/clipfrac_lower": masked_mean_value(lower.float(), mask),
         "actor/ppo_kl": masked_mean_value(-log_ratio, mask),
         "actor/ratio_mean": masked_mean_value(ratio, mask),
     }
@@ -65,31 +84,11 @@ def ppo_clip_loss(
 def sdar_gate(student_logprobs: Tensor, teacher_logprobs: Tensor, beta: float = 5.0) -> Tensor:
     """SDAR's per-token gate, (B, T) in (0, 1): ``g_t = sigmoid(beta * (q_t - s_t))``, detached.
 
-    ``beta = 0`` gives 0.5 everywhere (uniform, ungated distillation up to a factor); large beta approaches a hard
-    "teacher prefers this token" indicator.
+    ``beta = 0`` gives 0.5 everywhere (naive GRPO+OPSD: every token distilled alike); large beta approaches a
+    hard "teacher prefers this token" indicator.
     """
     delta = (teacher_logprobs - student_logprobs).detach()
     return torch.sigmoid(beta * delta)
-
-
-def _distill_loss(
-    student_logprobs: Tensor,
-    teacher_logprobs: Tensor,
-    mask: Tensor,
-    gate: Tensor,
-    agg: AggMode | str,
-) -> tuple[Tensor, Metrics]:
-    """``agg(g_t * (q_t - s_t))`` with g and q constant, so ``d/ds_t = -g_t`` times the aggregation weight."""
-    q = teacher_logprobs.detach()
-    delta = q - student_logprobs.detach()
-    loss = agg_loss(gate * (q - student_logprobs), mask, agg)
-    metrics = {
-        "sdar/gate_mean": masked_mean_value(gate, mask),
-        "sdar/gate_active_ratio": masked_mean_value((gate > 0.5).float(), mask),
-        "sdar/teacher_gap_mean": masked_mean_value(delta, mask),
-        "sdar/loss": float(loss.detach()),
-    }
-    return loss, metrics
 
 
 def sdar_loss(
@@ -99,7 +98,8 @@ def sdar_loss(
     beta: float = 5.0,
     agg: AggMode | str = "token-mean",
 ) -> tuple[Tensor, Metrics]:
-    """SDAR's gated on-policy self-distillation loss (the SDAR paper).
+    """SDAR's gated on-policy self-distillation loss (the SDAR paper; ``compute_sdar_loss`` in
+    ``verl/trainer/ppo/sdar_utils.py``).
 
     Args:
         student_logprobs: (B, T) ``s_t = log pi_theta(y_t | history)``; the only input that carries gradient.
@@ -113,21 +113,51 @@ def sdar_loss(
         (masked mean of ``q - s``), ``sdar/loss``.
     """
     gate = sdar_gate(student_logprobs, teacher_logprobs, beta)
-    return _distill_loss(student_logprobs, teacher_logprobs, mask, gate, agg)
+    q = teacher_logprobs.detach()
+    delta = q - student_logprobs.detach()
+    loss = agg_loss(gate * (q - student_logprobs), mask, agg)
+    metrics = {
+        "sdar/gate_mean": masked_mean_value(gate, mask),
+        "sdar/gate_active_ratio": masked_mean_value((gate > 0.5).float(), mask),
+        "sdar/teacher_gap_mean": masked_mean_value(delta, mask),
+        "sdar/loss": float(loss.detach()),
+    }
+    return loss, metrics
 
 
-def opsd_loss(
+def skill_sd_loss(
     student_logprobs: Tensor,
     teacher_logprobs: Tensor,
+    old_logprobs: Tensor,
     mask: Tensor,
     agg: AggMode | str = "token-mean",
 ) -> tuple[Tensor, Metrics]:
-    """Ungated on-policy self-distillation: :func:`sdar_loss` with ``g_t = 1``, i.e. ``agg(q_t - s_t)``.
+    """Skill-SD's self-distillation loss (SDL): an importance-weighted k3 estimate of KL(student || teacher).
 
-    Same shapes and metric names as :func:`sdar_loss` (``sdar/gate_mean`` is 1), so runs compare on one chart.
+    ``compute_sdl_loss`` in ``verl/trainer/ppo/skillsd_utils.py``. With ``l_t = s_t - q_t``:
+        ``k3_t = exp(min(-l_t, 20)) - 1 + l_t`` (>= 0, zero where student and teacher agree),
+        ``rho_t = exp(min(s_t - old_t, 10))`` (the on-policy ratio, *not* detached),
+        loss ``agg(rho_t * k3_t)``.
+
+    Args:
+        student_logprobs: (B, T) ``s_t``; carries the gradient (through both ``k3`` and ``rho``).
+        teacher_logprobs: (B, T) ``q_t``; constant.
+        old_logprobs: (B, T) rollout-time log-probs; constant.
+        mask: (B, T) bool or 0/1.
+    Returns:
+        The loss and ``skill_sd/k3_mean``, ``skill_sd/rho_mean``, ``skill_sd/loss``. Its gradient
+        ``rho * (k3 + 1 - exp(-l))`` pulls ``s`` toward ``q`` from above and below.
     """
-    gate = torch.ones_like(student_logprobs.detach())
-    return _distill_loss(student_logprobs, teacher_logprobs, mask, gate, agg)
+    ell = student_logprobs - teacher_logprobs.detach()
+    k3 = torch.exp((-ell).clamp(max=_LOG_RATIO_CLAMP)) - 1.0 + ell
+    rho = torch.exp((student_logprobs - old_logprobs.detach()).clamp(max=10.0))
+    loss = agg_loss(rho * k3, mask, agg)
+    metrics = {
+        "skill_sd/k3_mean": masked_mean_value(k3, mask),
+        "skill_sd/rho_mean": masked_mean_value(rho, mask),
+        "skill_sd/loss": float(loss.detach()),
+    }
+    return loss, metrics
 
 
 KlKind = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"]
@@ -140,8 +170,10 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KlKind | str = "low
 
     With ``d = logprobs - ref_logprobs``:
         ``kl`` (k1): ``d``; ``abs``: ``|d|``; ``mse`` (k2): ``0.5 * d^2``;
-        ``low_var_kl`` (k3): ``exp(-d) - (-d) - 1``, non-negative and unbiased, with ``-d`` clamped to [-20, 20]
-        and the result to [-10, 10] as verl does, because one outlier token can otherwise dominate the batch.
+        ``low_var_kl`` (k3): ``exp(-d) - (-d) - 1``, non-negative and unbiased, clamped to [-10, 10] as verl's
+        ``kl_penalty`` (``verl/trainer/ppo/core_algos.py``) does, because one outlier token can otherwise dominate
+        the batch. ``-d`` is also clamped to [-20, 20]: the values stay verl's (k3 already exceeds 10 there), but
+        an ``exp`` overflowing to inf would turn the clamped token's zero gradient into NaN.
     Not aggregated: pass the result to :func:`sdarflow.algo.agg.agg_loss`.
     """
     name = _KL_ALIASES.get(kind, kind)
@@ -159,8 +191,9 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KlKind | str = "low
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Methods: config name -> composed loss. Each returns (scalar loss, metrics with loss/total and loss/pg, loss/aux
-# where the method has that term). loss/aux is the *unweighted* auxiliary loss; loss/total = pg + lam * aux.
+# Methods: config name -> composed loss, as the SDAR reference's scripts train each one (examples/<method>_trainer).
+# Each returns (scalar loss, metrics with loss/total and loss/pg, loss/aux where the method has that term);
+# loss/aux is the *unweighted* auxiliary loss. method_loss adds the KL term to every method.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -171,7 +204,9 @@ def _teacher(x: MethodInputs, method: str) -> Tensor:
 
 
 def _pg(x: MethodInputs, advantages: Tensor) -> tuple[Tensor, Metrics]:
-    return ppo_clip_loss(x.logprobs, x.old_logprobs, advantages, x.mask, x.clip_low, x.clip_high, x.agg)
+    return ppo_clip_loss(
+        x.logprobs, x.old_logprobs, advantages, x.mask, x.clip_low, x.clip_high, x.agg, x.clip_ratio_c
+    )
 
 
 def _combine(
@@ -185,6 +220,7 @@ def _combine(
     if aux is not None:
         terms.append(lam * aux)
         metrics["loss/aux"] = float(aux.detach())
+        metrics["loss/aux_coef"] = lam
     total = sum(terms[1:], terms[0])
     metrics["loss/total"] = float(total.detach())
     return total, metrics
@@ -192,47 +228,54 @@ def _combine(
 
 @register_method("grpo")
 def _grpo(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """GRPO: PPO clip on group-relative advantages; no critic, no distillation."""
+    """GRPO: dual-clip PPO on group-relative advantages; no critic, no distillation."""
     pg, m = _pg(x, x.advantages)
     return _combine(m, pg=pg)
 
 
 @register_method("opsd")
 def _opsd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """OPSD alone: the ungated distillation loss with weight 1, no policy-gradient term."""
-    aux, m = opsd_loss(x.logprobs, _teacher(x, "opsd"), x.mask, x.agg)
-    return _combine(m, aux=aux)
+    """OPSD: the gated distillation term alone, ``lam * L_SDAR(beta)``; no policy gradient.
+
+    The reference runs ``main_sdar`` with ``pg_loss_coef=0`` (``examples/opsd_trainer``).
+    """
+    aux, m = sdar_loss(x.logprobs, _teacher(x, "opsd"), x.mask, x.beta, x.agg)
+    return _combine(m, aux=aux, lam=x.lam)
 
 
 @register_method("grpo_opsd")
 def _grpo_opsd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """Naive GRPO + OPSD: ``L_GRPO + lam * OPSD`` with no gate (every token distilled alike)."""
+    """Naive GRPO + OPSD: ``L_GRPO + lam * L_SDAR(beta=0)``, every token distilled with gate 0.5.
+
+    The reference runs ``main_sdar`` with ``gate_beta=0.0`` (``examples/grpo_opsd_trainer``).
+    """
     pg, m = _pg(x, x.advantages)
-    aux, m_aux = opsd_loss(x.logprobs, _teacher(x, "grpo_opsd"), x.mask, x.agg)
+    aux, m_aux = sdar_loss(x.logprobs, _teacher(x, "grpo_opsd"), x.mask, 0.0, x.agg)
     return _combine(m | m_aux, pg=pg, aux=aux, lam=x.lam)
 
 
 @register_method("rlsd")
 def _rlsd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """RLSD: GRPO whose per-token advantages are re-weighted by the teacher gap; no auxiliary loss."""
+    """RLSD: GRPO whose per-token advantages are re-weighted by the teacher's gap to the rollout log-probs, with
+    the weight decaying to 0 over ``rlsd_warmdown_steps`` RL steps; no auxiliary loss."""
     teacher = _teacher(x, "rlsd")
-    adv = rlsd_advantages(x.advantages, x.logprobs, teacher, x.mask, x.rlsd_lam, x.rlsd_clip_eps)
+    lam = rlsd_lambda(x.step, x.rlsd_lam, x.rlsd_warmdown_steps)
+    adv = rlsd_advantages(x.advantages, x.old_logprobs, teacher, x.mask, lam, x.rlsd_clip_eps)
     pg, m = _pg(x, adv)
-    w = rlsd_weights(x.advantages, x.logprobs, teacher, x.rlsd_lam, x.rlsd_clip_eps)
+    w = rlsd_weights(x.advantages, x.old_logprobs, teacher, lam, x.rlsd_clip_eps)
     m["rlsd/weight_mean"] = masked_mean_value(w, x.mask)
+    m["rlsd/lambda"] = lam
     return _combine(m, pg=pg)
 
 
 @register_method("skill_sd")
 def _skill_sd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """Skill-SD: ``L_GRPO + lam * ungated distillation``.
-
-    Identical loss form to ``grpo_opsd``; the difference is upstream (teacher context = retrieved skills). Kept
-    as its own name so experiment configs and reports match the paper's baselines.
-    """
+    """Skill-SD: ``L_GRPO + skill_sd_coef * SDL`` (:func:`skill_sd_loss`; coefficient 0.001 in
+    ``examples/skillsd_trainer``)."""
     pg, m = _pg(x, x.advantages)
-    aux, m_aux = opsd_loss(x.logprobs, _teacher(x, "skill_sd"), x.mask, x.agg)
-    return _combine(m | m_aux, pg=pg, aux=aux, lam=x.lam)
+    teacher = _teacher(x, "skill_sd")
+    aux, m_aux = skill_sd_loss(x.logprobs, teacher, x.old_logprobs, x.mask, x.agg)
+    return _combine(m | m_aux, pg=pg, aux=aux, lam=x.skill_sd_coef)
 
 
 @register_method("sdar")

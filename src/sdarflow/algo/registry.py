@@ -68,8 +68,9 @@ class Registry(Generic[T]):
 class MethodInputs:
     """Everything a method's loss may use. Tensors are (B, T), one row per training sample (agent turn).
 
-    ``advantages`` are per token (the episode's GRPO advantage broadcast over its response tokens);
-    ``teacher_logprobs`` may be None only for methods that do not distill (``grpo``).
+    ``advantages`` are per token (the row's GRPO advantage broadcast over its response tokens);
+    ``teacher_logprobs`` may be None only for methods that do not distill (``grpo``). ``step`` is the RL step
+    (the reference's ``global_steps``, 1 for the first update), which RLSD's decaying weight reads.
     """
 
     logprobs: Tensor
@@ -81,8 +82,12 @@ class MethodInputs:
     beta: float
     clip_low: float
     clip_high: float
+    clip_ratio_c: float | None
     rlsd_lam: float
     rlsd_clip_eps: float
+    rlsd_warmdown_steps: int
+    skill_sd_coef: float
+    step: int
     agg: str
 
 
@@ -107,13 +112,29 @@ def method_loss(
     rlsd_lam: float = 0.5,
     rlsd_clip_eps: float = 0.2,
     agg: str = "token-mean",
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = "low_var_kl",
+    clip_ratio_c: float | None = 3.0,
+    skill_sd_coef: float = 0.001,
+    step: int = 0,
+    rlsd_warmdown_steps: int = 100,
 ) -> tuple[Tensor, Metrics]:
     """The scalar training loss of ``method`` and its namespaced metrics (``loss/total``, ``loss/pg``, ...).
 
+    ``L = L_method + kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind))``, the KL term whenever
+    ``ref_logprobs`` is given (verl's ``use_kl_loss``; the reference scripts use ``low_var_kl`` at 0.01 for
+    ALFWorld/WebShop and 0.001 for search). The entropy bonus is the trainer's, from the logits it computes.
+
     All tensors are (B, T); ``logprobs`` carries the gradient, the others are treated as constants. Defaults are
-    the SDAR paper's (lambda 0.01, beta 5). Raises :class:`UnknownNameError` for an unregistered method and
-    ``ValueError`` for mismatched shapes or a missing teacher.
+    the SDAR paper's and its reference scripts' (lambda 0.01, beta 5, dual clip 3, Skill-SD 0.001, RLSD warm-down
+    100 steps). Raises :class:`UnknownNameError` for an unregistered method and ``ValueError`` for mismatched
+    shapes, a missing teacher, or ``kl_coef > 0`` without reference log-probs.
     """
+    # Imported here: both modules import this one (agg for Registry, losses to register the methods).
+    from sdarflow.algo.agg import agg_loss
+    from sdarflow.algo.losses import kl_penalty
+
     fn = METHOD_REGISTRY.get(method)
     _check_shapes(
         mask,
@@ -121,7 +142,12 @@ def method_loss(
         old_logprobs=old_logprobs,
         teacher_logprobs=teacher_logprobs,
         advantages=advantages,
+        ref_logprobs=ref_logprobs,
     )
+    if kl_coef != 0 and ref_logprobs is None:
+        raise ValueError(
+            f"kl_coef ({kl_coef}) needs ref_logprobs: the KL term compares with a reference policy"
+        )
     inputs = MethodInputs(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
@@ -132,11 +158,22 @@ def method_loss(
         beta=beta,
         clip_low=clip_low,
         clip_high=clip_high,
+        clip_ratio_c=clip_ratio_c,
         rlsd_lam=rlsd_lam,
         rlsd_clip_eps=rlsd_clip_eps,
+        rlsd_warmdown_steps=rlsd_warmdown_steps,
+        skill_sd_coef=skill_sd_coef,
+        step=step,
         agg=agg,
     )
-    return fn(inputs)
+    loss, metrics = fn(inputs)
+    if ref_logprobs is not None:
+        kl = agg_loss(kl_penalty(logprobs, ref_logprobs.detach(), kl_kind), mask, agg)
+        loss = loss + kl_coef * kl
+        metrics["actor/kl_loss"] = float(kl.detach())
+        metrics["actor/kl_coef"] = kl_coef
+        metrics["loss/total"] = float(loss.detach())
+    return loss, metrics
 
 
 def _check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
