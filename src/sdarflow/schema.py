@@ -40,6 +40,8 @@ TRAJECTORY_FIELDS: list[pa.Field] = [
 RESCORE_FIELDS: list[pa.Field] = [
     pa.field("old_logprobs", pa.list_(pa.float32())),
     pa.field("teacher_logprobs", pa.list_(pa.float32())),
+    # The reference policy (base model, adapter off, no skills) for the KL term; null where rescore skipped it.
+    pa.field("ref_logprobs", pa.list_(pa.float32())),
     pa.field("skill_ids", pa.list_(pa.string())),
     # False when only general skills were found for the row's task type (the silent retrieval failure mode).
     pa.field("skill_hit", pa.bool_()),
@@ -51,7 +53,7 @@ RESCORED_SCHEMA = pa.schema(TRAJECTORY_FIELDS + RESCORE_FIELDS)
 SCHEMAS: dict[str, pa.Schema] = {"trajectories": TRAJECTORY_SCHEMA, "rescored": RESCORED_SCHEMA}
 
 # Per-token columns that must have one entry per response token.
-_TOKEN_ALIGNED = ("rollout_logprobs", "old_logprobs", "teacher_logprobs")
+_TOKEN_ALIGNED = ("rollout_logprobs", "old_logprobs", "teacher_logprobs", "ref_logprobs")
 
 
 def fingerprint(schema: pa.Schema) -> str:

@@ -67,3 +67,5 @@ def test_parse_action_and_skill_insertion():
     assert teacher[1] == msgs[1] and "Skills:\n1. take <item>" in teacher[0]["content"]
     assert insert_skills(msgs, "s", "user")[1]["content"].startswith("Skills:\ns\n")
     assert msgs[0]["content"].count("Skills") == 0  # the student's messages are untouched
+    with pytest.raises(ValueError, match="teacher_prompt_ids"):  # prefix works on token ids, not messages
+        insert_skills(msgs, "s", "prefix")

@@ -101,11 +101,12 @@ def test_library_round_trip_and_content_version(tmp_path):
 
 def test_keyword_retrieval_hit_and_miss():
     lib = extract_skills(episodes())
-    hit = keyword(lib, "cut", "Goal: slice the apple")
-    assert hit.hit and hit.matched and hit.ids == ["skill_cut", GENERAL]
-    miss = keyword(lib, "cook", "Goal: fry the egg")
+    assert lib.task_keywords == {}  # extracted libraries retrieve by the row's task type
+    hit = keyword(lib, "cut", "Goal: make the meal")
+    assert hit.hit and hit.matched and hit.ids == [GENERAL, "skill_cut"]
+    miss = keyword(lib, "cook", "Goal: cut the apple")
     assert not miss.hit and miss.ids == [GENERAL]
-    assert full(lib, "cook", "").ids == ["skill_cut", GENERAL]
+    assert full(lib, "cook", "").ids == [GENERAL, "skill_cut"]
 
 
 def test_merge_prefers_better_supported_skills():

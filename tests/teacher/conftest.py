@@ -101,6 +101,12 @@ def rescore(capsys, tiny_model):
 
 
 @pytest.fixture
+def student_rows(tokenizer) -> list[dict]:
+    """The hand-built trajectory rows as dicts (for tests that call the rescoring functions directly)."""
+    return make_rows(tokenizer)
+
+
+@pytest.fixture
 def dataset(tmp_path, tokenizer):
     """Write a hand-built trajectory dataset; ``task_types`` overrides the four games' types."""
 
@@ -108,6 +114,25 @@ def dataset(tmp_path, tokenizer):
         return write_trajectories(str(tmp_path / name), make_rows(tokenizer, task_types))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(tiny_model, tmp_path_factory) -> str:
+    """A LoRA adapter on the tiny model whose B weights are random (PEFT starts them at zero, a no-op adapter), so
+    the adapted policy differs from the base model."""
+    import torch
+
+    from sdarflow.models.policy import load_policy, new_lora
+
+    model = new_lora(load_policy(str(tiny_model)).model, rank=4, alpha=8, targets=["q_proj", "v_proj"])
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+    out = tmp_path_factory.mktemp("adapter")
+    model.save_pretrained(str(out))
+    return str(out)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The rescore stage through the CLI: a hand-written reference library is used, every strategy runs, packed and
-padded batching agree, the reports are published with the dataset, shards partition the rows, and the ucb
-statistics carry across rounds through extract-skills."""
+padded batching agree, the reports are published with the dataset, shards partition the rows, the ucb
+statistics carry across rounds through extract-skills, and the reference log-probs are the base model's."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ from sdarflow import storage
 from sdarflow.cli import main
 from sdarflow.schema import RESCORED_SCHEMA
 
+# Keyword retrieval on the reference library per game (tests/teacher/conftest.py GAMES): every task type with a
+# keyword in the prompt, in task_keywords order (cut: slice chop dice; cook: fry roast grill; cut+cook: slice fry,
+# mapped to cooking), after the general skill.
+KEYWORD_IDS = {
+    "game-0": ["general", "cutting", "cooking"],  # "slice": cut and cut+cook
+    "game-1": ["general", "cooking", "cooking"],  # "fry": cook and cut+cook, not deduplicated
+    "game-2": ["general", "cutting"],  # "dice"
+    "game-3": ["general", "cooking"],  # "roast"
+}
+
 
 def read(uri: str) -> list[dict]:
     return storage.read_table(uri, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
@@ -24,9 +34,9 @@ def test_reference_library_is_used_and_reports_are_published(dataset, rescore, r
     assert code == 0, result
     rows = read(out)
     for r in rows:
-        own = {"cut": "cutting", "cook": "cooking"}[r["task_type"]]
-        assert r["skill_ids"] == [own, "general"] and r["skill_hit"]
+        assert r["skill_ids"] == KEYWORD_IDS[r["task_id"]] and r["skill_hit"]
         assert len(r["teacher_logprobs"]) == len(r["old_logprobs"]) == len(r["response_token_ids"])
+        assert r["ref_logprobs"] == r["old_logprobs"]  # no adapter: the policy is the reference
     assert any(abs(a - b) > 1e-4 for r in rows for a, b in zip(r["old_logprobs"], r["teacher_logprobs"]))
     m = result["metrics"]
     for key in ("rescore/gap_mean/cut", "rescore/gap_positive_share/cook", "rescore/skill_uses/general"):
@@ -49,7 +59,7 @@ def test_overwrite_keeps_the_reports_and_refuses_without_the_flag(
     assert code == 2 and "already published" in err and "--overwrite" in err
     assert rescore(traj, reference_library, out, "--overwrite", "--retrieval", "full")[0] == 0
     assert (Path(out) / "report.html").is_file() and (Path(out) / "report.md").is_file()
-    assert read(out)[0]["skill_ids"] == ["cooking", "cutting", "general"]
+    assert read(out)[0]["skill_ids"] == ["general", "cutting", "cooking"]
 
 
 @pytest.mark.parametrize("strategy", ["keyword", "ucb", "random", "full"])
@@ -58,11 +68,11 @@ def test_every_strategy_runs(dataset, rescore, reference_library, tmp_path, stra
     code, result = rescore(dataset(), reference_library, out, "--retrieval", strategy, "--seed", "3")
     assert code == 0, result
     rows = read(out)
-    assert all(r["skill_hit"] and r["skill_ids"][-1] == "general" for r in rows)
+    assert all(r["skill_hit"] and r["skill_ids"][0] == "general" for r in rows)
     if strategy == "ucb":  # per task type, untried skills first: the first two rows of a type differ
         first = {}
         for r in rows:
-            first.setdefault(r["task_type"], []).append(r["skill_ids"][0])
+            first.setdefault(r["task_type"], []).append(r["skill_ids"][1])
         assert all(len(set(ids[:2])) == 2 for ids in first.values())
 
 
@@ -124,3 +134,71 @@ def test_ucb_statistics_carry_across_rounds(dataset, rescore, reference_library,
     )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "was scored with skill library" in err
+
+
+def test_reference_logprobs_are_the_base_model_without_the_adapter(
+    dataset, rescore, reference_library, tmp_path, tiny_model, lora_adapter
+):
+    from sdarflow.models import load_policy
+    from sdarflow.teacher.rescore import score
+
+    out = str(tmp_path / "out")
+    code, result = rescore(dataset(), reference_library, out, "--adapter", lora_adapter)
+    assert code == 0, result
+    rows = read(out)
+    base = load_policy(str(tiny_model))
+    prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
+    expected = score(base.model, prompts, responses, base.tokenizer.pad_token_id, 16384)
+    flat = [
+        (a, b, o) for r, e in zip(rows, expected) for a, b, o in zip(r["ref_logprobs"], e, r["old_logprobs"])
+    ]
+    assert max(abs(a - b) for a, b, _ in flat) < 1e-5
+    assert max(abs(a - o) for a, _, o in flat) > 1e-3  # the adapter changes the policy
+    kl = sum(o - a for a, _, o in flat) / len(flat)
+    assert abs(result["metrics"]["rescore/ref_kl_mean"] - kl) < 1e-6
+
+
+def test_no_ref_logprobs_writes_nulls(dataset, rescore, reference_library, tmp_path, lora_adapter):
+    out = str(tmp_path / "out")
+    code, result = rescore(dataset(), reference_library, out, "--adapter", lora_adapter, "--no-ref-logprobs")
+    assert code == 0, result
+    assert all(r["ref_logprobs"] is None for r in read(out))
+    assert "rescore/ref_kl_mean" not in result["metrics"]
+
+
+def test_a_merged_adapter_gets_the_base_reloaded(tiny_model, lora_adapter, tokenizer, student_rows):
+    from sdarflow.models import load_policy
+    from sdarflow.teacher.rescore import reference_model, score
+
+    rows = student_rows[:3]
+    prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
+    pad = tokenizer.pad_token_id
+    base = score(load_policy(str(tiny_model)).model, prompts, responses, pad, 16384)
+    merged = load_policy(str(tiny_model), lora_adapter).model.merge_and_unload()
+    with reference_model(merged, str(tiny_model)) as ref:
+        assert ref is not merged
+        got = score(ref, prompts, responses, pad, 16384)
+    assert max(abs(a - b) for g, e in zip(got, base) for a, b in zip(g, e)) < 1e-5
+
+
+def test_prompt_budget_and_reference_flags(capsys):
+    from sdarflow.errors import ConfigError
+    from sdarflow.stages.rescore import RescoreConfig
+
+    cfg = RescoreConfig()
+    assert cfg.skill_place == "prefix" and cfg.max_prompt_tokens == 2048 and cfg.ref_logprobs
+    with pytest.raises(ConfigError, match=r"max_prompt_tokens \(0\) must be >= 1"):
+        RescoreConfig(max_prompt_tokens=0)
+    with pytest.raises(SystemExit):
+        main(["rescore", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--ref-logprobs, --no-ref-logprobs" in text and "{prefix,system,user}" in text
+
+
+@pytest.mark.parametrize("place", ["system", "user"])
+def test_message_places_run(dataset, rescore, reference_library, tmp_path, place):
+    out = str(tmp_path / place)
+    code, result = rescore(dataset(), reference_library, out, "--skill-place", place)
+    assert code == 0, result
+    rows = read(out)
+    assert any(abs(a - b) > 1e-4 for r in rows for a, b in zip(r["old_logprobs"], r["teacher_logprobs"]))

@@ -23,7 +23,9 @@ from sdarflow.envs import Env, EnvSuite, Task
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import Engine
 from sdarflow.rollout.envcall import Outcome, call_all
-from sdarflow.rollout.prompt import build_messages, dumps, parse_action
+
+# encode_prompt is re-exported: callers import it from here as well.
+from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action
 
 log = logging.getLogger(__name__)
 
@@ -333,8 +335,3 @@ def identical_groups(episodes: list[Episode]) -> list[str]:
             groups[ep.group_id].add(tuple(tuple(r["response_token_ids"]) for r in ep.rows))
             sizes[ep.group_id] += 1
     return sorted(gid for gid, sigs in groups.items() if sizes[gid] >= 2 and len(sigs) == 1)
-
-
-def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]

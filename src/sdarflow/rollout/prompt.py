@@ -3,6 +3,16 @@ observation; where the teacher's privileged skills go; and how a sampled respons
 
 This is the one place prompts are shaped: rollouts, SFT and the teacher all call these functions, so the student
 and teacher contexts differ only by the inserted skills.
+
+Skill places (``teacher_prompt_ids``):
+
+``prefix``  the SDAR reference (``build_teacher_batch`` in ZJU-REAL/SDAR
+            ``verl/trainer/ppo/rlsd_ray_trainer.py``): the student prompt's token ids decoded with special tokens,
+            ``PRIVILEGED_TEMPLATE`` put in front of that text, re-tokenized without added special tokens, and
+            left-truncated to the last ``max_tokens`` tokens. The skills sit before the chat template's first
+            token, outside any message.
+``system``  a ``Skills:`` block appended to the system message, then the chat template.
+``user``    a ``Skills:`` block put before the last user message's content, then the chat template.
 """
 
 from __future__ import annotations
@@ -13,8 +23,10 @@ from typing import Literal
 
 SYSTEM_PROMPT = "You are an agent in a text game. Reply with exactly one command."
 SKILLS_HEADER = "Skills:"
-SkillPlace = Literal["system", "user"]
-SKILL_PLACES: tuple[str, ...] = ("system", "user")
+SkillPlace = Literal["prefix", "system", "user"]
+SKILL_PLACES: tuple[str, ...] = ("prefix", "system", "user")
+# The reference teacher prompt (build_teacher_batch): f"[Privileged Skill Information]\n{skill_text}\n\n" + prompt.
+PRIVILEGED_TEMPLATE = "[Privileged Skill Information]\n{skills}\n\n{prompt}"
 
 # A command is a short lower-case phrase: what text games and simple tool calls accept.
 _ACTION_RE = re.compile(r"^[a-z0-9][a-z0-9 '\-]{0,63}$")
@@ -32,7 +44,12 @@ def build_messages(
 
 
 def insert_skills(messages: list[dict], skills_text: str, place: SkillPlace = "system") -> list[dict]:
-    """Teacher context: the same messages with ``skills_text`` added to the system or the last user message."""
+    """Teacher context for the message places: the same messages with ``skills_text`` added to the system or the
+    last user message (``prefix`` works on token ids instead: ``teacher_prompt_ids``)."""
+    if place not in ("system", "user"):
+        raise ValueError(
+            f"insert_skills puts skills in a message (system or user), not {place!r}; fix: use teacher_prompt_ids"
+        )
     if not skills_text:
         return [dict(m) for m in messages]
     out = [dict(m) for m in messages]
@@ -42,6 +59,50 @@ def insert_skills(messages: list[dict], skills_text: str, place: SkillPlace = "s
     else:
         out[-1]["content"] = f"{block}\n{out[-1]['content']}"
     return out
+
+
+def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` through the chat template, ending with the assistant's turn opener."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
+    """The rendered student prompt as the reference reads it: ``tokenizer.decode(ids, skip_special_tokens=False)``
+    (build_teacher_batch), chat-template markers included. Keyword retrieval matches this text too."""
+    return tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+
+
+def keep_last(ids: list[int], max_tokens: int | None) -> list[int]:
+    """Left truncation, as the reference does the teacher prompt: the last ``max_tokens`` ids (all when None)."""
+    return ids[-max_tokens:] if max_tokens is not None and len(ids) > max_tokens else ids
+
+
+def teacher_prompt_ids(
+    tokenizer,
+    student_ids: list[int],
+    messages: list[dict],
+    skills_text: str,
+    place: SkillPlace = "prefix",
+    max_tokens: int | None = None,
+    student_text: str | None = None,
+) -> list[int]:
+    """The teacher's prompt token ids: the student's context with ``skills_text`` at ``place`` (see the module doc),
+    left-truncated to ``max_tokens`` (the reference's ``data.max_prompt_length``; None keeps every token).
+
+    ``prefix`` reads ``student_ids`` (``student_text``, when given, is their decoded text: it saves a decode);
+    ``system`` and ``user`` re-render ``messages``. Without skill text the teacher context is the student's:
+    ``student_ids`` come back unchanged, so the teacher-equals-student guard can count such rows.
+    """
+    if not skills_text:
+        return list(student_ids)
+    if place == "prefix":
+        text = student_text if student_text is not None else prompt_text(tokenizer, student_ids)
+        full = PRIVILEGED_TEMPLATE.format(skills=skills_text, prompt=text)
+        ids = tokenizer.encode(full, add_special_tokens=False)
+    else:
+        ids = encode_prompt(tokenizer, insert_skills(messages, skills_text, place))
+    return keep_last(ids, max_tokens)
 
 
 def parse_action(text: str, finished: bool) -> tuple[str, bool]:

@@ -8,7 +8,7 @@ Reward, precisely: for one rescored row whose teacher context held skill ``k``,
 over the row's response tokens. It is positive when the skill makes the teacher more confident in the actions of
 successful episodes and less confident in those of failed ones, which is the direction the gated distillation
 loss pushes the student, so a skill with a high mean reward is one whose distillation signal points towards
-success. Every non-general skill in the row's ``skill_ids`` is credited, under the row's task type. Statistics
+success. Every non-general skill in the row's ``skill_ids`` is credited once, under the row's task type. Statistics
 are updated by ``extract-skills`` from the previous round's rescored dataset (``--rescored``) and reset for a
 skill whose text changed (the measurement was of the old text).
 
@@ -68,7 +68,8 @@ def update(lib: SkillLibrary, rows: list[dict]) -> dict:
         r = row_reward(row["success"], row["old_logprobs"], row["teacher_logprobs"])
         if r is None:
             continue
-        for name in row["skill_ids"]:
+        # Once per skill: keyword retrieval lists a skill twice when two matching task types map to it.
+        for name in dict.fromkeys(row["skill_ids"]):
             if name == general or name not in lib.skills:
                 continue
             entry = arms.setdefault(row["task_type"], {}).setdefault(name, {"pulls": 0, "reward_sum": 0.0})

@@ -108,10 +108,6 @@ def skill_name(task_type: str) -> str:
     return "skill_" + "".join(c if c.isalnum() else "_" for c in task_type)
 
 
-def task_keywords(task_type: str) -> list[str]:
-    return sorted({w for w in task_type.replace("+", " ").replace("_", " ").split() if w})
-
-
 def evidence(
     steps: list[str], episodes: list[EpisodeActions], literal: set[str], follow_share: float = 0.5
 ) -> dict:
@@ -147,7 +143,12 @@ def extract_skills(
     min_lift: float = 0.0,
     follow_share: float = 0.5,
 ) -> SkillLibrary:
-    """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills``."""
+    """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills``.
+
+    The library has no ``task_keywords``: the only words known for a task type are its name's, and the reference's
+    keyword rule (any keyword a substring of the rendered prompt) reads them wrongly (``cook`` is in ``cookbook``,
+    ``plain`` is in no prompt). Without keywords, keyword retrieval maps the row's task type to its skill.
+    """
     literal = literal_actions(episodes, literal_share)
     by_type: dict[str, list[EpisodeActions]] = defaultdict(list)
     for e in episodes:
@@ -175,9 +176,8 @@ def extract_skills(
             continue
         name = skill_name(task_type)
         lib.skills[name] = Skill(
-            name, render(f"Skill for {task_type} tasks", steps), [task_type], task_keywords(task_type), ev
+            name, render(f"Skill for {task_type} tasks", steps), [task_type], evidence=ev
         )
-        lib.task_keywords[task_type] = task_keywords(task_type)
     all_wins = [pattern(e, literal) for e in episodes if e.success]
     if len(all_wins) >= min_support:
         general = _separating_steps(all_wins, [], min_win_share=0.8)

@@ -11,8 +11,14 @@ A library is a folder::
 Only ``skill_files`` (or, failing that, the ``*.md`` files themselves) is needed; ``evidence`` and
 ``skill_stats.json`` are ours and optional, so a library written by hand in the reference layout loads unchanged.
 The general skill is the one stored in ``general_skills.md`` whatever its key (reference libraries call it
-``general`` or ``general_skills``). The library version is a hash of its content (canonical mapping, skill texts
-and bandit statistics), so the same skills always have the same version whatever the JSON formatting.
+``general`` or ``general_skills``).
+
+Order matters, as in the reference (``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``):
+``full`` retrieval joins the skills in ``skill_files`` order and ``keyword`` retrieval appends the skills of the
+matching task types in ``task_keywords`` order. Loading keeps the file's order (JSON objects load in order) and
+saving writes the library's order back, so a round trip changes nothing. The library version is a hash of its
+content (canonical, key-sorted mapping, skill texts and bandit statistics), so the same skills always have the same
+version whatever the JSON formatting; two libraries that differ only in order share a version.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def normalize_step(step: str) -> str:
 @dataclass
 class SkillLibrary:
     skills: dict[str, Skill] = field(default_factory=dict)
-    # Per task type, the words that identify it in a goal text (reference ``task_keywords``).
+    # Per task type, the words that identify it in the rendered prompt (reference ``task_keywords``), in order.
     task_keywords: dict[str, list[str]] = field(default_factory=dict)
     # Bandit statistics carried across rounds (see sdarflow.skills.bandit); {} when never updated.
     stats: dict = field(default_factory=dict)
@@ -91,11 +97,17 @@ class SkillLibrary:
         return general is not None and skill.name == general.name
 
     def for_task_type(self, task_type: str) -> Skill | None:
-        return next((s for s in self.task_specific() if task_type in s.task_types), None)
+        """The first skill mapped to ``task_type`` (``task_to_skill``), None when it has none."""
+        return next(iter(self.skills_for(task_type)), None)
+
+    def skills_for(self, task_type: str) -> list[Skill]:
+        """Every task-specific skill mapped to ``task_type``, in library order (the reference maps one)."""
+        return [s for s in self.task_specific() if task_type in s.task_types]
 
     def task_specific(self) -> list[Skill]:
-        """Every skill but the general one, sorted by name (retrieval strategies rely on a stable order)."""
-        return [s for n, s in sorted(self.skills.items()) if not self.is_general(s)]
+        """Every skill but the general one, in library order (``skill_files`` order as loaded): the order ``full``
+        retrieval joins them in, as the reference's ``_build_all_skills_text`` does."""
+        return [s for s in self.skills.values() if not self.is_general(s)]
 
     def keywords_for(self, task_type: str) -> list[str]:
         if task_type in self.task_keywords:
@@ -111,12 +123,18 @@ class SkillLibrary:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def _mapping(self) -> dict:
-        task_types = sorted(set(self.task_keywords) | {t for s in self.skills.values() for t in s.task_types})
+        """``skill_mapping.json`` in the library's order (retrieval depends on it; see the module doc)."""
+        to_skill: dict[str, list[str]] = {}
+        for s in self.task_specific():
+            for t in s.task_types:
+                to_skill.setdefault(t, []).append(s.name)
         return {
-            "skill_files": {n: self.skills[n].filename for n in sorted(self.skills)},
-            "task_to_skill": {t: s.name for s in self.task_specific() for t in sorted(s.task_types)},
-            "task_keywords": {t: list(self.keywords_for(t)) for t in task_types},
-            "evidence": {n: s.evidence for n, s in sorted(self.skills.items()) if s.evidence},
+            "skill_files": {n: s.filename for n, s in self.skills.items()},
+            "task_to_skill": {t: names[0] if len(names) == 1 else names for t, names in to_skill.items()},
+            # As the library holds them, nothing derived added: whether task_keywords is empty decides the path
+            # keyword retrieval takes (prompt keywords or the row's task type).
+            "task_keywords": {t: list(words) for t, words in self.task_keywords.items()},
+            "evidence": {n: s.evidence for n, s in self.skills.items() if s.evidence},
         }
 
     def save(self, folder: str | Path) -> Path:
@@ -124,7 +142,8 @@ class SkillLibrary:
         folder.mkdir(parents=True, exist_ok=True)
         for skill in self.skills.values():
             (folder / skill.filename).write_text(skill.text)
-        (folder / MAPPING).write_text(json.dumps(self._mapping(), indent=2, sort_keys=True))
+        # Not key-sorted: skill_files and task_keywords order is what full and keyword retrieval follow.
+        (folder / MAPPING).write_text(json.dumps(self._mapping(), indent=2))
         if self.stats:
             (folder / STATS).write_text(json.dumps(self.stats, indent=2, sort_keys=True))
         return folder
@@ -184,6 +203,10 @@ def _skill_files(mapping: dict, folder: Path) -> dict[str, str]:
 
 
 def _keyword_list(value) -> list[str]:
-    """Keywords as a list: the reference writes lists; a comma-separated string is accepted too."""
+    """Keywords as a list: the reference writes lists; a comma-separated string is accepted too.
+
+    Not lower-cased: the reference matches ``kw in prompt_text.lower()`` with the keyword as written, so a keyword
+    with a capital letter never matches there, and must not here either.
+    """
     items = value.split(",") if isinstance(value, str) else list(value)
-    return [str(k).strip().lower() for k in items if str(k).strip()]
+    return [str(k).strip() for k in items if str(k).strip()]

@@ -25,14 +25,7 @@ from collections import defaultdict
 from typing import Protocol
 
 from sdarflow.errors import SdarflowError
-from sdarflow.skills.extract import (
-    EpisodeActions,
-    evidence,
-    literal_actions,
-    render,
-    skill_name,
-    task_keywords,
-)
+from sdarflow.skills.extract import EpisodeActions, evidence, literal_actions, render, skill_name
 from sdarflow.skills.library import Skill, SkillLibrary, normalize_step
 
 log = logging.getLogger(__name__)
@@ -275,7 +268,7 @@ def llm_extract(
         name = skill_name(task_type)
         # The model's own title is not validated text, so the teacher sees a fixed one.
         text = render(f"Skill for {task_type} tasks", steps)
-        lib.skills[name] = Skill(name, text, [task_type], task_keywords(task_type), ev)
-        lib.task_keywords[task_type] = task_keywords(task_type)
+        # No task_keywords, as extract_skills: retrieval goes by the row's task type.
+        lib.skills[name] = Skill(name, text, [task_type], evidence=ev)
         log.info("skills: %s wrote %s (%d steps)", backend.name, name, len(steps))
     return lib, rejected

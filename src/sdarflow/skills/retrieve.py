@@ -1,20 +1,30 @@
 """Skill retrieval strategies: which skills the teacher sees for a row. Chosen by config name.
 
-``keyword``  the skill mapped to the row's task type (``task_to_skill``), else the task type whose keywords best
-             match the goal text; plus the general skill.
-``ucb``      a UCB1 bandit per task type over the task-specific skills, rewarded by the skill's measured benefit
-             from previous rounds (``sdarflow.skills.bandit``); one skill plus the general skill.
-``random``   one task-specific skill drawn uniformly (seeded); plus the general skill.
-``full``     the whole library (the paper's "full library" baseline).
+The reference is ``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``; ``keyword`` and ``full``
+reproduce its choice, order and joining exactly:
 
-A strategy is a callable ``(library, task_type, instruction) -> Retrieved``; ``ucb`` and ``random`` carry state
-(pull counts, a random generator), so ``get_strategy`` builds a fresh one per stage run.
+``keyword``  libraries with ``task_keywords``: every task type, in ``task_keywords`` order, with ANY of its keywords
+             a plain substring of the lower-cased rendered prompt (``get_privileged_info_from_prompt``) adds its
+             skill, repeats included; no match: the general skill only. Libraries without ``task_keywords`` (the
+             reference's search library): the skill mapped to the row's task type (``task_to_skill``), the
+             reference's gamefile / data_source path.
+``ucb``      a UCB1 bandit per task type over the task-specific skills, rewarded by the skill's measured benefit
+             from previous rounds (``sdarflow.skills.bandit``); one skill.
+``random``   one task-specific skill drawn uniformly (seeded).
+``full``     the whole library in ``skill_files`` order (the paper's "full library" baseline,
+             ``_build_all_skills_text``).
+
+Every strategy puts the general skill first, then the chosen skills; the text is each skill's stripped text joined
+by a blank line (``"\\n\\n".join`` in ``_get_skill_text``).
+
+A strategy is a callable ``(library, task_type, prompt_text) -> Retrieved``, ``prompt_text`` being the row's whole
+rendered student prompt (``sdarflow.rollout.prompt.prompt_text``); ``ucb`` and ``random`` carry state (pull counts,
+a random generator), so ``get_strategy`` builds a fresh one per stage run.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,10 +33,12 @@ from sdarflow.errors import ConfigError
 from sdarflow.skills import bandit
 from sdarflow.skills.library import Skill, SkillLibrary
 
+SKILL_SEPARATOR = "\n\n"  # the reference joins skill texts with a blank line
+
 
 @dataclass(frozen=True)
 class Retrieved:
-    skills: list[Skill]
+    skills: list[Skill]  # the general skill (if the library has one) first, then the chosen ones in order
     hit: bool  # a task-specific skill was found (not only general skills)
     matched: bool = False  # the skill that belongs to the row's task type is among them
 
@@ -36,7 +48,9 @@ class Retrieved:
 
     @property
     def text(self) -> str:
-        return "\n".join(s.text.strip() for s in self.skills)
+        """Stripped skill texts joined by a blank line. Empty texts are skipped, so a library without a general
+        skill starts with its first task skill (the reference would start with an empty general and a blank line)."""
+        return SKILL_SEPARATOR.join(t for t in (s.text.strip() for s in self.skills) if t)
 
 
 Strategy = Callable[[SkillLibrary, str, str], Retrieved]
@@ -63,48 +77,38 @@ def get_strategy(name: str, *, seed: int = 0, ucb_c: float = 0.5) -> Strategy:
     return STRATEGIES[name](seed=seed, ucb_c=ucb_c)
 
 
-def _has_word(text: str, keyword: str) -> bool:
-    return re.search(r"(?<![a-z0-9])" + re.escape(keyword) + r"(?![a-z0-9])", text) is not None
+def _result(lib: SkillLibrary, chosen: list[Skill], task_type: str) -> Retrieved:
+    """General first, then ``chosen``; ``matched`` when a skill mapped to the row's own task type is chosen."""
+    own = {s.name for s in lib.skills_for(task_type)}
+    skills = ([lib.general] if lib.general else []) + chosen
+    return Retrieved(skills, hit=bool(chosen), matched=any(s.name in own for s in chosen))
 
 
-def matching_skill(lib: SkillLibrary, task_type: str, instruction: str) -> Skill | None:
-    """The skill mapped to ``task_type``; else that of the task type whose keywords cover most of the goal text
-    (share of its keywords found, then number found, then name)."""
-    skill = lib.for_task_type(task_type)
-    if skill is not None:
-        return skill
-    text = instruction.lower()
-    best: tuple[float, int, str] | None = None
-    for other, words in sorted(lib.task_keywords.items()):
-        found = sum(_has_word(text, w) for w in words)
-        if found and lib.for_task_type(other) is not None:
-            key = (found / len(words), found, other)
-            if best is None or key[:2] > best[:2]:
-                best = key
-    if best is None:  # libraries without task_keywords: the keywords stored on the skills
-        for s in lib.task_specific():
-            if s.keywords and all(_has_word(text, k) for k in s.keywords):
-                return s
-        return None
-    return lib.for_task_type(best[2])
+def keyword_matches(lib: SkillLibrary, prompt_text: str) -> list[Skill]:
+    """The skills of every task type with any keyword in ``prompt_text``, in ``task_keywords`` order.
+
+    Reference ``get_privileged_info_from_prompt``: ``any(kw in prompt_text.lower() for kw in keywords)``, a plain
+    substring test (``cut`` matches ``cutlery``), keywords as written; every matching type's skill is appended, a
+    skill matched by two types appears twice.
+    """
+    text_lower = prompt_text.lower()
+    return [
+        skill
+        for task_type, words in lib.task_keywords.items()
+        if any(w in text_lower for w in words)
+        for skill in lib.skills_for(task_type)
+    ]
 
 
-def _result(lib: SkillLibrary, chosen: list[Skill], task_type: str, instruction: str) -> Retrieved:
-    match = matching_skill(lib, task_type, instruction)
-    skills = chosen + ([lib.general] if lib.general else [])
-    matched = match is not None and match.name in {s.name for s in chosen}
-    return Retrieved(skills, hit=bool(chosen), matched=matched)
+def keyword(lib: SkillLibrary, task_type: str, prompt_text: str) -> Retrieved:
+    """Keyword matches on the rendered prompt; the row's task type's skill when the library has no keywords."""
+    chosen = keyword_matches(lib, prompt_text) if lib.task_keywords else lib.skills_for(task_type)
+    return _result(lib, chosen, task_type)
 
 
-def keyword(lib: SkillLibrary, task_type: str, instruction: str) -> Retrieved:
-    """The skill mapped to the task type, else the best keyword match in the goal text; plus general."""
-    skill = matching_skill(lib, task_type, instruction)
-    return _result(lib, [skill] if skill else [], task_type, instruction)
-
-
-def full(lib: SkillLibrary, task_type: str, instruction: str) -> Retrieved:
-    """The whole library (the paper's 'full library' baseline)."""
-    return _result(lib, lib.task_specific(), task_type, instruction)
+def full(lib: SkillLibrary, task_type: str, prompt_text: str) -> Retrieved:
+    """The whole library in ``skill_files`` order (the paper's 'full library' baseline)."""
+    return _result(lib, lib.task_specific(), task_type)
 
 
 class RandomRetrieval:
@@ -113,10 +117,10 @@ class RandomRetrieval:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
 
-    def __call__(self, lib: SkillLibrary, task_type: str, instruction: str) -> Retrieved:
+    def __call__(self, lib: SkillLibrary, task_type: str, prompt_text: str) -> Retrieved:
         pool = lib.task_specific()
         chosen = [self.rng.choice(pool)] if pool else []
-        return _result(lib, chosen, task_type, instruction)
+        return _result(lib, chosen, task_type)
 
 
 class UCBRetrieval:
@@ -124,27 +128,27 @@ class UCBRetrieval:
 
     Prior pulls and mean rewards come from ``lib.stats`` (previous rounds); pulls made during this run count too,
     so rows of one task type spread over untried skills instead of all taking the same one. Ties (e.g. all
-    untried) go to the skill that matches the task type, then by name.
+    untried) go to a skill mapped to the task type, then to the earliest in library order.
     """
 
     def __init__(self, c: float):
         self.c = c
         self.local: Counter[tuple[str, str]] = Counter()
 
-    def __call__(self, lib: SkillLibrary, task_type: str, instruction: str) -> Retrieved:
+    def __call__(self, lib: SkillLibrary, task_type: str, prompt_text: str) -> Retrieved:
         pool = lib.task_specific()
         if not pool:
-            return _result(lib, [], task_type, instruction)
-        match = matching_skill(lib, task_type, instruction)
+            return _result(lib, [], task_type)
+        own = {s.name for s in lib.skills_for(task_type)}
         arms = []
         for s in pool:
             pulls, mean = bandit.arm(lib.stats, task_type, s.name)
             arms.append((s, pulls + self.local[(task_type, s.name)], mean))
         total = sum(n for _, n, _ in arms)
-        # max() keeps the first of equal keys and the pool is sorted by name: ties go to the earliest name.
-        best = max(arms, key=lambda a: (bandit.ucb_score(a[2], a[1], total, self.c), a[0] is match))[0]
+        # max() keeps the first of equal keys and the pool is in library order: ties go to the earliest skill.
+        best = max(arms, key=lambda a: (bandit.ucb_score(a[2], a[1], total, self.c), a[0].name in own))[0]
         self.local[(task_type, best.name)] += 1
-        return _result(lib, [best], task_type, instruction)
+        return _result(lib, [best], task_type)
 
 
 register("keyword")(lambda **_: keyword)

@@ -1,5 +1,6 @@
-"""Stage ``rescore``: ``old_logprobs`` (policy, plain context) and ``teacher_logprobs`` (same policy with retrieved
-skills in its context) for every response token, plus ``skill_ids`` and whether a task-specific skill was found.
+"""Stage ``rescore``: ``old_logprobs`` (policy, plain context), ``teacher_logprobs`` (same policy with retrieved
+skills in its context) and ``ref_logprobs`` (the base model, adapter off, plain context: the KL term's reference) for
+every response token, plus ``skill_ids`` and whether a task-specific skill was found.
 
 Sanity guards (``sdarflow.teacher.guards``) fail the stage before anything is published; the output folder gets
 ``report.md`` and ``report.html`` beside the Parquet parts, written before the manifest publishes the dataset.
@@ -37,7 +38,21 @@ class RescoreConfig(StageConfig):
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
     ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0")
     seed: int = opt(0, "random retrieval: seed of the skill draws")
-    skill_place: str = opt("system", "where the teacher's skills go in the context", choices=SKILL_PLACES)
+    skill_place: str = opt(
+        "prefix",
+        "where the teacher's skills go: prefix (before the rendered prompt, as the SDAR reference), system or user",
+        choices=SKILL_PLACES,
+    )
+    max_prompt_tokens: int = opt(
+        2048,
+        "teacher prompt keeps its last N tokens, the reference's data.max_prompt_length (reference scripts: 2048 "
+        "for ALFWorld/WebShop, 4096 for search); >= 1",
+    )
+    ref_logprobs: bool = opt(
+        True,
+        "compute the reference policy's log-probs (base model, adapter disabled, no skills) for the trainer's KL "
+        "term (--kl-coef); false saves a forward pass, then train needs --kl-coef 0",
+    )
     batching: str = opt(
         "packed", "packed (rows end to end, block-diagonal attention) or padded", choices=BATCHINGS
     )
@@ -85,6 +100,11 @@ class RescoreConfig(StageConfig):
             raise ConfigError(
                 f"rescore: max_general_only_share ({self.max_general_only_share}) must be in [0, 1]"
             )
+        if self.max_prompt_tokens < 1:
+            raise ConfigError(
+                f"rescore: max_prompt_tokens ({self.max_prompt_tokens}) must be >= 1; fix: pass the model's "
+                f"prompt budget, e.g. 2048"
+            )
         if self.ucb_c < 0:
             raise ConfigError(f"rescore: ucb_c ({self.ucb_c}) must be >= 0")
         if not 0 <= self.shard < self.num_shards:
@@ -105,15 +125,19 @@ def _run_metrics(
     cfg: RescoreConfig,
     table: pa.Table,
     old: list[list[float]],
+    ref: list[list[float]] | None,
     lengths: list[int],
     seconds: float,
     overridden,
 ) -> dict[str, float]:
-    from sdarflow.teacher.rescore import padding_share
+    from sdarflow.teacher.rescore import k1_mean, padding_share
 
     rollout = table["rollout_logprobs"].to_pylist()
     drift = [abs(a - b) for ro, o in zip(rollout, old, strict=True) for a, b in zip(ro, o, strict=True)]
+    # How far the policy has moved from the base model (k1 estimate of KL): what --kl-coef pulls back on.
+    kl = {"rescore/ref_kl_mean": k1_mean(old, ref)} if ref is not None else {}
     return {
+        **kl,
         # Engine vs trainer log-probs of the same tokens: silent off-policy error if it grows.
         "rescore/engine_logprob_gap_abs": sum(drift) / max(1, len(drift)),
         "rescore/padding_share": padding_share(lengths, cfg.max_batch_tokens, cfg.batching, cfg.pack_length),
@@ -121,6 +145,16 @@ def _run_metrics(
         "rescore/seconds": seconds,
         "rescore/guards_overridden": float(len(overridden)),
     }
+
+
+def _reference_info(cfg: RescoreConfig) -> str:
+    if not cfg.ref_logprobs:
+        return "not computed (train needs --kl-coef 0)"
+    return (
+        "base model, adapter disabled"
+        if cfg.adapter
+        else "= old log-probs (no adapter: the policy is the base)"
+    )
 
 
 def _check_output(cfg: RescoreConfig) -> None:
@@ -160,6 +194,22 @@ def _publish(cfg: RescoreConfig, table: pa.Table, reports: dict[str, str], **met
         raise
 
 
+def _reference_logprobs(
+    cfg: RescoreConfig, policy, prompts, responses, old, **kw
+) -> list[list[float]] | None:
+    """``ref_logprobs``: None when switched off; ``old`` itself without an adapter (the scored policy is then the
+    base model, so a second pass would give the same numbers); else the student prompts scored adapter-off."""
+    from sdarflow.teacher.rescore import reference_model, score
+
+    if not cfg.ref_logprobs:
+        return None
+    if not cfg.adapter:
+        return old
+    pad = policy.tokenizer.pad_token_id
+    with reference_model(policy.model, cfg.model) as ref_model:
+        return score(ref_model, prompts, responses, pad, cfg.max_batch_tokens, "rescore reference", **kw)
+
+
 def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
@@ -182,7 +232,7 @@ def run(cfg: RescoreConfig) -> dict:
     task_types = [r["task_type"] for r in rows]
     responses = [r["response_token_ids"] for r in rows]
     strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
-    teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place)
+    teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens)
     overridden: list[str] = []
     settings = cfg.guard_settings()
     guards.check_retrieval(lib, teach.hits, task_types, settings, overridden)
@@ -195,16 +245,21 @@ def run(cfg: RescoreConfig) -> dict:
     teacher = score(
         policy.model, teach.prompts, responses, pad, cfg.max_batch_tokens, "rescore teacher", **kw
     )
+    ref = _reference_logprobs(cfg, policy, student_prompts, responses, old, **kw)
     seconds = time.perf_counter() - t0
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
 
     summary = summarize(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
-    lengths = [len(p) + len(r) for p, r in zip(student_prompts + teach.prompts, responses * 2, strict=True)]
-    summary.metrics.update(_run_metrics(cfg, table, old, lengths, seconds, overridden))
+    passes = [student_prompts, teach.prompts] + (
+        [student_prompts] if cfg.ref_logprobs and cfg.adapter else []
+    )
+    lengths = [len(p) + len(r) for prompts in passes for p, r in zip(prompts, responses, strict=True)]
+    summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden))
     summary.info = {
         "retrieval": cfg.retrieval,
-        "skill place": cfg.skill_place,
+        "skill place": f"{cfg.skill_place} (teacher prompt: last {cfg.max_prompt_tokens} tokens)",
+        "reference log-probs": _reference_info(cfg),
         "skill library": f"{lib.version} ({len(lib.skills)} skills)",
         "batching": cfg.batching,
         "guards overridden": ", ".join(overridden) or "none",
@@ -212,6 +267,7 @@ def run(cfg: RescoreConfig) -> dict:
     new_cols = {
         "old_logprobs": old,
         "teacher_logprobs": teacher,
+        "ref_logprobs": ref if ref is not None else [None] * len(rows),
         "skill_ids": teach.skill_ids,
         "skill_hit": teach.hits,
     }

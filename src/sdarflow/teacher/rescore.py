@@ -2,7 +2,8 @@
 retrieved skills inserted), teacher-forced on the sampled tokens, float32.
 
 The teacher is the policy itself given privileged context (SDAR): same weights, so any gap between the two
-log-probs is the effect of the skills.
+log-probs is the effect of the skills. ``ref_logprobs`` are the reference policy's (the base model: adapter off, no
+skills) for the trainer's KL term; see ``reference_model``.
 
 Two batchings give the same numbers (within 1e-5, tested): ``padded`` left-pads rows of similar length into
 batches of at most ``max_tokens`` padded tokens; ``packed`` (the default) lays rows end to end into bins of
@@ -12,7 +13,9 @@ spends compute on padding beyond a short tail per bin.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,8 +30,7 @@ from sdarflow.models.forward import (
     response_logprobs,
     token_budget_batches,
 )
-from sdarflow.rollout.loop import encode_prompt
-from sdarflow.rollout.prompt import insert_skills, loads
+from sdarflow.rollout.prompt import loads, prompt_text, teacher_prompt_ids
 from sdarflow.skills.library import SkillLibrary
 
 log = logging.getLogger(__name__)
@@ -46,25 +48,58 @@ class TeacherInputs:
     unchanged: int  # rows whose teacher prompt equals the student prompt (no skill text went in)
 
 
-def goal_text(messages: list[dict]) -> str:
-    """The ``Goal:`` line of the last user message (what keyword matching reads), else its whole content."""
-    content = messages[-1]["content"] if messages else ""
-    return next((ln for ln in content.splitlines() if ln.lower().startswith("goal:")), content)
+def teacher_prompts(
+    rows: list[dict], lib: SkillLibrary, strategy, tokenizer, place: str, max_tokens: int | None = None
+) -> TeacherInputs:
+    """Each row's teacher prompt: its retrieved skills at ``place``, left-truncated to ``max_tokens``.
 
-
-def teacher_prompts(rows: list[dict], lib: SkillLibrary, strategy, tokenizer, place: str) -> TeacherInputs:
-    """Render each row's messages with its retrieved skills inserted at ``place``."""
+    As the reference's ``build_teacher_batch`` (ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_ray_trainer.py``), the
+    student prompt ids are decoded with special tokens and that text is what keyword retrieval reads and what the
+    ``prefix`` place puts the skills in front of.
+    """
     out = TeacherInputs([], [], [], [], 0)
     for row in rows:
-        messages = loads(row["prompt_messages"])
-        got = strategy(lib, row["task_type"], goal_text(messages))
-        prompt = encode_prompt(tokenizer, insert_skills(messages, got.text, place))
+        student = list(row["prompt_token_ids"])
+        text = prompt_text(tokenizer, student)
+        got = strategy(lib, row["task_type"], text)
+        messages = loads(row["prompt_messages"]) if place != "prefix" else []
+        prompt = teacher_prompt_ids(
+            tokenizer, student, messages, got.text, place, max_tokens, student_text=text
+        )
         out.prompts.append(prompt)
         out.skill_ids.append(got.ids)
         out.hits.append(got.hit)
         out.matched.append(got.matched)
-        out.unchanged += prompt == list(row["prompt_token_ids"])
+        out.unchanged += prompt == student
     return out
+
+
+@contextlib.contextmanager
+def reference_model(model, base_path: str) -> Iterator[torch.nn.Module]:
+    """The reference policy pi_ref of the KL term: the base model, without the adapter ``model`` carries.
+
+    ``load_policy`` wraps an adapter as a PEFT ``PeftModel`` (LoRA weights beside the untouched base weights), so
+    ``disable_adapter()`` runs the base model with no copy; it is re-enabled on exit. A model whose adapter was
+    merged into its weights has no base left in it: the base is loaded again from ``base_path``.
+    """
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        with model.disable_adapter():
+            yield model
+        return
+    from sdarflow.models import load_policy
+
+    log.info("rescore: adapter merged into the weights; loading the base model for the reference log-probs")
+    yield load_policy(base_path).model
+
+
+def k1_mean(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> float:
+    """Mean over all response tokens of ``logprobs - ref_logprobs`` (the k1 estimator of KL(pi || pi_ref))."""
+    diffs = [
+        a - b for lp, rp in zip(logprobs, ref_logprobs, strict=True) for a, b in zip(lp, rp, strict=True)
+    ]
+    return sum(diffs) / max(1, len(diffs))
 
 
 def pack_capacity(lengths: list[int], pack_length: int) -> int:

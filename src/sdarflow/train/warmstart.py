@@ -1,7 +1,10 @@
 """Build the demo base policy: expert walkthroughs -> seed skill library -> tokenizer -> tiny Qwen2 -> SFT.
 
 Part of the SFT pairs carry the task type's skill text in the context (``skill_share``), so the model learns to read
-skills the way an instruction-tuned LLM would; otherwise SDAR's privileged teacher context would be noise to it.
+skills the way an instruction-tuned LLM would; otherwise SDAR's privileged teacher context would be noise to it. Those
+prompts are built exactly as rescore builds the teacher's (``teacher_prompt_ids`` at ``skill_place``, by default
+``prefix`` as rescore; skills from ``keyword`` retrieval on the rendered prompt), so the model learns to read skills
+where the teacher will show them.
 The output is a plain HF model folder plus ``sdarflow_build.json`` (settings, their hash, SFT loss); a folder whose
 settings hash matches is reused.
 """
@@ -21,9 +24,15 @@ from tqdm.auto import tqdm
 
 from sdarflow.envs import get_suite
 from sdarflow.models.tiny import TinyShape, build_model, save, train_tokenizer
-from sdarflow.rollout.loop import encode_prompt
-from sdarflow.rollout.prompt import build_messages, insert_skills
+from sdarflow.rollout.prompt import (
+    PRIVILEGED_TEMPLATE,
+    build_messages,
+    encode_prompt,
+    prompt_text,
+    teacher_prompt_ids,
+)
 from sdarflow.skills.extract import EpisodeActions, extract_skills
+from sdarflow.skills.library import SkillLibrary
 from sdarflow.skills.retrieve import keyword
 from sdarflow.train.sft import SFTPair, sft
 
@@ -41,6 +50,8 @@ class BaseModelSpec:
     sft_lr: float = 3e-3
     sft_time_budget_s: float = 240.0
     skill_share: float = 0.5
+    # Where skilled SFT prompts carry the skills: rescore's --skill-place (in the hash, so a change rebuilds).
+    skill_place: str = "prefix"
     history_turns: int = 4
     vocab_size: int = 2048
     seed: int = 0
@@ -85,6 +96,18 @@ def is_built(out_dir: Path, spec: BaseModelSpec) -> bool:
     return info.is_file() and json.loads(info.read_text()).get("spec_hash") == spec.hash()
 
 
+def _sft_prompt(
+    tokenizer, lib: SkillLibrary, task_type: str, messages: list[dict], skilled: bool, place: str
+) -> list[int]:
+    """The student prompt, or for a skilled pair the teacher prompt rescore would build with ``place``."""
+    ids = encode_prompt(tokenizer, messages)
+    if not skilled:
+        return ids
+    text = prompt_text(tokenizer, ids)
+    skills = keyword(lib, task_type, text).text
+    return teacher_prompt_ids(tokenizer, ids, messages, skills, place, student_text=text)
+
+
 def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(), force: bool = False) -> Path:
     out_dir = Path(out_dir)
     if not force and is_built(out_dir, spec):
@@ -97,21 +120,20 @@ def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(),
     seed_lib = extract_skills(episodes, min_support=1)
 
     rng = random.Random(spec.seed)
-    contexts = []
-    for s in steps:
-        msgs = build_messages(s.instruction, s.actions, s.observation, spec.history_turns)
-        if rng.random() < spec.skill_share:
-            msgs = insert_skills(msgs, keyword(seed_lib, s.task_type, s.instruction).text, "system")
-        contexts.append(msgs)
+    contexts = [build_messages(s.instruction, s.actions, s.observation, spec.history_turns) for s in steps]
+    with_skills = [rng.random() < spec.skill_share for _ in steps]
     corpus = [m["content"] for msgs in contexts for m in msgs] + [s.action for s in steps]
     corpus += [sk.text for sk in seed_lib.skills.values()]
+    # The privileged-skills header once per skilled prompt, so the tokenizer learns it as the teacher will show it.
+    corpus += [PRIVILEGED_TEMPLATE.format(skills="", prompt="")] * sum(with_skills)
     tokenizer = train_tokenizer(corpus, spec.vocab_size)
     eos = tokenizer.eos_token_id
     pairs = [
         SFTPair(
-            encode_prompt(tokenizer, msgs), tokenizer(s.action, add_special_tokens=False)["input_ids"] + [eos]
+            _sft_prompt(tokenizer, seed_lib, s.task_type, msgs, skilled, spec.skill_place),
+            tokenizer(s.action, add_special_tokens=False)["input_ids"] + [eos],
         )
-        for s, msgs in zip(steps, contexts, strict=True)
+        for s, msgs, skilled in zip(steps, contexts, with_skills, strict=True)
     ]
     log.info(
         "SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs)
