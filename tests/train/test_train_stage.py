@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import torch
 from train_data import adapter_weights, cli, max_abs_diff, metrics_lines, publish_rescored, rescored_table
@@ -94,11 +95,75 @@ def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, cap
         (["--zero-stage", "1"], "zero_stage = 1 is not one of 2, 3"),
         (["--checkpoint-dir", "s3://bucket/ck"], "must be a local folder"),
         (["--sft-ratio", "-1"], "sft_ratio \\(-1.0\\) must be >= 0"),
+        (["--clip-ratio-c", "0.5"], "clip_ratio_c \\(0.5\\) must be > 1"),
+        (["--kl-coef", "-0.1"], "kl_coef \\(-0.1\\) must be >= 0"),
     ],
 )
 def test_bad_settings_fail_with_the_fix(flags, message, capsys):
     assert train_cli("--input", "x", "--model", "m", "--output", "o", *flags) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def _objective(out: str) -> dict:
+    return json.loads(Path(out, "train_summary.json").read_text())["objective"]
+
+
+def test_objective_follows_the_reference_preset_and_is_recorded(tiny_model, rescored, tmp_path):
+    base = ["--input", rescored, "--model", str(tiny_model), "--max-steps", "1"]
+    out = str(tmp_path / "auto")
+    assert train_cli(*base, "--output", out) == 0
+    # the rows' env ("test") has no reference family: ALFWorld's settings, and the scripts' shared defaults
+    assert {
+        k: _objective(out)[k]
+        for k in ("preset", "kl_coef", "invalid_action_penalty", "entropy_coef", "clip_ratio_c", "kl_kind")
+    } == {
+        "preset": "auto",
+        "kl_coef": 0.01,
+        "invalid_action_penalty": 0.1,
+        "entropy_coef": 0.001,
+        "clip_ratio_c": 3.0,
+        "kl_kind": "low_var_kl",
+    }
+    assert _objective(out)["rl_step"] == 1 and _objective(out)["adv_stats"] == "turn"
+    assert metrics_lines(out)[0]["actor/kl_loss"] > 0
+    out = str(tmp_path / "search")
+    assert train_cli(*base, "--output", out, "--preset", "search", "--kl-coef", "0.05") == 0
+    objective = _objective(out)
+    assert (objective["kl_coef"], objective["invalid_action_penalty"]) == (0.05, 0.01)
+
+
+def test_kl_without_reference_logprobs_fails_with_the_fix(tiny_model, tmp_path, capsys):
+    data = str(tmp_path / "no-ref")
+    table = rescored_table(n_groups=1)
+    table = table.set_column(
+        table.schema.get_field_index("ref_logprobs"),
+        "ref_logprobs",
+        pa.array([None] * table.num_rows, type=pa.list_(pa.float32())),
+    )
+    storage.write_table(table, data, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
+    args = ["--input", data, "--model", str(tiny_model), "--max-steps", "1"]
+    assert train_cli(*args, "--output", str(tmp_path / "a")) == 2
+    err = capsys.readouterr().err
+    assert "needs reference log-probs" in err and "--kl-coef 0" in err and len(err.strip().splitlines()) == 1
+    assert not storage.is_published(str(tmp_path / "a"))
+    assert train_cli(*args, "--output", str(tmp_path / "b"), "--kl-coef", "0") == 0
+
+
+def test_help_shows_the_objective_flags_with_their_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in [
+        ("--clip-ratio-c", "3.0"),
+        ("--entropy-coef", "0.001"),
+        ("--skill-sd-coef", "0.001"),
+        ("--rlsd-warmdown-steps", "100"),
+        ("--kl-kind", "'low_var_kl'"),
+        ("--preset", "'auto'"),
+        ("--adv-stats", "'turn'"),
+    ]:
+        assert re.search(re.escape(flag) + r".*?\(default " + re.escape(default) + r"\)", text), flag
+    assert "--kl-coef" in text and "--invalid-action-penalty" in text
 
 
 def _wait(proc, timeout: float = 600) -> str:

@@ -3,11 +3,14 @@ micro-batching never changes the gradient; SFT steps interleave at the ratio."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from sdarflow.algo import METHODS
 from sdarflow.models import load_policy
+from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
 from sdarflow.train.engine import TorchEngine
 from sdarflow.train.sft import sft_pairs_from_rows
@@ -19,6 +22,7 @@ from sdarflow.train.trainer import (
     make_samples,
     micro_step,
     rl_update,
+    row_advantages,
 )
 
 
@@ -34,10 +38,12 @@ def rescored_rows(n_groups: int = 2, g: int = 2, nan: bool = False) -> list[dict
                     "traj_id": f"g{grp}/e{i}",
                     "group_id": f"g{grp}",
                     "episode_return": float(i % 2),
+                    "format_ok": True,
                     "prompt_token_ids": torch.randint(5, 300, (10,), generator=gen).tolist(),
                     "response_token_ids": resp,
                     "old_logprobs": [float("nan")] * 3 if nan else old,
                     "teacher_logprobs": [x + 0.5 for x in old],
+                    "ref_logprobs": [x - 0.2 for x in old],
                 }
             )
     return rows
@@ -48,6 +54,28 @@ def lora_model(tiny_model):
     torch.manual_seed(0)
     model = new_lora(policy.model, 4, 8, ["q_proj", "v_proj"])
     return model, policy.tokenizer.pad_token_id
+
+
+def test_row_advantages_by_hand():
+    # group a: a 3-turn success whose 2nd action did not parse, a 1-turn failure; group b: one 2-turn episode
+    rows = [
+        {"group_id": "a", "traj_id": "a/0", "episode_return": 1.0, "format_ok": True},
+        {"group_id": "a", "traj_id": "a/0", "episode_return": 1.0, "format_ok": False},
+        {"group_id": "a", "traj_id": "a/0", "episode_return": 1.0, "format_ok": True},
+        {"group_id": "a", "traj_id": "a/1", "episode_return": 0.0, "format_ok": False},
+        {"group_id": "b", "traj_id": "b/0", "episode_return": 0.5, "format_ok": True},
+        {"group_id": "b", "traj_id": "b/0", "episode_return": 0.5, "format_ok": True},
+    ]
+    # scores with penalty 0.1: a = [1, 0.9, 1, -0.1], b = [0.5, 0.5]
+    a = [1.0, 0.9, 1.0, -0.1]
+    mean_a = sum(a) / 4  # 0.7
+    std_a = (sum((x - mean_a) ** 2 for x in a) / 3) ** 0.5
+    expected = [(x - mean_a) / (std_a + 1e-6) for x in a] + [0.0, 0.0]  # b: identical scores -> 0
+    assert row_advantages(rows, penalty=0.1) == pytest.approx(expected, rel=1e-5)
+    # per episode: a counts 1.0 (a/0's first row) and -0.1; b has one episode -> mean 0, std 1
+    std_e = (2 * 0.55**2) ** 0.5
+    per_episode = [(x - 0.45) / (std_e + 1e-6) for x in a] + [0.5 / (1 + 1e-6)] * 2
+    assert row_advantages(rows, penalty=0.1, per_episode=True) == pytest.approx(per_episode, rel=1e-5)
 
 
 def test_advantages_are_group_normalized():
@@ -94,7 +122,9 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
     model, pad = lora_model(tiny_model)
     # lora_B is zero at init, so lora_A would get no gradient; make both sides live
@@ -102,12 +132,11 @@ def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
-    hp = RLHyper(method="sdar", lam=0.5, agg=agg)
+    hp = RLHyper(method="sdar", lam=0.5, agg=agg, kl_coef=0.1, entropy_coef=0.01)
     rows = rescored_rows(n_groups=3, g=2)
     for i, r in enumerate(rows):  # uneven lengths, so token and sequence weights differ
-        r["response_token_ids"] = r["response_token_ids"][: 1 + i % 3]
-        r["old_logprobs"] = r["old_logprobs"][: 1 + i % 3]
-        r["teacher_logprobs"] = r["teacher_logprobs"][: 1 + i % 3]
+        for key in ("response_token_ids", "old_logprobs", "teacher_logprobs", "ref_logprobs"):
+            r[key] = r[key][: 1 + i % 3]
     samples = make_samples(rows)
     engine = TorchEngine(model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]), 1.0)
     grads = []
@@ -120,7 +149,8 @@ def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
         grads.append((_grads(model), metrics["loss/total"]))
         engine.zero_grad()
     (g_one, loss_one), (g_split, loss_split) = grads
-    assert abs(loss_one - loss_split) < 1e-5
+    if agg != "seq-mean-token-sum-norm":  # its metrics are averaged per sequence, not summed like its loss
+        assert abs(loss_one - loss_split) < 1e-5
     assert max(float((g_one[n] - g_split[n]).abs().max()) for n in g_one) < 1e-6
     assert max(float(g.abs().max()) for g in g_one.values()) > 0
 
@@ -139,3 +169,40 @@ def test_sft_steps_interleave_and_every_line_has_the_required_metrics(tiny_model
     sft = history[2]
     assert sft["loss/sft"] == sft["loss/total"] > 0 and sft["sdar/gate_mean"] is None
     assert history[0]["sdar/gate_mean"] is not None and history[0]["loss/aux"] is not None
+
+
+def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
+    model, pad = lora_model(tiny_model)
+    rows = rescored_rows()
+    for r in rows:  # every group solved alike: all advantages are 0, so only the bonus and the KL train
+        r["episode_return"] = 1.0
+    samples = make_samples(rows)
+    assert all(s.advantage == 0 for s in samples)
+    batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad)
+    with torch.no_grad():
+        logp, ent = response_logprobs(model, batch, with_entropy=True)
+    entropy = float((ent * batch.mask).sum() / batch.mask.sum())
+    plain, _ = micro_step(model, samples, RLHyper(method="grpo", entropy_coef=0.0), pad)
+    bonus, m = micro_step(model, samples, RLHyper(method="grpo", entropy_coef=0.01), pad)
+    assert bonus.item() == pytest.approx(plain.item() - 0.01 * entropy, rel=1e-5, abs=1e-7)
+    assert m["actor/entropy"] == pytest.approx(entropy, rel=1e-5)
+    # a reference 0.3 nats off the model on every token: k3 = e^0.3 - 0.3 - 1 (and e^-0.3 + 0.3 - 1)
+    width = logp.shape[1]
+    for i, s in enumerate(samples):
+        sign = 1 if i % 2 else -1
+        s.ref_logprobs = (logp[i, width - len(s.response) :] + sign * 0.3).tolist()
+    k3 = [math.exp(0.3) - 0.3 - 1, math.exp(-0.3) + 0.3 - 1]
+    n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (1, 0)]
+    expected = (n[0] * k3[0] + n[1] * k3[1]) / sum(n)
+    with_kl, m = micro_step(model, samples, RLHyper(method="grpo", entropy_coef=0.0, kl_coef=0.1), pad)
+    assert m["actor/kl_loss"] == pytest.approx(expected, rel=1e-4)
+    assert with_kl.item() == pytest.approx(plain.item() + 0.1 * expected, rel=1e-4)
+    # with zero advantages the bonus is the whole gradient: -0.01 * d(mean entropy), so descent raises entropy
+    bonus.backward()
+    got = _grads(model)
+    model.zero_grad()
+    _, ent = response_logprobs(model, batch, with_entropy=True)
+    ((ent * batch.mask).sum() / batch.mask.sum()).backward()
+    want = {n: -0.01 * g for n, g in _grads(model).items()}
+    assert max(float(want[n].abs().max()) for n in want) > 0
+    assert max(float((got[n] - want[n]).abs().max()) for n in got) < 1e-7

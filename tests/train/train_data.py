@@ -56,6 +56,7 @@ def rescored_table(
                         "num_turns": turns,
                         "old_logprobs": old,
                         "teacher_logprobs": [x + 0.3 for x in old],
+                        "ref_logprobs": [x - 0.2 for x in old],
                         "skill_ids": ["s1"],
                         "skill_hit": True,
                     }

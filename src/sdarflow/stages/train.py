@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 
 from sdarflow import storage
-from sdarflow.algo import AGG_MODES, METHODS
+from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import local_artifact, require
+from sdarflow.train import presets
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,46 @@ class TrainConfig(StageConfig):
         choices=("rl", "sft"),
     )
     method: str = opt(
-        "sdar", "objective: grpo, opsd, grpo_opsd (ungated), rlsd, skill_sd, sdar", choices=METHODS
+        "sdar",
+        "objective (README, Training): grpo; sdar = grpo + lam * gated distillation; opsd = lam * gated distillation "
+        "alone; grpo_opsd = sdar with beta 0; rlsd = grpo with teacher-reweighted advantages; skill_sd = grpo + "
+        "skill_sd_coef * SDL",
+        choices=METHODS,
     )
-    lam: float = opt(0.01, "lambda, weight of the distillation loss; paper 0.01 (0.1 lets it dominate)")
+    lam: float = opt(0.01, "lambda, weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)")
     beta: float = opt(5.0, "gate sharpness: g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated")
     clip_low: float = opt(0.2, "PPO ratio clip below 1")
     clip_high: float = opt(0.2, "PPO ratio clip above 1")
-    rlsd_lam: float = opt(0.5, "RLSD: share of the advantage re-weighted by the teacher gap")
+    clip_ratio_c: float = opt(
+        3.0, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off"
+    )
+    preset: str = opt(
+        "auto",
+        "reference settings for --kl-coef and --invalid-action-penalty: alfworld/webshop (0.01, 0.1), search "
+        "(0.001, 0.01); auto = from the env that generated the rows",
+        choices=presets.PRESET_CHOICES,
+    )
+    kl_coef: float | None = opt(
+        None, "KL loss to the reference policy (base model, needs rescored ref_logprobs); empty = --preset's"
+    )
+    kl_kind: str = opt("low_var_kl", "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
+    entropy_coef: float = opt(0.001, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off")
+    invalid_action_penalty: float | None = opt(
+        None, "subtracted from the GRPO score of a turn whose action did not parse; empty = --preset's"
+    )
+    adv_stats: str = opt(
+        "turn",
+        "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes",
+        choices=("turn", "episode"),
+    )
+    rlsd_lam: float = opt(0.5, "RLSD: initial share of the advantage re-weighted by the teacher gap")
     rlsd_clip_eps: float = opt(0.2, "RLSD: clip of the re-weighting factor")
+    rlsd_warmdown_steps: int = opt(
+        100, "RLSD: the share decays linearly to 0 over this many RL rounds (step = round + 1); 0 = no decay"
+    )
+    skill_sd_coef: float = opt(0.001, "Skill-SD: weight of the self-distillation loss; reference 0.001")
     agg: str = opt("token-mean", "loss aggregation", choices=AGG_MODES)
-    norm_by_std: bool = opt(True, "GRPO: divide by the group's reward std")
+    norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
     sft_ratio: float = opt(
         0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off"
     )
@@ -100,6 +131,15 @@ class TrainConfig(StageConfig):
     def validate(self) -> None:
         if self.lam < 0 or self.beta < 0:
             raise ConfigError(f"train: lam ({self.lam}) and beta ({self.beta}) must be >= 0")
+        if 0 < self.clip_ratio_c <= 1:
+            raise ConfigError(
+                f"train: clip_ratio_c ({self.clip_ratio_c}) must be > 1 (it bounds -A * ratio for A < 0), "
+                f"or 0 to turn the dual clip off"
+            )
+        for name in ("kl_coef", "invalid_action_penalty", "entropy_coef", "skill_sd_coef"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"train: {name} ({value}) must be >= 0")
         if self.lam > 0.1:
             log.warning(
                 "train: lam %.3g > 0.1: distillation tends to dominate GRPO and degrade results", self.lam
@@ -186,6 +226,30 @@ def run(cfg: TrainConfig) -> dict:
         return _train(cfg)
 
 
+def resolve_objective(cfg: TrainConfig, rows: list[dict]) -> tuple[TrainConfig, int]:
+    """(cfg with --preset's KL and penalty filled in, RL step) for an RL run; the SFT mode uses neither.
+
+    The RL step is the reference's ``global_steps`` (1 for the first update): round r trains at step r + 1, so
+    RLSD's weight decays across a pipeline's rounds as it does across the reference's iterations.
+    """
+    if cfg.mode != "rl":
+        return dataclasses.replace(cfg, kl_coef=0.0, invalid_action_penalty=0.0), 0
+    preset = presets.PRESETS[presets.resolve(cfg.preset, {r["env"] for r in rows})]
+    kl_coef = preset.kl_coef if cfg.kl_coef is None else cfg.kl_coef
+    if kl_coef != 0:
+        missing = sum(r["ref_logprobs"] is None for r in rows if r["response_token_ids"])
+        if missing:
+            raise ConfigError(
+                f"train: kl_coef = {kl_coef} needs reference log-probs, but {missing} rescored row(s) have none "
+                f"(rescored with --no-ref-logprobs); fix: rescore with --ref-logprobs or pass --kl-coef 0"
+            )
+    penalty = (
+        preset.invalid_action_penalty if cfg.invalid_action_penalty is None else cfg.invalid_action_penalty
+    )
+    rl_step = max((int(r["round"]) for r in rows), default=0) + 1
+    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), rl_step
+
+
 def _train(cfg: TrainConfig) -> dict:
     from sdarflow.train.checkpoint import Checkpoints
     from sdarflow.train.engine import make_engine
@@ -194,18 +258,21 @@ def _train(cfg: TrainConfig) -> dict:
     from sdarflow.train.trainer import RLHyper, TrainData, jsonl_writer, make_samples, train
 
     rows = read_rows(cfg)
+    cfg, rl_step = resolve_objective(cfg, rows)
     torch.manual_seed(cfg.seed)  # LoRA initialization
     policy, model = build_model(cfg)
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
     data = TrainData(
-        make_samples(rows, cfg.norm_by_std) if cfg.mode == "rl" else [],
+        make_samples(rows, cfg.norm_by_std, cfg.invalid_action_penalty, cfg.adv_stats == "episode")
+        if cfg.mode == "rl"
+        else [],
         sft_pairs_from_rows(rows),
         policy.tokenizer.pad_token_id,
     )
     hyper_fields = {f.name for f in dataclasses.fields(RLHyper)}
-    hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields})
+    hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields}, rl_step=rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
     checkpoints = (
         Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
@@ -242,18 +309,36 @@ def _train(cfg: TrainConfig) -> dict:
             on_checkpoint=save_checkpoint if checkpoints else None,
         )
         summary = summarize(state.history)
+        objective = objective_record(cfg, rl_step)
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()
             if engine.rank == 0:
-                _publish(cfg, policy, model, masters, out, state.history, summary)
+                _publish(cfg, policy, model, masters, out, state.history, summary, objective)
         engine.barrier()
     label = "sft" if cfg.mode == "sft" else cfg.method
     log.info("train: %s, %d steps (resumed at %d) -> %s", label, state.step, resumed_from, cfg.output)
     return {"uri": cfg.output, "steps": state.step, "resumed_from_step": resumed_from, "metrics": summary}
 
 
+def objective_record(cfg: TrainConfig, rl_step: int) -> dict:
+    """The objective's settings as the run used them (preset resolved), for train_summary.json."""
+    keys = (
+        "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
+        "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
+        "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode",
+    )  # fmt: skip
+    return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}
+
+
 def _publish(
-    cfg: TrainConfig, policy, model, masters: dict, out: Path, history: list[dict], summary: dict
+    cfg: TrainConfig,
+    policy,
+    model,
+    masters: dict,
+    out: Path,
+    history: list[dict],
+    summary: dict,
+    objective: dict,
 ) -> None:
     from sdarflow.models.policy import BASE_FILE, base_fingerprint
     from sdarflow.train.report import write_reports
@@ -265,7 +350,8 @@ def _publish(
         policy.tokenizer.save_pretrained(out)  # a full model folder is usable as --model on its own
     else:
         (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(cfg.model)}))
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    record = {**summary, "objective": objective}
+    (out / "train_summary.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     label = "sft warm start" if cfg.mode == "sft" else cfg.method
     write_reports(out, history, summary, f"train: {label}, {len(history)} steps")
     storage.publish_dir(

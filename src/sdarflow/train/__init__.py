@@ -2,5 +2,5 @@
 engines (torch, DeepSpeed), schedules, atomic checkpoints and resume, multi-GPU launch, and the training report.
 
 Modules: ``trainer`` (the loop), ``engine``, ``schedule``, ``checkpoint``, ``launch``, ``sft``, ``report``,
-``warmstart`` (the demo base model).
+``warmstart`` (the demo base model), ``presets`` (the reference scripts' per-environment settings).
 """

@@ -22,7 +22,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from sdarflow.algo import grpo_advantages, masked_mean_value, method_loss, sdar_gate
+from sdarflow.algo import (
+    agg_loss,
+    grpo_advantages,
+    masked_mean_value,
+    method_loss,
+    penalized_scores,
+    sdar_gate,
+)
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, token_budget_batches
 from sdarflow.train.engine import Engine, TorchEngine
@@ -61,6 +68,7 @@ class RLSample:
     old_logprobs: list[float]
     teacher_logprobs: list[float]
     advantage: float
+    ref_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -70,8 +78,17 @@ class RLHyper:
     beta: float = 5.0
     clip_low: float = 0.2
     clip_high: float = 0.2
+    clip_ratio_c: float = 3.0  # 0: no dual clip
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+    entropy_coef: float = 0.001
     rlsd_lam: float = 0.5
     rlsd_clip_eps: float = 0.2
+    rlsd_warmdown_steps: int = 100
+    rl_step: int = (
+        1  # the RL round being trained, 1-based (the reference's global step): RLSD's decay reads it
+    )
+    skill_sd_coef: float = 0.001
     agg: str = "token-mean"
     epochs: int = 1
     mini_batches: int = 4
@@ -85,30 +102,38 @@ class RLHyper:
     save_every: int = 0  # steps between checkpoints; 0: none
 
 
-def episode_advantages(rows: list[dict], norm_by_std: bool = True) -> dict[str, float]:
-    """GRPO: one advantage per episode from its return, normalized within its group; keyed by traj_id."""
-    episodes: dict[str, tuple[str, float]] = {}
-    for r in rows:
-        episodes.setdefault(r["traj_id"], (r["group_id"], float(r["episode_return"])))
-    trajs = sorted(episodes)
-    group_index = {g: i for i, g in enumerate(sorted({episodes[t][0] for t in trajs}))}
-    rewards = torch.tensor([episodes[t][1] for t in trajs], dtype=torch.float32)
-    groups = torch.tensor([group_index[episodes[t][0]] for t in trajs], dtype=torch.long)
-    adv = grpo_advantages(rewards, groups, norm_by_std=norm_by_std)
-    return dict(zip(trajs, adv.tolist(), strict=True))
+def row_advantages(
+    rows: list[dict], norm_by_std: bool = True, penalty: float = 0.0, per_episode: bool = False
+) -> list[float]:
+    """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
+    ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
+    score each, with ``per_episode``)."""
+    scores = penalized_scores(
+        torch.tensor([float(r["episode_return"]) for r in rows], dtype=torch.float32),
+        torch.tensor([bool(r["format_ok"]) for r in rows]),
+        penalty,
+    )
+    groups = [r["group_id"] for r in rows]
+    trajs = [r["traj_id"] for r in rows] if per_episode else None
+    return grpo_advantages(scores, groups, norm_by_std=norm_by_std, traj_ids=trajs).tolist()
 
 
-def make_samples(rows: list[dict], norm_by_std: bool = True) -> list[RLSample]:
-    adv = episode_advantages(rows, norm_by_std)
+def make_samples(
+    rows: list[dict], norm_by_std: bool = True, penalty: float = 0.0, per_episode: bool = False
+) -> list[RLSample]:
+    """Training samples from rescored rows; advantages use every row (a turn without a response still counts in
+    its group's statistics, as in the reference), but only rows with a response train."""
+    adv = row_advantages(rows, norm_by_std, penalty, per_episode)
     return [
         RLSample(
             r["prompt_token_ids"],
             r["response_token_ids"],
             r["old_logprobs"],
             r["teacher_logprobs"],
-            adv[r["traj_id"]],
+            a,
+            r.get("ref_logprobs"),
         )
-        for r in rows
+        for r, a in zip(rows, adv, strict=True)
         if r["response_token_ids"]
     ]
 
@@ -132,6 +157,9 @@ def micro_step(
     width = batch.targets.shape[1]
     old = _pad_right_aligned([s.old_logprobs for s in samples], width).to(device)
     teacher = _pad_right_aligned([s.teacher_logprobs for s in samples], width).to(device)
+    ref = None
+    if hp.kl_coef != 0:  # make_samples' caller checked that every sample has reference log-probs
+        ref = _pad_right_aligned([s.ref_logprobs for s in samples], width).to(device)
     adv = torch.tensor([s.advantage for s in samples], device=device)[:, None] * batch.mask  # (B, R)
     loss, metrics = method_loss(
         hp.method,
@@ -144,10 +172,21 @@ def micro_step(
         beta=hp.beta,
         clip_low=hp.clip_low,
         clip_high=hp.clip_high,
+        clip_ratio_c=hp.clip_ratio_c or None,
         rlsd_lam=hp.rlsd_lam,
         rlsd_clip_eps=hp.rlsd_clip_eps,
+        rlsd_warmdown_steps=hp.rlsd_warmdown_steps,
+        step=hp.rl_step,
+        skill_sd_coef=hp.skill_sd_coef,
+        ref_logprobs=ref,
+        kl_coef=hp.kl_coef,
+        kl_kind=hp.kl_kind,
         agg=hp.agg,
     )
+    if hp.entropy_coef != 0:
+        # verl's actor: pg_loss - entropy_coeff * agg(entropy), the bonus keeping exploration alive.
+        loss = loss - hp.entropy_coef * agg_loss(ent, batch.mask, hp.agg)
+        metrics["loss/total"] = float(loss.detach())
     if not torch.isfinite(loss):
         # A NaN in a constant input (old or teacher log-probs) can leave the gradient finite (min/max route it to
         # neither branch), and the step would go through. Make the gradient non-finite too, so every engine skips.
@@ -165,11 +204,19 @@ def micro_step(
     return loss, metrics
 
 
-def _weight(items: list, total_tokens: int, total_seqs: int, agg: str) -> float:
-    """Share of the mini-batch's loss carried by ``items``: tokens for token-mean, sequences for ``seq-mean-*``."""
+def _weight(micro: list, counted: list, items: list, agg: str) -> float:
+    """Factor on a micro-batch's loss so the accumulated gradient is that of the whole mini-batch's loss.
+
+    token-mean and seq-mean-*: the micro-batch's share of the mini-batch's tokens or sequences. For
+    seq-mean-token-sum-norm (a sum over sequences divided by the padded width T), ``T_micro / T_mini``.
+    """
+    if not counted:
+        return 0.0
     if agg == "token-mean":
-        return sum(len(s.response) for s in items) / max(1, total_tokens)
-    return len(items) / max(1, total_seqs)
+        return sum(len(s.response) for s in counted) / max(1, sum(len(x.response) for x in items))
+    if agg == "seq-mean-token-sum-norm":
+        return max(len(s.response) for s in micro) / max(1, max(len(x.response) for x in items))
+    return len(counted) / max(1, len(items))
 
 
 def _rank_share(items: list, rank: int, world: int) -> list[tuple[int, bool]]:
@@ -194,12 +241,15 @@ def accumulate(
     sums: dict[str, float] = {}
     for micro_idx in token_budget_batches(lengths, micro_batch_tokens):
         chosen = [mine[j] for j in micro_idx]
+        micro = [items[i] for i, _ in chosen]
         counted = [items[i] for i, counts in chosen if counts]
-        w = _weight(counted, total_tokens, len(items), agg)
-        loss, metrics = loss_fn([items[i] for i, _ in chosen])
-        engine.backward(loss * w)
+        loss, metrics = loss_fn(micro)
+        engine.backward(loss * _weight(micro, counted, items, agg))
+        # Metrics average with the micro-batch's share of tokens (token-mean) or sequences, whatever the loss's
+        # normaliser, so each is a mean over the mini-batch.
+        share = _weight(micro, counted, items, "token-mean" if agg == "token-mean" else "seq-mean-token-mean")
         for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + w * v
+            sums[k] = sums.get(k, 0.0) + share * v
     return engine.all_reduce_sum(sums), total_tokens
 
 
@@ -353,7 +403,8 @@ def progress_line(r: dict) -> str:
 
     return (
         f"step {r['step']} {r.get('kind', 'rl')} | loss {f('loss/total', 4)} | pg {f('loss/pg', 4)} | "
-        f"gate {f('sdar/gate_mean', 3)} | gap {f('sdar/teacher_gap_mean', 3)} | clip {f('actor/clipfrac', 3)} | "
+        f"gate {f('sdar/gate_mean', 3)} | gap {f('sdar/teacher_gap_mean', 3)} | kl {f('actor/kl_loss', 4)} | "
+        f"ent {f('actor/entropy', 3)} | clip {f('actor/clipfrac', 3)} | "
         f"grad {f('grad_norm', 3)} | lr {f('lr', 6)} | {r['seconds']:.2f} s/it"
     )
 
