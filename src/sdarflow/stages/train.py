@@ -77,12 +77,16 @@ class TrainConfig(StageConfig):
         choices=presets.PRESET_CHOICES,
     )
     kl_coef: float | None = opt(
-        None, "KL loss to the reference policy (base model, needs rescored ref_logprobs); empty = --preset's"
+        None,
+        "KL loss to the reference policy (base model; needs rescored ref_logprobs); unset = --preset's: 0.01 "
+        "alfworld/webshop, 0.001 search",
     )
     kl_kind: str = opt("low_var_kl", "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
     entropy_coef: float = opt(0.001, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off")
     invalid_action_penalty: float | None = opt(
-        None, "subtracted from the GRPO score of a turn whose action did not parse; empty = --preset's"
+        None,
+        "subtracted from the GRPO score of a turn whose action did not parse; unset = --preset's: 0.1 "
+        "alfworld/webshop, 0.01 search",
     )
     adv_stats: str = opt(
         "turn",
