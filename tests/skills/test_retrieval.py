@@ -54,7 +54,7 @@ def test_reference_layout_loads_without_our_keys(ref):
     assert ref.general is not None and ref.general.name == "general"  # found by its file, not its key
     assert [s.name for s in ref.task_specific()] == ["cutting", "cooking"]  # skill_files order
     assert ref.for_task_type("cut+cook").name == "cooking"
-    assert ref.keywords_for("cut") == ["slice", "chop", "dice"]
+    assert ref.task_keywords["cut"] == ["slice", "chop", "dice"]
     assert ref.for_task_type("cut").steps[0] == "take the knife"
     assert ref.skills["cooking"].evidence == {}
 

@@ -109,12 +109,6 @@ class SkillLibrary:
         retrieval joins them in, as the reference's ``_build_all_skills_text`` does."""
         return [s for s in self.skills.values() if not self.is_general(s)]
 
-    def keywords_for(self, task_type: str) -> list[str]:
-        if task_type in self.task_keywords:
-            return self.task_keywords[task_type]
-        skill = self.for_task_type(task_type)
-        return skill.keywords if skill else []
-
     @property
     def version(self) -> str:
         blob = json.dumps({"mapping": self._mapping(), "stats": self.stats}, sort_keys=True) + "".join(

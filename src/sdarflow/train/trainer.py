@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from sdarflow.algo import (
     agg_loss,
+    broadcast_advantages,
     grpo_advantages,
     masked_mean_value,
     method_loss,
@@ -160,7 +161,7 @@ def micro_step(
     ref = None
     if hp.kl_coef != 0:  # make_samples' caller checked that every sample has reference log-probs
         ref = _pad_right_aligned([s.ref_logprobs for s in samples], width).to(device)
-    adv = torch.tensor([s.advantage for s in samples], device=device)[:, None] * batch.mask  # (B, R)
+    adv = broadcast_advantages(torch.tensor([s.advantage for s in samples], device=device), batch.mask)
     loss, metrics = method_loss(
         hp.method,
         logprobs=logp,
