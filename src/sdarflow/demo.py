@@ -124,6 +124,12 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
                 / max(episodes, 1.0),
                 "gate_mean": trn.get("sdar/gate_mean"),
                 **{f"{split}_pass@1": d["pass_at_k"]["1"] for split, d in report["splits"].items()},
+                # the interval and the counts behind it, wherever a pass@1 is shown
+                **{f"{split}_pass@1_ci95": d["ci95"]["1"] for split, d in report["splits"].items()},
+                **{
+                    f"{split}_tasks_x_samples": f"{d['n_tasks']} x {d['samples_per_task']}"
+                    for split, d in report["splits"].items()
+                },
             }
         )
     return {

@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from sdarflow.evaluate.metrics import Z95, build_report, ci95, ks_for, pass_at_k, summarize
+from sdarflow.evaluate.metrics import (
+    Z95,
+    bootstrap_interval,
+    build_report,
+    ks_for,
+    pass_at_k,
+    pass_at_k_interval,
+    summarize,
+    wilson_interval,
+)
 
 
 def comb_pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,20 +87,47 @@ def test_ks_for_rejects_zero() -> None:
         ks_for(0)
 
 
-def test_ci95_known_values() -> None:
-    # mean 0.5, sample std sqrt(0.02), se = std / sqrt(2) = 0.1
-    lo, hi = ci95([0.4, 0.6])
-    assert lo == pytest.approx(0.5 - Z95 * 0.1)
-    assert hi == pytest.approx(0.5 + Z95 * 0.1)
+def test_wilson_interval_published_values() -> None:
+    # Wilson 95% intervals as tabulated (Newcombe 1998): 5/10 -> 0.2366-0.7634, 1/4 -> 0.0456-0.6994;
+    # 0 successes: upper bound z^2 / (n + z^2), 0/16 -> 0.1936 (never the (0, 0) of the normal approximation).
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(1, 4) == pytest.approx((0.0456, 0.6994), abs=1e-4)
+    assert wilson_interval(0, 16) == pytest.approx((0.0, Z95**2 / (16 + Z95**2)))
+    assert wilson_interval(16, 16) == pytest.approx((1 - Z95**2 / (16 + Z95**2), 1.0))
     assert pytest.approx(1.96, abs=1e-3) == Z95
-
-
-def test_ci95_clips_and_degenerate_cases() -> None:
-    assert ci95([0.0, 1.0]) == (0.0, 1.0)  # mean 0.5 +- 1.96 * 0.5 overflows both ends
-    assert ci95([0.3]) == (0.3, 0.3)
-    assert ci95([0.7, 0.7, 0.7]) == pytest.approx((0.7, 0.7))
     with pytest.raises(ValueError):
-        ci95([])
+        wilson_interval(3, 2)
+
+
+def test_bootstrap_interval_properties() -> None:
+    values = [0.0, 0.25, 1.0, 0.5, 0.75, 0.0, 1.0, 0.5]
+    lo, hi = bootstrap_interval(values)
+    assert lo < sum(values) / len(values) < hi
+    assert bootstrap_interval(values) == (lo, hi)  # seeded: a report is reproducible
+    assert bootstrap_interval([0.7, 0.7, 0.7]) == pytest.approx((0.7, 0.7))
+    wide = bootstrap_interval(values)
+    narrow = bootstrap_interval(values * 16)  # the same spread over 16x the tasks
+    assert narrow[1] - narrow[0] < (wide[1] - wide[0]) / 2
+    with pytest.raises(ValueError):
+        bootstrap_interval([])
+
+
+def test_pass_at_k_interval_on_zero_successes_is_not_a_point() -> None:
+    # 4 tasks x 4 samples, nothing solved: pass@1 in Wilson's (0, 0.1936); pass@4 <= 1 - (1 - pass@1)^4
+    hi1 = Z95**2 / (16 + Z95**2)
+    assert pass_at_k_interval([0.0] * 4, 1, 0, 16) == pytest.approx((0.0, hi1))
+    assert pass_at_k_interval([0.0] * 4, 4, 0, 16) == pytest.approx((0.0, 1 - (1 - hi1) ** 4))
+    # every task solved every time: pass@4 is 1 and its lower bound is pass@1's
+    lo1 = 1 - hi1
+    assert pass_at_k_interval([1.0] * 4, 4, 16, 16) == pytest.approx((lo1, 1.0))
+
+
+def test_pass_at_1_interval_covers_the_spread_between_tasks() -> None:
+    # 2 tasks x 8 samples, one always solved, one never: 8/16 episodes, but the tasks disagree completely, so the
+    # task bootstrap (0 or 1 with probability 1/4 each) is wider than Wilson's (0.28, 0.72)
+    lo, hi = pass_at_k_interval([1.0, 0.0], 1, 8, 16)
+    assert (lo, hi) == pytest.approx((0.0, 1.0))
+    assert wilson_interval(8, 16) == pytest.approx((0.28, 0.72), abs=0.005)
 
 
 def test_summarize_hand_checked() -> None:
@@ -111,9 +147,9 @@ def test_summarize_hand_checked() -> None:
     assert test["success_rate"] == pytest.approx(5 / 12)
     assert test["mean_turns"] == pytest.approx((4 * 3 + 3 + 3 * 10 + 4 * 10) / 12)
     assert test["format_error_rate"] == pytest.approx((3 * 1 + 4 * 2) / 85)
-    # k = 4: values [1, 1, 0], mean 2/3, sample std sqrt(1/3), se 1/3; upper bound clipped to 1
-    assert test["ci95"]["4"] == pytest.approx([2 / 3 - Z95 / 3, 1.0])
-    # k = 1: values [1, 1/4, 0], sample std sqrt(39)/12: both bounds clipped
+    # 3 tasks: a bootstrap draw repeats one task with probability 1/27 > 2.5%, so the percentile bounds are the
+    # extreme task values: k = 4 over [1, 1, 0] and k = 1 over [1, 1/4, 0] both give [0, 1]
+    assert test["ci95"]["4"] == pytest.approx([0.0, 1.0])
     assert test["ci95"]["1"] == pytest.approx([0.0, 1.0])
 
     ood = splits["ood"]
@@ -125,8 +161,8 @@ def test_summarize_hand_checked() -> None:
     assert ood["success_rate"] == pytest.approx(0.25)
     assert ood["mean_turns"] == pytest.approx(56 / 8)
     assert ood["format_error_rate"] == pytest.approx(16 / 56)
-    # k = 1: values [1/2, 0], sample std sqrt(1/8), se 1/4
-    assert ood["ci95"]["1"] == pytest.approx([0.0, 0.25 + Z95 * 0.25])
+    # k = 1: the bootstrap over [1/2, 0] spans [0, 1/2]; Wilson's 2 of 8 episodes spans (0.0715, 0.5907)
+    assert ood["ci95"]["1"] == pytest.approx([0.0, 0.5907], abs=1e-4)
 
 
 def test_summarize_explicit_ks() -> None:

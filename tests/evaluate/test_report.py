@@ -61,9 +61,9 @@ def test_render_markdown_images_and_deltas(report: dict, baseline: dict) -> None
     md = render_markdown(report, baseline, image_names={"pass_at_k": "pass_at_k.png"})
     assert "![pass@k by split](<pass_at_k.png>)" in md
     assert "baseline: prod-v2" in md
-    assert "| 1 | 0.417 | 0.000 – 1.000 | 0.250 | +0.167 |" in md
+    assert "| 1 | 0.417 | 0.000 – 1.000 | 3 × 4 | 0.250 | +0.167 |" in md
     assert "| cook | 2 | 0.625 | 0.375 | +0.250 |" in md
-    assert "| 1 | 0.250 | 0.000 – 0.740 | 0.250 | +0.000 |" in md  # ood unchanged
+    assert "| 1 | 0.250 | 0.000 – 0.591 | 2 × 4 | 0.250 | +0.000 |" in md  # ood unchanged; Wilson 2/8
 
 
 def test_render_html_self_contained(report: dict, baseline: dict, candidate_plots: dict[str, bytes]) -> None:

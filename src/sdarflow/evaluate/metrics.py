@@ -1,5 +1,6 @@
-"""Evaluation metrics: the unbiased pass@k estimator, confidence intervals over tasks, and the per-split summary
-that becomes the ``splits`` part of an evaluation report.
+"""Evaluation metrics: the unbiased pass@k estimator, confidence intervals that hold for small counts (Wilson for a
+proportion, a task-level bootstrap for pass@k), and the per-split summary that becomes the ``splits`` part of an
+evaluation report.
 
 Pure functions of episode results, no I/O. An episode result is a dict::
 
@@ -62,23 +63,54 @@ def ks_for(n: int) -> list[int]:
     return ks
 
 
-def ci95(per_task_values: Sequence[float]) -> tuple[float, float]:
-    """95% confidence interval of the mean over tasks.
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a proportion (Wilson 1927): right for small counts, never ``(0, 0)``.
 
-    Normal approximation: ``mean +- 1.96 * s / sqrt(T)`` with ``s`` the sample standard deviation (ddof=1) over
-    the ``T`` tasks. Tasks, not episodes, are the unit: samples of one task are correlated, so the interval
-    reflects how much the score would move on a different draw of tasks. The bounds are clipped to [0, 1]
-    because every per-task value is a probability. With one task there is no spread to estimate, so the
-    interval collapses to ``(mean, mean)``; treat it as "unknown", not "exact".
+    ``(p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n)`` with ``p = successes / trials``;
+    0 of 16 gives ``(0, 0.194)``, where the normal approximation would give ``(0, 0)``.
+    """
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(
+            f"wilson_interval needs 0 <= successes ({successes}) <= trials ({trials}), trials >= 1"
+        )
+    p, n, z2 = successes / trials, trials, z * z
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def bootstrap_interval(
+    per_task_values: Sequence[float], draws: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean over tasks, resampling tasks with replacement.
+
+    Tasks, not episodes, are the unit: samples of one task are correlated, so the interval reflects how much the
+    score would move on a different draw of tasks. Seeded, so a report is reproducible.
     """
     values = np.asarray(per_task_values, dtype=np.float64)
     if values.size == 0:
-        raise ValueError("ci95 needs at least one per-task value, got none")
-    mean = float(values.mean())
-    if values.size == 1:
-        return (mean, mean)
-    half = Z95 * float(values.std(ddof=1)) / math.sqrt(values.size)
-    return (max(0.0, mean - half), min(1.0, mean + half))
+        raise ValueError("bootstrap_interval needs at least one per-task value, got none")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(draws, values.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    return (float(lo), float(hi))
+
+
+def pass_at_k_interval(per_task: Sequence[float], k: int, successes: int, trials: int) -> tuple[float, float]:
+    """95% interval of the mean pass@k over tasks.
+
+    k = 1: the union of the Wilson interval of all ``successes / trials`` episodes (right for small counts) and
+    the task bootstrap (which adds the spread between tasks). k > 1: the task bootstrap; where every task scored
+    the same (the bootstrap collapses to a point, e.g. all 0), the interval implied by pass@1's Wilson interval
+    ``[lo_1, 1 - (1 - hi_1)^k]``, since ``pass@1 <= pass@k <= 1 - (1 - pass@1)^k`` (Jensen, pass@k concave in p).
+    """
+    w_lo, w_hi = wilson_interval(successes, trials)
+    b_lo, b_hi = bootstrap_interval(per_task)
+    if k == 1:
+        return (min(w_lo, b_lo), max(w_hi, b_hi))
+    if b_hi - b_lo > 0:
+        return (b_lo, b_hi)
+    return (w_lo, 1.0 - (1.0 - w_hi) ** k)
 
 
 def _check_episode(i: int, episode: Mapping[str, Any]) -> None:
@@ -132,6 +164,7 @@ def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequ
         raise ValueError(f"split {split!r}: ks {too_big} exceed the {n} samples per task; use ks <= {n}")
     # (task, k) -> pass@k of that task
     per_task = {t: {k: pass_at_k(n, sum(flags), k) for k in split_ks} for t, flags in outcomes.items()}
+    successes = sum(sum(flags) for flags in outcomes.values())
     by_type: dict[str, list[str]] = {}
     for task_id, task_type in task_types.items():
         by_type.setdefault(task_type, []).append(task_id)
@@ -140,7 +173,12 @@ def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequ
         "n_tasks": len(outcomes),
         "samples_per_task": n,
         "pass_at_k": _mean_pass_at_k(per_task, outcomes, split_ks),
-        "ci95": {str(k): list(ci95([per_task[t][k] for t in outcomes])) for k in split_ks},
+        "ci95": {
+            str(k): list(
+                pass_at_k_interval([per_task[t][k] for t in outcomes], k, successes, n * len(outcomes))
+            )
+            for k in split_ks
+        },
         "by_task_type": {
             task_type: {"n_tasks": len(ids), "pass_at_k": _mean_pass_at_k(per_task, ids, split_ks)}
             for task_type, ids in sorted(by_type.items())
@@ -156,7 +194,8 @@ def summarize(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = 
     """Per-split summary of episode results: the ``splits`` part of the report.
 
     For each split (in order of first appearance): ``n_tasks``, ``samples_per_task`` (n, equal for all tasks),
-    ``pass_at_k[str(k)] = mean_tasks pass_at_k(n, c_task, k)``, ``ci95[str(k)] = [lo, hi]`` over tasks,
+    ``pass_at_k[str(k)] = mean_tasks pass_at_k(n, c_task, k)``, ``ci95[str(k)] = [lo, hi]``
+    (:func:`pass_at_k_interval`),
     ``by_task_type[type] = {"n_tasks", "pass_at_k"}``, ``success_rate = mean_episodes success``,
     ``format_error_rate = sum format_errors / sum actions`` and ``mean_turns = mean_episodes turns``.
     ``ks`` defaults to :func:`ks_for` of each split's n.

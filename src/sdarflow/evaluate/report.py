@@ -59,11 +59,15 @@ def _overview_table(report: Mapping[str, Any], baseline: Mapping[str, Any] | Non
 
 def _pass_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Table:
     base = _split_of(baseline, split)
-    header = ["k", "pass@k", "95% CI"] + (["baseline", "Δ vs baseline"] if baseline is not None else [])
+    # n next to every figure: an interval means little without the counts behind it.
+    header = ["k", "pass@k", "95% CI", "tasks × samples"] + (
+        ["baseline", "Δ vs baseline"] if baseline is not None else []
+    )
+    counts = f"{s['n_tasks']} × {s['samples_per_task']}"
     rows = []
     for k, value in s["pass_at_k"].items():
         lo, hi = s["ci95"][k]
-        row = [k, _fmt(value), f"{lo:.3f} – {hi:.3f}"]
+        row = [k, _fmt(value), f"{lo:.3f} – {hi:.3f}", counts]
         if baseline is not None:
             b = None if base is None else base["pass_at_k"].get(k)
             row += [_fmt(b), _delta(value, b)]

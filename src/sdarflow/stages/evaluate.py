@@ -122,7 +122,13 @@ def run(cfg: EvaluateConfig) -> dict:
             inputs=[cfg.model] + ([cfg.adapter] if cfg.adapter else []),
         )
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
-    log.info("evaluate: %s -> %s", ", ".join(f"{k} {v:.3f}" for k, v in headline.items()), cfg.output)
+    shown = [
+        f"{split}/pass@{k} {v:.3f} [{d['ci95'][k][0]:.3f}, {d['ci95'][k][1]:.3f}] "
+        f"({d['n_tasks']} tasks x {d['samples_per_task']})"
+        for split, d in report["splits"].items()
+        for k, v in d["pass_at_k"].items()
+    ]
+    log.info("evaluate: %s -> %s", ", ".join(shown), cfg.output)
     return {"uri": cfg.output, "metrics": headline}
 
 
