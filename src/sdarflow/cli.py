@@ -98,9 +98,8 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         sft_steps=args.sft_steps,
         seed=args.seed,
-        sft_time_budget_s=args.sft_time_budget,
     )
-    print(build_base_model(args.out, spec, force=args.force))
+    print(build_base_model(args.out, spec, force=args.force, time_limit_s=args.sft_time_limit))
     return 0
 
 
@@ -174,7 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default="textworld-cooking")
     p.add_argument("--tasks", type=int, default=24, help="train games whose walkthroughs make the SFT data")
     p.add_argument("--sft-steps", type=int, default=600)
-    p.add_argument("--sft-time-budget", type=float, default=240.0, help="stop SFT after this many seconds")
+    p.add_argument(
+        "--sft-time-limit",
+        type=float,
+        default=0.0,
+        help="fail (never stop early) if SFT takes longer than this many seconds; 0 = no limit",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
     p.set_defaults(func=_cmd_build_model)

@@ -18,9 +18,15 @@ import torch
 from tqdm.auto import tqdm
 
 from sdarflow.algo import masked_mean_value
+from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import ResponseBatch, make_batch, response_logprobs
 
 log = logging.getLogger(__name__)
+
+
+class SFTTimeLimitExceeded(SdarflowError):
+    """The warm start ran past its time limit: it fails rather than stop early, so the model never depends on the
+    machine's speed."""
 
 
 @dataclass
@@ -74,9 +80,10 @@ def sft(
     batch_size: int = 16,
     lr: float = 3e-3,
     seed: int = 0,
-    time_budget_s: float | None = None,
+    time_limit_s: float | None = None,
 ) -> list[dict]:
-    """AdamW with linear warmup and cosine decay; stops early when ``time_budget_s`` runs out."""
+    """``steps`` AdamW steps with linear warmup and cosine decay, every one of them: the result depends on the
+    seed alone. Past ``time_limit_s`` (None or 0: no limit) it raises :class:`SFTTimeLimitExceeded`."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -111,8 +118,12 @@ def sft(
             log.info(
                 "sft step %d | loss %.4f | %.0f s", step + 1, history[-1]["loss"], time.perf_counter() - start
             )
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            log.info("sft: time budget %.0f s reached at step %d", time_budget_s, step + 1)
-            break
+        elapsed = time.perf_counter() - start
+        if time_limit_s and elapsed > time_limit_s and step + 1 < steps:
+            raise SFTTimeLimitExceeded(
+                f"sft: {step + 1} of {steps} steps took {elapsed:.0f} s, over the time limit of {time_limit_s:.0f} s; "
+                f"nothing was saved (a shorter run would be a different model); fix: raise the time limit "
+                f"(--sft-time-limit, 0 = none) or lower --sft-steps"
+            )
     model.eval()
     return history

@@ -48,7 +48,6 @@ class BaseModelSpec:
     sft_steps: int = 600
     sft_batch_size: int = 16
     sft_lr: float = 3e-3
-    sft_time_budget_s: float = 240.0
     skill_share: float = 0.5
     # Where skilled SFT prompts carry the skills: rescore's --skill-place (in the hash, so a change rebuilds).
     skill_place: str = "prefix"
@@ -108,7 +107,17 @@ def _sft_prompt(
     return teacher_prompt_ids(tokenizer, ids, messages, skills, place, student_text=text)
 
 
-def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(), force: bool = False) -> Path:
+def build_base_model(
+    out_dir: str | Path,
+    spec: BaseModelSpec = BaseModelSpec(),
+    force: bool = False,
+    time_limit_s: float | None = None,
+) -> Path:
+    """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there).
+
+    Deterministic: the SFT always runs ``spec.sft_steps`` steps, so the same spec and seed give the same model on
+    any machine. ``time_limit_s`` (not part of the spec: it cannot change the result) fails the build instead.
+    """
     out_dir = Path(out_dir)
     if not force and is_built(out_dir, spec):
         log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
@@ -148,7 +157,7 @@ def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(),
         batch_size=spec.sft_batch_size,
         lr=spec.sft_lr,
         seed=spec.seed,
-        time_budget_s=spec.sft_time_budget_s,
+        time_limit_s=time_limit_s,
     )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -158,7 +167,6 @@ def build_base_model(out_dir: str | Path, spec: BaseModelSpec = BaseModelSpec(),
         "spec": asdict(spec),
         "spec_hash": spec.hash(),
         "sft_pairs": len(pairs),
-        "sft_steps_done": len(history),
         "sft_final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
         "seed_skill_library": seed_lib.version,
         "seconds": round(time.perf_counter() - t0, 1),
