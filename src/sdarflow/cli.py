@@ -90,6 +90,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    from sdarflow.study import StudySettings, run_study
+
+    settings = StudySettings(
+        methods=args.methods,
+        seeds=args.seeds,
+        rounds=args.rounds,
+        out=args.out,
+        base_model=args.base_model or "",
+        env=args.env,
+        preset=args.preset,
+        stage_settings=json.loads(args.stage_settings) if args.stage_settings else {},
+    )
+    study = run_study(settings)
+    print(json.dumps(study["table"], indent=2, sort_keys=True))
+    return 0
+
+
 def _cmd_build_model(args: argparse.Namespace) -> int:
     from sdarflow.train.warmstart import BaseModelSpec, build_base_model
 
@@ -165,6 +183,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--base-model", default=None, help="use this HF model folder instead of building the tiny one"
     )
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser(
+        "study", help="compare methods: train each (method, seed) for R rounds, evaluate, report against GRPO"
+    )
+    p.add_argument("--methods", nargs="+", default=["grpo", "sdar"], help="must include grpo (the baseline)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--out", required=True, help="study folder; a rerun skips the (method, seed) cells done there"
+    )
+    p.add_argument(
+        "--base-model", default=None, help="HF model folder; default: build the preset's tiny model"
+    )
+    p.add_argument("--env", default="textworld-cooking")
+    p.add_argument(
+        "--preset",
+        default="demo",
+        choices=("demo", "smoke"),
+        help="sizes (tasks, group, eval) as in the demo",
+    )
+    p.add_argument(
+        "--stage-settings",
+        default=None,
+        help='JSON per-stage overrides, e.g. \'{"train": {"lr": 0.002, "epochs": 2}}\'',
+    )
+    p.set_defaults(func=_cmd_study)
 
     p = sub.add_parser(
         "build-model", help="build the tiny demo base model (tokenizer, Qwen2, SFT warm start)"

@@ -145,6 +145,7 @@ def test_summarize_hand_checked() -> None:
     }
     assert test["by_task_type"]["cut"] == {"n_tasks": 1, "pass_at_k": {"1": 0.0, "2": 0.0, "4": 0.0}}
     assert test["success_rate"] == pytest.approx(5 / 12)
+    assert test["task_successes"] == {"t1": 4, "t2": 1, "t3": 0}
     assert test["mean_turns"] == pytest.approx((4 * 3 + 3 + 3 * 10 + 4 * 10) / 12)
     assert test["format_error_rate"] == pytest.approx((3 * 1 + 4 * 2) / 85)
     # 3 tasks: a bootstrap draw repeats one task with probability 1/27 > 2.5%, so the percentile bounds are the
@@ -200,8 +201,8 @@ def test_build_report_shape() -> None:
     assert report["adapter"] == "cand-v3"
     assert report["base_model"] == "tiny-qwen"
     assert report["config_hash"] == "abc123"
-    split_keys = {"n_tasks", "samples_per_task", "pass_at_k", "ci95", "by_task_type", "success_rate",
-                  "format_error_rate", "mean_turns"}  # fmt: skip
+    split_keys = {"n_tasks", "samples_per_task", "pass_at_k", "ci95", "by_task_type", "task_successes",
+                  "success_rate", "format_error_rate", "mean_turns"}  # fmt: skip
     for split in report["splits"].values():
         assert set(split) == split_keys
         assert set(split["ci95"]) == set(split["pass_at_k"])

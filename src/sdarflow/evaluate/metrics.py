@@ -183,6 +183,8 @@ def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequ
             task_type: {"n_tasks": len(ids), "pass_at_k": _mean_pass_at_k(per_task, ids, split_ks)}
             for task_type, ids in sorted(by_type.items())
         },
+        # successes per task (of samples_per_task): what paired comparisons between runs on the same tasks need
+        "task_successes": {t: sum(flags) for t, flags in outcomes.items()},
         "success_rate": float(np.mean([bool(ep["success"]) for ep in episodes])),
         # Zero actions would mean no turn was taken at all; report 0 errors rather than divide by zero.
         "format_error_rate": sum(int(ep["format_errors"]) for ep in episodes) / actions if actions else 0.0,
@@ -196,7 +198,8 @@ def summarize(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = 
     For each split (in order of first appearance): ``n_tasks``, ``samples_per_task`` (n, equal for all tasks),
     ``pass_at_k[str(k)] = mean_tasks pass_at_k(n, c_task, k)``, ``ci95[str(k)] = [lo, hi]``
     (:func:`pass_at_k_interval`),
-    ``by_task_type[type] = {"n_tasks", "pass_at_k"}``, ``success_rate = mean_episodes success``,
+    ``by_task_type[type] = {"n_tasks", "pass_at_k"}``, ``task_successes[task_id] = c_task``,
+    ``success_rate = mean_episodes success``,
     ``format_error_rate = sum format_errors / sum actions`` and ``mean_turns = mean_episodes turns``.
     ``ks`` defaults to :func:`ks_for` of each split's n.
     """

@@ -122,7 +122,7 @@ def _md(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
 
 
-def _md_table(table: Table) -> list[str]:
+def md_table(table: Table) -> list[str]:
     header, rows = table
     lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
@@ -141,7 +141,7 @@ def render_markdown(
     """
     lines = [f"# Evaluation: {_md(report['adapter'])}", "", _md(_subtitle(report, baseline)), ""]
     for title, table in _sections(report, baseline):
-        lines += [f"## {_md(title)}", "", *_md_table(table), ""]
+        lines += [f"## {_md(title)}", "", *md_table(table), ""]
     if image_names:
         lines += ["## Plots", ""]
         for key, name in image_names.items():
@@ -153,7 +153,7 @@ def render_markdown(
     return "\n".join(lines)
 
 
-_CSS = (
+CSS = (
     "body{font-family:sans-serif;margin:2em;color:#222}"
     "table{border-collapse:collapse;margin:0 0 1.5em}"
     "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}"
@@ -162,7 +162,7 @@ _CSS = (
 )
 
 
-def _html_table(table: Table) -> str:
+def html_table(table: Table) -> str:
     header, rows = table
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
@@ -183,11 +183,11 @@ def render_html(
     title = html.escape(f"Evaluation: {report['adapter']}")
     parts = [
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{title}</title><style>{_CSS}</style></head><body>",
+        f"<title>{title}</title><style>{CSS}</style></head><body>",
         f"<h1>{title}</h1><p>{html.escape(_subtitle(report, baseline))}</p>",
     ]
     for section, table in _sections(report, baseline):
-        parts.append(f"<h2>{html.escape(section)}</h2>{_html_table(table)}")
+        parts.append(f"<h2>{html.escape(section)}</h2>{html_table(table)}")
     if pngs:
         parts.append("<h2>Plots</h2>")
     for key, png in pngs.items():
@@ -207,7 +207,7 @@ def _label(text: str, limit: int = 24) -> str:
     return text.replace("$", r"\$")
 
 
-def _png(fig: Any) -> bytes:
+def png_bytes(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
@@ -289,6 +289,6 @@ def plots(report: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) 
     """PNG plots keyed by :data:`PLOT_KEYS`: ``pass_at_k`` (curve per split with its 95% CI band; baseline
     dashed) and ``task_type_pass1`` (pass@1 bars per task type per split; baseline hatched beside)."""
     return {
-        "pass_at_k": _png(_pass_at_k_figure(report, baseline)),
-        "task_type_pass1": _png(_task_type_figure(report, baseline)),
+        "pass_at_k": png_bytes(_pass_at_k_figure(report, baseline)),
+        "task_type_pass1": png_bytes(_task_type_figure(report, baseline)),
     }

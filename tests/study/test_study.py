@@ -1,0 +1,47 @@
+"""``sdarflow study`` at smoke size through the CLI: every cell trains and is evaluated, study.json holds every
+result the comparison needs, the reports render, and a rerun skips the finished cells."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sdarflow.cli import main
+
+
+def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog):
+    out = tmp_path / "study"
+    argv = ["study", "--methods", "grpo", "sdar", "--seeds", "0", "--rounds", "1", "--out", str(out),
+            "--base-model", str(tiny_model), "--preset", "smoke"]  # fmt: skip
+    assert main(argv) == 0
+    study = json.loads((out / "study.json").read_text())
+    assert {"settings", "k", "base", "runs", "methods", "table", "paired", "gate"} <= study.keys()
+    assert {(r["method"], r["seed"]) for r in study["runs"]} == {("grpo", 0), ("sdar", 0)}
+    for run in study["runs"]:
+        assert len(run["rounds"]) == 1
+        rnd = run["rounds"][0]
+        # per-round train success, gate and teacher-gap statistics, wall time per stage, held-out pass@k + CIs
+        assert {"train_success", "gate_mean", "teacher_gap_mean", "teacher_gap_positive_share"} <= rnd.keys()
+        assert set(run["seconds"]) == {"generate", "extract-skills", "rescore", "train"}
+        for split in ("test", "ood"):
+            assert set(run["eval"][split]["ci95"]) == set(run["eval"][split]["pass_at_k"])
+    for method in ("grpo", "sdar"):
+        r = study["methods"][method]
+        assert {"test_pass@1", "test_pass@k", "ood_pass@1", "curves", "train_seconds"} <= r.keys()
+        assert len(r["test_pass@1"]["ci95"]) == 2
+    row = {t["method"]: t for t in study["table"]}
+    assert row["grpo"]["training_overhead"] == 1.0
+    assert {"test_pass@1", "ood_pass@1"} <= study["paired"]["sdar"].keys()
+    assert "0" in study["gate"]["sdar"]
+    md = (out / "report.md").read_text()
+    assert "relative pass@1" in md and "Paired differences" in md and "promotion gate" in md.lower()
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+    cell = out / "cells" / "sdar-seed0" / "cell.json"
+    stamp = cell.stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0
+    assert cell.stat().st_mtime_ns == stamp
+    assert "sdar-seed0 finished earlier; skipped" in caplog.text
+    assert json.loads(Path(out, "study.json").read_text())["table"] == study["table"]
