@@ -62,6 +62,19 @@ def test_sharded_generate_covers_the_tasks_once(env, tiny_model, tmp_path, capsy
     assert sorted(seen) == sorted(t.task_id for t in get_suite(env).tasks("train", 3))
 
 
+def test_same_seed_same_rollouts_in_another_run(tiny_model, tmp_path, capsys) -> None:
+    # sampling seeds derive from the seed, round, task and sample, not from the run id
+    runs = []
+    for run_id, seed in (("run-a", "5"), ("run-b", "5"), ("run-c", "6")):
+        out = tmp_path / run_id
+        argv = ["--env", "search-qa", "--tasks", "2", "--max-turns", "2", "--max-new-tokens", "8"]
+        assert main(generate(tiny_model, out, *argv, "--run-id", run_id, "--seed", seed)) == 0
+        capsys.readouterr()
+        runs.append([r["response_token_ids"] for r in pq.read_table(out).to_pylist()])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
 def test_unknown_engine(tiny_model, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(generate(tiny_model, tmp_path / "o", "--engine", "tgi"))

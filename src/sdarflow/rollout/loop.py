@@ -68,6 +68,9 @@ class Episode:
     error: str | None = None  # the env raised or hung: the episode ended as failed
     hung: bool = False  # its env call is still running in an abandoned thread: never touch the env again
     context_exceeded: bool = False  # the next prompt no longer fit the engine's context
+    # What the sampling seeds derive from (with the run's seed and the turn): the round, task and sample index, not
+    # the run id, so the same seed reproduces the same rollouts in another run.
+    seed_key: str = ""
     closed: bool = False
 
 
@@ -113,7 +116,7 @@ class RolloutResult:
 
 
 def sample_seed(*parts: object) -> int:
-    """A 63-bit seed derived from (run seed, episode, turn, ...), stable across processes and batch layouts."""
+    """A 63-bit seed derived from (seed, episode key, turn, ...), stable across processes, batch layouts and runs."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
@@ -157,7 +160,16 @@ def run_rollout(
     for task in tasks:
         group_id = f"{run_id}/r{round_}/{task.task_id}"
         episodes += [
-            Episode(task, group_id, f"{group_id}/g{g}", suite.make(task), "", "") for g in range(group_size)
+            Episode(
+                task,
+                group_id,
+                f"{group_id}/g{g}",
+                suite.make(task),
+                "",
+                "",
+                seed_key=f"r{round_}/{task.task_id}/g{g}",
+            )
+            for g in range(group_size)
         ]
     if params.env_workers > 1 and not getattr(suite, "thread_safe", False):
         log.info("%s: env calls one at a time (the suite does not declare thread_safe)", suite.name)
@@ -262,7 +274,7 @@ def _step_turn(engine, live, turn, params, tokenizer, stats, ctx) -> int:
     start = time.perf_counter()
     samples = engine.generate(
         prompts,
-        [sample_seed(params.seed, e.traj_id, turn) for e in live],
+        [sample_seed(params.seed, e.seed_key, turn) for e in live],
         max_new_tokens=params.max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
