@@ -161,6 +161,8 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
             {
                 "round": r,
                 "train_success": m_gen["rollout/success"],
+                "zero_adv_group_share": m_tr.get("adv/zero_group_share"),
+                "adv_std": m_tr.get("adv/std"),
                 "format_error_rate": m_gen.get("rollout/format_error_rate"),
                 "teacher_gap_mean": m_rs["rescore/gap_mean"],
                 "teacher_gap_positive_share": m_rs["rescore/gap_positive_share"],

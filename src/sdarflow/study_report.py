@@ -25,7 +25,14 @@ from sdarflow.evaluate.report import CSS, Table, html_table, md_table, png_bytes
 
 BASELINE = "grpo"
 SPLITS = ("test", "ood")
-CURVE_KEYS = ("train_success", "teacher_gap_mean", "gate_mean", "entropy", "format_error_rate")
+CURVE_KEYS = (
+    "train_success",
+    "zero_adv_group_share",
+    "teacher_gap_mean",
+    "gate_mean",
+    "entropy",
+    "format_error_rate",
+)
 
 
 def _largest_k(split: Mapping[str, Any]) -> int:

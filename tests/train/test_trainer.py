@@ -19,6 +19,7 @@ from sdarflow.train.trainer import (
     RLHyper,
     TrainingDiverged,
     accumulate,
+    advantage_stats,
     make_samples,
     micro_step,
     rl_update,
@@ -76,6 +77,15 @@ def test_row_advantages_by_hand():
     std_e = (2 * 0.55**2) ** 0.5
     per_episode = [(x - 0.45) / (std_e + 1e-6) for x in a] + [0.5 / (1 + 1e-6)] * 2
     assert row_advantages(rows, penalty=0.1, per_episode=True) == pytest.approx(per_episode, rel=1e-5)
+
+
+def test_advantage_stats_by_hand():
+    rows = [{"group_id": g} for g in ("a", "a", "b", "b", "c")]
+    stats = advantage_stats(rows, [1.0, -1.0, 0.0, 0.0, 0.0])
+    # b (both 0) and c (a group of one that scored 0) give no gradient: 2 of 3 groups
+    assert stats["adv/zero_group_share"] == pytest.approx(2 / 3)
+    assert stats["adv/abs_mean"] == pytest.approx(0.4)
+    assert stats["adv/std"] == pytest.approx((2 / 4) ** 0.5)  # unbiased: sum of squares 2 - 5 * 0 over 4
 
 
 def test_advantages_are_group_normalized():

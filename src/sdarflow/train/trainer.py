@@ -119,6 +119,21 @@ def row_advantages(
     return grpo_advantages(scores, groups, norm_by_std=norm_by_std, traj_ids=trajs).tolist()
 
 
+def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, float]:
+    """What GRPO has to learn from: the share of groups whose rows all got advantage 0 (every rollout scored
+    alike, so the group gives no policy gradient) and the spread of the row advantages."""
+    groups: dict[str, list[float]] = {}
+    for r, a in zip(rows, advantages, strict=True):
+        groups.setdefault(r["group_id"], []).append(a)
+    zero = sum(all(abs(a) < 1e-6 for a in values) for values in groups.values())
+    t = torch.tensor(advantages, dtype=torch.float64)
+    return {
+        "adv/zero_group_share": zero / max(1, len(groups)),
+        "adv/std": float(t.std()) if t.numel() > 1 else 0.0,
+        "adv/abs_mean": float(t.abs().mean()) if t.numel() else 0.0,
+    }
+
+
 def make_samples(
     rows: list[dict], norm_by_std: bool = True, penalty: float = 0.0, per_episode: bool = False
 ) -> list[RLSample]:
