@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
 BASE_CELL = "base"
-LOOP_STAGES = ("generate", "extract-skills", "rescore", "train")
 
 
 @dataclass
