@@ -11,8 +11,8 @@ from bench.common import median_time, write_result
 from sdarflow.envs import get_suite
 from sdarflow.models import load_policy
 from sdarflow.rollout.engine import HFEngine
-from sdarflow.rollout.loop import SamplingParams, encode_prompt, rollout
-from sdarflow.rollout.prompt import build_messages
+from sdarflow.rollout.loop import SamplingParams, rollout
+from sdarflow.rollout.prompt import build_messages, encode_prompt
 
 DEMO_MODEL = Path("demo-output/base-model")
 

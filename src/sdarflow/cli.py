@@ -16,7 +16,7 @@ import sys
 import typing
 from collections.abc import Callable
 
-from sdarflow.errors import SdarflowError
+from sdarflow.errors import ConfigError, SdarflowError
 from sdarflow.stages import STAGES
 
 log = logging.getLogger("sdarflow")
@@ -93,6 +93,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_study(args: argparse.Namespace) -> int:
     from sdarflow.study import StudySettings, run_study
 
+    try:
+        stage_settings = json.loads(args.stage_settings) if args.stage_settings else {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f'study: --stage-settings is not JSON ({err}); fix: pass e.g. \'{{"train": {{"lr": 0.002}}}}\''
+        ) from err
     settings = StudySettings(
         methods=args.methods,
         seeds=args.seeds,
@@ -101,7 +107,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         base_model=args.base_model or "",
         env=args.env,
         preset=args.preset,
-        stage_settings=json.loads(args.stage_settings) if args.stage_settings else {},
+        stage_settings=stage_settings,
     )
     study = run_study(settings)
     print(json.dumps(study["table"], indent=2, sort_keys=True))

@@ -45,9 +45,24 @@ class StudySettings:
             raise ConfigError(f"study: unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
         if "grpo" not in self.methods:
             raise ConfigError("study: methods must include grpo, the baseline every figure is relative to")
-        if self.rounds < 1 or not self.seeds or len(set(self.seeds)) != len(self.seeds):
+        if self.rounds < 1:
+            raise ConfigError(f"study: rounds ({self.rounds}) must be >= 1")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(
-                f"study: rounds ({self.rounds}) must be >= 1 and seeds ({self.seeds}) distinct and non-empty"
+                f"study: seeds {self.seeds} must be distinct and at least one; fix: e.g. --seeds 0 1 2"
+            )
+        from sdarflow.stages import STAGES
+
+        if not isinstance(self.stage_settings, dict) or not all(
+            isinstance(v, dict) for v in self.stage_settings.values()
+        ):
+            raise ConfigError(
+                'study: stage settings must map stage names to settings, e.g. {"train": {"lr": 0.002}}'
+            )
+        unknown = sorted(set(self.stage_settings) - set(STAGES))
+        if unknown:
+            raise ConfigError(
+                f"study: stage settings name unknown stage(s) {unknown}; valid: {', '.join(STAGES)}"
             )
 
 

@@ -14,6 +14,7 @@ import base64
 import html
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -305,9 +306,17 @@ def render_html(study: Mapping[str, Any], png: bytes) -> str:
 
 
 def write_reports(out: str | Path, study: Mapping[str, Any]) -> None:
+    """Each file is written beside its final name and renamed into place, so no reader sees half a file."""
     out = Path(out)
     png = curves_png(study)
-    (out / "curves.png").write_bytes(png)
-    (out / "study.json").write_text(json.dumps(study, indent=2, sort_keys=True, default=str) + "\n")
-    (out / "report.md").write_text(render_markdown(study))
-    (out / "report.html").write_text(render_html(study, png))
+    files = {
+        "curves.png": png,
+        "report.md": render_markdown(study).encode(),
+        "report.html": render_html(study, png).encode(),
+        # last: study.json is the study's result, the reports above belong to it
+        "study.json": (json.dumps(study, indent=2, sort_keys=True, default=str) + "\n").encode(),
+    }
+    for name, data in files.items():
+        tmp = out / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, out / name)

@@ -9,8 +9,8 @@ import torch
 from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.rollout.engine import HFEngine, _top_p_mask
-from sdarflow.rollout.loop import encode_prompt, sample_seed
-from sdarflow.rollout.prompt import build_messages, insert_skills, parse_action
+from sdarflow.rollout.loop import sample_seed
+from sdarflow.rollout.prompt import build_messages, encode_prompt, insert_skills, parse_action
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from rollout_fakes import FakeSuite, JsonSuite, ScriptedEngine
 
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.envcall import call_all
-from sdarflow.rollout.loop import FORMAT_ERROR_OBS, SamplingParams, encode_prompt, run_rollout
-from sdarflow.rollout.prompt import build_messages, parse_action
+from sdarflow.rollout.loop import FORMAT_ERROR_OBS, SamplingParams, run_rollout
+from sdarflow.rollout.prompt import build_messages, encode_prompt, parse_action
 
 
 def run(suite, engine=None, n_tasks=3, group_size=2, **params):

@@ -25,8 +25,8 @@ from sdarflow import storage
 from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.rollout.engine import HFEngine
-from sdarflow.rollout.loop import encode_prompt, sample_seed
-from sdarflow.rollout.prompt import build_messages
+from sdarflow.rollout.loop import sample_seed
+from sdarflow.rollout.prompt import build_messages, encode_prompt
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm not importable: pip install 'sdarflow[cpu-vllm]'"

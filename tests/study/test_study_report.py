@@ -73,3 +73,24 @@ def test_markdown_has_the_comparison_table():
     assert "| method | relative pass@1 | relative pass@4 | relative OOD pass@1 | training overhead |" in md
     assert "| grpo | 1.00 | 1.00 | 1.00 | 1.00 |" in md
     assert "| sdar | 1.67 | 2.00 | 0.00 | 1.50 |" in md
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "sdar"], "methods must include grpo"),
+        (["--methods", "grpo", "sdra"], "unknown method(s) ['sdra']"),
+        (["--seeds", "0", "0"], "seeds [0, 0] must be distinct"),
+        (["--rounds", "0"], "rounds (0) must be >= 1"),
+        (["--stage-settings", "{bad"], "--stage-settings is not JSON"),
+        (["--stage-settings", '{"trian": {}}'], "unknown stage(s) ['trian']"),
+    ],
+)
+def test_bad_study_settings_fail_in_one_line_and_write_nothing(argv, message, tmp_path, capsys):
+    from sdarflow.cli import main
+
+    out = tmp_path / "study"
+    assert main(["study", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith("error: ")
+    assert not out.exists()

@@ -12,8 +12,7 @@ import pytest
 from sdarflow import storage
 from sdarflow.cli import main
 from sdarflow.models.policy import load_tokenizer
-from sdarflow.rollout.loop import encode_prompt
-from sdarflow.rollout.prompt import build_messages, dumps
+from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt
 from sdarflow.schema import TRAJECTORY_SCHEMA
 
 GAMES = [

@@ -23,8 +23,6 @@ from sdarflow.envs import Env, EnvSuite, Task
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import Engine
 from sdarflow.rollout.envcall import Outcome, call_all
-
-# encode_prompt is re-exported: callers import it from here as well.
 from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action
 
 log = logging.getLogger(__name__)

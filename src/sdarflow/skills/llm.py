@@ -142,7 +142,7 @@ class EngineChat:
         self.name = f"engine:{policy.path}"
 
     def _ids(self, messages: list[dict]) -> list[int]:
-        from sdarflow.rollout.loop import encode_prompt
+        from sdarflow.rollout.prompt import encode_prompt
 
         return encode_prompt(self.tokenizer, messages)
 

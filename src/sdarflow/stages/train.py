@@ -271,18 +271,18 @@ def _train(cfg: TrainConfig) -> dict:
 
     rows = read_rows(cfg)
     cfg, rl_step = resolve_objective(cfg, rows)
-    adv_kw = {
-        "norm_by_std": cfg.norm_by_std,
-        "penalty": cfg.invalid_action_penalty,
-        "per_episode": cfg.adv_stats == "episode",
-    }
+    advantages = (
+        row_advantages(rows, cfg.norm_by_std, cfg.invalid_action_penalty, cfg.adv_stats == "episode")
+        if cfg.mode == "rl"
+        else []
+    )
     torch.manual_seed(cfg.seed)  # LoRA initialization
     policy, model = build_model(cfg)
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
     data = TrainData(
-        make_samples(rows, **adv_kw) if cfg.mode == "rl" else [],
+        make_samples(rows, advantages) if cfg.mode == "rl" else [],
         sft_pairs_from_rows(rows),
         policy.tokenizer.pad_token_id,
     )
@@ -325,7 +325,7 @@ def _train(cfg: TrainConfig) -> dict:
         )
         summary = summarize(state.history)
         if cfg.mode == "rl":
-            summary.update(advantage_stats(rows, row_advantages(rows, **adv_kw)))
+            summary.update(advantage_stats(rows, advantages))
         objective = objective_record(cfg, rl_step)
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()

@@ -86,9 +86,8 @@ class RLHyper:
     rlsd_lam: float = 0.5
     rlsd_clip_eps: float = 0.2
     rlsd_warmdown_steps: int = 100
-    rl_step: int = (
-        1  # the RL round being trained, 1-based (the reference's global step): RLSD's decay reads it
-    )
+    # The RL round being trained, 1-based (the reference's global step): RLSD's decay reads it.
+    rl_step: int = 1
     skill_sd_coef: float = 0.001
     agg: str = "token-mean"
     epochs: int = 1
@@ -134,12 +133,12 @@ def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, floa
     }
 
 
-def make_samples(
-    rows: list[dict], norm_by_std: bool = True, penalty: float = 0.0, per_episode: bool = False
-) -> list[RLSample]:
-    """Training samples from rescored rows; advantages use every row (a turn without a response still counts in
-    its group's statistics, as in the reference), but only rows with a response train."""
-    adv = row_advantages(rows, norm_by_std, penalty, per_episode)
+def make_samples(rows: list[dict], advantages: list[float] | None = None) -> list[RLSample]:
+    """Training samples from rescored rows with their :func:`row_advantages` (default settings when None).
+
+    Advantages use every row (a turn without a response still counts in its group's statistics, as in the
+    reference), but only rows with a response train."""
+    adv = row_advantages(rows) if advantages is None else advantages
     return [
         RLSample(
             r["prompt_token_ids"],
