@@ -3,7 +3,18 @@ retrieval."""
 
 from __future__ import annotations
 
-from sdarflow.skills.extract import EpisodeActions, abstract, evidence, extract_skills, merge, reevaluate
+from sdarflow.rollout.prompt import build_messages, dumps, goal_of
+from sdarflow.skills.extract import (
+    DIRECTIONS_STEP,
+    EpisodeActions,
+    abstract,
+    direction_rules,
+    episodes_from_rows,
+    evidence,
+    extract_skills,
+    merge,
+    reevaluate,
+)
 from sdarflow.skills.library import GENERAL, Skill, SkillLibrary
 from sdarflow.skills.retrieve import full, keyword
 
@@ -136,3 +147,59 @@ def test_reevaluate_measures_old_skills_on_this_rounds_episodes():
     assert again.for_task_type("cut").evidence["episodes"] == 2
     assert again.for_task_type("cut").evidence["support"] == 1
     assert lib.for_task_type("cut").evidence["episodes"] == 5  # the input library is not modified
+
+
+def _goal(item: str, *directions: str) -> str:
+    steps = "; ".join([f"{d} the {item}" for d in directions] + ["prepare meal"])
+    return f"Prepare the meal following the recipe, then eat it.\nIngredients: {item}\nDirections: {steps}"
+
+
+def _cook(task: str, item: str, direction: str, tool: str) -> EpisodeActions:
+    acts = [f"take {item} from fridge", f"cook {item} with {tool}", "prepare meal", "eat meal"]
+    return EpisodeActions(task, "cook", tuple(acts), True, _goal(item, direction))
+
+
+def test_with_a_goal_only_named_objects_and_places_are_abstracted():
+    goal = _goal("carrot", "dice")
+    literal = {"prepare meal"}
+    assert abstract("take carrot from fridge", literal, goal) == "take <item> from <place>"
+    assert abstract("take knife from table", literal, goal) == "take knife from <place>"
+    assert abstract("dice carrot with knife", literal, goal) == "dice <item> with knife"
+    assert abstract("prepare meal", literal, goal) == "prepare meal"  # literal, though the goal names "meal"
+    assert abstract("take <item> from <place>", literal, goal) == "take <item> from <place>"  # idempotent
+
+
+def test_directions_are_learnt_from_what_successes_did_for_them():
+    eps = [
+        _cook("a", "carrot", "fry", "stove"),
+        _cook("b", "red apple", "fry", "stove"),
+        _cook("c", "egg", "roast", "oven"),
+        _cook("d", "yellow potato", "roast", "oven"),
+    ]
+    lib = extract_skills(eps, min_support=2)
+    skill = lib.for_task_type("cook")
+    # the cook action differs by direction: one directions step, and each direction's action spelled out
+    assert skill.steps == ["take <item> from <place>", DIRECTIONS_STEP, "prepare meal", "eat meal"]
+    assert "fry the <item>: cook <item> with stove\nroast the <item>: cook <item> with oven" in skill.text
+    # "take <item> from <place>" goes with every direction, so it is a step, not a direction's action
+    assert "the <item>: take" not in skill.text
+    # a direction in every episode has nothing to contrast with
+    assert direction_rules(eps[:2], set()) == {}
+
+
+def test_a_direction_without_a_consistent_action_gets_no_rule():
+    eps = [_cook("a", "carrot", "fry", "stove"), _cook("b", "egg", "fry", "oven"), _cook("c", "egg", "roast", "oven")]
+    # fry went with two different tools; the oven is also used without "roast": neither direction is specific
+    assert direction_rules(eps, set()) == {}
+
+
+def test_episodes_from_rows_read_the_goal_from_the_first_turn():
+    goal = _goal("carrot", "dice")
+    rows = [
+        {"traj_id": "x", "turn": t, "task_id": "t", "task_type": "cut", "success": True, "format_ok": True,
+         "response_text": a, "prompt_messages": dumps(build_messages(goal, [], "a kitchen"))}
+        for t, a in enumerate(["take carrot from fridge", "dice carrot with knife"])
+    ]  # fmt: skip
+    (episode,) = episodes_from_rows(rows)
+    assert episode.goal == goal and episode.actions == ("take carrot from fridge", "dice carrot with knife")
+    assert goal_of([{"role": "user", "content": "no goal here"}]) == ""

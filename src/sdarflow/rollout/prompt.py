@@ -43,6 +43,14 @@ def build_messages(
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
+def goal_of(messages: list[dict]) -> str:
+    """The instruction ``build_messages`` put in the user message ("" for messages it did not build)."""
+    user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    if not user.startswith("Goal: ") or "\nRecent actions: " not in user:
+        return ""
+    return user[len("Goal: ") : user.index("\nRecent actions: ")]
+
+
 def insert_skills(messages: list[dict], skills_text: str, place: SkillPlace = "system") -> list[dict]:
     """Teacher context for the message places: the same messages with ``skills_text`` added to the system or the
     last user message (``prefix`` works on token ids instead: ``teacher_prompt_ids``)."""

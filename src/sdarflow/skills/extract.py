@@ -2,8 +2,12 @@
 
 Extraction: from a round's episodes, per task type, the action pattern of the successful episodes abstracted over
 object names, keeping only the steps that separate successes from failures. An action is kept literally when it
-recurs across many different tasks (``prepare meal``, ``take knife``); other actions keep their verb and tool and
-abstract the object (``slice yellow potato with knife`` -> ``slice <item> with knife``).
+recurs across many different tasks (``prepare meal``); other actions keep their verb and tool and abstract the
+object (``slice yellow potato with knife`` -> ``slice <item> with knife``). When the episode's goal text is known,
+only objects the goal names become ``<item>`` (``take knife from table`` -> ``take knife from <place>``), and an
+action on an item whose goal clause reads ``<direction> the <item>`` is bound to that direction: the pattern gets
+one :data:`DIRECTIONS_STEP`, and the skill lists each direction's action (``fry the <item>: cook <item> with
+stove``), which is what varies between tasks of one type and what a teacher most needs to know.
 
 Evidence: an episode *followed* a skill when its abstracted actions contain at least ``follow_share`` of the
 skill's steps. ``support`` counts the successful followers, ``success_rate`` is their share of all followers and
@@ -14,6 +18,7 @@ against). A mined skill is kept only when ``lift > min_lift``, or when its task 
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
@@ -22,16 +27,26 @@ from sdarflow.skills.library import GENERAL, Skill, SkillLibrary, normalize_step
 log = logging.getLogger(__name__)
 
 
+# The step a goal-bound action becomes in a pattern; the skill then lists the directions' actions (see module doc).
+DIRECTIONS_STEP = "do each direction of the recipe as listed below"
+_PLACEHOLDERS = ("<item>", "<place>")
+_CLAUSE_SPLIT = re.compile(r"[;:\n]")  # "Directions: chop the carrot; fry the carrot"
+
+
 @dataclass(frozen=True)
 class EpisodeActions:
     task_id: str
     task_type: str
     actions: tuple[str, ...]
     success: bool
+    goal: str = ""  # the task's instruction; empty when unknown (then every object is abstracted)
 
 
 def episodes_from_rows(rows: list[dict]) -> list[EpisodeActions]:
-    """Group turn rows (``traj_id``, ``turn``, ``response_text``, ``format_ok``, ...) into episodes."""
+    """Group turn rows (``traj_id``, ``turn``, ``response_text``, ``format_ok``, optional ``prompt_messages``)
+    into episodes; the goal is read from the first turn's messages."""
+    from sdarflow.rollout.prompt import goal_of, loads
+
     by_traj: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_traj[r["traj_id"]].append(r)
@@ -40,7 +55,8 @@ def episodes_from_rows(rows: list[dict]) -> list[EpisodeActions]:
         traj_rows.sort(key=lambda r: r["turn"])
         first = traj_rows[0]
         acts = tuple(" ".join(r["response_text"].lower().split()) for r in traj_rows if r["format_ok"])
-        out.append(EpisodeActions(first["task_id"], first["task_type"], acts, bool(first["success"])))
+        goal = goal_of(loads(first["prompt_messages"])) if first.get("prompt_messages") else ""
+        out.append(EpisodeActions(first["task_id"], first["task_type"], acts, bool(first["success"]), goal))
     return out
 
 
@@ -56,22 +72,78 @@ def literal_actions(episodes: list[EpisodeActions], min_share: float = 0.3) -> s
     return {a for a, ts in tasks_with.items() if len(ts) >= need}
 
 
-def abstract(action: str, literal: set[str]) -> str:
-    if action in literal:
-        return action
-    words = action.split()
-    if len(words) < 2:
-        return action
-    if " with " in action:
-        tool = action.split(" with ", 1)[1]
-        return f"{words[0]} <item> with {tool}"
-    return f"{words[0]} <item>"
+def _parts(action: str) -> tuple[str, str, str]:
+    """(verb, object, tail): ``slice red apple with knife`` -> (``slice``, ``red apple``, `` with knife``)."""
+    verb, _, rest = action.partition(" ")
+    for sep in (" with ", " from "):
+        if sep in rest:
+            obj, _, tool = rest.partition(sep)
+            return verb, obj, sep + tool
+    return verb, rest, ""
 
 
-def pattern(e: EpisodeActions, literal: set[str]) -> list[str]:
+def abstract(action: str, literal: set[str], goal: str = "") -> str:
+    """The action with its object abstracted: every object without ``goal``; with it, only goal-named objects of
+    actions not in ``literal``, and the place after ``from``. Already abstract steps come back unchanged."""
+    if action == DIRECTIONS_STEP or any(p in action for p in _PLACEHOLDERS):
+        return action
+    verb, obj, tail = _parts(action)
+    if not goal:
+        if action in literal or not obj:
+            return action
+        return f"{verb} <item>" + (tail if tail.startswith(" with ") else "")
+    if not obj:
+        return action
+    named = action not in literal and re.search(rf"\b{re.escape(obj)}\b", goal)
+    return f"{verb} {'<item>' if named else obj}{' from <place>' if tail.startswith(' from ') else tail}"
+
+
+def goal_directions(goal: str, objects: set[str]) -> dict[str, str]:
+    """The goal's direction clauses on these objects, abstracted, with their object:
+    ``fry the red apple`` -> ``{"fry the <item>": "red apple"}``."""
+    out = {}
+    for clause in _CLAUSE_SPLIT.split(goal):
+        words = clause.split()
+        if len(words) >= 3 and words[1] == "the" and " ".join(words[2:]) in objects:
+            out[f"{words[0]} the <item>"] = " ".join(words[2:])
+    return out
+
+
+def direction_rules(wins: list[EpisodeActions], literal: set[str], min_share: float = 0.8) -> dict[str, str]:
+    """Per goal direction (``fry the <item>``), the abstract action that goes with it: an action on the direction's
+    object in at least ``min_share`` of the successful episodes whose goal has the direction, and in at most
+    ``1 - min_share`` of those whose goal does not (``take <item> from <place>`` is in all of them, so it belongs
+    to no direction). A direction in every episode has nothing to contrast with, and gets no rule."""
+    with_d: Counter = Counter()
+    acts_with: dict[str, Counter] = defaultdict(Counter)
+    acts_all: Counter = Counter()
+    for e in wins:
+        acts_all.update({abstract(a, literal, e.goal) for a in e.actions})
+        for d, obj in goal_directions(e.goal, {_parts(a)[1] for a in e.actions}).items():
+            with_d[d] += 1
+            acts_with[d].update({abstract(a, literal, e.goal) for a in e.actions if _parts(a)[1] == obj})
+    rules = {}
+    for d, n_d in sorted(with_d.items()):
+        n_rest = len(wins) - n_d
+        if not n_rest:
+            continue
+
+        def rest_share(a: str, d: str = d, n_rest: int = n_rest) -> float:
+            return (acts_all[a] - acts_with[d][a]) / n_rest
+
+        action = max(sorted(acts_with[d]), key=lambda a: acts_with[d][a] / n_d - rest_share(a))
+        if acts_with[d][action] >= min_share * n_d and rest_share(action) <= 1 - min_share:
+            rules[d] = action
+    return rules
+
+
+def pattern(e: EpisodeActions, literal: set[str], bound: frozenset[str] = frozenset()) -> list[str]:
+    """The episode's abstract steps, consecutive repeats merged; actions in ``bound`` (those a direction rule
+    covers) become :data:`DIRECTIONS_STEP`."""
     steps: list[str] = []
     for a in e.actions:
-        s = abstract(a, literal)
+        s = abstract(a, literal, e.goal)
+        s = DIRECTIONS_STEP if s in bound else s
         if not steps or steps[-1] != s:
             steps.append(s)
     return steps
@@ -96,11 +168,16 @@ def _separating_steps(wins: list[list[str]], losses: list[list[str]], min_win_sh
     return sorted(kept, key=lambda s: (position(s), s))
 
 
-def render(title: str, steps: list[str]) -> str:
-    """The Markdown the teacher sees. Evidence stays in the mapping, so counts changing do not change the text."""
+def render(title: str, steps: list[str], rules: dict[str, str] | None = None) -> str:
+    """The Markdown the teacher sees. Evidence stays in the mapping, so counts changing do not change the text.
+    Direction rules are prose lines, not list items, so they are not steps."""
     lines = [f"# {title}", ""] + [f"{i}. {s}" for i, s in enumerate(steps, 1)]
+    if rules and DIRECTIONS_STEP in steps:
+        lines += ["", "Directions:"] + [f"{direction}: {action}" for direction, action in rules.items()]
     if any("<item>" in s for s in steps):
         lines += ["", "<item> is an object named in the goal."]
+    if any("<place>" in s for s in steps):
+        lines += ["<place> is where the observation shows it."]
     return "\n".join(lines) + "\n"
 
 
@@ -111,8 +188,9 @@ def skill_name(task_type: str) -> str:
 def evidence(
     steps: list[str], episodes: list[EpisodeActions], literal: set[str], follow_share: float = 0.5
 ) -> dict:
-    """Support, followers, success rate and lift of a skill with these steps on these episodes."""
-    wanted = {abstract(normalize_step(s), literal) for s in steps}
+    """Support, followers, success rate and lift of a skill with these steps on these episodes (the directions
+    step is not counted: it stands for actions that differ between tasks)."""
+    wanted = {abstract(normalize_step(s), literal) for s in steps} - {DIRECTIONS_STEP}
     followed: list[bool] = []
     for e in episodes:
         have = set(pattern(e, literal))
@@ -155,8 +233,10 @@ def extract_skills(
         by_type[e.task_type].append(e)
     lib = SkillLibrary()
     for task_type, eps in sorted(by_type.items()):
-        wins = [pattern(e, literal) for e in eps if e.success]
-        losses = [pattern(e, literal) for e in eps if not e.success]
+        rules = direction_rules([e for e in eps if e.success], literal)
+        bound = frozenset(rules.values())
+        wins = [pattern(e, literal, bound) for e in eps if e.success]
+        losses = [pattern(e, literal, bound) for e in eps if not e.success]
         if len(wins) < min_support:
             log.info(
                 "skills: %s has %d successes < min_support %d; skipped", task_type, len(wins), min_support
@@ -176,14 +256,15 @@ def extract_skills(
             continue
         name = skill_name(task_type)
         lib.skills[name] = Skill(
-            name, render(f"Skill for {task_type} tasks", steps), [task_type], evidence=ev
+            name, render(f"Skill for {task_type} tasks", steps, rules), [task_type], evidence=ev
         )
-    all_wins = [pattern(e, literal) for e in episodes if e.success]
+    rules = direction_rules([e for e in episodes if e.success], literal)
+    all_wins = [pattern(e, literal, frozenset(rules.values())) for e in episodes if e.success]
     if len(all_wins) >= min_support:
         general = _separating_steps(all_wins, [], min_win_share=0.8)
         if general:
             ev = {**evidence(general, episodes, literal, follow_share), "source": "rule"}
-            lib.skills[GENERAL] = Skill(GENERAL, render("General skills", general), [], [], ev)
+            lib.skills[GENERAL] = Skill(GENERAL, render("General skills", general, rules), [], [], ev)
     return lib
 
 
