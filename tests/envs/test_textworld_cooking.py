@@ -137,6 +137,21 @@ def test_clean_text_drops_banner_prompt_and_restart_question() -> None:
     assert clean_text(raw, drop="Welcome!") == "-= Kitchen =-\nA room.\nYou burned it!\n*** You lost! ***"
 
 
+def test_room_descriptions_keep_the_sentences_that_name_something() -> None:
+    raw = (
+        "-= Kitchen =-\nYou are in a kitchen. A standard one.\n\nYou see a fridge. What a waste of a day! On the "
+        "counter you see a red apple.\n\nThere is an exit to the east.\n>  -= Kitchen =-0/1\n"
+        "You take the red apple from the counter.\n\nYour score has just gone up by one point."
+    )
+    entities = ["kitchen", "fridge", "counter", "red apple", "east"]
+    assert clean_text(raw, entities=entities) == (
+        "-= Kitchen =-\nYou are in a kitchen.\nYou see a fridge. On the counter you see a red apple.\n"
+        "There is an exit to the east.\n"
+        # after the prompt, the next command's feedback is kept whole
+        "You take the red apple from the counter.\nYour score has just gone up by one point."
+    )
+
+
 def test_bad_requests_raise_env_error(suite: TextWorldCookingSuite) -> None:
     with pytest.raises(EnvError, match="n=-1"):
         suite.tasks("train", -1)
