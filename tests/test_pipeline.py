@@ -23,6 +23,13 @@ def check_summary(summary: dict) -> None:
     report = storage.read_json(storage.join(summary["eval_report"], "report.json"))
     assert set(report["splits"]) == {"test", "ood"}
     assert storage.exists(storage.join(summary["registry"], "sdar-policy", "versions", "1", "lineage.json"))
+    # the base model is evaluated on the rounds' tasks, with its interval and counts, and the rounds compare with it
+    test = report["splits"]["test"]
+    for figures in [summary["base"], *summary["per_round"]]:
+        lo, hi = figures["test_pass@1_ci95"]
+        assert 0.0 <= lo <= figures["test_pass@1"] <= hi <= 1.0 and hi > 0.0
+        assert figures["test_tasks_x_samples"] == f"{test['n_tasks']} x {test['samples_per_task']}"
+    assert "Δ vs baseline" in storage.read_bytes(storage.join(summary["eval_report"], "report.md")).decode()
 
 
 @pytest.mark.slow

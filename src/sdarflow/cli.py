@@ -219,17 +219,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "build-model", help="build the tiny demo base model (tokenizer, Qwen2, SFT warm start)"
     )
+    from sdarflow.train.warmstart import BaseModelSpec
+
+    spec = BaseModelSpec()
     p.add_argument("--out", required=True)
-    p.add_argument("--env", default="textworld-cooking")
-    p.add_argument("--tasks", type=int, default=24, help="train games whose walkthroughs make the SFT data")
-    p.add_argument("--sft-steps", type=int, default=600)
+    p.add_argument("--env", default=spec.env)
+    p.add_argument(
+        "--tasks", type=int, default=spec.tasks, help="train games whose walkthroughs make the SFT data"
+    )
+    p.add_argument("--sft-steps", type=int, default=spec.sft_steps)
     p.add_argument(
         "--sft-time-limit",
         type=float,
         default=0.0,
         help="fail (never stop early) if SFT takes longer than this many seconds; 0 = no limit",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=spec.seed)
     p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
     p.set_defaults(func=_cmd_build_model)
 

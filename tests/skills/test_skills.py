@@ -188,7 +188,11 @@ def test_directions_are_learnt_from_what_successes_did_for_them():
 
 
 def test_a_direction_without_a_consistent_action_gets_no_rule():
-    eps = [_cook("a", "carrot", "fry", "stove"), _cook("b", "egg", "fry", "oven"), _cook("c", "egg", "roast", "oven")]
+    eps = [
+        _cook("a", "carrot", "fry", "stove"),
+        _cook("b", "egg", "fry", "oven"),
+        _cook("c", "egg", "roast", "oven"),
+    ]
     # fry went with two different tools; the oven is also used without "roast": neither direction is specific
     assert direction_rules(eps, set()) == {}
 

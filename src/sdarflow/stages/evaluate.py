@@ -40,7 +40,8 @@ class EvaluateConfig(StageConfig):
     policy_name: str = opt("sdar-policy", "policy name in --registry")
     engine: str = opt("hf", "generation engine (hf, vllm)")
     max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need")
-    temperature: float = opt(0.7, "sampling temperature")
+    # The SDAR reference validates at 0.4, sampled (val_kwargs in examples/grpo_trainer/run_alfworld.sh).
+    temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)")
     history_turns: int = opt(4, "recent actions kept in the prompt")
     batch_size: int = opt(64, "prompts per engine call")
     seed: int = opt(1234, "base seed (differs from generate's so evaluation samples are fresh)")

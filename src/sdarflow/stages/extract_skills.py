@@ -127,7 +127,8 @@ def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> d
 def run(cfg: ExtractSkillsConfig) -> dict:
     require("extract-skills", input=cfg.input, output=cfg.output)
     table = storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA)
-    cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success", "prompt_messages"]
+    cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success"]
+    cols.append("prompt_messages")  # the goal, so skills can spell out each recipe direction
     episodes = episodes_from_rows(table.select(cols).to_pylist())
     previous_dir = local_artifact(cfg.previous, "skills")
     previous = SkillLibrary.load(previous_dir) if previous_dir else None
