@@ -193,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "study", help="compare methods: train each (method, seed) for R rounds, evaluate, report against GRPO"
     )
-    p.add_argument("--methods", nargs="+", default=["grpo", "sdar"], help="must include grpo (the baseline)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    from sdarflow.pipeline_cli import study_flags
+
+    study_flags(p)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument(
         "--out", required=True, help="study folder; a rerun skips the (method, seed) cells done there"

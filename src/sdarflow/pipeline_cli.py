@@ -3,6 +3,7 @@ them and schedule recurring runs on a KFP server, and write a multi-node Kubeflo
 
     sdarflow pipeline compile --out training.yaml --rounds 3 --shards 4 --gpus train=8 --node-selector pool=h100
     sdarflow pipeline compile --out promotion.yaml --pipeline promote
+    sdarflow pipeline compile --out study.yaml --pipeline study --methods grpo sdar opsd --seeds 0 1 2
     sdarflow pipeline upload --host http://localhost:8080 --package training.yaml
     sdarflow pipeline schedule --host http://localhost:8080 --pipeline sdar-training --cron '0 0 3 * * *' \\
         --param storage=s3://bucket/sdar --param base_model=s3://bucket/models/qwen
@@ -24,7 +25,22 @@ from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PIPELINES = ("training", "promote")
+PIPELINES = ("training", "promote", "study")
+
+
+def study_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--methods and --seeds, shared by ``sdarflow study`` and ``pipeline compile --pipeline study``."""
+    from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
+
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        help=f"{prefix}must include grpo (the baseline)",
+    )
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help=f"{prefix}seeds per method"
+    )
 
 
 def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -72,9 +88,15 @@ def kube_options(args: argparse.Namespace):
 
 
 def compile_pipeline(
-    out: str, pipeline: str = "training", rounds: int = 2, shards: int = 1, kube=None
+    out: str,
+    pipeline: str = "training",
+    rounds: int = 2,
+    shards: int = 1,
+    kube=None,
+    methods: list[str] | None = None,
+    seeds: list[int] | None = None,
 ) -> Path:
-    """Write the KFP IR YAML of the training (or promotion) pipeline to ``out``."""
+    """Write the KFP IR YAML of the training, promotion or study pipeline to ``out``."""
     from kfp import compiler
 
     from pipelines.kube import KubeOptions
@@ -88,6 +110,11 @@ def compile_pipeline(
         from pipelines.promotion import build_promotion_pipeline
 
         func = build_promotion_pipeline(kube)
+    elif pipeline == "study":
+        from pipelines.study import build_study_pipeline
+        from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
+
+        func = build_study_pipeline(methods or list(DEFAULT_METHODS), seeds or list(DEFAULT_SEEDS), kube)
     else:
         raise ConfigError(f"unknown pipeline {pipeline!r}; allowed: {', '.join(PIPELINES)}")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +128,8 @@ def compile_training(out: str, rounds: int) -> Path:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    print(compile_pipeline(args.out, args.pipeline, args.rounds, args.shards, kube_options(args)))
+    kube = kube_options(args)
+    print(compile_pipeline(args.out, args.pipeline, args.rounds, args.shards, kube, args.methods, args.seeds))
     return 0
 
 
@@ -255,6 +283,7 @@ def add_parser(subparsers) -> None:
     c.add_argument("--pipeline", default="training", choices=PIPELINES)
     c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
     c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
+    study_flags(c, "--pipeline study: ")
     c.add_argument("--image", help="CPU image (default: components.IMAGE)")
     c.add_argument("--train-image", help="GPU image of rescore and train (default: the -train-gpu image)")
     c.add_argument(

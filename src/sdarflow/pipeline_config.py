@@ -270,7 +270,7 @@ def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
     return module.run(cfg)
 
 
-def _setup_logging() -> None:
+def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -293,7 +293,7 @@ def run_component(
 ) -> str:
     """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
     HTML/Markdown report into the UI artifacts, and return the output URI for downstream tasks."""
-    _setup_logging()
+    setup_logging()
     result = run_stage(stage, config_uri, round_, **io)
     if metrics is not None:
         for key, value in sorted(result.get("metrics", {}).items()):
@@ -322,7 +322,7 @@ def run_promotion(
     task fails with the gate's message); returns one summary line, also written to the Markdown artifact."""
     from sdarflow.registry import GatePolicy, Registry
 
-    _setup_logging()
+    setup_logging()
     policy = GatePolicy(min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance)
     event = Registry(registry).promote(
         name, version, stage=stage, policy=policy, force=force, reason=reason, actor=actor
@@ -339,7 +339,7 @@ def promote_candidate(config_uri: str, registered: str, actor: str | None = None
     result and the UI, and the run still succeeds; production is left as it was."""
     from sdarflow.registry import GateRefused
 
-    _setup_logging()
+    setup_logging()
     pc = load(config_uri)
     if pc.promote_to != "production":
         line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,12 +117,18 @@ def read_bytes(uri: str) -> bytes:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole object: readers see the old one or the new one, never a part (an S3 PUT is atomic; a local
+    file is written beside its name and renamed into place)."""
     loc = resolve(uri)
     with _reachable(loc, "write"):
         parent = loc.path.rsplit("/", 1)[0]
         loc.fs.create_dir(parent, recursive=True)
-        with loc.fs.open_output_stream(loc.path) as f:
+        local = isinstance(loc.fs, pafs.LocalFileSystem)
+        target = f"{parent}/.{loc.path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}.tmp" if local else loc.path
+        with loc.fs.open_output_stream(target) as f:
             f.write(data)
+        if local:
+            os.replace(target, loc.path)
 
 
 def read_json(uri: str) -> dict:

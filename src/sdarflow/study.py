@@ -10,9 +10,8 @@ exists (written last, atomically): a rerun skips finished cells and redoes unfin
 
 from __future__ import annotations
 
-import json
 import logging
-import os
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,8 @@ from sdarflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
+DEFAULT_METHODS = ("grpo", "sdar")
+DEFAULT_SEEDS = (0, 1, 2)
 BASE_CELL = "base"
 
 
@@ -101,10 +102,19 @@ def _timed(seconds: dict[str, float], stage: str, fn, cfg) -> dict:
     return result
 
 
-def _write_cell(folder: Path, cell: dict) -> None:
-    tmp = folder / (CELL_FILE + ".tmp")
-    tmp.write_text(json.dumps(cell, indent=2, sort_keys=True))
-    os.replace(tmp, folder / CELL_FILE)  # atomic: a cell is finished only when its whole record is there
+def _cell_uri(s: StudySettings, name: str) -> str:
+    return storage.join(s.out, "cells", name)
+
+
+def _finished(folder: str) -> dict | None:
+    """The cell's record when it finished earlier (its cell.json exists), else None."""
+    uri = storage.join(folder, CELL_FILE)
+    return storage.read_json(uri) if storage.exists(uri) else None
+
+
+def _write_cell(folder: str, cell: dict) -> None:
+    # storage writes whole objects: a cell is finished only when its complete record is there
+    storage.write_json(storage.join(folder, CELL_FILE), cell)
 
 
 def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
@@ -118,11 +128,10 @@ def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
 
 def run_base(s: StudySettings, base: str) -> dict:
     """The base model's held-out evaluation (the same tasks and sampling seeds as every cell's)."""
-    folder = Path(s.out) / "cells" / BASE_CELL
-    if (folder / CELL_FILE).is_file():
-        return json.loads((folder / CELL_FILE).read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    pc = pipeline_config(s, base, "grpo", s.seeds[0], str(folder / "store"))
+    folder = _cell_uri(s, BASE_CELL)
+    if (cell := _finished(folder)) is not None:
+        return cell
+    pc = pipeline_config(s, base, "grpo", s.seeds[0], storage.join(folder, "store"))
     t0 = time.perf_counter()
     report, uri = _evaluate(pc, 0, "")
     cell = {
@@ -141,12 +150,12 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
     from sdarflow.pipeline_config import stage_config
     from sdarflow.stages import extract_skills, generate, rescore, train
 
-    folder = Path(s.out) / "cells" / cell_name(method, seed)
-    if (folder / CELL_FILE).is_file():
-        log.info("study: %s finished earlier; skipped", folder.name)
-        return json.loads((folder / CELL_FILE).read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    pc = pipeline_config(s, base, method, seed, str(folder / "store"))
+    name = cell_name(method, seed)
+    folder = _cell_uri(s, name)
+    if (cell := _finished(folder)) is not None:
+        log.info("study: %s finished earlier; skipped", name)
+        return cell
+    pc = pipeline_config(s, base, method, seed, storage.join(folder, "store"))
     adapter, skills, previous_rescored = "", pc.seed_skills, ""
     seconds: dict[str, float] = {}
     rounds = []
@@ -190,7 +199,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
         )
         log.info(
             "study: %s round %d/%d | train success %.3f | gap %.3f | gate %.3f | %.0f s so far",
-            folder.name,
+            name,
             r + 1,
             s.rounds,
             rounds[-1]["train_success"],
@@ -217,31 +226,98 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 def run_study(s: StudySettings) -> dict:
     """Every cell (finished ones read back), then ``study.json`` and the reports in ``s.out``; returns study.json."""
     from sdarflow.demo import PRESETS
-    from sdarflow.study_report import analyze, write_reports
     from sdarflow.train.warmstart import build_base_model
 
     s.validate()
-    out = Path(s.out)
-    out.mkdir(parents=True, exist_ok=True)
-    preset = PRESETS[s.preset]
-    base = s.base_model or str(
-        build_base_model(out / "base-model", preset["model"], time_limit_s=preset["sft_time_limit_s"])
-    )
+    if not s.base_model:
+        if storage.resolve(s.out).uri.startswith("s3://"):
+            raise ConfigError(
+                f"study: out {s.out} is on object storage, where no base model can be built; fix: pass "
+                f"--base-model (an HF folder or s3:// URI)"
+            )
+        preset = PRESETS[s.preset]
+        spec, limit = preset["model"], preset["sft_time_limit_s"]
+        s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
     t0 = time.perf_counter()
-    base_cell = run_base(s, base)
-    cells = [run_cell(s, base, m, seed) for m in s.methods for seed in s.seeds]
+    base = local_base(s)
+    run_base(s, base)
+    for m in s.methods:
+        for seed in s.seeds:
+            run_cell(s, base, m, seed)
+    return report(s, seconds_this_run=time.perf_counter() - t0)
+
+
+def local_base(s: StudySettings) -> str:
+    """The base model on local disk (an s3:// base is copied once per machine)."""
+    from sdarflow.pipeline_config import local_model
+
+    return local_model(s.base_model)
+
+
+def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
+    """Read every cell, write ``study.json``, ``report.md``, ``report.html`` and ``curves.png`` to ``s.out``."""
+    from sdarflow.demo import PRESETS
+    from sdarflow.study_report import analyze, write_reports
+
+    names = [BASE_CELL] + [cell_name(m, seed) for m in s.methods for seed in s.seeds]
+    cells = {n: _finished(_cell_uri(s, n)) for n in names}
+    missing = [n for n, c in cells.items() if c is None]
+    if missing:
+        raise ConfigError(
+            f"study: cell(s) {missing} have no {CELL_FILE} in {storage.join(s.out, 'cells')}; fix: run them "
+            f"first (sdarflow study with the same --out resumes)"
+        )
     settings = {
         "methods": s.methods,
         "seeds": s.seeds,
         "rounds": s.rounds,
         "env": s.env,
         "preset": s.preset,
-        "base_model": base,
-        "sizes": {k: v for k, v in preset["pipeline"].items() if k != "stage_settings"},
+        "base_model": s.base_model,
+        "sizes": {k: v for k, v in PRESETS[s.preset]["pipeline"].items() if k != "stage_settings"},
         "stage_settings": s.stage_settings,
-        "seconds_this_run": time.perf_counter() - t0,
+        "seconds_this_run": seconds_this_run,
     }
-    study = analyze(settings, base_cell, cells)
-    write_reports(out, study)
-    log.info("study: %d cells -> %s", len(cells), out / "study.json")
+    study = analyze(settings, cells.pop(BASE_CELL), list(cells.values()))
+    write_reports(s.out, study)
+    log.info("study: %d cells -> %s", len(cells), storage.join(s.out, "study.json"))
     return study
+
+
+def run_step(
+    step: str, settings: dict, method: str = "", seed: int = 0, *, html=None, markdown=None, metrics=None
+) -> str:
+    """What the study pipeline's components call: ``base`` (evaluate the base model), ``cell`` (one method and
+    seed) or ``report``; the same functions ``sdarflow study`` runs. Returns the cell folder or study.json URI;
+    the report step also fills the KFP UI artifacts."""
+    from sdarflow.pipeline_config import setup_logging
+
+    setup_logging()
+    # KFP hands JSON numbers to list parameters as floats
+    s = StudySettings(
+        **{**settings, "seeds": [int(x) for x in settings["seeds"]], "rounds": int(settings["rounds"])}
+    )
+    s.validate()
+    if step == "report":
+        study = report(s)
+        for artifact, name in ((html, "report.html"), (markdown, "report.md")):
+            if artifact is not None:
+                with open(artifact.path, "wb") as f:
+                    f.write(storage.read_bytes(storage.join(s.out, name)))
+        if metrics is not None:
+            for row in study["table"]:
+                for key in ("relative_pass@1", "relative_pass@k", "relative_ood_pass@1"):
+                    value = row.get(key)
+                    if isinstance(value, int | float) and math.isfinite(value):
+                        metrics.log_metric(f"{row['method']}_{key}".replace("@", "_at_"), float(row[key]))
+        return storage.join(s.out, "study.json")
+    if not s.base_model:
+        raise ConfigError("study pipeline: base_model is required; fix: pass an HF folder or s3:// URI")
+    base = local_base(s)
+    if step == "base":
+        run_base(s, base)
+        return _cell_uri(s, BASE_CELL)
+    if step == "cell":
+        run_cell(s, base, method, seed)
+        return _cell_uri(s, cell_name(method, seed))
+    raise ConfigError(f"study pipeline: unknown step {step!r}; allowed: base, cell, report")

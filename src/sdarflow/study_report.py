@@ -14,13 +14,12 @@ import base64
 import html
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sdarflow import storage
 from sdarflow.evaluate.metrics import bootstrap_interval, pass_at_k, pass_at_k_interval
 from sdarflow.evaluate.report import CSS, Table, html_table, md_table, png_bytes
 
@@ -305,9 +304,8 @@ def render_html(study: Mapping[str, Any], png: bytes) -> str:
     return "\n".join(parts)
 
 
-def write_reports(out: str | Path, study: Mapping[str, Any]) -> None:
-    """Each file is written beside its final name and renamed into place, so no reader sees half a file."""
-    out = Path(out)
+def write_reports(out: str, study: Mapping[str, Any]) -> None:
+    """The reports, then study.json, into the folder or object-storage prefix ``out`` (each written whole)."""
     png = curves_png(study)
     files = {
         "curves.png": png,
@@ -317,6 +315,4 @@ def write_reports(out: str | Path, study: Mapping[str, Any]) -> None:
         "study.json": (json.dumps(study, indent=2, sort_keys=True, default=str) + "\n").encode(),
     }
     for name, data in files.items():
-        tmp = out / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, out / name)
+        storage.write_bytes(storage.join(out, name), data)

@@ -4,6 +4,7 @@ shards as ParallelFor + Collected, and the promotion pipeline."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,48 @@ def test_promotion_pipeline_spec(tmp_path):
     tasks = pipeline["root"]["dag"]["tasks"]
     assert set(tasks) == {"promote"}
     assert k8s_executor(pipeline, platform, tasks["promote"])["secretAsEnv"]
+
+
+def test_study_pipeline_spec(tmp_path, monkeypatch):
+    """The study fans the cells out with a ParallelFor, collects them into the report task (HTML, Markdown and
+    Metrics for the UI), and gets the same Kubernetes wiring as training: a cell is a training task."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
+    flags = ["--pipeline", "study", "--methods", "grpo", "sdar", "--seeds", "0", "1", "--gpus", "train=2"]
+    pipeline, platform, text = compile_spec(tmp_path, *flags, "--node-selector", "pool=gpu")
+    assert pipeline["pipelineInfo"]["name"] == "sdar-study" and CANARY not in text
+    params = pipeline["root"]["inputDefinitions"]["parameters"]
+    assert {"out", "base_model", "rounds", "env", "preset", "stage_settings"} <= set(params)
+    assert "defaultValue" not in params["out"] and "defaultValue" not in params["base_model"]
+    tasks = pipeline["root"]["dag"]["tasks"]
+    assert set(tasks) == {"study-base", "for-loop-2", "study-report"}
+    loop = tasks["for-loop-2"]
+    cells = json.loads(loop["parameterIterator"]["items"]["raw"])
+    assert cells == [{"method": m, "seed": s} for m in ("grpo", "sdar") for s in (0, 1)]
+    (cell_name,) = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
+    cell = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"][cell_name]
+    container = executor(pipeline, cell)
+    assert (
+        container["image"] == TRAIN_GPU_IMAGE
+        and container["resources"]["accelerator"]["resourceCount"] == "2"
+    )
+    assert k8s_executor(pipeline, platform, cell)["nodeSelector"]["labels"] == {"pool": "gpu"}
+    assert executor(pipeline, tasks["study-base"])["image"] == ROLLOUT_GPU_IMAGE
+    report = tasks["study-report"]
+    assert report["inputs"]["parameters"]["cells"]["taskOutputParameter"]["producerTask"] == "for-loop-2"
+    assert executor(pipeline, report)["image"] == IMAGE
+    artifacts = pipeline["components"][report["componentRef"]["name"]]["outputDefinitions"]["artifacts"]
+    assert {a["artifactType"]["schemaTitle"] for a in artifacts.values()} == {
+        "system.HTML", "system.Markdown", "system.Metrics"
+    }  # fmt: skip
+    for task in (cell, tasks["study-base"], report):
+        assert k8s_executor(pipeline, platform, task)["secretAsEnv"]
+        assert not task.get("cachingOptions", {}).get("enableCache", False)
+
+
+def test_study_pipeline_needs_grpo(tmp_path, capsys):
+    out = str(tmp_path / "p.yaml")
+    assert main(["pipeline", "compile", "--out", out, "--pipeline", "study", "--methods", "sdar"]) == 2
+    assert "must include grpo" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -46,3 +46,24 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog):
     assert cell.stat().st_mtime_ns == stamp
     assert "sdar-seed0 finished earlier; skipped" in caplog.text
     assert json.loads(Path(out, "study.json").read_text())["table"] == study["table"]
+
+
+def test_study_pipeline_runs_locally_on_the_cells_sdarflow_study_reads(tiny_model, tmp_path, caplog):
+    """The KFP study pipeline through the local runner writes the cells and the report; ``sdarflow study`` on the
+    same folder finds every cell finished and writes the same table."""
+    import kfp.local
+
+    from pipelines.study import build_study_pipeline
+
+    out = tmp_path / "study"
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    build_study_pipeline(["grpo"], [0])(out=str(out), base_model=str(tiny_model), rounds=1, preset="smoke")
+    study = json.loads((out / "study.json").read_text())
+    assert [(r["method"], r["seed"]) for r in study["runs"]] == [("grpo", 0)]
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+    argv = ["study", "--methods", "grpo", "--seeds", "0", "--rounds", "1", "--out", str(out),
+            "--base-model", str(tiny_model), "--preset", "smoke"]  # fmt: skip
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0
+    assert "grpo-seed0 finished earlier; skipped" in caplog.text
+    assert json.loads((out / "study.json").read_text())["table"] == study["table"]

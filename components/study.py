@@ -1,0 +1,71 @@
+"""Components of the study pipeline: evaluate the base model, train and evaluate one (method, seed) cell, and write
+the comparison report (shown in the KFP UI). Each calls ``sdarflow.study.run_step``, the code ``sdarflow study``
+runs. The study settings travel as typed parameters (a dict built in the pipeline would carry them as strings)."""
+
+from typing import List  # noqa: UP035 - KFP reads typing.List for list parameters and a collected fan-in
+
+from kfp import dsl
+from kfp.dsl import HTML, Markdown, Metrics, Output
+
+from components import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def study_base(
+    out: str,
+    base_model: str,
+    methods: List[str],  # noqa: UP006
+    seeds: List[int],  # noqa: UP006
+    rounds: int,
+    env: str,
+    preset: str,
+    stage_settings: dict,
+) -> str:
+    from sdarflow.study import run_step
+
+    settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
+                    preset=preset, stage_settings=stage_settings)  # fmt: skip
+    return run_step("base", settings)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def study_cell(
+    out: str,
+    base_model: str,
+    methods: List[str],  # noqa: UP006
+    seeds: List[int],  # noqa: UP006
+    rounds: int,
+    env: str,
+    preset: str,
+    stage_settings: dict,
+    cell: dict,
+) -> str:
+    # cell: {"method": ..., "seed": ...}, one item of the pipeline's fan-out
+    from sdarflow.study import run_step
+
+    settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
+                    preset=preset, stage_settings=stage_settings)  # fmt: skip
+    return run_step("cell", settings, cell["method"], int(cell["seed"]))
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def study_report(
+    out: str,
+    base_model: str,
+    methods: List[str],  # noqa: UP006
+    seeds: List[int],  # noqa: UP006
+    rounds: int,
+    env: str,
+    preset: str,
+    stage_settings: dict,
+    cells: List[str],  # noqa: UP006 - the finished cells' folders: the report runs after all of them
+    base: str,
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    summary: Output[Markdown],
+) -> str:
+    from sdarflow.study import run_step
+
+    settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
+                    preset=preset, stage_settings=stage_settings)  # fmt: skip
+    return run_step("report", settings, html=report, markdown=summary, metrics=metrics)

@@ -1,0 +1,58 @@
+"""The method study as a KFP pipeline: the base model's evaluation and every (method, seed) cell fan out with
+``dsl.ParallelFor``; a last task writes ``study.json`` and the report (HTML in the KFP UI). Each task calls
+``sdarflow.study.run_step``, the code ``sdarflow study`` runs, and a cell already finished in ``out`` is read back,
+so a retried or re-run study redoes only the missing cells.
+
+Methods and seeds are fixed at compile time (``sdarflow pipeline compile --pipeline study --methods ... --seeds
+...``) so the UI shows one task per cell. A cell runs its stages in one pod, so it is wired as a training task
+(the train image and its GPUs); the base evaluation as an evaluate task; the report as a CPU task.
+"""
+
+from kfp import dsl
+
+from components.study import study_base, study_cell, study_report
+from pipelines.kube import KubeOptions, wire
+from sdarflow.study import StudySettings
+
+PIPELINE_NAME = "sdar-study"
+
+
+def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions | None = None):
+    """Return the ``@dsl.pipeline`` function comparing ``methods`` over ``seeds`` (validated now)."""
+    StudySettings(methods=list(methods), seeds=list(seeds), rounds=1, out="-").validate()
+    cells = [{"method": m, "seed": s} for m in methods for s in seeds]
+    root = kube.pipeline_root if kube and kube.pipeline_root else None
+
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="Compare SDAR with its baselines: every method x seed from one base model, relative to GRPO",
+        pipeline_root=root,
+    )
+    def sdar_study(
+        out: str,
+        base_model: str,
+        rounds: int = 2,
+        env: str = "textworld-cooking",
+        preset: str = "demo",
+        stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
+    ) -> str:
+        settings = {
+            "out": out,
+            "base_model": base_model,
+            "methods": list(methods),
+            "seeds": list(seeds),
+            "rounds": rounds,
+            "env": env,
+            "preset": preset,
+            "stage_settings": stage_settings,
+        }
+        base = study_base(**settings)
+        wire(base, "evaluate", kube, "study: base model")
+        with dsl.ParallelFor(cells) as cell:
+            run = study_cell(**settings, cell=cell)
+            wire(run, "train", kube, "study: cell")
+        rep = study_report(**settings, cells=dsl.Collected(run.output), base=base.output)
+        wire(rep, "register", kube, "study: report")
+        return rep.outputs["Output"]
+
+    return sdar_study
