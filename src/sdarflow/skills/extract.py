@@ -5,9 +5,10 @@ object names, keeping only the steps that separate successes from failures. An a
 recurs across many different tasks (``prepare meal``); other actions keep their verb and tool and abstract the
 object (``slice yellow potato with knife`` -> ``slice <item> with knife``). When the episode's goal text is known,
 only objects the goal names become ``<item>`` (``take knife from table`` -> ``take knife from <place>``), and an
-action on an item whose goal clause reads ``<direction> the <item>`` is bound to that direction: the pattern gets
-one :data:`DIRECTIONS_STEP`, and the skill lists each direction's action (``fry the <item>: cook <item> with
-stove``), which is what varies between tasks of one type and what a teacher most needs to know.
+action that goes with one goal direction (``fry the <item>``: on its object in the successes whose goal has it,
+rare in those whose goal does not) is bound to it: the pattern gets one :data:`DIRECTIONS_STEP`, and the skill
+lists each direction's action (``fry the <item>: cook <item> with stove``), which is what varies between tasks of
+one type and what a teacher most needs to know.
 
 Evidence: an episode *followed* a skill when its abstracted actions contain at least ``follow_share`` of the
 skill's steps. ``support`` counts the successful followers, ``success_rate`` is their share of all followers and
@@ -115,13 +116,16 @@ def direction_rules(wins: list[EpisodeActions], literal: set[str], min_share: fl
     ``1 - min_share`` of those whose goal does not (``take <item> from <place>`` is in all of them, so it belongs
     to no direction). A direction in every episode has nothing to contrast with, and gets no rule."""
     with_d: Counter = Counter()
-    acts_with: dict[str, Counter] = defaultdict(Counter)
-    acts_all: Counter = Counter()
+    on_object: dict[str, Counter] = defaultdict(Counter)  # episodes with d doing a on d's object
+    in_episode: dict[str, Counter] = defaultdict(Counter)  # episodes with d doing a at all
+    acts_all: Counter = Counter()  # episodes doing a
     for e in wins:
-        acts_all.update({abstract(a, literal, e.goal) for a in e.actions})
+        acts = {abstract(a, literal, e.goal) for a in e.actions}
+        acts_all.update(acts)
         for d, obj in goal_directions(e.goal, {_parts(a)[1] for a in e.actions}).items():
             with_d[d] += 1
-            acts_with[d].update({abstract(a, literal, e.goal) for a in e.actions if _parts(a)[1] == obj})
+            in_episode[d].update(acts)
+            on_object[d].update({abstract(a, literal, e.goal) for a in e.actions if _parts(a)[1] == obj})
     rules = {}
     for d, n_d in sorted(with_d.items()):
         n_rest = len(wins) - n_d
@@ -129,10 +133,10 @@ def direction_rules(wins: list[EpisodeActions], literal: set[str], min_share: fl
             continue
 
         def rest_share(a: str, d: str = d, n_rest: int = n_rest) -> float:
-            return (acts_all[a] - acts_with[d][a]) / n_rest
+            return (acts_all[a] - in_episode[d][a]) / n_rest
 
-        action = max(sorted(acts_with[d]), key=lambda a: acts_with[d][a] / n_d - rest_share(a))
-        if acts_with[d][action] >= min_share * n_d and rest_share(action) <= 1 - min_share:
+        action = max(sorted(on_object[d]), key=lambda a: on_object[d][a] / n_d - rest_share(a))
+        if on_object[d][action] >= min_share * n_d and rest_share(action) <= 1 - min_share:
             rules[d] = action
     return rules
 
