@@ -23,14 +23,15 @@ def rescored_table(
     resp_len: int = 4,
     seed: int = 0,
 ) -> pa.Table:
-    """Token ids below 700 (the smoke tokenizer has ~740). Episodes of ``turns`` turn rows; odd episodes of each group succeed (return 1), even ones fail."""
+    """Token ids below 500 (any smoke tokenizer has more: 259 byte and special tokens plus its merges, 663 now).
+    Episodes of ``turns`` turn rows; odd episodes of each group succeed (return 1), even ones fail."""
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for grp in range(n_groups):
         for ep in range(group_size):
             won = ep % 2 == 1
             for turn in range(turns):
-                resp = torch.randint(5, 700, (resp_len,), generator=gen).tolist()
+                resp = torch.randint(5, 500, (resp_len,), generator=gen).tolist()
                 old = (-torch.rand(resp_len, generator=gen) * 3).tolist()
                 rows.append(
                     {
@@ -42,7 +43,7 @@ def rescored_table(
                         "turn": turn,
                         "task_type": "cook",
                         "split": "train",
-                        "prompt_token_ids": torch.randint(5, 700, (prompt_len,), generator=gen).tolist(),
+                        "prompt_token_ids": torch.randint(5, 500, (prompt_len,), generator=gen).tolist(),
                         "response_token_ids": resp,
                         "response_text": "x",
                         "rollout_logprobs": old,
