@@ -1,6 +1,6 @@
-"""Components of the study pipeline: evaluate the base model, train and evaluate one (method, seed) cell, and write
-the comparison report (shown in the KFP UI). Each calls ``sdarflow.study.run_step``, the code ``sdarflow study``
-runs. The study settings travel as typed parameters (a dict built in the pipeline would carry them as strings)."""
+"""Components of the study pipeline (``settings`` is the URI the first one stores them at): check the settings, evaluate the base model, train and evaluate one (method,
+seed) cell, and write the comparison report (shown in the KFP UI). Each calls ``sdarflow.study.run_step``, the code
+``sdarflow study`` runs."""
 
 from typing import List  # noqa: UP035 - KFP reads typing.List for list parameters and a collected fan-in
 
@@ -11,7 +11,7 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def study_base(
+def study_settings(
     out: str,
     base_model: str,
     methods: List[str],  # noqa: UP006
@@ -21,43 +21,32 @@ def study_base(
     preset: str,
     stage_settings: dict,
 ) -> str:
+    # typed pipeline parameters in; the checked settings are stored in `out` and their URI goes to the other tasks
     from sdarflow.study import run_step
 
     settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
                     preset=preset, stage_settings=stage_settings)  # fmt: skip
+    return run_step("check", settings)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def study_base(settings: str) -> str:
+    from sdarflow.study import run_step
+
     return run_step("base", settings)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def study_cell(
-    out: str,
-    base_model: str,
-    methods: List[str],  # noqa: UP006
-    seeds: List[int],  # noqa: UP006
-    rounds: int,
-    env: str,
-    preset: str,
-    stage_settings: dict,
-    cell: dict,
-) -> str:
-    # cell: {"method": ..., "seed": ...}, one item of the pipeline's fan-out
+def study_cell(settings: str, method: str, seed: str) -> str:
+    # method and seed: one item of the pipeline's fan-out (loop items arrive as strings)
     from sdarflow.study import run_step
 
-    settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
-                    preset=preset, stage_settings=stage_settings)  # fmt: skip
-    return run_step("cell", settings, cell["method"], int(cell["seed"]))
+    return run_step("cell", settings, method, int(float(seed)))
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def study_report(
-    out: str,
-    base_model: str,
-    methods: List[str],  # noqa: UP006
-    seeds: List[int],  # noqa: UP006
-    rounds: int,
-    env: str,
-    preset: str,
-    stage_settings: dict,
+    settings: str,
     cells: List[str],  # noqa: UP006 - the finished cells' folders: the report runs after all of them
     base: str,
     metrics: Output[Metrics],
@@ -66,6 +55,4 @@ def study_report(
 ) -> str:
     from sdarflow.study import run_step
 
-    settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
-                    preset=preset, stage_settings=stage_settings)  # fmt: skip
     return run_step("report", settings, html=report, markdown=summary, metrics=metrics)

@@ -1,5 +1,5 @@
 """The method study as a KFP pipeline: the base model's evaluation and every (method, seed) cell fan out with
-``dsl.ParallelFor``; a last task writes ``study.json`` and the report (HTML in the KFP UI). Each task calls
+``dsl.ParallelFor`` after a first task checks the settings; a last task writes ``study.json`` and the report (HTML in the KFP UI). Each task calls
 ``sdarflow.study.run_step``, the code ``sdarflow study`` runs, and a cell already finished in ``out`` is read back,
 so a retried or re-run study redoes only the missing cells.
 
@@ -10,7 +10,7 @@ Methods and seeds are fixed at compile time (``sdarflow pipeline compile --pipel
 
 from kfp import dsl
 
-from components.study import study_base, study_cell, study_report
+from components.study import study_base, study_cell, study_report, study_settings
 from pipelines.kube import KubeOptions, wire
 from sdarflow.study import StudySettings
 
@@ -22,6 +22,15 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
     StudySettings(methods=list(methods), seeds=list(seeds), rounds=1, out="-").validate()
     cells = [{"method": m, "seed": s} for m in methods for s in seeds]
     root = kube.pipeline_root if kube and kube.pipeline_root else None
+
+    # A sub-pipeline, as training's sharded generate: the KFP local runner (2.17) hands a loop's task-output inputs
+    # (here the settings URI) the loop item instead; a sub-pipeline's inputs arrive correctly.
+    @dsl.pipeline(name="study-cells", description="every (method, seed) cell in parallel")
+    def study_cells(settings: str) -> list[str]:
+        with dsl.ParallelFor(cells) as cell:
+            run = study_cell(settings=settings, method=cell.method, seed=cell.seed)
+            wire(run, "train", kube, "study: cell")
+        return dsl.Collected(run.output)
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -36,22 +45,22 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
         preset: str = "demo",
         stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
     ) -> str:
-        settings = {
-            "out": out,
-            "base_model": base_model,
-            "methods": list(methods),
-            "seeds": list(seeds),
-            "rounds": rounds,
-            "env": env,
-            "preset": preset,
-            "stage_settings": stage_settings,
-        }
-        base = study_base(**settings)
+        settings = study_settings(
+            out=out,
+            base_model=base_model,
+            methods=list(methods),
+            seeds=list(seeds),
+            rounds=rounds,
+            env=env,
+            preset=preset,
+            stage_settings=stage_settings,
+        )
+        wire(settings, "prepare", kube, "study: settings")
+        base = study_base(settings=settings.output)
         wire(base, "evaluate", kube, "study: base model")
-        with dsl.ParallelFor(cells) as cell:
-            run = study_cell(**settings, cell=cell)
-            wire(run, "train", kube, "study: cell")
-        rep = study_report(**settings, cells=dsl.Collected(run.output), base=base.output)
+        runs = study_cells(settings=settings.output)
+        runs.set_display_name(f"study: {len(cells)} cells")
+        rep = study_report(settings=settings.output, cells=runs.output, base=base.output)
         wire(rep, "register", kube, "study: report")
         return rep.outputs["Output"]
 

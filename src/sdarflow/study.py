@@ -10,6 +10,7 @@ exists (written last, atomically): a rerun skips finished cells and redoes unfin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -24,6 +25,7 @@ from sdarflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
+SETTINGS_FILE = "study_settings.json"  # the study pipeline's checked settings, read by its other tasks
 DEFAULT_METHODS = ("grpo", "sdar")
 DEFAULT_SEEDS = (0, 1, 2)
 BASE_CELL = "base"
@@ -285,19 +287,33 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
 
 
 def run_step(
-    step: str, settings: dict, method: str = "", seed: int = 0, *, html=None, markdown=None, metrics=None
+    step: str,
+    settings: dict | str,
+    method: str = "",
+    seed: int = 0,
+    *,
+    html=None,
+    markdown=None,
+    metrics=None,
 ) -> str:
-    """What the study pipeline's components call: ``base`` (evaluate the base model), ``cell`` (one method and
-    seed) or ``report``; the same functions ``sdarflow study`` runs. Returns the cell folder or study.json URI;
-    the report step also fills the KFP UI artifacts."""
+    """What the study pipeline's components call, with the settings as a dict or the URI ``check`` stored them at:
+    ``check`` (validate, store ``study_settings.json`` in ``out``, return its URI), ``base`` (evaluate the base
+    model), ``cell`` (one method and seed) or ``report``; the same functions ``sdarflow study`` runs. ``base`` and
+    ``cell`` return the cell's folder, ``report`` the study.json URI and fills the KFP UI artifacts."""
     from sdarflow.pipeline_config import setup_logging
 
     setup_logging()
-    # KFP hands JSON numbers to list parameters as floats
+    if isinstance(settings, str):
+        settings = storage.read_json(settings)
+    # KFP hands JSON numbers in lists over as floats
     s = StudySettings(
         **{**settings, "seeds": [int(x) for x in settings["seeds"]], "rounds": int(settings["rounds"])}
     )
     s.validate()
+    if step == "check":
+        uri = storage.join(s.out, SETTINGS_FILE)
+        storage.write_json(uri, dataclasses.asdict(s))
+        return uri
     if step == "report":
         study = report(s)
         for artifact, name in ((html, "report.html"), (markdown, "report.md")):
@@ -320,4 +336,4 @@ def run_step(
     if step == "cell":
         run_cell(s, base, method, seed)
         return _cell_uri(s, cell_name(method, seed))
-    raise ConfigError(f"study pipeline: unknown step {step!r}; allowed: base, cell, report")
+    raise ConfigError(f"study pipeline: unknown step {step!r}; allowed: check, base, cell, report")

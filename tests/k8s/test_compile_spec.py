@@ -216,12 +216,14 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
     assert {"out", "base_model", "rounds", "env", "preset", "stage_settings"} <= set(params)
     assert "defaultValue" not in params["out"] and "defaultValue" not in params["base_model"]
     tasks = pipeline["root"]["dag"]["tasks"]
-    assert set(tasks) == {"study-base", "for-loop-2", "study-report"}
-    loop = tasks["for-loop-2"]
+    assert set(tasks) == {"study-settings", "study-base", "study-cells", "study-report"}
+    sub = pipeline["components"][tasks["study-cells"]["componentRef"]["name"]]["dag"]
+    (loop_name,) = sub["tasks"]
+    loop = sub["tasks"][loop_name]
     cells = json.loads(loop["parameterIterator"]["items"]["raw"])
     assert cells == [{"method": m, "seed": s} for m in ("grpo", "sdar") for s in (0, 1)]
-    (cell_name,) = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
-    cell = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"][cell_name]
+    inner = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
+    (cell,) = inner.values()
     container = executor(pipeline, cell)
     assert (
         container["image"] == TRAIN_GPU_IMAGE
@@ -230,12 +232,13 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
     assert k8s_executor(pipeline, platform, cell)["nodeSelector"]["labels"] == {"pool": "gpu"}
     assert executor(pipeline, tasks["study-base"])["image"] == ROLLOUT_GPU_IMAGE
     report = tasks["study-report"]
-    assert report["inputs"]["parameters"]["cells"]["taskOutputParameter"]["producerTask"] == "for-loop-2"
+    assert report["inputs"]["parameters"]["cells"]["taskOutputParameter"]["producerTask"] == "study-cells"
     assert executor(pipeline, report)["image"] == IMAGE
     artifacts = pipeline["components"][report["componentRef"]["name"]]["outputDefinitions"]["artifacts"]
     assert {a["artifactType"]["schemaTitle"] for a in artifacts.values()} == {
         "system.HTML", "system.Markdown", "system.Metrics"
     }  # fmt: skip
+    assert executor(pipeline, tasks["study-settings"])["image"] == IMAGE
     for task in (cell, tasks["study-base"], report):
         assert k8s_executor(pipeline, platform, task)["secretAsEnv"]
         assert not task.get("cachingOptions", {}).get("enableCache", False)
