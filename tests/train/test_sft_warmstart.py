@@ -52,3 +52,14 @@ def test_a_build_past_its_time_limit_leaves_no_model(tmp_path, game_cache):
     with pytest.raises(SFTTimeLimitExceeded):
         build_base_model(out, PRESETS["smoke"]["model"], time_limit_s=1e-9)
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flags", [["--tasks", "0"], ["--sft-steps", "0"]])
+def test_build_model_rejects_empty_sizes_in_one_line(tmp_path, capsys, flags):
+    from sdarflow.cli import main
+
+    out = tmp_path / "model"
+    assert main(["build-model", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must be >= 1; fix:" in err[0]
+    assert not out.exists()

@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from sdarflow.envs import get_suite
+from sdarflow.errors import ConfigError
 from sdarflow.models.tiny import TinyShape, build_model, save, train_tokenizer
 from sdarflow.rollout.prompt import (
     PRIVILEGED_TEMPLATE,
@@ -57,6 +58,16 @@ class BaseModelSpec:
     history_turns: int = 4
     vocab_size: int = 2048
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "sft_steps", "sft_batch_size"):
+            if getattr(self, name) < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"build-model: {name} ({getattr(self, name)}) must be >= 1; fix: {flag} 1 or more"
+                )
+        if not 0.0 <= self.skill_share <= 1.0:
+            raise ConfigError(f"build-model: skill_share ({self.skill_share}) must be in [0, 1]")
 
     def hash(self) -> str:
         content = {**asdict(self), "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
