@@ -146,6 +146,9 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     if stage == "generate":
         # Only generate fans out in the pipeline; other stages' own shard fields keep their (single) defaults.
         values["num_shards"] = pc.shards
+        # Each round plays the next tasks of the split, as an RL trainer steps through its prompt dataset: the
+        # policy must learn what carries over between tasks, not the answers to the same few.
+        values["first_task"] = values.get("first_task", 0) + round_ * values["tasks"]
     if "output" in names and stage != "register":
         parts = ["runs", pc.run_id, f"round={round_}", stage]
         if stage == "generate" and pc.shards > 1:

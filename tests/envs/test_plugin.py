@@ -40,7 +40,7 @@ class MySuite:
     def __init__(self, greeting="hi"):
         self.greeting = greeting
 
-    def tasks(self, split, n=None):
+    def tasks(self, split, n=None, start=0):
         return [Task(f"my-{split}-{i}", "greet", split) for i in range(n or 2)]
 
     def make(self, task):

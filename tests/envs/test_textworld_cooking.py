@@ -61,6 +61,7 @@ def test_tasks_are_deterministic_and_typed(suite: TextWorldCookingSuite, tasks: 
     assert all(t.task_type in TASK_TYPES and t.split == "train" for t in tasks)
     assert suite.tasks("train", N_GAMES) == tasks
     assert suite.tasks("train", 0) == []
+    assert suite.tasks("train", 2, start=1) == tasks[1:3]  # cached games, no new generation
 
 
 def test_task_type_from_walkthrough() -> None:

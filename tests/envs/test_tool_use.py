@@ -35,6 +35,15 @@ def test_tasks_are_deterministic_typed_and_split(suite) -> None:
     assert types["train"] == types["test"] == {"write-note", "schedule", "invite", "cancel", "cleanup"}
     assert types["ood"] == {"agenda", "multi-invite"} and not types["ood"] & types["train"]
     assert {t.payload for t in train}.isdisjoint(t.payload for t in suite.tasks("test", 20))
+    # `start` picks up where a previous round stopped and wraps at the split's size
+    assert suite.tasks("train", 5, start=15) == train[15:]
+    size = TOOL_SPLITS["train"].size
+    assert [t.task_id for t in suite.tasks("train", 2, start=size - 1)] == [
+        f"tool-use-train-{1000 + size - 1}",
+        "tool-use-train-1000",
+    ]
+    with pytest.raises(EnvError, match=r"start=-1 .*Fix: start >= 0"):
+        suite.tasks("train", 1, start=-1)
 
 
 @pytest.mark.parametrize("split", ["train", "test", "ood"])

@@ -81,7 +81,7 @@ class FakeSuite:
         self.bad, self.goal, self.envs = bad or {}, goal, []
         self.instruction_chars = instruction_chars
 
-    def tasks(self, split, n=None):
+    def tasks(self, split, n=None, start=0):
         return [Task(f"fake-{i}", "count", split) for i in range(n or 3)]
 
     def make(self, task):

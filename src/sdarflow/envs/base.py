@@ -26,6 +26,17 @@ class EnvError(SdarflowError, ValueError):
     """A user-fixable problem with an environment request (unknown env, bad split, ...)."""
 
 
+def task_indices(split: str, size: int, n: int | None, start: int) -> list[int]:
+    """Indices ``start .. start + n - 1`` modulo ``size`` (all ``size`` if ``n`` is None): a run that plays the next
+    ``n`` tasks each round cycles through the split. EnvError when ``n`` is outside ``[0, size]`` or start < 0."""
+    n = size if n is None else n
+    if not 0 <= n <= size:
+        raise EnvError(f"n={n} tasks asked of split {split!r} of size {size}. Fix: 0 <= n <= size")
+    if start < 0:
+        raise EnvError(f"start={start} for split {split!r} is negative. Fix: start >= 0")
+    return [(start + i) % size for i in range(n)]
+
+
 @dataclass(frozen=True)
 class Task:
     """One task (game) of a suite. ``payload`` is suite-specific (e.g. the game file path)."""
@@ -87,8 +98,9 @@ class EnvSuite(Protocol):
 
     name: str
 
-    def tasks(self, split: str, n: int | None = None) -> list[Task]:
-        """The first ``n`` tasks of ``split`` (all if None), deterministic for a given suite configuration."""
+    def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
+        """``n`` tasks of ``split`` from index ``start`` (all if None), wrapping at the split's size (see
+        ``task_indices``); deterministic for a given suite configuration."""
         ...
 
     def make(self, task: Task) -> Env: ...

@@ -15,7 +15,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task
+from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
 from sdarflow.envs.search_corpus import BM25, KIND_SIZES, build_world, documents
 
 log = logging.getLogger(__name__)
@@ -168,15 +168,12 @@ class SearchQASuite:
     def size(self, split: str) -> int:
         return len(self._spec(split).templates) * len(self._people(split))
 
-    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+    def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
         """Question i asks template ``i % T`` about person ``i // T`` of the split's people."""
         spec, people = self._spec(split), self._people(split)
-        size = len(spec.templates) * len(people)
-        n = size if n is None else n
-        if not 0 <= n <= size:
-            raise EnvError(f"n={n} tasks asked of split {split!r} of size {size}. Fix: 0 <= n <= size")
-        return [self._task(split, i, spec.templates[i % len(spec.templates)], people[i // len(spec.templates)])
-                for i in range(n)]  # fmt: skip
+        t = len(spec.templates)
+        return [self._task(split, i, spec.templates[i % t], people[i // t])
+                for i in task_indices(split, self.size(split), n, start)]  # fmt: skip
 
     def _task(self, split: str, i: int, template: Template, person: int) -> Task:
         chain = [f"person-{person}"]

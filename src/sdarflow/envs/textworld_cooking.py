@@ -29,7 +29,7 @@ from pathlib import Path
 import textworld
 from textworld.challenges.tw_cooking import cooking
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task
+from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
 
 log = logging.getLogger(__name__)
 
@@ -371,13 +371,10 @@ class TextWorldCookingSuite:
         """Cache folder holding the games of ``split``'s settings."""
         return self.cache_dir / "games" / self.spec(split).settings_hash()
 
-    def tasks(self, split: str, n: int | None = None) -> list[Task]:
-        """The first ``n`` tasks of ``split`` (all ``size`` if None), generating games not yet cached."""
+    def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
+        """``n`` tasks of ``split`` from ``start`` (``task_indices``), generating games not yet cached."""
         spec = self.spec(split)
-        n = spec.size if n is None else n
-        if not 0 <= n <= spec.size:
-            raise EnvError(f"n={n} tasks asked of split {split!r} of size {spec.size}. Fix: 0 <= n <= size")
-        seeds = [spec.seed_base + i for i in range(n)]
+        seeds = [spec.seed_base + i for i in task_indices(split, spec.size, n, start)]
         paths = ensure_games(spec, seeds, self.game_dir(split), self.workers)
         return [
             Task(

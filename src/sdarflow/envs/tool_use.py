@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task
+from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
 from sdarflow.envs.tool_api import FINISH, TOOLS, ToolAPI, ToolCallError, World, canonical, parse_call
 from sdarflow.envs.tool_api import result_text as _result_text
 from sdarflow.envs.tool_api import run_plan as _run_plan
@@ -259,12 +259,9 @@ class ToolUseSuite:
             )
         return TOOL_SPLITS[split]
 
-    def tasks(self, split: str, n: int | None = None) -> list[Task]:
+    def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
         spec = self._spec(split)
-        n = spec.size if n is None else n
-        if not 0 <= n <= spec.size:
-            raise EnvError(f"n={n} tasks asked of split {split!r} of size {spec.size}. Fix: 0 <= n <= size")
-        return [make_task(split, spec.seed_base + i) for i in range(n)]
+        return [make_task(split, spec.seed_base + i) for i in task_indices(split, spec.size, n, start)]
 
     def make(self, task: Task) -> ToolUseEnv:
         return ToolUseEnv(task, self.max_turns or self._spec(task.split).max_turns)

@@ -37,7 +37,10 @@ class GenerateConfig(StageConfig):
     output: str = opt("", "output dataset URI", io=True)
     env: str = opt("textworld-cooking", "environment suite name (`sdarflow envs list`)")
     split: str = opt("train", "task split", choices=SPLITS)
-    tasks: int = opt(8, "tasks: the first N of the split")
+    tasks: int = opt(8, "tasks played: N of the split, from --first-task")
+    first_task: int = opt(
+        0, "index of the first task in the split; a pipeline's round r starts at first_task + r x tasks"
+    )
     group_size: int = opt(4, "G rollouts per task (one GRPO group); >= 2, paper uses 8")
     max_turns: int = opt(0, "turn limit per episode; 0 = the env's default for the split")
     max_new_tokens: int = opt(
@@ -75,8 +78,10 @@ class GenerateConfig(StageConfig):
             raise ConfigError(
                 f"generate: group_size ({self.group_size}) must be >= 2: GRPO normalizes within a group"
             )
-        if self.tasks < 1:
-            raise ConfigError(f"generate: tasks ({self.tasks}) must be >= 1")
+        if self.tasks < 1 or self.first_task < 0:
+            raise ConfigError(
+                f"generate: tasks ({self.tasks}) must be >= 1 and first_task ({self.first_task}) >= 0"
+            )
         if not 0 <= self.shard < self.num_shards:
             raise ConfigError(f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
         if not 0 < self.top_p <= 1:
@@ -120,7 +125,7 @@ def run(cfg: GenerateConfig) -> dict:
             f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
             f"({engine.max_context}); fix: lower --max-new-tokens"
         )
-    tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks), cfg.shard, cfg.num_shards)
+    tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks, start=cfg.first_task), cfg.shard, cfg.num_shards)
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit
         max_new_tokens=max_new_tokens,
