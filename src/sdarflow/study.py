@@ -11,6 +11,8 @@ exists (written last, atomically): a rerun skips finished cells and redoes unfin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import time
@@ -108,15 +110,39 @@ def _cell_uri(s: StudySettings, name: str) -> str:
     return storage.join(s.out, "cells", name)
 
 
-def _finished(folder: str) -> dict | None:
-    """The cell's record when it finished earlier (its cell.json exists), else None."""
-    uri = storage.join(folder, CELL_FILE)
-    return storage.read_json(uri) if storage.exists(uri) else None
+def settings_key(s: StudySettings) -> str:
+    """Hash of what shapes every cell (not the methods and seeds that pick the cells): a rerun into the same
+    ``out`` may reuse a finished cell only when this matches."""
+    from sdarflow.demo import PRESETS
+
+    content = {
+        "base_model": s.base_model,
+        "env": s.env,
+        "rounds": s.rounds,
+        "sizes": PRESETS[s.preset]["pipeline"],
+        "stage_settings": s.stage_settings,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _write_cell(folder: str, cell: dict) -> None:
+def _finished(s: StudySettings, name: str) -> dict | None:
+    """The cell's record when it finished earlier (its cell.json exists), else None; ConfigError when it was made
+    with other settings, so a changed rerun never mixes its cells with old ones."""
+    uri = storage.join(_cell_uri(s, name), CELL_FILE)
+    if not storage.exists(uri):
+        return None
+    cell = storage.read_json(uri)
+    if cell.get("settings_key") != settings_key(s):
+        raise ConfigError(
+            f"study: cell {name} in {s.out} was made with other settings (key {cell.get('settings_key')}, "
+            f"now {settings_key(s)}); fix: use a new --out, or the settings in {s.out}/study.json"
+        )
+    return cell
+
+
+def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
     # storage writes whole objects: a cell is finished only when its complete record is there
-    storage.write_json(storage.join(folder, CELL_FILE), cell)
+    storage.write_json(storage.join(_cell_uri(s, name), CELL_FILE), {**cell, "settings_key": settings_key(s)})
 
 
 def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
@@ -131,7 +157,7 @@ def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
 def run_base(s: StudySettings, base: str) -> dict:
     """The base model's held-out evaluation (the same tasks and sampling seeds as every cell's)."""
     folder = _cell_uri(s, BASE_CELL)
-    if (cell := _finished(folder)) is not None:
+    if (cell := _finished(s, BASE_CELL)) is not None:
         return cell
     pc = pipeline_config(s, base, "grpo", s.seeds[0], storage.join(folder, "store"))
     t0 = time.perf_counter()
@@ -142,7 +168,7 @@ def run_base(s: StudySettings, base: str) -> dict:
         "eval_uri": uri,
         "eval_seconds": time.perf_counter() - t0,
     }
-    _write_cell(folder, cell)
+    _write_cell(s, BASE_CELL, cell)
     log.info("study: base model evaluated: test pass@1 %.3f", report["splits"]["test"]["pass_at_k"]["1"])
     return cell
 
@@ -154,7 +180,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 
     name = cell_name(method, seed)
     folder = _cell_uri(s, name)
-    if (cell := _finished(folder)) is not None:
+    if (cell := _finished(s, name)) is not None:
         log.info("study: %s finished earlier; skipped", name)
         return cell
     pc = pipeline_config(s, base, method, seed, storage.join(folder, "store"))
@@ -221,7 +247,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
         "eval_uri": uri,
         "adapter": adapter,
     }
-    _write_cell(folder, cell)
+    _write_cell(s, name, cell)
     return cell
 
 
@@ -262,7 +288,7 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     from sdarflow.study_report import analyze, write_reports
 
     names = [BASE_CELL] + [cell_name(m, seed) for m in s.methods for seed in s.seeds]
-    cells = {n: _finished(_cell_uri(s, n)) for n in names}
+    cells = {n: _finished(s, n) for n in names}
     missing = [n for n, c in cells.items() if c is None]
     if missing:
         raise ConfigError(

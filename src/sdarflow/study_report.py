@@ -28,6 +28,7 @@ SPLITS = ("test", "ood")
 CURVE_KEYS = (
     "train_success",
     "zero_adv_group_share",
+    "adv_std",
     "teacher_gap_mean",
     "gate_mean",
     "entropy",
@@ -253,9 +254,13 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
     from matplotlib.figure import Figure  # lazy: slow to import, only plots need it
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(4 * len(CURVE_KEYS), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(CURVE_KEYS), squeeze=False)[0]
-    for ax, key in zip(axes, CURVE_KEYS, strict=True):
+    cols = 4
+    rows = -(-len(CURVE_KEYS) // cols)
+    fig = Figure(figsize=(4 * cols, 3.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(CURVE_KEYS) :]:
+        ax.set_axis_off()
+    for ax, key in zip(axes, CURVE_KEYS):
         for m, r in study["methods"].items():
             c = r["curves"][key]
             xs = [i for i, v in enumerate(c["mean"]) if v is not None]

@@ -9,7 +9,7 @@ from pathlib import Path
 from sdarflow.cli import main
 
 
-def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog):
+def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, capsys):
     out = tmp_path / "study"
     argv = ["study", "--methods", "grpo", "sdar", "--seeds", "0", "--rounds", "1", "--out", str(out),
             "--base-model", str(tiny_model), "--preset", "smoke"]  # fmt: skip
@@ -46,6 +46,14 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog):
     assert cell.stat().st_mtime_ns == stamp
     assert "sdar-seed0 finished earlier; skipped" in caplog.text
     assert json.loads(Path(out, "study.json").read_text())["table"] == study["table"]
+
+    # a rerun with other settings never mixes its cells with these: one line, nothing written
+    changed = argv[:-2] + ["--stage-settings", '{"train": {"lr": 0.01}}'] + argv[-2:]
+    capsys.readouterr()
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "cell base" in err and "made with other settings" in err
+    assert cell.stat().st_mtime_ns == stamp
 
 
 def test_study_pipeline_runs_locally_on_the_cells_sdarflow_study_reads(tiny_model, tmp_path, caplog):
