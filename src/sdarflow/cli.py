@@ -21,6 +21,10 @@ from sdarflow.stages import STAGES
 
 log = logging.getLogger("sdarflow")
 
+# sdarflow.demo.PRESETS' names (a test keeps them equal; importing it here would slow every --help)
+PRESET_NAMES = ("demo", "smoke", "gpu")
+PRESET_HELP = "sizes: demo (2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu])"
+
 
 def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
     from sdarflow.config import field_help
@@ -179,9 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
     )
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument(
-        "--preset", default="demo", choices=("demo", "smoke"), help="sizes: demo, or smoke for tests"
-    )
+    p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
     p.add_argument(
         "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
     )
@@ -204,12 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--base-model", default=None, help="HF model folder; default: build the preset's tiny model"
     )
     p.add_argument("--env", default="textworld-cooking")
-    p.add_argument(
-        "--preset",
-        default="demo",
-        choices=("demo", "smoke"),
-        help="sizes (tasks, group, eval) as in the demo",
-    )
+    p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
     p.add_argument(
         "--stage-settings",
         default=None,
