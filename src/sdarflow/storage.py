@@ -77,6 +77,39 @@ def join(uri: str, *parts: str) -> str:
     return "/".join([str(uri).rstrip("/"), *[p.strip("/") for p in parts]])
 
 
+def confined(rel: object, what: str) -> str:
+    """A relative path read from data (a manifest entry, a skill file name) checked before any use: a non-empty
+    POSIX path that stays inside its folder. StorageError naming ``what`` for anything else: an absolute path, a
+    drive, a ``..`` or ``.`` or empty part, a backslash or a NUL."""
+    if not isinstance(rel, str) or not rel:
+        raise StorageError(f"{what}: path {rel!r} is not a file name; fix: a relative path inside the folder")
+    parts = rel.split("/")
+    if (
+        rel.startswith("/")
+        or "\\" in rel
+        or "\0" in rel
+        or parts[0][1:2] == ":"
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise StorageError(
+            f"{what}: path {rel!r} leaves its folder (absolute, a drive, '..' or an empty part); "
+            f"fix: a relative path inside the folder"
+        )
+    return rel
+
+
+def inside(root: str | Path, rel: object, what: str) -> Path:
+    """``root / rel`` on local disk once ``rel`` is ``confined`` and does not resolve out of ``root`` through a
+    symlink."""
+    base = Path(root).resolve()
+    target = base / confined(rel, what)
+    if not target.resolve().is_relative_to(base):
+        raise StorageError(
+            f"{what}: {rel!r} resolves outside {base} through a symlink; fix: replace the link with the file"
+        )
+    return target
+
+
 @contextlib.contextmanager
 def _reachable(loc: Location, action: str) -> Iterator[None]:
     """Turn low-level I/O errors into one StorageError line that names the URI and the fix."""
@@ -199,11 +232,36 @@ def read_manifest(uri: str, kind: str | None = None) -> dict:
             f"fix: check the URI or rerun the stage that writes it"
         )
     manifest = read_json(join(uri, MANIFEST))
+    _check_manifest(manifest, f"{loc.uri}/{MANIFEST}")
     if kind is not None and manifest.get("kind") != kind:
         raise StorageError(
             f"'{loc.uri}' holds a '{manifest.get('kind')}' artifact, expected '{kind}'; fix: pass the right URI"
         )
     return manifest
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_manifest(manifest: object, where: str) -> None:
+    """A manifest's shape, before any entry is used: an object whose ``files`` entries each name a confined path,
+    with counts that are non-negative integers and sha256 sums that are 64 hex digits."""
+    fix = "fix: republish the artifact with the stage that writes it"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
+    if "rows" in manifest and not _count(manifest["rows"]):
+        raise StorageError(f"'{where}': rows = {manifest['rows']!r} is not a count; {fix}")
+    for i, entry in enumerate(manifest["files"]):
+        if not isinstance(entry, dict):
+            raise StorageError(f"'{where}': files[{i}] is not an object; {fix}")
+        confined(entry.get("path"), f"'{where}' files[{i}]")
+        for key in ("rows", "bytes"):
+            if key in entry and not _count(entry[key]):
+                raise StorageError(f"'{where}': files[{i}].{key} = {entry[key]!r} is not a count; {fix}")
+        sha = entry.get("sha256", "0" * 64)
+        if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            raise StorageError(f"'{where}': files[{i}].sha256 = {sha!r} is not a sha256 digest; {fix}")
 
 
 def write_table(
@@ -253,15 +311,36 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
         with _reachable(loc, "read"):
             parts = []
             for entry in manifest["files"]:
+                path = f"{loc.path}/{entry['path']}"
+                if isinstance(loc.fs, pafs.LocalFileSystem):
+                    path = str(inside(loc.path, entry["path"], f"dataset {loc.uri}"))
                 try:
-                    parts.append(pq.read_table(f"{loc.path}/{entry['path']}", filesystem=loc.fs))
+                    parts.append(pq.read_table(path, filesystem=loc.fs))
                 except pa.ArrowInvalid as err:
                     raise SchemaError(
                         f"dataset {loc.uri}: '{entry['path']}' is not valid Parquet ({err}); fix: regenerate it"
                     ) from err
         table = pa.concat_tables(parts) if parts else schema.empty_table()
+        _check_counts(manifest, table, schema, loc.uri)
         tables.append(validate(table, schema, f"dataset {loc.uri}"))
     return pa.concat_tables(tables)
+
+
+def _check_counts(manifest: dict, table: pa.Table, schema: pa.Schema, uri: str) -> None:
+    """What a dataset's manifest promises against what its files hold: the row count and the schema it was
+    written with. A mismatch means the files were replaced or truncated after publishing."""
+    rows = manifest.get("rows", table.num_rows)
+    if rows != table.num_rows:
+        raise SchemaError(
+            f"dataset {uri}: its files hold {table.num_rows} rows, its manifest says {rows} (changed after "
+            f"publishing); fix: regenerate it"
+        )
+    written = manifest.get("schema_fingerprint", fingerprint(schema))
+    if written != fingerprint(schema):
+        raise SchemaError(
+            f"dataset {uri} was written with schema {written}, this reader expects {fingerprint(schema)} "
+            f"(another sdarflow version?); fix: regenerate it with this version"
+        )
 
 
 def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
@@ -284,20 +363,26 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
         target = Path(loc.path)
         for entry in manifest["files"]:
-            _verify(entry, (target / entry["path"]).read_bytes(), loc.uri)
+            path = inside(target, entry["path"], f"{kind} {loc.uri}")
+            if not path.is_file():
+                raise StorageError(
+                    f"{kind} {loc.uri}: '{entry['path']}' is listed in its manifest but missing; "
+                    f"fix: republish the artifact"
+                )
+            _verify(entry, path.read_bytes(), loc.uri)
         return target
     target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
     for entry in manifest["files"]:
+        out = inside(target, entry["path"], f"{kind} {loc.uri}")
         data = read_bytes(join(uri, entry["path"]))
         _verify(entry, data, loc.uri)
-        out = target / entry["path"]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(data)
     return target
 
 
 def _verify(entry: dict, data: bytes, uri: str) -> None:
-    if "sha256" in entry and _sha256(data) != entry["sha256"]:
+    if entry.get("bytes", len(data)) != len(data) or ("sha256" in entry and _sha256(data) != entry["sha256"]):
         raise StorageError(
             f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
             f"fix: republish the artifact from its source"

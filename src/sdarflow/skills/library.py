@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdarflow.errors import StorageError
+from sdarflow.storage import inside
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,9 @@ class SkillLibrary:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for skill in self.skills.values():
-            (folder / skill.filename).write_text(skill.text)
+            inside(folder, skill.filename, f"skill library '{folder}' skill {skill.name!r}").write_text(
+                skill.text
+            )
         # Not key-sorted: skill_files and task_keywords order is what full and keyword retrieval follow.
         (folder / MAPPING).write_text(json.dumps(self._mapping(), indent=2))
         if self.stats:
@@ -146,16 +149,34 @@ class SkillLibrary:
     def load(cls, folder: str | Path) -> SkillLibrary:
         folder = Path(folder)
         mapping = _read_json(folder / MAPPING, folder, required=True)
+        for key in ("skill_files", "task_to_skill", "task_keywords", "evidence"):
+            if not isinstance(mapping.get(key, {}), dict):
+                raise StorageError(
+                    f"skill library '{folder}': {MAPPING} '{key}' must be a JSON object, not "
+                    f"{type(mapping[key]).__name__}; fix: write it as in the reference layout"
+                )
         files = _skill_files(mapping, folder)
         types: dict[str, list[str]] = {}
         for task_type, names in mapping.get("task_to_skill", {}).items():
             # The reference maps a task type to one skill; a list (several skills per type) is accepted too.
-            for name in [names] if isinstance(names, str) else list(names):
+            names = [names] if isinstance(names, str) else names
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise StorageError(
+                    f"skill library '{folder}': {MAPPING} task_to_skill[{task_type!r}] must name a skill or a "
+                    f'list of skills; fix: e.g. "skill_cut"'
+                )
+            for name in names:
                 types.setdefault(name, []).append(task_type)
+        bad = [t for t, v in mapping.get("task_keywords", {}).items() if not isinstance(v, (str, list))]
+        if bad:
+            raise StorageError(
+                f"skill library '{folder}': {MAPPING} task_keywords[{bad[0]!r}] must be a list of words; "
+                f'fix: e.g. ["slice", "knife"]'
+            )
         task_keywords = {t: _keyword_list(v) for t, v in mapping.get("task_keywords", {}).items()}
         lib = cls(task_keywords=task_keywords, stats=_read_json(folder / STATS, folder, required=False))
         for name, fname in files.items():
-            path = folder / fname
+            path = inside(folder, fname, f"skill library '{folder}': {MAPPING} skill_files[{name!r}]")
             if not path.is_file():
                 raise StorageError(
                     f"skill library '{folder}': {MAPPING} names '{fname}' for skill '{name}' but the file is "
@@ -164,7 +185,16 @@ class SkillLibrary:
             ts = sorted(types.get(name, []))
             keywords = sorted({k for t in ts for k in task_keywords.get(t, [])})
             evidence = mapping.get("evidence", {}).get(name, {})
-            lib.skills[name] = Skill(name, path.read_text(), ts, keywords, evidence, fname)
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                raise StorageError(
+                    f"skill library '{folder}': skill '{name}' ({fname}) is not readable UTF-8 text ({err}); "
+                    f"fix: write skills as Markdown"
+                ) from err
+            lib.skills[name] = Skill(
+                name, text, ts, keywords, evidence if isinstance(evidence, dict) else {}, fname
+            )
         unknown = sorted(set(types) - set(lib.skills))
         if unknown:
             log.warning("skill library %s: task_to_skill names unknown skill(s) %s; ignored", folder, unknown)
