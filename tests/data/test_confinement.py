@@ -104,13 +104,18 @@ def root(request, tmp_path) -> str:
     return str(tmp_path / "store") if request.param == "local" else request.getfixturevalue("s3_root")
 
 
-def test_fetch_never_writes_outside_its_destination(root, tmp_path, secret):
+def _published(root: str, tmp_path: Path) -> tuple[str, dict]:
+    """A published one-file adapter and its manifest."""
     src = tmp_path / "src"
     src.mkdir()
-    (src / "a.bin").write_bytes(b"\x00")
+    (src / "a.bin").write_bytes(b"\x00\x01")
     uri = storage.join(root, "adapter")
     storage.publish_dir(src, uri, kind="adapter")
-    manifest = storage.read_json(storage.join(uri, storage.MANIFEST))
+    return uri, storage.read_json(storage.join(uri, storage.MANIFEST))
+
+
+def test_fetch_never_writes_outside_its_destination(root, tmp_path, secret):
+    uri, manifest = _published(root, tmp_path)
     manifest["files"].append({"path": "../secret.txt"})
     storage.write_json(storage.join(uri, storage.MANIFEST), manifest)
     dest = tmp_path / "fetched"
@@ -120,12 +125,7 @@ def test_fetch_never_writes_outside_its_destination(root, tmp_path, secret):
 
 
 def test_fetch_checks_sizes(root, tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.bin").write_bytes(b"\x00\x01")
-    uri = storage.join(root, "adapter")
-    storage.publish_dir(src, uri, kind="adapter")
-    manifest = storage.read_json(storage.join(uri, storage.MANIFEST))
+    uri, manifest = _published(root, tmp_path)
     del manifest["files"][0]["sha256"]
     manifest["files"][0]["bytes"] = 5
     storage.write_json(storage.join(uri, storage.MANIFEST), manifest)
