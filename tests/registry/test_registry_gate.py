@@ -9,9 +9,9 @@ from sdarflow.registry import GatePolicy, GateRefused, Registry, RegistryError, 
 
 
 def test_check_gate_passk_fell(report):
-    # pass@1 rose by 10 points, but pass@4 fell by 12: the sharpening failure mode.
-    failures = check_gate(report(0.60, 0.50, 0.40), report(0.50, 0.62, 0.40))
-    assert failures == ["test pass@4 0.50 < production 0.62 - tolerance 0.02"]
+    # pass@1 rose by 5 points, but pass@4 fell by 4: the sharpening failure mode.
+    failures = check_gate(report(0.55, 0.58, 0.40), report(0.50, 0.62, 0.40))
+    assert failures == ["test pass@4 0.58 < production 0.62 - tolerance 0.02"]
 
 
 def test_check_gate_ood_fell(report):
@@ -64,7 +64,7 @@ def _register(reg, make_adapter, lineage, rep) -> int:
 @pytest.mark.parametrize(
     ("candidate", "expected"),
     [
-        ((0.60, 0.50, 0.40), "gate refused: test pass@4 0.50 < production v1 0.62 - tolerance 0.02; fix:"),
+        ((0.55, 0.58, 0.40), "gate refused: test pass@4 0.58 < production v1 0.62 - tolerance 0.02; fix:"),
         ((0.60, 0.70, 0.30), "gate refused: ood pass@1 0.30 < production v1 0.40 - tolerance 0.02; fix:"),
     ],
 )
@@ -99,7 +99,7 @@ def test_promote_better_candidate(reg_with_production, make_adapter, lineage, re
 
 def test_force_needs_reason_and_is_audited(reg_with_production, make_adapter, lineage, report):
     reg = reg_with_production
-    v = _register(reg, make_adapter, lineage, report(0.60, 0.50, 0.40))
+    v = _register(reg, make_adapter, lineage, report(0.55, 0.58, 0.40))
     with pytest.raises(ConfigError, match="--force needs --reason"):
         reg.promote("agent", v, force=True)
     with pytest.raises(ConfigError, match="--force needs --reason"):
@@ -150,3 +150,59 @@ def test_rollback_without_history(local_registry, make_adapter, lineage, report)
     reg.register("agent", make_adapter(), report(0.5, 0.6, 0.4), lineage)
     with pytest.raises(RegistryError, match="versions so far: none"):
         reg.rollback("agent", stage="staging")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 5.0, -0.1, True, "0.9", None])
+def test_check_gate_refuses_values_that_are_not_probabilities(report, bad):
+    """NaN compares False with every threshold, so a NaN pass@1 once passed; now any non-probability refuses."""
+    candidate = report(0.6, 0.7, 0.4)
+    candidate["splits"]["test"]["pass_at_k"]["1"] = bad
+    failures = check_gate(candidate, report(0.5, 0.7, 0.4))
+    assert failures and f"test pass@1 = {bad!r} in the candidate eval report is not a number in [0, 1]" in failures
+    assert check_gate(report(0.6, 0.7, 0.4), candidate)  # a broken production report refuses too
+
+
+def _with(rep: dict, path: tuple, value) -> dict:
+    node = rep
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return rep
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("splits", "test", "pass_at_k", "1"), float("nan"), "splits.test.pass_at_k.1: Input should be a finite"),
+        (("splits", "test", "pass_at_k", "1"), 5.0, "less than or equal to 1"),
+        (("splits", "test", "pass_at_k", "4"), 0.1, "must not decrease as k grows"),
+        (("splits", "test", "pass_at_k", "x"), 0.9, "must be k = 1, 2, ... and include 1"),
+        (("splits", "test", "ci95"), {"1": [0.9, 0.1]}, r"ci95\[1\] = \[0.9, 0.1\] is not an interval"),
+        (("splits", "test", "samples_per_task"), 2, "k above samples_per_task"),
+        (("splits", "test", "n_tasks"), 0, "greater than 0"),
+        (("splits",), {"ood": {"pass_at_k": {"1": 0.5}}}, "the test split, which the promotion gate compares"),
+        (("splits",), [], "splits: Input should be a valid dictionary"),
+    ],
+)
+def test_register_refuses_reports_the_gate_cannot_trust(local_registry, make_adapter, lineage, report, path,
+                                                         value, message):  # fmt: skip
+    reg = Registry(local_registry)
+    with pytest.raises(ConfigError, match=message) as err:
+        reg.register("agent", make_adapter(), _with(report(0.5, 0.7, 0.4), path, value), lineage)
+    assert "\n" not in str(err.value) and "fix: " in str(err.value)
+    assert reg.list_versions("agent") == []  # nothing registered, so nothing can become production
+
+
+def test_first_production_needs_a_report_the_gate_can_trust(local_registry, make_adapter, lineage, report,
+                                                            monkeypatch):  # fmt: skip
+    """A version registered before reports were validated (simulated: intake without the check) cannot become the
+    first production, which every later candidate would be compared with."""
+    from sdarflow.registry import intake
+
+    reg = Registry(local_registry)
+    monkeypatch.setattr(intake, "load_report", dict)
+    v = reg.register("agent", make_adapter(), report(5.0, 5.0, 0.4), lineage)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=f"eval report of agent v{v}: splits.test.pass_at_k.1: Input should be"):
+        reg.promote("agent", v)
+    assert reg.aliases("agent") == {}

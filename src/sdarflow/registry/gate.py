@@ -64,11 +64,15 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[dict[str, f
     if not isinstance(entry, Mapping):
         return None, f"{split} split missing from the {who} eval report"
     pass_at_k = entry.get("pass_at_k")
-    if not isinstance(pass_at_k, Mapping) or not isinstance(pass_at_k.get("1"), int | float):
+    if not isinstance(pass_at_k, Mapping) or "1" not in pass_at_k:
         return None, f"{split} pass@1 missing from the {who} eval report"
-    values = {
-        str(k): float(v) for k, v in pass_at_k.items() if isinstance(v, int | float) and str(k).isdigit()
-    }
+    values = {}
+    for k, v in pass_at_k.items():
+        # A value that is not a number in [0, 1] (NaN compares False with everything) is a refusal, never a pass.
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
+        if not ok or not str(k).isdigit():
+            return None, f"{split} pass@{k} = {v!r} in the {who} eval report is not a number in [0, 1]"
+        values[str(k)] = float(v)
     return values, None
 
 

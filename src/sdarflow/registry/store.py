@@ -367,10 +367,16 @@ class Registry:
         reason: str,
     ) -> str:
         """'passed', 'overridden' or 'not-applicable'; raises GateRefused when it fails and is not forced."""
-        if stage != "production" or current is None:
-            return "not-applicable"  # staging is ungated; the first production version has nothing to beat
+        if stage != "production":
+            return "not-applicable"  # staging is ungated
+        candidate = self._read_verified_json(layout, number, EVAL_REPORT)
+        if current is None:
+            # Nothing to beat, but a report no gate could trust (registered by an older sdarflow) must not become
+            # the production every later candidate is compared with.
+            intake.validate_report(candidate, f"of {layout.name} v{number}")
+            return "not-applicable"
         failures = gate.check_gate(
-            self._read_verified_json(layout, number, EVAL_REPORT),
+            candidate,
             self._read_verified_json(layout, current, EVAL_REPORT),
             policy,
             candidate_label=f"candidate v{number}",
