@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,9 +23,19 @@ import yaml
 from sdarflow.errors import ConfigError
 
 
-def opt(default: Any, help: str, io: bool = False, choices: tuple | None = None) -> Any:
-    """A documented config field."""
-    meta = {"help": help, "io": io, "choices": choices}
+def opt(
+    default: Any,
+    help: str,
+    io: bool = False,
+    choices: tuple | None = None,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A documented config field; ``ge``/``gt``/``le`` bound a number (checked on construction, so every stage, the
+    CLI and the KFP ``prepare`` task refuse an out-of-range value in one line)."""
+    meta = {"help": help, "io": io, "choices": choices, "bounds": (ge, gt, le)}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -45,6 +56,13 @@ class StageConfig:
                     f"{self.stage}: {f.name} = {value!r} is not one of {', '.join(map(str, choices))}; "
                     f"fix: pick one of those"
                 )
+            rule = _out_of_bounds(value, *f.metadata.get("bounds", (None, None, None)))
+            if rule:
+                target = rule if rule.startswith("a ") else f"a value {rule}"
+                raise ConfigError(
+                    f"{self.stage}: {f.name} = {value!r} must be {rule} ({f.metadata['help']}); "
+                    f"fix: set {f.name} to {target}"
+                )
         self.validate()
 
     def validate(self) -> None:
@@ -53,7 +71,7 @@ class StageConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> typing.Self:
         names = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(names))
+        unknown = sorted(str(k) for k in data if k not in names)  # a YAML key may be a number
         if unknown:
             raise ConfigError(
                 f"{cls.stage}: unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
@@ -88,6 +106,32 @@ class StageConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _out_of_bounds(value: Any, ge: float | None, gt: float | None, le: float | None) -> str:
+    """The rule ``value`` breaks (e.g. ">= 1", "in (0, 1]"), or "" when it is within its bounds. NaN and infinity
+    break every float field's rule: no setting means "not a number"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite number"
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return ""
+    low = f"[{ge}" if ge is not None else f"({gt}" if gt is not None else ""
+    if le is not None and low:
+        rule = f"in {low}, {le}]"
+    else:
+        rule = (
+            f">= {ge}"
+            if ge is not None
+            else f"> {gt}"
+            if gt is not None
+            else f"<= {le}"
+            if le is not None
+            else ""
+        )
+    broken = (
+        (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le)
+    )
+    return rule if broken else ""
+
+
 def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     """Convert YAML/CLI values to the annotated type, with an error naming the key and the expected type."""
     origin = typing.get_origin(hint)
@@ -103,6 +147,11 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
         return [_coerce(stage, name, v, args[0]) for v in value]
     if origin is Literal:
         return value
+    if hint in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{stage}: {name} = {value!r} is not a valid {hint.__name__}")
+    if hint is int and isinstance(value, float) and not value.is_integer():
+        # int(1.9) would silently become 1; a KFP parameter may carry 8 as 8.0, which is fine
+        raise ConfigError(f"{stage}: {name} = {value!r} is not a whole number; fix: pass an integer")
     try:
         if hint is bool and isinstance(value, str):
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sdarflow.errors import ConfigError
+from sdarflow.stages.evaluate import EvaluateConfig
 from sdarflow.stages.generate import GenerateConfig
 from sdarflow.stages.train import TrainConfig
 
@@ -24,8 +25,39 @@ def test_types_choices_and_cross_field_checks():
         TrainConfig.from_dict({"lam": "high"})
     with pytest.raises(ConfigError, match="method = 'ppo' is not one of grpo, opsd"):
         TrainConfig.from_dict({"method": "ppo"})
-    with pytest.raises(ConfigError, match="group_size \\(1\\) must be >= 2: GRPO normalizes within a group"):
+    with pytest.raises(ConfigError, match=r"group_size = 1 must be >= 2 \(G rollouts .*fix: set group_size to"):
         GenerateConfig.from_dict({"group_size": 1})
+
+
+@pytest.mark.parametrize(
+    ("cls", "values", "message"),
+    [
+        (TrainConfig, {"lr": -1}, r"train: lr = -1.0 must be > 0 .*; fix: set lr to a value > 0$"),
+        (TrainConfig, {"lr": "nan"}, "lr = nan must be a finite number"),
+        (TrainConfig, {"micro_batch_tokens": 0}, "micro_batch_tokens = 0 must be >= 1"),
+        (TrainConfig, {"max_grad_norm": -1}, "max_grad_norm = -1.0 must be >= 0"),
+        (TrainConfig, {"epochs": True}, "epochs = True is not a valid int"),
+        (GenerateConfig, {"batch_size": 0}, "batch_size = 0 must be >= 1"),
+        (GenerateConfig, {"max_turns": -1}, "max_turns = -1 must be >= 0"),
+        (GenerateConfig, {"temperature": -1}, "temperature = -1.0 must be > 0"),
+        (GenerateConfig, {"top_p": 1.5}, r"top_p = 1.5 must be in \(0, 1\]"),
+        (GenerateConfig, {"tasks": 1.9}, "tasks = 1.9 is not a whole number"),
+        (GenerateConfig, {"tasks": "1.9"}, "tasks = '1.9' is not a valid int"),
+        (EvaluateConfig, {"temperature": -1}, "temperature = -1.0 must be >= 0"),
+        (EvaluateConfig, {"samples": 0}, "samples = 0 must be >= 1"),
+        (TrainConfig, {1: 0.1}, r"unknown config key\(s\) 1; valid keys"),
+    ],
+)
+def test_out_of_range_values_are_one_line(cls, values, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        cls.from_dict(values)
+    assert "\n" not in str(err.value)
+
+
+def test_integral_floats_are_integers():
+    """A KFP parameter carries a whole number as a float (8.0): it is the integer, never a truncated one."""
+    assert GenerateConfig.from_dict({"tasks": 8.0}).tasks == 8
+    assert EvaluateConfig.from_dict({"temperature": 0}).temperature == 0.0  # greedy evaluation is allowed
 
 
 def test_yaml_then_overrides(tmp_path):

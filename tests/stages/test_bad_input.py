@@ -150,7 +150,7 @@ def test_bad_config_value(tmp_path, capsys):
     fails(
         capsys,
         ["generate", "--model", "m", "--group-size", "1", "--output", str(tmp_path / "o")],
-        "group_size (1) must be >= 2",
+        "group_size = 1 must be >= 2",
     )
     cfg = tmp_path / "c.yaml"
     cfg.write_text("lamda: 0.1\n")

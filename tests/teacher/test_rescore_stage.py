@@ -187,7 +187,7 @@ def test_prompt_budget_and_reference_flags(capsys):
 
     cfg = RescoreConfig()
     assert cfg.skill_place == "prefix" and cfg.max_prompt_tokens == 2048 and cfg.ref_logprobs
-    with pytest.raises(ConfigError, match=r"max_prompt_tokens \(0\) must be >= 1"):
+    with pytest.raises(ConfigError, match=r"max_prompt_tokens = 0 must be >= 1"):
         RescoreConfig(max_prompt_tokens=0)
     with pytest.raises(SystemExit):
         main(["rescore", "--help"])

@@ -31,28 +31,26 @@ class EvaluateConfig(StageConfig):
     )
     env: str = opt("textworld-cooking", "environment suite name")
     splits: list[str] = opt(["test", "ood"], "splits to evaluate")
-    tasks: int = opt(4, "tasks per split")
-    samples: int = opt(4, "n samples per task (>= the largest k)")
-    max_turns: int = opt(0, "turn limit; 0 = the env's default for the split")
+    tasks: int = opt(4, "tasks per split", ge=1)
+    samples: int = opt(4, "n samples per task (>= the largest k)", ge=1)
+    max_turns: int = opt(0, "turn limit; 0 = the env's default for the split", ge=0)
     registry: str = opt(
         "", "registry whose production adapter is the baseline when --baseline is empty", io=True
     )
     policy_name: str = opt("sdar-policy", "policy name in --registry")
     engine: str = opt("hf", "generation engine (hf, vllm)")
-    max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need")
+    max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need", ge=0)
     # The SDAR reference validates at 0.4, sampled (val_kwargs in examples/grpo_trainer/run_alfworld.sh).
-    temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)")
-    history_turns: int = opt(4, "recent actions kept in the prompt")
-    batch_size: int = opt(64, "prompts per engine call")
-    seed: int = opt(1234, "base seed (differs from generate's so evaluation samples are fresh)")
+    temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)", ge=0)
+    history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
+    batch_size: int = opt(64, "prompts per engine call", ge=1)
+    seed: int = opt(1234, "base seed (differs from generate's so evaluation samples are fresh)", ge=0)
     overwrite: bool = opt(False, "replace an existing report at --output", io=True)
 
     def validate(self) -> None:
         bad = [s for s in self.splits if s not in SPLITS]
         if bad or not self.splits:
             raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
-        if self.samples < 1 or self.tasks < 1:
-            raise ConfigError(f"evaluate: samples ({self.samples}) and tasks ({self.tasks}) must be >= 1")
 
 
 def run(cfg: EvaluateConfig) -> dict:

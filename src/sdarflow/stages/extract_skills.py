@@ -42,16 +42,18 @@ class ExtractSkillsConfig(StageConfig):
     extractor: str = opt(
         "rule", "rule (hindsight action patterns) or llm (a chat model writes skills)", choices=EXTRACTORS
     )
-    min_support: int = opt(2, "successful episodes a task type needs before it gets a skill")
-    min_win_share: float = opt(0.5, "a step is kept if at least this share of successes contain it")
+    min_support: int = opt(2, "successful episodes a task type needs before it gets a skill", ge=1)
+    min_win_share: float = opt(
+        0.5, "a step is kept if at least this share of successes contain it", ge=0, le=1
+    )
     min_lift: float = opt(
-        0.0, "rule skills are kept only if followers' success rate beats non-followers' by more"
+        0.0, "rule skills are kept only if followers' success rate beats non-followers' by more", ge=-1, le=1
     )
     follow_share: float = opt(
-        0.5, "an episode followed a skill if it contains this share of its steps, (0, 1]"
+        0.5, "an episode followed a skill if it contains this share of its steps, (0, 1]", gt=0, le=1
     )
     dedupe_threshold: float = opt(
-        0.8, "a new skill whose steps overlap an existing one this much (Jaccard) is merged"
+        0.8, "a new skill whose steps overlap an existing one this much (Jaccard) is merged", gt=0, le=1
     )
     llm_backend: str = opt(
         "openai", "llm extractor: an OpenAI-compatible endpoint or our engine", choices=LLM_BACKENDS
@@ -59,10 +61,12 @@ class ExtractSkillsConfig(StageConfig):
     llm_base_url: str = opt("", "openai backend: base URL ending in /v1, e.g. http://vllm:8000/v1")
     llm_model: str = opt("", "openai backend: model name the endpoint serves")
     llm_api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the API key")
-    llm_max_tokens: int = opt(256, "llm extractor: tokens per written skill")
-    llm_temperature: float = opt(0.0, "llm extractor: sampling temperature (0 = greedy)")
-    llm_timeout_s: float = opt(60.0, "openai backend: seconds per request")
-    llm_episodes: int = opt(3, "llm extractor: successful and failed episodes shown per task type (each)")
+    llm_max_tokens: int = opt(256, "llm extractor: tokens per written skill", ge=1)
+    llm_temperature: float = opt(0.0, "llm extractor: sampling temperature (0 = greedy)", ge=0)
+    llm_timeout_s: float = opt(60.0, "openai backend: seconds per request", gt=0)
+    llm_episodes: int = opt(
+        3, "llm extractor: successful and failed episodes shown per task type (each)", ge=1
+    )
     model: str = opt("", "engine backend: base model HF folder (the policy)", io=True)
     adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", io=True)
     overwrite: bool = opt(False, "replace an existing library at --output", io=True)
@@ -81,15 +85,6 @@ class ExtractSkillsConfig(StageConfig):
             raise ConfigError(
                 f"extract-skills: llm_base_url {self.llm_base_url!r} must be an http(s) URL; "
                 f"fix: pass e.g. http://vllm:8000/v1"
-            )
-        if not 0 < self.follow_share <= 1 or not 0 < self.dedupe_threshold <= 1:
-            raise ConfigError(
-                f"extract-skills: follow_share ({self.follow_share}) and dedupe_threshold "
-                f"({self.dedupe_threshold}) must be in (0, 1]"
-            )
-        if self.min_support < 1 or self.llm_episodes < 1:
-            raise ConfigError(
-                f"extract-skills: min_support ({self.min_support}) and llm_episodes ({self.llm_episodes}) must be >= 1"
             )
 
 

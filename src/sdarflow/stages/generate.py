@@ -37,66 +37,52 @@ class GenerateConfig(StageConfig):
     output: str = opt("", "output dataset URI", io=True)
     env: str = opt("textworld-cooking", "environment suite name (`sdarflow envs list`)")
     split: str = opt("train", "task split", choices=SPLITS)
-    tasks: int = opt(8, "tasks played: N of the split, from --first-task")
+    tasks: int = opt(8, "tasks played: N of the split, from --first-task", ge=1)
     first_task: int = opt(
-        0, "index of the first task in the split; a pipeline's round r starts at first_task + r x tasks"
+        0, "index of the first task in the split; a pipeline's round r starts at first_task + r x tasks", ge=0
     )
-    group_size: int = opt(4, "G rollouts per task (one GRPO group); >= 2, paper uses 8")
-    max_turns: int = opt(0, "turn limit per episode; 0 = the env's default for the split")
+    group_size: int = opt(4, "G rollouts per task (one GRPO group); >= 2, paper uses 8", ge=2)
+    max_turns: int = opt(0, "turn limit per episode; 0 = the env's default for the split", ge=0)
     max_new_tokens: int = opt(
-        0, "tokens per action; 0 = the env's need (24 for commands, 64 for JSON tool calls)"
+        0, "tokens per action; 0 = the env's need (24 for commands, 64 for JSON tool calls)", ge=0
     )
-    temperature: float = opt(1.0, "sampling temperature; > 0 so a group's samples differ")
-    top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]")
-    history_turns: int = opt(4, "recent actions kept in the prompt")
+    temperature: float = opt(1.0, "sampling temperature; > 0 so a group's samples differ", gt=0)
+    top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]", gt=0, le=1)
+    history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
     engine: str = opt("hf", "generation engine", choices=ENGINES)
-    batch_size: int = opt(64, "prompts per engine call")
-    seed: int = opt(0, "base seed; each sample's seed derives from it, the episode and the turn")
+    batch_size: int = opt(64, "prompts per engine call", ge=1)
+    seed: int = opt(0, "base seed; each sample's seed derives from it, the episode and the turn", ge=0)
     step_timeout_s: float = opt(
         60.0,
         "seconds one env reset/step may take before its episode ends as failed (run continues); 0 = no limit",
+        ge=0,
     )
     env_workers: int = opt(
-        4, "env calls run at once (threads) for suites that declare thread_safe; 1 = serial"
+        4, "env calls run at once (threads) for suites that declare thread_safe; 1 = serial", ge=1
     )
     vllm_memory: float = opt(
         0.0,
         "vllm: gpu_memory_utilization (on CPU: the RAM share for the KV cache); 0 = 0.2 on CPU, 0.85 on GPU",
+        ge=0,
+        le=0.99,
     )
     vllm_dtype: str = opt("auto", "vllm: weight dtype; auto = the model's", choices=VLLM_DTYPES)
     vllm_enforce_eager: bool = opt(
         False, "vllm: skip torch.compile / CUDA graphs (faster start, slower steps)"
     )
-    shard: int = opt(0, "this task's shard index in [0, num_shards)", io=True)
-    num_shards: int = opt(1, "shards the round's tasks are split over (one KFP task each)", io=True)
+    shard: int = opt(0, "this task's shard index in [0, num_shards)", io=True, ge=0)
+    num_shards: int = opt(1, "shards the round's tasks are split over (one KFP task each)", io=True, ge=1)
     run_id: str = opt("local", "pipeline run id (lineage)", io=True)
-    round: int = opt(0, "RL round (lineage)", io=True)
+    round: int = opt(0, "RL round (lineage)", io=True, ge=0)
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
 
     def validate(self) -> None:
-        if self.group_size < 2:
-            raise ConfigError(
-                f"generate: group_size ({self.group_size}) must be >= 2: GRPO normalizes within a group"
-            )
-        if self.tasks < 1 or self.first_task < 0:
-            raise ConfigError(
-                f"generate: tasks ({self.tasks}) must be >= 1 and first_task ({self.first_task}) >= 0"
-            )
-        if not 0 <= self.shard < self.num_shards:
+        if self.shard >= self.num_shards:
             raise ConfigError(f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"generate: top_p ({self.top_p}) must be in (0, 1]")
         if self.tasks < self.num_shards:
             raise ConfigError(
                 f"generate: tasks ({self.tasks}) must be >= num_shards ({self.num_shards}): every shard needs a task"
             )
-        if self.step_timeout_s < 0 or self.env_workers < 1 or self.max_new_tokens < 0:
-            raise ConfigError(
-                f"generate: step_timeout_s ({self.step_timeout_s}) and max_new_tokens ({self.max_new_tokens}) "
-                f"must be >= 0 and env_workers ({self.env_workers}) >= 1"
-            )
-        if not 0 <= self.vllm_memory < 1:
-            raise ConfigError(f"generate: vllm_memory ({self.vllm_memory}) must be in [0, 1); 0 = automatic")
 
 
 def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:

@@ -25,7 +25,7 @@ class RegisterConfig(StageConfig):
     model: str = opt("", "base model the adapter belongs to", io=True)
     data: list[str] = opt([], "data URIs that produced the adapter (trajectories, skills, rescored)", io=True)
     run_id: str = opt("local", "pipeline run id", io=True)
-    round: int = opt(0, "RL round", io=True)
+    round: int = opt(0, "RL round", io=True, ge=0)
     promote_to: str = opt(
         "", "alias the new version ('staging'; production goes through the gate)", choices=("", "staging")
     )

@@ -36,8 +36,8 @@ class RescoreConfig(StageConfig):
     adapter: str = opt("", "the adapter that generated the trajectories (the policy being trained)", io=True)
     output: str = opt("", "output rescored dataset URI", io=True)
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
-    ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0")
-    seed: int = opt(0, "random retrieval: seed of the skill draws")
+    ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0", ge=0)
+    seed: int = opt(0, "random retrieval: seed of the skill draws", ge=0)
     skill_place: str = opt(
         "prefix",
         "where the teacher's skills go: prefix (before the rendered prompt, as the SDAR reference), system or user",
@@ -47,6 +47,7 @@ class RescoreConfig(StageConfig):
         2048,
         "teacher prompt keeps its last N tokens, the reference's data.max_prompt_length (reference scripts: 2048 "
         "for ALFWorld/WebShop, 4096 for search); >= 1",
+        ge=1,
     )
     ref_logprobs: bool = opt(
         True,
@@ -56,14 +57,16 @@ class RescoreConfig(StageConfig):
     batching: str = opt(
         "packed", "packed (rows end to end, block-diagonal attention) or padded", choices=BATCHINGS
     )
-    max_batch_tokens: int = opt(16384, "tokens per forward pass (rows x padded width)")
-    pack_length: int = opt(0, "packed bin size in tokens; 0 = the longest row")
+    max_batch_tokens: int = opt(16384, "tokens per forward pass (rows x padded width)", ge=1)
+    pack_length: int = opt(0, "packed bin size in tokens; 0 = the longest row", ge=0)
     uniform_tol: float = opt(
-        0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate"
+        0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate", ge=0
     )
-    identical_tol: float = opt(1e-6, "guard: teacher == student when no token differs by more than this")
+    identical_tol: float = opt(
+        1e-6, "guard: teacher == student when no token differs by more than this", ge=0
+    )
     max_general_only_share: float = opt(
-        0.5, "guard: largest share of rows allowed only general skills, [0, 1]"
+        0.5, "guard: largest share of rows allowed only general skills, [0, 1]", ge=0, le=1
     )
     allow_degenerate_teacher: bool = opt(
         False, "override: keep going with near-uniform/constant teacher log-probs"
@@ -73,9 +76,9 @@ class RescoreConfig(StageConfig):
     )
     allow_general_only: bool = opt(False, "override: keep going when most rows got only general skills")
     shard: int = opt(
-        0, "this task's shard index in [0, num_shards): rows of every num_shards-th group", io=True
+        0, "this task's shard index in [0, num_shards): rows of every num_shards-th group", io=True, ge=0
     )
-    num_shards: int = opt(1, "shards the rows are split over (one KFP task each)", io=True)
+    num_shards: int = opt(1, "shards the rows are split over (one KFP task each)", io=True, ge=1)
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
 
     def guard_settings(self):
@@ -91,23 +94,7 @@ class RescoreConfig(StageConfig):
         )
 
     def validate(self) -> None:
-        if self.max_batch_tokens < 1 or self.pack_length < 0:
-            raise ConfigError(
-                f"rescore: max_batch_tokens ({self.max_batch_tokens}) must be >= 1 and pack_length "
-                f"({self.pack_length}) >= 0"
-            )
-        if not 0 <= self.max_general_only_share <= 1:
-            raise ConfigError(
-                f"rescore: max_general_only_share ({self.max_general_only_share}) must be in [0, 1]"
-            )
-        if self.max_prompt_tokens < 1:
-            raise ConfigError(
-                f"rescore: max_prompt_tokens ({self.max_prompt_tokens}) must be >= 1; fix: pass the model's "
-                f"prompt budget, e.g. 2048"
-            )
-        if self.ucb_c < 0:
-            raise ConfigError(f"rescore: ucb_c ({self.ucb_c}) must be >= 0")
-        if not 0 <= self.shard < self.num_shards:
+        if self.shard >= self.num_shards:
             raise ConfigError(f"rescore: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
 
 

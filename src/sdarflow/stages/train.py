@@ -63,12 +63,16 @@ class TrainConfig(StageConfig):
         "skill_sd_coef * SDL",
         choices=METHODS,
     )
-    lam: float = opt(0.01, "lambda, weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)")
-    beta: float = opt(5.0, "gate sharpness: g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated")
-    clip_low: float = opt(0.2, "PPO ratio clip below 1")
-    clip_high: float = opt(0.2, "PPO ratio clip above 1")
+    lam: float = opt(
+        0.01, "lambda, weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)", ge=0
+    )
+    beta: float = opt(
+        5.0, "gate sharpness: g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated", ge=0
+    )
+    clip_low: float = opt(0.2, "PPO ratio clip below 1", ge=0, le=1)
+    clip_high: float = opt(0.2, "PPO ratio clip above 1", ge=0)
     clip_ratio_c: float = opt(
-        3.0, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off"
+        3.0, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off", ge=0
     )
     preset: str = opt(
         "auto",
@@ -80,29 +84,37 @@ class TrainConfig(StageConfig):
         None,
         "KL loss to the reference policy (base model; needs rescored ref_logprobs); unset = --preset's: 0.01 "
         "alfworld/webshop, 0.001 search",
+        ge=0,
     )
     kl_kind: str = opt("low_var_kl", "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
-    entropy_coef: float = opt(0.001, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off")
+    entropy_coef: float = opt(
+        0.001, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off", ge=0
+    )
     invalid_action_penalty: float | None = opt(
         None,
         "subtracted from the GRPO score of a turn whose action did not parse; unset = --preset's: 0.1 "
         "alfworld/webshop, 0.01 search",
+        ge=0,
     )
     adv_stats: str = opt(
         "turn",
         "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes",
         choices=("turn", "episode"),
     )
-    rlsd_lam: float = opt(0.5, "RLSD: initial share of the advantage re-weighted by the teacher gap")
-    rlsd_clip_eps: float = opt(0.2, "RLSD: clip of the re-weighting factor")
-    rlsd_warmdown_steps: int = opt(
-        100, "RLSD: the share decays linearly to 0 over this many RL rounds (step = round + 1); 0 = no decay"
+    rlsd_lam: float = opt(
+        0.5, "RLSD: initial share of the advantage re-weighted by the teacher gap", ge=0, le=1
     )
-    skill_sd_coef: float = opt(0.001, "Skill-SD: weight of the self-distillation loss; reference 0.001")
+    rlsd_clip_eps: float = opt(0.2, "RLSD: clip of the re-weighting factor", ge=0)
+    rlsd_warmdown_steps: int = opt(
+        100,
+        "RLSD: the share decays linearly to 0 over this many RL rounds (step = round + 1); 0 = no decay",
+        ge=0,
+    )
+    skill_sd_coef: float = opt(0.001, "Skill-SD: weight of the self-distillation loss; reference 0.001", ge=0)
     agg: str = opt("token-mean", "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
     sft_ratio: float = opt(
-        0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off"
+        0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off", ge=0
     )
     engine: str = opt(
         "torch",
@@ -110,51 +122,44 @@ class TrainConfig(StageConfig):
         choices=("torch", "deepspeed"),
     )
     zero_stage: int = opt(2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)")
-    lr: float = opt(5e-4, "AdamW learning rate (after warmup)")
-    warmup_steps: int = opt(0, "linear learning-rate warmup over this many optimizer steps, then constant")
-    lora_rank: int = opt(8, "LoRA rank; 0 = full fine-tune (every weight trains; publishes a full HF model)")
-    lora_alpha: int = opt(16, "LoRA alpha")
+    lr: float = opt(5e-4, "AdamW learning rate (after warmup)", gt=0)
+    warmup_steps: int = opt(
+        0, "linear learning-rate warmup over this many optimizer steps, then constant", ge=0
+    )
+    lora_rank: int = opt(
+        8, "LoRA rank; 0 = full fine-tune (every weight trains; publishes a full HF model)", ge=0
+    )
+    lora_alpha: int = opt(16, "LoRA alpha", ge=1)
     lora_targets: list[str] = opt(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "modules that get LoRA"
     )
-    epochs: int = opt(1, "passes over the round's rows")
-    mini_batches: int = opt(4, "optimizer steps per epoch")
-    max_steps: int = opt(0, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches")
-    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)")
-    max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off")
-    max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails")
-    seed: int = opt(0, "seed for init and shuffling")
+    epochs: int = opt(1, "passes over the round's rows", ge=1)
+    mini_batches: int = opt(4, "optimizer steps per epoch", ge=1)
+    max_steps: int = opt(0, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches", ge=0)
+    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)", ge=1)
+    max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off", ge=0)
+    max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
+    seed: int = opt(0, "seed for init and shuffling", ge=0)
     deterministic: bool = opt(False, "deterministic kernels and 1 CPU thread: bit-exact kill/resume on CPU")
     checkpoint_dir: str = opt(
         "", "local folder for checkpoints; a rerun with the same folder resumes; empty = off", io=True
     )
-    save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)")
-    keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir")
+    save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
+    keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir", ge=1)
     overwrite: bool = opt(False, "replace an existing adapter at --output", io=True)
 
     def validate(self) -> None:
-        if self.lam < 0 or self.beta < 0:
-            raise ConfigError(f"train: lam ({self.lam}) and beta ({self.beta}) must be >= 0")
         if 0 < self.clip_ratio_c <= 1:
             raise ConfigError(
                 f"train: clip_ratio_c ({self.clip_ratio_c}) must be > 1 (it bounds -A * ratio for A < 0), "
                 f"or 0 to turn the dual clip off"
             )
-        for name in ("kl_coef", "invalid_action_penalty", "entropy_coef", "skill_sd_coef"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ConfigError(f"train: {name} ({value}) must be >= 0")
         if self.lam > 0.1:
             log.warning(
                 "train: lam %.3g > 0.1: distillation tends to dominate GRPO and degrade results", self.lam
             )
-        if self.mini_batches < 1 or self.epochs < 1:
-            raise ConfigError("train: epochs and mini_batches must be >= 1")
         if self.zero_stage not in ZERO_STAGES:
             raise ConfigError(f"train: zero_stage = {self.zero_stage} is not one of 2, 3; fix: pick 2 or 3")
-        for name in ("sft_ratio", "warmup_steps", "max_steps", "save_every", "lora_rank"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train: {name} ({getattr(self, name)}) must be >= 0")
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
             raise ConfigError(
                 f"train: checkpoint_dir '{self.checkpoint_dir}' must be a local folder (a volume), not a URI; "
