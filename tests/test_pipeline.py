@@ -298,7 +298,9 @@ def test_every_preset_is_a_valid_pipeline(tmp_path, name):
     from sdarflow.pipeline_config import load, prepare, stage_config
 
     assert set(PRESET_NAMES) == set(PRESETS)
-    pc = load(prepare(make_config(tmp_path, run_id="r1", **PRESETS[name]["pipeline"])))  # validates every stage
+    pc = load(
+        prepare(make_config(tmp_path, run_id="r1", **PRESETS[name]["pipeline"]))
+    )  # validates every stage
     if name != "smoke":
         # RL rounds start on the games after the base model's SFT games: none of them was seen in SFT
         assert stage_config(pc, "generate", 0, adapter="").first_task == PRESETS[name]["model"].tasks

@@ -13,7 +13,7 @@ from pathlib import Path
 from sdarflow import storage
 from sdarflow.errors import SdarflowError
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
-from sdarflow.train.warmstart import BaseModelSpec, build_base_model
+from sdarflow.train.warmstart import SEED_SKILLS, BaseModelSpec, build_base_model
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def run_demo(
     )
     storage_root = storage_root or str(out / "store")
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    seed_skills = base / "seed_skills"
+    seed_skills = base / SEED_SKILLS
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 
     settings = {

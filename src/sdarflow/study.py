@@ -79,6 +79,7 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
     """The training pipeline's config for one cell: the preset's sizes, this method and seed, our storage."""
     from sdarflow.demo import PRESETS
     from sdarflow.pipeline_config import PipelineConfig
+    from sdarflow.train.warmstart import SEED_SKILLS
 
     sizes = dict(PRESETS[s.preset]["pipeline"])
     settings = {**sizes.pop("stage_settings", {})}
@@ -90,7 +91,7 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
             "storage": storage_root,
             "base_model": base,
             "run_id": "study",
-            "seed_skills": str(Path(base) / "seed_skills"),
+            "seed_skills": str(Path(base) / SEED_SKILLS),
             "env": s.env,
             "method": method,
             "seed": seed,

@@ -25,7 +25,9 @@ def test_types_choices_and_cross_field_checks():
         TrainConfig.from_dict({"lam": "high"})
     with pytest.raises(ConfigError, match="method = 'ppo' is not one of grpo, opsd"):
         TrainConfig.from_dict({"method": "ppo"})
-    with pytest.raises(ConfigError, match=r"group_size = 1 must be >= 2 \(G rollouts .*fix: set group_size to"):
+    with pytest.raises(
+        ConfigError, match=r"group_size = 1 must be >= 2 \(G rollouts .*fix: set group_size to"
+    ):
         GenerateConfig.from_dict({"group_size": 1})
 
 

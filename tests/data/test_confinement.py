@@ -74,7 +74,10 @@ def test_symlink_out_of_a_dataset_is_refused(tmp_path):
         ([], "is not a manifest"),
         ({"kind": "trajectories"}, "is not a manifest"),
         ({"kind": "trajectories", "files": ["part-00000.parquet"]}, r"files\[0\] is not an object"),
-        ({"kind": "trajectories", "files": [{"path": "p", "rows": -1}]}, r"files\[0\].rows = -1 is not a count"),
+        (
+            {"kind": "trajectories", "files": [{"path": "p", "rows": -1}]},
+            r"files\[0\].rows = -1 is not a count",
+        ),
         ({"kind": "trajectories", "files": [{"path": "p", "bytes": "9"}]}, r"files\[0\].bytes = '9'"),
         ({"kind": "trajectories", "files": [{"path": "p", "sha256": "xyz"}]}, "is not a sha256 digest"),
         ({"kind": "trajectories", "files": [], "rows": 1.5}, "rows = 1.5 is not a count"),

@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from sdarflow import storage
 from sdarflow.registry import GateRefused
 from sdarflow.registry.commands import add_parser
 
@@ -26,10 +27,12 @@ def files(tmp_path, make_adapter, report, lineage):
         path.write_text(json.dumps(rep))
         return str(path)
 
+    published = str(tmp_path / "published-adapter")  # as the train stage publishes it
+    storage.publish_dir(make_adapter(), published, kind="adapter")
     lineage_path = tmp_path / "lineage.json"
     lineage_path.write_text(json.dumps(lineage))
     return {
-        "adapter": str(make_adapter()),
+        "adapter": published,
         "base": write("base.json", report(0.50, 0.62, 0.40)),
         "worse_passk": write("worse.json", report(0.55, 0.58, 0.40)),
         "better": write("better.json", report(0.58, 0.66, 0.41)),

@@ -158,7 +158,10 @@ def test_check_gate_refuses_values_that_are_not_probabilities(report, bad):
     candidate = report(0.6, 0.7, 0.4)
     candidate["splits"]["test"]["pass_at_k"]["1"] = bad
     failures = check_gate(candidate, report(0.5, 0.7, 0.4))
-    assert failures and f"test pass@1 = {bad!r} in the candidate eval report is not a number in [0, 1]" in failures
+    assert (
+        failures
+        and f"test pass@1 = {bad!r} in the candidate eval report is not a number in [0, 1]" in failures
+    )
     assert check_gate(report(0.6, 0.7, 0.4), candidate)  # a broken production report refuses too
 
 
@@ -173,14 +176,22 @@ def _with(rep: dict, path: tuple, value) -> dict:
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        (("splits", "test", "pass_at_k", "1"), float("nan"), "splits.test.pass_at_k.1: Input should be a finite"),
+        (
+            ("splits", "test", "pass_at_k", "1"),
+            float("nan"),
+            "splits.test.pass_at_k.1: Input should be a finite",
+        ),
         (("splits", "test", "pass_at_k", "1"), 5.0, "less than or equal to 1"),
         (("splits", "test", "pass_at_k", "4"), 0.1, "must not decrease as k grows"),
         (("splits", "test", "pass_at_k", "x"), 0.9, "must be k = 1, 2, ... and include 1"),
         (("splits", "test", "ci95"), {"1": [0.9, 0.1]}, r"ci95\[1\] = \[0.9, 0.1\] is not an interval"),
         (("splits", "test", "samples_per_task"), 2, "k above samples_per_task"),
         (("splits", "test", "n_tasks"), 0, "greater than 0"),
-        (("splits",), {"ood": {"pass_at_k": {"1": 0.5}}}, "the test split, which the promotion gate compares"),
+        (
+            ("splits",),
+            {"ood": {"pass_at_k": {"1": 0.5}}},
+            "the test split, which the promotion gate compares",
+        ),
         (("splits",), [], "splits: Input should be a valid dictionary"),
     ],
 )
@@ -203,6 +214,8 @@ def test_first_production_needs_a_report_the_gate_can_trust(local_registry, make
     monkeypatch.setattr(intake, "load_report", dict)
     v = reg.register("agent", make_adapter(), report(5.0, 5.0, 0.4), lineage)
     monkeypatch.undo()
-    with pytest.raises(ConfigError, match=f"eval report of agent v{v}: splits.test.pass_at_k.1: Input should be"):
+    with pytest.raises(
+        ConfigError, match=f"eval report of agent v{v}: splits.test.pass_at_k.1: Input should be"
+    ):
         reg.promote("agent", v)
     assert reg.aliases("agent") == {}

@@ -91,8 +91,9 @@ def test_adapter_for_another_base_model(engine, tiny_model, lora_adapter, tmp_pa
     shutil.copytree(lora_adapter, adapter)
     (adapter / BASE_FILE).write_text(json.dumps({"fingerprint": "0123456789abcdef"}))
     argv = generate(
-        tiny_model, tmp_path / "o", "--env", "tool-use", "--engine", engine, "--adapter", str(adapter)
-    )
+        tiny_model, tmp_path / "o", "--env", "tool-use", "--engine", engine, "--adapter", str(adapter),
+        "--allow-unpublished",
+    )  # fmt: skip
     fails(capsys, argv, "was trained on a different base model", "fix: pass the matching --model")
     assert not (tmp_path / "o").exists()
 

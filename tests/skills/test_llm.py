@@ -102,7 +102,17 @@ def test_garbage_reply_is_rejected_and_the_previous_skill_kept(
 ):
     server = chat(reply="1. ))) ### ;;\n2. \u2588\u2588\u2588\nok")
     out = str(tmp_path / "lib")
-    flags = ["--extractor", "llm", "--llm-base-url", server.url, "--llm-model", "m", "--previous", REFERENCE]
+    flags = [
+        "--extractor",
+        "llm",
+        "--llm-base-url",
+        server.url,
+        "--llm-model",
+        "m",
+        "--previous",
+        REFERENCE,
+        "--allow-unpublished",
+    ]  # a hand-written library
     with caplog.at_level(logging.WARNING, logger="sdarflow.skills.llm"):
         code, result = extract(capsys, episodes_dataset, out, *flags)
     assert code == 0, result

@@ -141,7 +141,16 @@ def test_corrupt_adapter(tmp_path, capsys, tiny_model):
     (adapter / "adapter_config.json").write_text("{not json")
     fails(
         capsys,
-        ["generate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(tmp_path / "o")],
+        [
+            "generate",
+            "--model",
+            str(tiny_model),
+            "--adapter",
+            str(adapter),
+            "--output",
+            str(tmp_path / "o"),
+            "--allow-unpublished",
+        ],
         "adapter_config.json",
     )
 
@@ -187,3 +196,48 @@ def test_written_dataset_refuses_unknown_kind(tmp_path):
         inputs=[],
     )
     assert storage.read_manifest(uri, "trajectories")["rows"] == 2
+
+
+def test_half_written_outputs_are_never_read(tmp_path, capsys, tiny_model):
+    """A train run killed before its manifest leaves a folder without one: evaluate, generate and registry register
+    refuse it (no model loaded, nothing written); a library without a manifest is refused as --previous too."""
+    adapter = tmp_path / "killed-train"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x00" * 8)  # the write was cut short
+    expected = ("is a folder without _manifest.json", "fix: pass a published adapter", "--allow-unpublished")
+    out = tmp_path / "o"
+    fails(
+        capsys,
+        ["evaluate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(out)],
+        *expected,
+    )
+    fails(
+        capsys,
+        ["generate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(out)],
+        *expected,
+    )
+    registry = tmp_path / "registry"
+    report = tmp_path / "eval.json"
+    report.write_text(json.dumps({"splits": {"test": {"pass_at_k": {"1": 0.5}}}}))
+    argv = ["registry", "register", "--registry", str(registry), "--name", "agent", "--adapter", str(adapter),
+            "--eval", str(report)]  # fmt: skip
+    fails(capsys, argv, *expected)
+    assert not out.exists() and not registry.exists()
+    library = tmp_path / "hand-made-skills"
+    library.mkdir()
+    (library / "skill_mapping.json").write_text(json.dumps({"skill_files": {}}))
+    fails(
+        capsys,
+        [
+            "extract-skills",
+            "--input",
+            fake_dataset(tmp_path / "t", pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA)),
+            "--previous",
+            str(library),
+            "--output",
+            str(out),
+        ],  # fmt: skip
+        "skills",
+        "is a folder without _manifest.json",
+    )

@@ -129,11 +129,19 @@ def lora_adapter(tiny_model, tmp_path_factory) -> str:
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
-    out = tmp_path_factory.mktemp("adapter")
-    model.save_pretrained(str(out))
+    staged = tmp_path_factory.mktemp("adapter-staged")
+    model.save_pretrained(str(staged))
+    out = tmp_path_factory.mktemp("adapter") / "published"
+    storage.publish_dir(staged, str(out), kind="adapter")  # as the train stage publishes its adapters
     return str(out)
 
 
 @pytest.fixture
-def reference_library() -> str:
-    return str(Path(__file__).parents[1] / "skills" / "data" / "reference_library")
+def reference_library(tmp_path) -> str:
+    """The reference-layout library, published as a stage's output is (a hand-made folder needs
+    --allow-unpublished)."""
+    out = str(tmp_path / "reference_library")
+    storage.publish_dir(
+        Path(__file__).parents[1] / "skills" / "data" / "reference_library", out, kind="skills"
+    )
+    return out

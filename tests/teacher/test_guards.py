@@ -75,7 +75,7 @@ def test_identical_teacher_fails_the_stage(dataset, rescore, tmp_path):
     empty = tmp_path / "empty_lib"
     empty.mkdir()
     (empty / "skill_mapping.json").write_text(json.dumps({"skill_files": {}}))
-    code, err = rescore(dataset(), str(empty), str(tmp_path / "out"))
+    code, err = rescore(dataset(), str(empty), str(tmp_path / "out"), "--allow-unpublished")
     assert code == 2 and err.startswith("error: teacher log-probs equal the student's on all")
     assert "teacher prompts are identical to the student prompt" in err
     assert not (tmp_path / "out").exists()
@@ -101,11 +101,13 @@ def test_general_only_retrieval_fails_the_stage_and_can_be_overridden(
     dataset, rescore, grill_library, tmp_path
 ):
     traj = dataset()
-    code, err = rescore(traj, grill_library, str(tmp_path / "out"))
+    code, err = rescore(traj, grill_library, str(tmp_path / "out"), "--allow-unpublished")
     assert code == 2 and "100% of rows (15/15) got only general skills" in err
     assert "task types without a skill: ['cook', 'cut']" in err and "--allow-general-only" in err
     assert not (tmp_path / "out").exists()
-    code, result = rescore(traj, grill_library, str(tmp_path / "out"), "--allow-general-only")
+    code, result = rescore(
+        traj, grill_library, str(tmp_path / "out"), "--allow-general-only", "--allow-unpublished"
+    )
     assert code == 0 and result["metrics"]["rescore/guards_overridden"] == 1.0
     manifest = storage.read_manifest(str(tmp_path / "out"), "rescored")
     assert manifest["guards_overridden"] == ["GeneralOnlyRetrievalError"]

@@ -12,6 +12,7 @@ import argparse
 import json
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,14 @@ def _registry(args: argparse.Namespace) -> Any:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    version = _registry(args).register(
-        args.name, args.adapter, args.eval, _lineage(args.lineage), actor=args.actor
-    )
+    from sdarflow.stages.common import local_artifact
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # a published adapter is registered from a verified copy of its files (its manifest is the registry's)
+        adapter = local_artifact(args.adapter, "adapter", args.allow_unpublished, dest=tmp)
+        version = _registry(args).register(
+            args.name, adapter, args.eval, _lineage(args.lineage), actor=args.actor
+        )
     sys.stdout.write(f"{version}\n")
     return 0
 
@@ -165,7 +171,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     p = sub.add_parser("register", help="publish an adapter as a new immutable version; prints the version")
     _common(p)
-    p.add_argument("--adapter", required=True, help="PEFT adapter folder (adapter_config.json, weights)")
+    p.add_argument(
+        "--adapter", required=True, help="published adapter (a train stage's output: URI or folder)"
+    )
+    p.add_argument(
+        "--allow-unpublished",
+        action="store_true",
+        help="accept a PEFT folder without _manifest.json (made by hand; an interrupted train output has none)",
+    )
     p.add_argument("--eval", required=True, help="eval_report.json (path or URI) from `sdarflow evaluate`")
     p.add_argument("--lineage", help="lineage as inline JSON or a path/URI to a JSON file")
     p.add_argument("--actor", help="who registers (default: $SDARFLOW_ACTOR or user@host)")

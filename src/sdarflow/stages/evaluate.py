@@ -13,7 +13,7 @@ from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
-from sdarflow.stages.common import local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class EvaluateConfig(StageConfig):
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
     batch_size: int = opt(64, "prompts per engine call", ge=1)
     seed: int = opt(1234, "base seed (differs from generate's so evaluation samples are fresh)", ge=0)
+    allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing report at --output", io=True)
 
     def validate(self) -> None:
@@ -61,7 +62,10 @@ def run(cfg: EvaluateConfig) -> dict:
     require("evaluate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)
     engine = load_engine(
-        cfg.engine, cfg.model, local_artifact(cfg.adapter, "adapter"), batch_size=cfg.batch_size
+        cfg.engine,
+        cfg.model,
+        local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished),
+        batch_size=cfg.batch_size,
     )
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,

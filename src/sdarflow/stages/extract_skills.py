@@ -20,7 +20,7 @@ from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills import bandit
 from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge, reevaluate
 from sdarflow.skills.library import GENERAL, SkillLibrary
-from sdarflow.stages.common import local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class ExtractSkillsConfig(StageConfig):
     )
     model: str = opt("", "engine backend: base model HF folder (the policy)", io=True)
     adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", io=True)
+    allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing library at --output", io=True)
 
     def validate(self) -> None:
@@ -96,7 +97,7 @@ def _backend(cfg: ExtractSkillsConfig):
     from sdarflow.models import load_policy
 
     require("extract-skills (llm_backend engine)", model=cfg.model)
-    return EngineChat(load_policy(cfg.model, local_artifact(cfg.adapter, "adapter")))
+    return EngineChat(load_policy(cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)))
 
 
 def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> dict:
@@ -125,7 +126,7 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success"]
     cols.append("prompt_messages")  # the goal, so skills can spell out each recipe direction
     episodes = episodes_from_rows(table.select(cols).to_pylist())
-    previous_dir = local_artifact(cfg.previous, "skills")
+    previous_dir = local_artifact(cfg.previous, "skills", cfg.allow_unpublished)
     previous = SkillLibrary.load(previous_dir) if previous_dir else None
     stats = _updated_stats(cfg, previous)
     if previous is not None:

@@ -19,7 +19,7 @@ from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import ENGINES
 from sdarflow.schema import TRAJECTORY_SCHEMA
-from sdarflow.stages.common import local_artifact, policy_version, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, policy_version, require
 
 if TYPE_CHECKING:
     from sdarflow.rollout.loop import RolloutResult
@@ -74,6 +74,7 @@ class GenerateConfig(StageConfig):
     num_shards: int = opt(1, "shards the round's tasks are split over (one KFP task each)", io=True, ge=1)
     run_id: str = opt("local", "pipeline run id (lineage)", io=True)
     round: int = opt(0, "RL round (lineage)", io=True, ge=0)
+    allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
 
     def validate(self) -> None:
@@ -103,7 +104,7 @@ def run(cfg: GenerateConfig) -> dict:
         max_num_seqs=cfg.batch_size,
         enforce_eager=cfg.vllm_enforce_eager,
     )
-    adapter = local_artifact(cfg.adapter, "adapter")
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
     engine = load_engine(cfg.engine, cfg.model, adapter, batch_size=cfg.batch_size, vllm_options=vllm_options)
     max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
     if engine.max_context and engine.max_context <= max_new_tokens:

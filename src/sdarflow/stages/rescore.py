@@ -21,7 +21,7 @@ from sdarflow.errors import ConfigError, StorageError
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
-from sdarflow.stages.common import local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
 from sdarflow.teacher.rescore import BATCHINGS
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class RescoreConfig(StageConfig):
         0, "this task's shard index in [0, num_shards): rows of every num_shards-th group", io=True, ge=0
     )
     num_shards: int = opt(1, "shards the rows are split over (one KFP task each)", io=True, ge=1)
+    allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
 
     def guard_settings(self):
@@ -211,8 +212,8 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.num_shards,
     )
     _check_output(cfg)
-    lib = SkillLibrary.load(local_artifact(cfg.skills, "skills"))
-    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"))
+    lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
+    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished))
     rows = table.select(
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
     ).to_pylist()

@@ -30,7 +30,7 @@ from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
-from sdarflow.stages.common import local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
 from sdarflow.train import presets
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ class TrainConfig(StageConfig):
     )
     save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
     keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir", ge=1)
+    allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing adapter at --output", io=True)
 
     def validate(self) -> None:
@@ -212,7 +213,9 @@ def build_model(cfg: TrainConfig):
     from sdarflow.models import load_policy
     from sdarflow.models.policy import new_lora
 
-    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter"), trainable=True)
+    policy = load_policy(
+        cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished), trainable=True
+    )
     model = policy.model
     if not cfg.adapter and cfg.lora_rank > 0:
         model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)

@@ -16,12 +16,14 @@ import json
 import logging
 import random
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from sdarflow import storage
 from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.tiny import TinyShape, build_model, save, train_tokenizer
@@ -40,6 +42,7 @@ from sdarflow.train.sft import SFTPair, sft
 log = logging.getLogger(__name__)
 
 BUILD_FILE = "sdarflow_build.json"
+SEED_SKILLS = "seed_skills"  # the seed skill library inside the base model folder, published
 # Part of the settings hash: bump when the SFT data of an unchanged spec changes (prompt, observation or skill format).
 RECIPE_VERSION = 2
 
@@ -107,7 +110,12 @@ def expert_steps(env_name: str, n_tasks: int) -> tuple[list[ExpertStep], list[Ep
 
 def is_built(out_dir: Path, spec: BaseModelSpec) -> bool:
     info = out_dir / BUILD_FILE
-    return info.is_file() and json.loads(info.read_text()).get("spec_hash") == spec.hash()
+    return (
+        info.is_file()
+        and json.loads(info.read_text()).get("spec_hash") == spec.hash()
+        # builds from before stage inputs had to be published are rebuilt (the weights come out the same)
+        and storage.is_published(str(out_dir / SEED_SKILLS))
+    )
 
 
 def _sft_prompt(
@@ -177,7 +185,10 @@ def build_base_model(
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save(model, tokenizer, tmp)
-    seed_lib.save(tmp / "seed_skills")
+    with tempfile.TemporaryDirectory() as lib_dir:
+        # published like any stage's library, so extract-skills --previous accepts it
+        seed_lib.save(lib_dir)
+        storage.publish_dir(lib_dir, str(tmp / SEED_SKILLS), kind="skills", version=seed_lib.version)
     info = {
         "spec": asdict(spec),
         "spec_hash": spec.hash(),
