@@ -147,3 +147,21 @@ def test_failed_publish_leaves_no_version_and_number_is_not_reused(
     monkeypatch.undo()
     assert reg.list_versions("agent") == []
     assert reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage) == 2
+
+
+def test_corrupt_or_mismatched_adapter_weights_are_refused(local_registry, make_adapter, report, lineage):
+    """A truncated safetensors file, or weights of a higher rank than adapter_config.json declares (vLLM sizes its
+    LoRA slots by the config), are refused before anything is registered."""
+    reg = Registry(local_registry)
+    corrupt = make_adapter()
+    weights = corrupt / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-16])
+    with pytest.raises(ModelError, match="is not a valid safetensors file .*; fix: save it again") as err:
+        reg.register("agent", corrupt, report(0.5, 0.7, 0.4), lineage)
+    assert "\n" not in str(err.value)
+    mismatched = make_adapter(rank=16)
+    config = json.loads((mismatched / "adapter_config.json").read_text())
+    (mismatched / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
+    with pytest.raises(ModelError, match=r"shape \[16, 16\], beyond the LoRA rank 8"):
+        reg.register("agent", mismatched, report(0.5, 0.7, 0.4), lineage)
+    assert reg.list_versions("agent") == []

@@ -115,3 +115,26 @@ def test_prompt_longer_than_the_context(tiny_model, tmp_path, capsys) -> None:
     )
     fails(capsys, [*argv, "--max-new-tokens", "200"], "max_new_tokens (200) leaves no room", "(96)")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_adapter_is_tied_to_the_base_weights_not_only_the_config(
+    tiny_model, lora_adapter, tmp_path, capsys
+):
+    """A base model with the same config.json but other weights (another training run) has another fingerprint,
+    so an adapter trained on one is refused on the other; a copy of the same model (another path) is accepted."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sdarflow.models.policy import base_fingerprint
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model, copy)
+    assert base_fingerprint(str(copy)) == base_fingerprint(str(tiny_model))
+    weights = load_file(str(copy / "model.safetensors"))
+    save_file({k: v + 0.01 * torch.ones_like(v) for k, v in weights.items()}, str(copy / "model.safetensors"))
+    assert (copy / "config.json").read_bytes() == (tiny_model / "config.json").read_bytes()
+    assert base_fingerprint(str(copy)) != base_fingerprint(str(tiny_model))
+    argv = generate(
+        copy, tmp_path / "o", "--env", "tool-use", "--adapter", str(lora_adapter), "--allow-unpublished"
+    )
+    fails(capsys, argv, "was trained on a different base model", "fix: pass the matching --model")

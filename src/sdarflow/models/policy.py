@@ -78,7 +78,13 @@ def check_adapter(adapter: str, base_path: str) -> dict:
             f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
         ) from err
     base_file = Path(adapter) / BASE_FILE
-    recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
+    try:
+        recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ModelError(
+            f"adapter '{adapter}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
+            f"adapter with the train stage"
+        ) from err
     if recorded and recorded != base_fingerprint(base_path):
         raise ModelError(
             f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
@@ -100,11 +106,44 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
         ) from err
 
 
+_SAMPLES, _WINDOW = 16, 4096  # weight bytes sampled per file for the fingerprint
+
+
 def base_fingerprint(path: str) -> str:
-    """Identity of a base model for adapter compatibility: its config.json content, not its (mount) path."""
+    """Identity of a base model for adapter compatibility, not its (mount) path: config.json, every weight file's
+    name and size, each safetensors header (tensor names, dtypes, shapes) and 16 evenly spaced 4 KiB windows of
+    its weights. Two models with the same config but other weights differ; reading it costs ~64 KiB per file."""
     import hashlib
 
-    return hashlib.sha256((_check_model_dir(path) / "config.json").read_bytes()).hexdigest()[:16]
+    folder = _check_model_dir(path)
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        size = weights.stat().st_size
+        digest.update(f"{weights.name}:{size}".encode())
+        with weights.open("rb") as f:
+            start = 0
+            if weights.suffix == ".safetensors" and size >= 8:
+                header = int.from_bytes(f.read(8), "little")
+                digest.update(f.read(min(header, size - 8)))
+                start = min(size, 8 + header)
+            for i in range(_SAMPLES):
+                f.seek(start + max(0, size - start - _WINDOW) * i // (_SAMPLES - 1))
+                digest.update(f.read(_WINDOW))
+    return digest.hexdigest()[:16]
+
+
+def safetensors_shapes(path: Path, what: str) -> dict[str, list[int]]:
+    """Tensor name -> shape, read from a safetensors header (no weights loaded); ModelError when it is corrupt."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise ModelError(
+            f"{what} '{path}' is not a valid safetensors file ({first}); fix: save it again"
+        ) from err
 
 
 def new_lora(model, rank: int, alpha: int, targets: list[str], dropout: float = 0.0):

@@ -121,7 +121,24 @@ def check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:
         raise ModelError(f"'{config_path}' is not valid JSON ({err.msg}); fix: re-save the adapter") from err
     if not isinstance(config, dict):
         raise ModelError(f"'{config_path}' is not a JSON object; fix: re-save the adapter")
+    _check_lora_tensors(adapter_dir, config)
     return config
+
+
+def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
+    """Every ``adapter_model.safetensors`` header parses, and its LoRA tensors have the rank the config declares
+    (vLLM sizes its LoRA slots by it): a corrupt or mismatched adapter is refused before it can be promoted."""
+    from sdarflow.models.policy import safetensors_shapes
+
+    declared = lora_rank(config)
+    for weights in adapter_dir.glob("adapter_model*.safetensors"):
+        for name, shape in safetensors_shapes(weights, "adapter weights").items():
+            rank = shape[0] if ".lora_A" in name else shape[-1] if ".lora_B" in name else None
+            if rank is not None and declared is not None and (len(shape) != 2 or rank > declared):
+                raise ModelError(
+                    f"adapter '{adapter_dir}': tensor {name} has shape {shape}, beyond the LoRA rank {declared} "
+                    f"of its adapter_config.json; fix: re-save the adapter (config and weights together)"
+                )
 
 
 def stage_version(
