@@ -116,6 +116,31 @@ def test_another_runs_checkpoint_is_refused(tmp_path):
     assert Checkpoints(tmp_path / "empty", "x").restore(FakeEngine()) is None
 
 
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+    """Every file's sha256 is in state.json: a corrupted or missing file, or a listed path outside the checkpoint,
+    makes restore use the previous complete checkpoint with one warning; when all are damaged it stops."""
+    import json
+
+    ckpt, engine = Checkpoints(tmp_path, "fp", keep=3), FakeEngine()
+    for step in (2, 4, 6):
+        ckpt.save(engine, TrainState(step=step), {})
+    (tmp_path / "step-00000006" / "engine" / "w").write_text("flipped bits")
+    state = tmp_path / "step-00000004" / "state.json"
+    body = json.loads(state.read_text())
+    state.write_text(json.dumps({**body, "files": {**body["files"], "../step-00000002/engine/w": "0" * 64}}))
+    with caplog.at_level("WARNING"):
+        assert ckpt.restore(engine).step == 2
+    assert engine.loaded == tmp_path / "step-00000002" / "engine"
+    assert "step-00000006 is damaged (engine/w does not match its sha256)" in caplog.text
+    assert (
+        "step-00000004 is damaged (../step-00000002/engine/w" in caplog.text
+        and "leaves its folder" in caplog.text
+    )
+    (tmp_path / "step-00000002" / "rng-rank0.pt").unlink()
+    with pytest.raises(CheckpointError, match="every checkpoint in .* is damaged.*fix: delete the folder"):
+        ckpt.restore(engine)
+
+
 def test_rng_states_round_trip():
     import numpy as np
 

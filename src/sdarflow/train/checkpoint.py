@@ -5,10 +5,13 @@ Layout: ``<dir>/step-00000006/`` holding ``engine/`` (weights + optimizer, writt
 cursor, LR schedule, metrics history, run fingerprint), written last. A checkpoint is written into
 ``step-XXXXXXXX.tmp`` and renamed when complete, so a kill at any moment leaves either the previous checkpoints or
 the new one, never a half-written folder that looks complete; leftover ``.tmp`` folders are removed on restore.
+``state.json`` records every file's sha256; restore skips a checkpoint whose files do not match (disk or copy
+damage) and resumes from the one before, with one warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sdarflow.errors import SdarflowError
+from sdarflow.errors import SdarflowError, StorageError
+from sdarflow.storage import inside
 from sdarflow.train.schedule import TrainState
 
 if TYPE_CHECKING:
@@ -108,7 +112,15 @@ class Checkpoints:
         torch.save(capture_rng(), tmp / f"rng-rank{engine.rank}.pt")
         engine.barrier()
         if engine.rank == 0:
-            body = {"fingerprint": self.fingerprint, "engine": engine.name, **meta, "state": state.to_dict()}
+            body = {
+                "fingerprint": self.fingerprint,
+                "engine": engine.name,
+                **meta,
+                "state": state.to_dict(),
+                "files": _sums(
+                    tmp
+                ),  # verified on restore: a corrupted file falls back to the checkpoint before
+            }
             with (tmp / STATE_FILE).open("w") as f:
                 json.dump(body, f, sort_keys=True)
                 f.flush()
@@ -129,15 +141,10 @@ class Checkpoints:
                 log.info("checkpoint: removing incomplete %s", stale)
                 shutil.rmtree(stale, ignore_errors=True)
         engine.barrier()
-        path = self.latest()
-        if path is None:
+        found = self._newest_intact()
+        if found is None:
             return None
-        try:
-            body = json.loads((path / STATE_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise CheckpointError(
-                f"checkpoint '{path}' is unreadable ({err}); fix: delete it to resume from the one before"
-            ) from err
+        path, body = found
         if body.get("fingerprint") != self.fingerprint:
             raise CheckpointError(
                 f"checkpoint '{path}' was written by a run with other settings or inputs "
@@ -158,3 +165,54 @@ class Checkpoints:
         state = TrainState.from_dict(body["state"])
         log.info("resuming from %s at step %d", path, state.step)
         return state
+
+    def _newest_intact(self) -> tuple[Path, dict] | None:
+        """The newest checkpoint whose files match the sha256 sums in its state.json, with that state; a damaged
+        one is skipped with one line (the one before it is complete). CheckpointError when every one is damaged."""
+        done = self.complete()
+        for _, path in reversed(done):
+            try:
+                body = json.loads((path / STATE_FILE).read_text())
+                problem = "" if isinstance(body, dict) else "state.json is not an object"
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+                body, problem = {}, f"state.json is unreadable ({err})"
+            if not problem and "files" in body:  # checkpoints from before sums were recorded are trusted
+                problem = next((f"{rel} {why}" for rel, why in _mismatches(path, body["files"])), "")
+            if not problem:
+                return path, body
+            log.warning("checkpoint %s is damaged (%s); trying the one before", path, problem)
+        if done:
+            raise CheckpointError(
+                f"every checkpoint in '{self.root}' is damaged (see the warnings above); fix: delete the folder to "
+                f"train from the start"
+            )
+        return None
+
+
+def _sums(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _mismatches(folder: Path, sums: object):
+    """(file, what is wrong) for every recorded file that is missing or changed."""
+    if not isinstance(sums, dict):
+        yield STATE_FILE, "has no file list"
+        return
+    for rel, expected in sums.items():
+        try:
+            path = inside(folder, rel, f"checkpoint {folder}")
+        except StorageError as err:
+            yield rel, str(err)
+            continue
+        if not path.is_file():
+            yield rel, "is missing"
+        elif _sha256(path) != expected:
+            yield rel, "does not match its sha256"
