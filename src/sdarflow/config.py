@@ -137,7 +137,9 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if value is None:
-        return None
+        if origin in (types.UnionType, typing.Union) and type(None) in args:
+            return None
+        raise ConfigError(f"{stage}: {name} is empty (null); fix: give it a value or leave the key out")
     if origin in (types.UnionType, typing.Union):
         inner = [a for a in args if a is not type(None)]
         return _coerce(stage, name, value, inner[0])
