@@ -25,6 +25,7 @@ from sdarflow.stages.train import TrainConfig
 
 SETTINGS = settings(
     derandomize=True,
+    database=None,
     max_examples=120,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
