@@ -140,6 +140,15 @@ def test_refused_request_names_the_key_variable(chat, episodes_dataset, tmp_path
     assert not (tmp_path / "lib").exists()
 
 
+@pytest.mark.parametrize("content", [{"text": "1. take knife"}, ["1. take knife"], 7])
+def test_reply_content_that_is_not_text_is_one_line(chat, episodes_dataset, tmp_path, capsys, content):
+    server = chat(reply=content)
+    flags = ["--extractor", "llm", "--llm-base-url", server.url, "--llm-model", "m"]
+    code, err = extract(capsys, episodes_dataset, str(tmp_path / "lib"), *flags)
+    assert code == 2 and f"answered a {type(content).__name__} as message content, not text" in err
+    assert not (tmp_path / "lib").exists()
+
+
 def test_unreachable_endpoint_and_missing_settings(episodes_dataset, tmp_path, capsys):
     flags = ["--extractor", "llm", "--llm-base-url", "http://127.0.0.1:9/v1", "--llm-model", "m"]
     code, err = extract(capsys, episodes_dataset, str(tmp_path / "lib"), *flags)

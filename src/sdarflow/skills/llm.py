@@ -126,6 +126,11 @@ class OpenAIChat:
                 f"LLM endpoint {self.url} answered without choices[0].message.content ({raw[:120]!r}); "
                 f"fix: point --llm-base-url at an OpenAI-compatible /v1 API"
             ) from err
+        if content is not None and not isinstance(content, str):
+            raise SkillExtractionError(
+                f"LLM endpoint {self.url} answered a {type(content).__name__} as message content, not text; "
+                f"fix: point --llm-base-url at an OpenAI-compatible /v1 chat API"
+            )
         return content or ""
 
 
