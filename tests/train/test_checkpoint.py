@@ -141,6 +141,28 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
         ckpt.restore(engine)
 
 
+def test_a_full_disk_is_one_line_and_keeps_the_checkpoints_before(tmp_path):
+    """The write limit (RLIMIT_FSIZE) makes every write past 1 KiB fail, as a full disk does."""
+    import resource
+    import signal
+
+    ckpt, engine = Checkpoints(tmp_path, "fp"), FakeEngine()
+    ckpt.save(engine, TrainState(step=2), {})
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+    try:
+        with pytest.raises(CheckpointError) as err:
+            ckpt.save(engine, TrainState(step=4), {})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    assert "cannot write checkpoint" in str(err.value) and "step-00000004" in str(err.value)
+    assert "fix: free space" in str(err.value) and "\n" not in str(err.value)
+    assert [step for step, _ in ckpt.complete()] == [2] and not (tmp_path / "step-00000004.tmp").exists()
+    assert ckpt.restore(engine).step == 2
+
+
 def test_rng_states_round_trip():
     import numpy as np
 

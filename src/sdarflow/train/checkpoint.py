@@ -101,9 +101,21 @@ class Checkpoints:
         return done[-1][1] if done else None
 
     def save(self, engine: Engine, state: TrainState, meta: dict) -> Path:
-        """Write the checkpoint of ``state.step`` (collective: every rank calls it)."""
+        """Write the checkpoint of ``state.step`` (collective: every rank calls it). A failed write (a full disk)
+        removes the partial folder and raises CheckpointError: the checkpoints before it stay as they were."""
         final = self.root / f"step-{state.step:08d}"
         tmp = final.with_name(final.name + ".tmp")
+        try:
+            return self._save(engine, state, meta, final, tmp)
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+            raise CheckpointError(
+                f"cannot write checkpoint {final}: {reason}; fix: free space in {self.root} or pass "
+                f"a --checkpoint-dir on a larger volume (the run resumes from the last complete checkpoint)"
+            ) from err
+
+    def _save(self, engine: Engine, state: TrainState, meta: dict, final: Path, tmp: Path) -> Path:
         if engine.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -117,9 +129,8 @@ class Checkpoints:
                 "engine": engine.name,
                 **meta,
                 "state": state.to_dict(),
-                "files": _sums(
-                    tmp
-                ),  # verified on restore: a corrupted file falls back to the checkpoint before
+                # verified on restore: a corrupted file falls back to the checkpoint before
+                "files": _sums(tmp),
             }
             with (tmp / STATE_FILE).open("w") as f:
                 json.dump(body, f, sort_keys=True)
