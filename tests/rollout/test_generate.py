@@ -138,3 +138,19 @@ def test_an_adapter_is_tied_to_the_base_weights_not_only_the_config(
         copy, tmp_path / "o", "--env", "tool-use", "--adapter", str(lora_adapter), "--allow-unpublished"
     )
     fails(capsys, argv, "was trained on a different base model", "fix: pass the matching --model")
+
+
+def test_a_retried_request_is_not_redone(tiny_model, tmp_path, capsys, caplog):
+    """A KFP retry (same request, --overwrite as the pipeline passes it) after the pod died past publishing returns
+    the recorded result without generating again; another request to the same output is refused before any work."""
+    out = tmp_path / "o"
+    argv = generate(tiny_model, out, "--env", "tool-use", "--tasks", "2", "--max-turns", "2")
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    stamp = (out / storage.MANIFEST).stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sdarflow"):
+        assert main([*argv, "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out) == first and "nothing to do" in caplog.text
+    assert (out / storage.MANIFEST).stat().st_mtime_ns == stamp and "episodes |" not in caplog.text
+    fails(capsys, [*argv, "--seed", "7"], "already published by another generate request", "--overwrite")

@@ -54,9 +54,14 @@ def test_overwrite_keeps_the_reports_and_refuses_without_the_flag(
     dataset, rescore, reference_library, tmp_path
 ):
     traj, out = dataset(), str(tmp_path / "out")
-    assert rescore(traj, reference_library, out)[0] == 0
-    code, err = rescore(traj, reference_library, out)
-    assert code == 2 and "already published" in err and "--overwrite" in err
+    code, first = rescore(traj, reference_library, out)
+    assert code == 0
+    manifest = Path(out) / "_manifest.json"
+    stamp = manifest.stat().st_mtime_ns
+    # the same request again (a retried task): its recorded result, nothing redone or rewritten
+    assert rescore(traj, reference_library, out) == (0, first) and manifest.stat().st_mtime_ns == stamp
+    code, err = rescore(traj, reference_library, out, "--retrieval", "full")
+    assert code == 2 and "already published by another rescore request" in err and "--overwrite" in err
     assert rescore(traj, reference_library, out, "--overwrite", "--retrieval", "full")[0] == 0
     assert (Path(out) / "report.html").is_file() and (Path(out) / "report.md").is_file()
     assert read(out)[0]["skill_ids"] == ["general", "cutting", "cooking"]

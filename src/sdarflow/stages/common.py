@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sdarflow import storage
-from sdarflow.config import opt
-from sdarflow.errors import ConfigError, ModelError
+from sdarflow.config import StageConfig, opt
+from sdarflow.errors import ConfigError, ModelError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,49 @@ def local_artifact(
     raise ModelError(
         f"{kind} '{uri}' not found (no folder and no published {kind} there); fix: check the URI"
     )
+
+
+def request_hash(cfg: StageConfig) -> str:
+    """Identity of one stage request: every setting and every input/output URI (``overwrite`` aside)."""
+    request = {k: v for k, v in cfg.to_dict().items() if k != "overwrite"}
+    blob = json.dumps({"stage": cfg.stage, **request}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], dict]]:
+    """Make a stage's ``run`` idempotent. When its output already holds what this very request published (a KFP
+    retry of a task whose pod died after publishing, or a rerun of the same command), the recorded result is
+    returned and nothing is redone. Another request's output there is refused before any work, unless
+    ``overwrite``. After a run, the manifest records the request and its result (rank 0 only)."""
+
+    def wrap(run: Callable[[Any], dict]) -> Callable[[Any], dict]:
+        @functools.wraps(run)
+        def wrapper(cfg: Any) -> dict:
+            key = request_hash(cfg)
+            if cfg.output and storage.is_published(cfg.output):
+                manifest = storage.read_manifest(cfg.output, kind)
+                if manifest.get("request_hash") == key and "result" in manifest:
+                    log.info(
+                        "%s: %s already holds this request's output; nothing to do", cfg.stage, cfg.output
+                    )
+                    return manifest["result"]
+                if not cfg.overwrite:
+                    raise StorageError(
+                        f"'{cfg.output}' is already published by another {cfg.stage} request; fix: choose a new "
+                        f"output URI or pass --overwrite"
+                    )
+            result = run(cfg)
+            if int(os.environ.get("RANK", "0")) == 0 and storage.is_published(cfg.output):
+                manifest = storage.read_manifest(cfg.output, kind)
+                storage.write_json(
+                    storage.join(cfg.output, storage.MANIFEST),
+                    {**manifest, "request_hash": key, "result": result},
+                )
+            return result
+
+        return wrapper
+
+    return wrap
 
 
 def policy_version(adapter_uri: str | None) -> str:

@@ -13,7 +13,7 @@ from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class EvaluateConfig(StageConfig):
             raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
 
 
+@once("eval-report")
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report, plots, render_html, render_markdown
     from sdarflow.rollout.engine import action_tokens, load_engine

@@ -20,7 +20,7 @@ from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills import bandit
 from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge, reevaluate
 from sdarflow.skills.library import GENERAL, SkillLibrary
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> d
     return bandit.update(previous, rows)
 
 
+@once("skills")
 def run(cfg: ExtractSkillsConfig) -> dict:
     require("extract-skills", input=cfg.input, output=cfg.output)
     table = storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA)

@@ -19,7 +19,7 @@ from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import ENGINES
 from sdarflow.schema import TRAJECTORY_SCHEMA
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, policy_version, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
 
 if TYPE_CHECKING:
     from sdarflow.rollout.loop import RolloutResult
@@ -91,6 +91,7 @@ def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
     return tasks[shard::num_shards]
 
 
+@once("trajectories")
 def run(cfg: GenerateConfig) -> dict:
     from sdarflow.rollout.engine import action_tokens, load_engine
     from sdarflow.rollout.loop import SamplingParams, run_rollout

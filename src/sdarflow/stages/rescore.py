@@ -21,7 +21,7 @@ from sdarflow.errors import ConfigError, StorageError
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher.rescore import BATCHINGS
 
 log = logging.getLogger(__name__)
@@ -145,15 +145,6 @@ def _reference_info(cfg: RescoreConfig) -> str:
     )
 
 
-def _check_output(cfg: RescoreConfig) -> None:
-    """Fail before the expensive part rather than when publishing."""
-    if storage.is_published(cfg.output) and not cfg.overwrite:
-        raise StorageError(
-            f"'{storage.resolve(cfg.output).uri}' is already published; fix: choose a new output URI or pass "
-            f"--overwrite"
-        )
-
-
 def _publish(cfg: RescoreConfig, table: pa.Table, reports: dict[str, str], **meta) -> None:
     """Reports first, then the Parquet parts and the manifest (written last, it makes the folder a dataset).
 
@@ -198,6 +189,7 @@ def _reference_logprobs(
         return score(ref_model, prompts, responses, pad, cfg.max_batch_tokens, "rescore reference", **kw)
 
 
+@once("rescored")
 def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
@@ -211,7 +203,6 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.shard,
         cfg.num_shards,
     )
-    _check_output(cfg)
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
     policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished))
     rows = table.select(

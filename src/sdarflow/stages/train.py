@@ -30,7 +30,7 @@ from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.train import presets
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,7 @@ def build_model(cfg: TrainConfig):
     return policy, model
 
 
+@once(None)  # adapter, or model when fully fine-tuned
 def run(cfg: TrainConfig) -> dict:
     from sdarflow.train.launch import relaunch, should_relaunch
 
