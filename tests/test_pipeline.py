@@ -183,12 +183,16 @@ def test_generate_shards_get_their_own_output(tmp_path):
 
 
 def test_each_round_plays_the_next_tasks(tmp_path):
+    from sdarflow.errors import ConfigError
     from sdarflow.pipeline_config import stage_config
 
     pc = make_config(tmp_path, run_id="r1", tasks=4)
     assert [stage_config(pc, "generate", r, adapter="").first_task for r in range(3)] == [0, 4, 8]
     pc = make_config(tmp_path, run_id="r1", tasks=4, stage_settings={"generate": {"first_task": 100}})
     assert stage_config(pc, "generate", 2, adapter="").first_task == 108
+    pc = make_config(tmp_path, run_id="r1", tasks=4, stage_settings={"generate": {"first_task": None}})
+    with pytest.raises(ConfigError, match=r"first_task \(None\) and tasks \(4\) must be whole numbers"):
+        stage_config(pc, "generate", 1, adapter="")
 
 
 def test_pipeline_config_checks(tmp_path):

@@ -160,7 +160,7 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
                 raise ValueError(value)
             return value.lower() in ("true", "1", "yes")
         return hint(value)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise ConfigError(f"{stage}: {name} = {value!r} is not a valid {hint.__name__}") from err
 
 

@@ -148,7 +148,13 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
         values["num_shards"] = pc.shards
         # Each round plays the next tasks of the split, as an RL trainer steps through its prompt dataset: the
         # policy must learn what carries over between tasks, not the answers to the same few.
-        values["first_task"] = values.get("first_task", 0) + round_ * values["tasks"]
+        try:
+            values["first_task"] = int(values.get("first_task", 0)) + round_ * int(values["tasks"])
+        except (TypeError, ValueError) as err:
+            raise ConfigError(
+                f"generate: first_task ({values.get('first_task')!r}) and tasks ({values['tasks']!r}) must be whole "
+                f"numbers; fix: e.g. first_task 0, tasks 8"
+            ) from err
     if "output" in names and stage != "register":
         parts = ["runs", pc.run_id, f"round={round_}", stage]
         if stage == "generate" and pc.shards > 1:

@@ -101,9 +101,16 @@ def confined(rel: object, what: str) -> str:
 def inside(root: str | Path, rel: object, what: str) -> Path:
     """``root / rel`` on local disk once ``rel`` is ``confined`` and does not resolve out of ``root`` through a
     symlink."""
-    base = Path(root).resolve()
-    target = base / confined(rel, what)
-    if not target.resolve().is_relative_to(base):
+    rel = confined(rel, what)
+    try:
+        base = Path(root).resolve()
+        escapes = not (base / rel).resolve().is_relative_to(base)
+    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop
+        raise StorageError(
+            f"{what}: {rel!r} cannot be resolved ({err}); fix: replace the links with files"
+        ) from err
+    target = base / rel
+    if escapes:
         raise StorageError(
             f"{what}: {rel!r} resolves outside {base} through a symlink; fix: replace the link with the file"
         )
@@ -172,6 +179,8 @@ def read_json(uri: str) -> dict:
         raise StorageError(
             f"'{uri}' is not valid JSON ({err.msg} at line {err.lineno}); fix: regenerate it"
         ) from err
+    except UnicodeDecodeError as err:
+        raise StorageError(f"'{uri}' is not UTF-8 text ({err.reason}); fix: regenerate it") from err
 
 
 def write_json(uri: str, obj: dict) -> None:
@@ -376,8 +385,9 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
         out = inside(target, entry["path"], f"{kind} {loc.uri}")
         data = read_bytes(join(uri, entry["path"]))
         _verify(entry, data, loc.uri)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
+        with _reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
     return target
 
 

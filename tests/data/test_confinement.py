@@ -184,3 +184,23 @@ def test_binary_skill_file_is_one_line(tmp_path):
     (lib / "skill_cut.md").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(StorageError, match="is not readable UTF-8 text"):
         SkillLibrary.load(lib)
+
+
+def test_symlink_loops_and_non_utf8_manifests_are_one_line(tmp_path):
+    write(str(tmp_path / "d"))
+    part = tmp_path / "d" / "part-00000.parquet"
+    part.unlink()
+    (tmp_path / "d" / "loop").symlink_to(tmp_path / "d" / "part-00000.parquet")
+    part.symlink_to(tmp_path / "d" / "loop")
+    with pytest.raises(StorageError, match="cannot be resolved"):
+        storage.read_table(str(tmp_path / "d"), kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    write(str(tmp_path / "e"))
+    (tmp_path / "e" / storage.MANIFEST).write_bytes(b'{"kind": "\xff"}')
+    with pytest.raises(StorageError, match="is not UTF-8 text"):
+        storage.read_table(str(tmp_path / "e"), kind="trajectories", schema=TRAJECTORY_SCHEMA)
+
+
+def test_nested_skill_files_round_trip(tmp_path):
+    lib = SkillLibrary(skills={"cut": Skill("cut", "1. take knife\n", file="sub/cut.md")})
+    lib.save(tmp_path / "lib")
+    assert SkillLibrary.load(tmp_path / "lib").skills["cut"].text == "1. take knife\n"

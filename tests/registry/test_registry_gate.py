@@ -219,3 +219,16 @@ def test_first_production_needs_a_report_the_gate_can_trust(local_registry, make
     ):
         reg.promote("agent", v)
     assert reg.aliases("agent") == {}
+
+
+def test_a_forced_promotion_still_needs_a_report_the_gate_can_read(reg_with_production, make_adapter, lineage,
+                                                                   report):  # fmt: skip
+    """Forcing skips the comparison, not the report check: a production without an ood split would refuse every
+    later candidate."""
+    reg = reg_with_production
+    v = _register(reg, make_adapter, lineage, report(0.9, 0.9, None))
+    with pytest.raises(
+        ConfigError, match=f"eval report of agent v{v} has no ood split.*--splits test --splits ood"
+    ):
+        reg.promote("agent", v, force=True, reason="hotfix")
+    assert reg.aliases("agent") == {"production": 1}

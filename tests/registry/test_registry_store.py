@@ -162,6 +162,6 @@ def test_corrupt_or_mismatched_adapter_weights_are_refused(local_registry, make_
     mismatched = make_adapter(rank=16)
     config = json.loads((mismatched / "adapter_config.json").read_text())
     (mismatched / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
-    with pytest.raises(ModelError, match=r"shape \[16, 16\], beyond the LoRA rank 8"):
+    with pytest.raises(ModelError, match=r"shape \[16, 16\], not within the LoRA rank 8"):
         reg.register("agent", mismatched, report(0.5, 0.7, 0.4), lineage)
     assert reg.list_versions("agent") == []

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 # Slack for float comparisons: 0.60 must pass "0.62 - 0.02", which is 0.6000000000000001 in floating point.
 _EPS = 1e-9
 
+SPLITS = ("test", "ood")  # what the gate compares
+
 FORCE_HINT = "fix: improve or re-evaluate the candidate, or override with --force --reason TEXT"
 
 

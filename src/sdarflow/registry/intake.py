@@ -68,9 +68,10 @@ class _EvalReport(BaseModel):
         return self
 
 
-def validate_report(report: Any, source: str) -> dict[str, Any]:
-    """``report`` when it is an eval report the gate can trust: a ``test`` split, every pass@k a finite number in
-    [0, 1] that does not decrease with k, intervals that are intervals. ConfigError (one line) otherwise."""
+def validate_report(report: Any, source: str, require: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``report`` when it is an eval report the gate can trust: a ``test`` split (and every split in ``require``),
+    every pass@k a finite number in [0, 1] that does not decrease with k, intervals that are intervals.
+    ConfigError (one line) otherwise."""
     try:
         _EvalReport.model_validate(report)
     except ValidationError as err:
@@ -81,6 +82,12 @@ def validate_report(report: Any, source: str) -> dict[str, Any]:
             f"eval report {source}: {where}: {msg}; "
             f"fix: pass the eval_report.json written by `sdarflow evaluate`"
         ) from None
+    missing = [s for s in require if s not in report["splits"]]
+    if missing:
+        raise ConfigError(
+            f"eval report {source} has no {', '.join(missing)} split, which the promotion gate compares; "
+            f"fix: evaluate with --splits {' --splits '.join(require)}"
+        )
     return dict(report)
 
 
@@ -133,10 +140,13 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
     declared = lora_rank(config)
     for weights in adapter_dir.glob("adapter_model*.safetensors"):
         for name, shape in safetensors_shapes(weights, "adapter weights").items():
-            rank = shape[0] if ".lora_A" in name else shape[-1] if ".lora_B" in name else None
-            if rank is not None and declared is not None and (len(shape) != 2 or rank > declared):
+            if ".lora_A" not in name and ".lora_B" not in name:
+                continue
+            # lora_A is (rank, in, ...), lora_B is (out, rank, ...) (conv LoRA adds kernel dimensions)
+            rank = shape[0 if ".lora_A" in name else 1] if len(shape) >= 2 else None
+            if rank is None or (declared is not None and rank > declared):
                 raise ModelError(
-                    f"adapter '{adapter_dir}': tensor {name} has shape {shape}, beyond the LoRA rank {declared} "
+                    f"adapter '{adapter_dir}': tensor {name} has shape {shape}, not within the LoRA rank {declared} "
                     f"of its adapter_config.json; fix: re-save the adapter (config and weights together)"
                 )
 

@@ -370,10 +370,11 @@ class Registry:
         if stage != "production":
             return "not-applicable"  # staging is ungated
         candidate = self._read_verified_json(layout, number, EVAL_REPORT)
+        if current is None or force:
+            # Unchecked by the gate (nothing to beat, or overridden), yet every later candidate is compared with it:
+            # its report must be one the gate can read (registered by an older sdarflow, or with one split only).
+            intake.validate_report(candidate, f"of {layout.name} v{number}", require=gate.SPLITS)
         if current is None:
-            # Nothing to beat, but a report no gate could trust (registered by an older sdarflow) must not become
-            # the production every later candidate is compared with.
-            intake.validate_report(candidate, f"of {layout.name} v{number}")
             return "not-applicable"
         failures = gate.check_gate(
             candidate,

@@ -136,9 +136,9 @@ class SkillLibrary:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for skill in self.skills.values():
-            inside(folder, skill.filename, f"skill library '{folder}' skill {skill.name!r}").write_text(
-                skill.text
-            )
+            path = inside(folder, skill.filename, f"skill library '{folder}' skill {skill.name!r}")
+            path.parent.mkdir(parents=True, exist_ok=True)  # skill_files may name sub/x.md
+            path.write_text(skill.text)
         # Not key-sorted: skill_files and task_keywords order is what full and keyword retrieval follow.
         (folder / MAPPING).write_text(json.dumps(self._mapping(), indent=2))
         if self.stats:
@@ -206,7 +206,7 @@ def _read_json(path: Path, folder: Path, required: bool) -> dict:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise StorageError(
             f"skill library '{folder}' has no readable {path.name} ({err}); fix: pass a library folder "
             f"(skill_mapping.json + Markdown files)"

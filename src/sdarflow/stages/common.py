@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sdarflow import storage
+from sdarflow import __version__, storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError, ModelError, StorageError
 
@@ -60,9 +61,21 @@ def local_artifact(
 
 
 def request_hash(cfg: StageConfig) -> str:
-    """Identity of one stage request: every setting and every input/output URI (``overwrite`` aside)."""
+    """Identity of one stage request: every setting and URI (``overwrite`` aside), the sdarflow version, and the
+    manifest of every published input, so an input republished at the same URI makes it a new request."""
     request = {k: v for k, v in cfg.to_dict().items() if k != "overwrite"}
-    blob = json.dumps({"stage": cfg.stage, **request}, sort_keys=True, default=str)
+    inputs = {}
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("io") and f.name != "output":
+            values = getattr(cfg, f.name)
+            for uri in values if isinstance(values, list) else [values]:
+                if isinstance(uri, str) and uri and storage.is_published(uri):
+                    inputs[uri] = hashlib.sha256(
+                        storage.read_bytes(storage.join(uri, storage.MANIFEST))
+                    ).hexdigest()
+    blob = json.dumps(
+        {"stage": cfg.stage, "version": __version__, "inputs": inputs, **request}, sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -77,7 +90,12 @@ def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], 
         def wrapper(cfg: Any) -> dict:
             key = request_hash(cfg)
             if cfg.output and storage.is_published(cfg.output):
-                manifest = storage.read_manifest(cfg.output, kind)
+                try:
+                    manifest = storage.read_manifest(cfg.output, kind)
+                except StorageError:
+                    if not cfg.overwrite:
+                        raise
+                    manifest = {}  # a broken artifact there is replaced
                 if manifest.get("request_hash") == key and "result" in manifest:
                     log.info(
                         "%s: %s already holds this request's output; nothing to do", cfg.stage, cfg.output
