@@ -154,3 +154,23 @@ def test_a_retried_request_is_not_redone(tiny_model, tmp_path, capsys, caplog):
     assert json.loads(capsys.readouterr().out) == first and "nothing to do" in caplog.text
     assert (out / storage.MANIFEST).stat().st_mtime_ns == stamp and "episodes |" not in caplog.text
     fails(capsys, [*argv, "--seed", "7"], "already published by another generate request", "--overwrite")
+
+
+def test_an_adapter_from_before_weight_fingerprints_still_loads(
+    tiny_model, lora_adapter, tmp_path, capsys, caplog
+):
+    """Adapters written when the fingerprint covered config.json only (a registry's production version) keep
+    working on their base, with a warning."""
+    import hashlib
+
+    from sdarflow.models.policy import BASE_FILE
+
+    adapter = tmp_path / "old-adapter"
+    shutil.copytree(lora_adapter, adapter)
+    legacy = hashlib.sha256((tiny_model / "config.json").read_bytes()).hexdigest()[:16]
+    (adapter / BASE_FILE).write_text(json.dumps({"fingerprint": legacy}))
+    argv = generate(tiny_model, tmp_path / "o", "--env", "tool-use", "--tasks", "1", "--max-turns", "1",
+                    "--adapter", str(adapter), "--allow-unpublished")  # fmt: skip
+    with caplog.at_level("WARNING"):
+        assert main(argv) == 0
+    assert "records only its base model's config" in caplog.text

@@ -85,7 +85,13 @@ def check_adapter(adapter: str, base_path: str) -> dict:
             f"adapter '{adapter}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
             f"adapter with the train stage"
         ) from err
-    if recorded and recorded != base_fingerprint(base_path):
+    if recorded and recorded == _config_fingerprint(base_path):
+        log.warning(
+            "adapter %s records only its base model's config (written before fingerprints covered the weights); "
+            "retrain it to pin the base weights too",
+            adapter,
+        )
+    elif recorded and recorded != base_fingerprint(base_path):
         raise ModelError(
             f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
             f"(fingerprint {recorded} != {base_fingerprint(base_path)}); fix: pass the matching --model"
@@ -130,6 +136,13 @@ def base_fingerprint(path: str) -> str:
                 f.seek(start + max(0, size - start - _WINDOW) * i // (_SAMPLES - 1))
                 digest.update(f.read(_WINDOW))
     return digest.hexdigest()[:16]
+
+
+def _config_fingerprint(path: str) -> str:
+    """The fingerprint adapters recorded before it covered the weights (config.json only); still accepted."""
+    import hashlib
+
+    return hashlib.sha256((_check_model_dir(path) / "config.json").read_bytes()).hexdigest()[:16]
 
 
 def safetensors_shapes(path: Path, what: str) -> dict[str, list[int]]:
