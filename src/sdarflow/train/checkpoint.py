@@ -152,7 +152,7 @@ class Checkpoints:
                 log.info("checkpoint: removing incomplete %s", stale)
                 shutil.rmtree(stale, ignore_errors=True)
         engine.barrier()
-        found = self._newest_intact()
+        found = self._newest_intact(set_aside=engine.rank == 0)
         if found is None:
             return None
         path, body = found
@@ -177,9 +177,10 @@ class Checkpoints:
         log.info("resuming from %s at step %d", path, state.step)
         return state
 
-    def _newest_intact(self) -> tuple[Path, dict] | None:
+    def _newest_intact(self, set_aside: bool) -> tuple[Path, dict] | None:
         """The newest checkpoint whose files match the sha256 sums in its state.json, with that state; a damaged
-        one is skipped with one line (the one before it is complete). CheckpointError when every one is damaged."""
+        one is skipped with one line and (``set_aside``, rank 0) renamed ``step-N.damaged``, so it is kept for a
+        look but no longer counts among the checkpoints pruning keeps. CheckpointError when every one is damaged."""
         done = self.complete()
         for _, path in reversed(done):
             try:
@@ -192,6 +193,9 @@ class Checkpoints:
             if not problem:
                 return path, body
             log.warning("checkpoint %s is damaged (%s); trying the one before", path, problem)
+            if set_aside:
+                shutil.rmtree(path.with_name(path.name + ".damaged"), ignore_errors=True)
+                path.rename(path.with_name(path.name + ".damaged"))
         if done:
             raise CheckpointError(
                 f"every checkpoint in '{self.root}' is damaged (see the warnings above); fix: delete the folder to "
