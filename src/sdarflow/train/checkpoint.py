@@ -6,7 +6,7 @@ cursor, LR schedule, metrics history, run fingerprint), written last. A checkpoi
 ``step-XXXXXXXX.tmp`` and renamed when complete, so a kill at any moment leaves either the previous checkpoints or
 the new one, never a half-written folder that looks complete; leftover ``.tmp`` folders are removed on restore.
 ``state.json`` records every file's sha256; restore skips a checkpoint whose files do not match (disk or copy
-damage) and resumes from the one before, with one warning.
+damage), sets it aside as ``step-N.damaged`` and resumes from the one before, with one warning.
 """
 
 from __future__ import annotations
