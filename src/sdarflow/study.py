@@ -75,16 +75,30 @@ def cell_name(method: str, seed: int) -> str:
     return f"{method}-seed{seed}"
 
 
+def preset_sizes(s: StudySettings) -> dict[str, Any]:
+    """The preset's task, group and evaluation sizes (its stage settings are in ``stage_settings``)."""
+    from sdarflow.demo import PRESETS
+
+    return {k: v for k, v in PRESETS[s.preset]["pipeline"].items() if k != "stage_settings"}
+
+
+def stage_settings(s: StudySettings) -> dict[str, dict[str, Any]]:
+    """Per-stage settings every cell runs with: the preset's, then the study's own on top."""
+    from sdarflow.demo import PRESETS
+
+    settings = {k: dict(v) for k, v in PRESETS[s.preset]["pipeline"].get("stage_settings", {}).items()}
+    for stage, values in s.stage_settings.items():
+        settings[stage] = {**settings.get(stage, {}), **values}
+    return settings
+
+
 def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage_root: str):
     """The training pipeline's config for one cell: the preset's sizes, this method and seed, our storage."""
-    from sdarflow.demo import PRESETS
     from sdarflow.pipeline_config import PipelineConfig
     from sdarflow.train.warmstart import SEED_SKILLS
 
-    sizes = dict(PRESETS[s.preset]["pipeline"])
-    settings = {**sizes.pop("stage_settings", {})}
-    for stage, values in s.stage_settings.items():
-        settings[stage] = {**settings.get(stage, {}), **values}
+    sizes = preset_sizes(s)
+    settings = stage_settings(s)
     return PipelineConfig.from_dict(
         {
             **sizes,
@@ -285,7 +299,6 @@ def local_base(s: StudySettings) -> str:
 
 def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     """Read every cell, write ``study.json``, ``report.md``, ``report.html`` and ``curves.png`` to ``s.out``."""
-    from sdarflow.demo import PRESETS
     from sdarflow.study_report import analyze, write_reports
 
     names = [BASE_CELL] + [cell_name(m, seed) for m in s.methods for seed in s.seeds]
@@ -303,8 +316,8 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
         "env": s.env,
         "preset": s.preset,
         "base_model": s.base_model,
-        "sizes": {k: v for k, v in PRESETS[s.preset]["pipeline"].items() if k != "stage_settings"},
-        "stage_settings": s.stage_settings,
+        "sizes": preset_sizes(s),
+        "stage_settings": stage_settings(s),  # the preset's with the study's on top
         "seconds_this_run": seconds_this_run,
     }
     study = analyze(settings, cells.pop(BASE_CELL), list(cells.values()))

@@ -285,7 +285,8 @@ def render_markdown(study: Mapping[str, Any], image: str = "curves.png") -> str:
     lines = [
         f"# {_title(study)}",
         "",
-        f"Base model `{s['base_model']}`; sizes {json.dumps(s['sizes'], sort_keys=True)}.",
+        f"Base model `{s['base_model']}`; sizes {json.dumps(s['sizes'], sort_keys=True)}; stage settings "
+        f"{json.dumps(s['stage_settings'], sort_keys=True)}.",
         "",
     ]
     for title, table in _tables(study):
