@@ -241,3 +241,20 @@ def test_half_written_outputs_are_never_read(tmp_path, capsys, tiny_model):
         "skills",
         "is a folder without _manifest.json",
     )
+
+
+def test_a_baseline_report_the_gate_cannot_trust_fails_before_any_episode(tmp_path, capsys, tiny_model):
+    baseline = tmp_path / "baseline"
+    baseline.mkdir()
+    (baseline / "report.json").write_text('{"splits": {"test": {"pass_at_k": {"1": NaN}}}}')
+    argv = [
+        "evaluate",
+        "--model",
+        str(tiny_model),
+        "--baseline",
+        str(baseline),
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    fails(capsys, argv, "splits.test.pass_at_k.1: Input should be a finite number")
+    assert not (tmp_path / "o").exists()

@@ -62,6 +62,7 @@ def run(cfg: EvaluateConfig) -> dict:
 
     require("evaluate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)
+    baseline = _baseline(cfg)  # a bad baseline report fails here, before any episode
     engine = load_engine(
         cfg.engine,
         cfg.model,
@@ -108,7 +109,6 @@ def run(cfg: EvaluateConfig) -> dict:
         config_hash=cfg.config_hash(),
         env=cfg.env,
     )
-    baseline = _baseline(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         images = plots(report, baseline)
@@ -139,7 +139,10 @@ def run(cfg: EvaluateConfig) -> dict:
 def _baseline(cfg: EvaluateConfig) -> dict | None:
     """The report to compare against: --baseline, else the registry's production version (if there is one)."""
     if cfg.baseline:
-        return storage.read_json(storage.join(cfg.baseline, REPORT))
+        from sdarflow.registry.intake import validate_report
+
+        uri = storage.join(cfg.baseline, REPORT)
+        return validate_report(storage.read_json(uri), uri)
     if not cfg.registry:
         return None
     from sdarflow.registry import Registry
