@@ -69,6 +69,10 @@ def chat():
         s.close()
 
 
+def llm_flags(server: ChatServer, *extra: str) -> list[str]:
+    return ["--extractor", "llm", "--llm-base-url", server.url, "--llm-model", "m", *extra]
+
+
 def extract(capsys, traj: str, out: str, *flags: str) -> tuple[int, dict | str]:
     code = main(["extract-skills", "--input", traj, "--output", out, "--min-support", "1", *flags])
     captured = capsys.readouterr()
@@ -102,17 +106,7 @@ def test_garbage_reply_is_rejected_and_the_previous_skill_kept(
 ):
     server = chat(reply="1. ))) ### ;;\n2. \u2588\u2588\u2588\nok")
     out = str(tmp_path / "lib")
-    flags = [
-        "--extractor",
-        "llm",
-        "--llm-base-url",
-        server.url,
-        "--llm-model",
-        "m",
-        "--previous",
-        REFERENCE,
-        "--allow-unpublished",
-    ]  # a hand-written library
+    flags = llm_flags(server, "--previous", REFERENCE, "--allow-unpublished")  # a hand-written library
     with caplog.at_level(logging.WARNING, logger="sdarflow.skills.llm"):
         code, result = extract(capsys, episodes_dataset, out, *flags)
     assert code == 0, result
@@ -125,16 +119,7 @@ def test_garbage_reply_is_rejected_and_the_previous_skill_kept(
 
 def test_refused_request_names_the_key_variable(chat, episodes_dataset, tmp_path, capsys):
     server = chat(status=401)
-    flags = [
-        "--extractor",
-        "llm",
-        "--llm-base-url",
-        server.url,
-        "--llm-model",
-        "m",
-        "--llm-api-key-env",
-        "MY_KEY",
-    ]
+    flags = llm_flags(server, "--llm-api-key-env", "MY_KEY")
     code, err = extract(capsys, episodes_dataset, str(tmp_path / "lib"), *flags)
     assert code == 2 and "HTTP 401" in err and "MY_KEY" in err
     assert not (tmp_path / "lib").exists()
@@ -143,8 +128,7 @@ def test_refused_request_names_the_key_variable(chat, episodes_dataset, tmp_path
 @pytest.mark.parametrize("content", [{"text": "1. take knife"}, ["1. take knife"], 7])
 def test_reply_content_that_is_not_text_is_one_line(chat, episodes_dataset, tmp_path, capsys, content):
     server = chat(reply=content)
-    flags = ["--extractor", "llm", "--llm-base-url", server.url, "--llm-model", "m"]
-    code, err = extract(capsys, episodes_dataset, str(tmp_path / "lib"), *flags)
+    code, err = extract(capsys, episodes_dataset, str(tmp_path / "lib"), *llm_flags(server))
     assert code == 2 and f"answered a {type(content).__name__} as message content, not text" in err
     assert not (tmp_path / "lib").exists()
 
