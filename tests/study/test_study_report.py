@@ -27,6 +27,7 @@ SETTINGS = {
     "env": "e",
     "base_model": "b",
     "sizes": {},
+    "stage_settings": {"train": {"lr": 0.002}},
 }
 CELLS = [
     # grpo: test tasks a, b solved 2/4 and 0/4 (seed 0), 4/4 and 0/4 (seed 1); ood x solved 1/4 then 0/4
@@ -73,6 +74,7 @@ def test_markdown_has_the_comparison_table():
     assert "| method | relative pass@1 | relative pass@4 | relative OOD pass@1 | training overhead |" in md
     assert "| grpo | 1.00 | 1.00 | 1.00 | 1.00 |" in md
     assert "| sdar | 1.67 | 2.00 | 0.00 | 1.50 |" in md
+    assert 'stage settings {"train": {"lr": 0.002}}' in md  # what every cell ran with
 
 
 @pytest.mark.parametrize(
