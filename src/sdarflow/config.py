@@ -114,18 +114,16 @@ def _out_of_bounds(value: Any, ge: float | None, gt: float | None, le: float | N
     if not isinstance(value, int | float) or isinstance(value, bool):
         return ""
     low = f"[{ge}" if ge is not None else f"({gt}" if gt is not None else ""
-    if le is not None and low:
+    if low and le is not None:
         rule = f"in {low}, {le}]"
+    elif ge is not None:
+        rule = f">= {ge}"
+    elif gt is not None:
+        rule = f"> {gt}"
+    elif le is not None:
+        rule = f"<= {le}"
     else:
-        rule = (
-            f">= {ge}"
-            if ge is not None
-            else f"> {gt}"
-            if gt is not None
-            else f"<= {le}"
-            if le is not None
-            else ""
-        )
+        return ""
     broken = (
         (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le)
     )
