@@ -3,10 +3,15 @@ in-process crash + resume that ends with the same weights as an uninterrupted ru
 
 from __future__ import annotations
 
+import errno
+import queue
 import random
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from train_data import rescored_table
 
 from sdarflow.models import load_policy
@@ -92,6 +97,48 @@ class FakeEngine:
 
     def barrier(self):
         pass
+
+    def all_reduce_sum(self, values):
+        return values
+
+
+class GlooEngine(FakeEngine):
+    """FakeEngine on one rank of a real (gloo) process group; ``fail_rank`` cannot write its engine files."""
+
+    def __init__(self, fail_rank: int) -> None:
+        super().__init__()
+        self.rank, self.world_size, self.fail_rank = dist.get_rank(), dist.get_world_size(), fail_rank
+
+    def save(self, path):
+        if self.rank == self.fail_rank:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"w{self.rank}").write_text("x")
+
+    def barrier(self):
+        dist.barrier()
+
+    def all_reduce_sum(self, values):
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(t)
+        return dict(zip(keys, t.tolist()))
+
+
+def _save_on_two_ranks(rank: int, root: str, port: int, fail_rank: int, results, done) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    ckpt = Checkpoints(root, "fp")
+    try:
+        ckpt.save(GlooEngine(fail_rank=-1), TrainState(step=2), {})
+        try:
+            ckpt.save(GlooEngine(fail_rank), TrainState(step=4), {})
+            results.put((rank, "saved"))
+        except CheckpointError as err:
+            results.put((rank, str(err)))
+        # A failed rank stays in the group, as a NCCL rank does (gloo would see a peer's exit, NCCL does not).
+        done.wait(60)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_incomplete_folders_are_ignored_and_removed(tmp_path):
@@ -181,3 +228,33 @@ def _save(obj):
     torch.save(obj, buf)
     buf.seek(0)
     return buf
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_write_that_fails_on_one_rank_fails_on_every_rank_without_a_hang(tmp_path, fail_rank):
+    """Two real ranks (gloo): when one cannot write its part, both raise the one-line CheckpointError instead of the
+    healthy rank waiting at the next collective forever, and the checkpoint before stays the newest."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results, done = ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_save_on_two_ranks, args=(r, str(tmp_path), port, fail_rank, results, done))
+        for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(results.get(timeout=45) for _ in procs)
+    except queue.Empty:
+        got = None
+    done.set()
+    for p in procs:
+        p.join(timeout=30)
+        p.kill()
+    assert got is not None, "a rank hung at a collective after the other failed"
+    assert "No space left on device" in got[fail_rank]
+    assert "other rank(s) could not write their part" in got[1 - fail_rank]
+    assert all("cannot write checkpoint" in m and "\n" not in m for m in got.values())
+    assert [step for step, _ in Checkpoints(tmp_path, "fp").complete()] == [2]

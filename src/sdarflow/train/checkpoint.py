@@ -11,6 +11,7 @@ damage), sets it aside as ``step-N.damaged`` and resumes from the one before, wi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -18,6 +19,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,6 +70,21 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _on_every_rank(engine: Engine, phase: Callable[[], None]) -> None:
+    """Run ``phase`` on this rank, then agree: if it failed on any rank, it fails on every rank. A rank that
+    fails alone must not leave the others waiting at the next collective (a hang until the NCCL timeout)."""
+    error = None
+    try:
+        phase()
+    except (OSError, RuntimeError) as err:
+        error = err
+    failed = engine.all_reduce_sum({"failed": float(error is not None)})["failed"]
+    if error is not None:
+        raise error
+    if failed:
+        raise OSError(errno.EIO, f"{int(failed)} other rank(s) could not write their part")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -116,14 +133,18 @@ class Checkpoints:
             ) from err
 
     def _save(self, engine: Engine, state: TrainState, meta: dict, final: Path, tmp: Path) -> Path:
-        if engine.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        engine.barrier()
-        engine.save(tmp / "engine")
-        torch.save(capture_rng(), tmp / f"rng-rank{engine.rank}.pt")
-        engine.barrier()
-        if engine.rank == 0:
+        def make_tmp() -> None:
+            if engine.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+
+        def write_parts() -> None:
+            engine.save(tmp / "engine")
+            torch.save(capture_rng(), tmp / f"rng-rank{engine.rank}.pt")
+
+        def commit() -> None:
+            if engine.rank != 0:
+                return
             body = {
                 "fingerprint": self.fingerprint,
                 "engine": engine.name,
@@ -142,7 +163,9 @@ class Checkpoints:
             for _, old in self.complete()[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint: step %d -> %s", state.step, final)
-        engine.barrier()
+
+        for phase in (make_tmp, write_parts, commit):
+            _on_every_rank(engine, phase)
         return final
 
     def restore(self, engine: Engine) -> TrainState | None:
