@@ -1,7 +1,9 @@
-"""Shared fixtures: a moto S3 server over HTTP on 127.0.0.1, a private game cache, and the tiny base model."""
+"""Shared fixtures: a moto S3 server over HTTP on 127.0.0.1, a private game cache, the tiny base model and a LoRA
+adapter for it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import uuid
@@ -65,3 +67,25 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, game_cache: Path) -> Pa
     from sdarflow.train.warmstart import build_base_model
 
     return build_base_model(tmp_path_factory.mktemp("models") / "tiny", PRESETS["smoke"]["model"])
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real PEFT LoRA adapter folder for the tiny model, trained on nothing (random weights, so it changes the
+    model's outputs), with the base-model fingerprint the train stage writes. Not published."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from sdarflow.models import load_policy
+    from sdarflow.models.identity import BASE_FILE, base_fingerprint
+    from sdarflow.models.policy import DEFAULT_LORA_TARGETS
+
+    torch.manual_seed(0)
+    policy = load_policy(str(tiny_model))
+    # init_lora_weights=False: B is random too, so the adapter is not the identity.
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=DEFAULT_LORA_TARGETS, init_lora_weights=False)
+    model = get_peft_model(policy.model, config)
+    out = tmp_path_factory.mktemp("adapters") / "random-lora"
+    model.save_pretrained(out)
+    (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(str(tiny_model))}))
+    return out

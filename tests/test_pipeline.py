@@ -264,9 +264,11 @@ class _Artifact:
 def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
     from sdarflow.pipeline_config import _write_report
 
+    made = tmp_path / "made"
+    made.mkdir()
+    (made / "report.md").write_text("# real report\n")
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "report.md").write_text("# real report\n")
+    storage.publish_dir(made, str(out), kind="adapter")
     html, md = _Artifact(tmp_path / "a.html"), _Artifact(tmp_path / "a.md")
     _write_report(html, str(out), "report.html", "train")
     _write_report(md, str(out), "report.md", "train")

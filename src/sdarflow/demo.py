@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sdarflow import storage
 from sdarflow.errors import SdarflowError
+from sdarflow.evaluate.metrics import REPORT_KIND
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.train.warmstart import SEED_SKILLS, BaseModelSpec, build_base_model
 
@@ -148,7 +149,9 @@ def base_eval_uri(storage_root: str, run_id: str) -> str:
 
 def eval_figures(report_uri: str) -> dict:
     """pass@1 per split with its 95% interval and the counts behind it: what is shown wherever a pass@1 is."""
-    report = storage.read_json(storage.join(report_uri, "report.json"))
+    from sdarflow.registry.intake import load_report
+
+    report = load_report(report_uri)
     out = {}
     for split, d in report["splits"].items():
         out[f"{split}_pass@1"] = d["pass_at_k"]["1"]
@@ -182,7 +185,7 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
     storage.read_table(uri["rescore"], kind="rescored", schema=RESCORED_SCHEMA)
     storage.read_manifest(uri["extract-skills"], "skills")
     storage.read_manifest(uri["train"], "adapter")
-    storage.read_manifest(uri["evaluate"], "eval-report")
+    storage.read_manifest(uri["evaluate"], REPORT_KIND)
     per_round = []
     for r in range(rounds):
         gens = [storage.read_manifest(u)["metrics"] for u in generate_uris(storage_root, run_id, r, shards)]

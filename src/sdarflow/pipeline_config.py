@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 PROMOTE_TO = ("", "staging", "production")
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = ("production", "staging", "latest")
-# Stages that load the base model's weights (and so need a remote base model copied to local disk first).
-_LOADS_MODEL = ("generate", "rescore", "train", "evaluate")
+# Stages that read the base model's weights (and so need a remote base model copied to local disk first):
+# register reads the safetensors headers and fingerprint to check the adapter fits the base.
+_LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
 
 
 @dataclass
@@ -284,11 +285,10 @@ def setup_logging() -> None:
 
 
 def _write_report(artifact, uri: str, name: str, stage: str) -> None:
-    """Copy ``<uri>/<name>`` into a KFP UI artifact; a stage that publishes none gets a placeholder, because
-    the KFP launcher fails a task whose declared output artifact file is missing."""
-    source = storage.join(uri, name)
-    if storage.exists(source):
-        data = storage.read_bytes(source)
+    """Copy the published file ``name`` of ``uri`` into a KFP UI artifact; a stage that publishes none gets a
+    placeholder, because the KFP launcher fails a task whose declared output artifact file is missing."""
+    if any(entry["path"] == name for entry in storage.members(storage.read_manifest(uri))):
+        data = storage.read_member(uri, name)
     else:
         log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
         note = f"{stage} published no {name} in {uri}"

@@ -1,9 +1,12 @@
 """Storage URIs (plain path, ``file://``, ``s3://``) through ``pyarrow.fs``, and atomic publish of datasets.
 
 Every artifact sdarflow writes (a Parquet dataset, a skill library, an adapter, a report) is a *folder* whose
-``_manifest.json`` is written last: a folder without a manifest does not exist for readers. A failed write removes
-what it wrote, so nothing half-published is left behind. S3 endpoints come from ``AWS_ENDPOINT_URL`` and
-credentials from the standard AWS environment variables (never from configs).
+``_manifest.json`` is written last: a folder without a manifest does not exist for readers, and readers read only
+the files the manifest lists. A failed write removes what it wrote, so nothing half-published is left behind.
+Replacing a published artifact (``--overwrite``) writes the new files beside the old ones, in a generation
+folder the new manifest names as its ``prefix``; the manifest swap is the commit, so an interrupted overwrite
+leaves the old artifact readable. S3 endpoints come from ``AWS_ENDPOINT_URL`` and credentials from the standard
+AWS environment variables (never from configs).
 """
 
 from __future__ import annotations
@@ -172,7 +175,10 @@ def write_bytes(uri: str, data: bytes) -> None:
 
 
 def read_json(uri: str) -> dict:
-    raw = read_bytes(uri)
+    return _parse_json(read_bytes(uri), uri)
+
+
+def _parse_json(raw: bytes, uri: str) -> dict:
     try:
         return json.loads(raw)
     except json.JSONDecodeError as err:
@@ -201,24 +207,87 @@ def _sha256(data: bytes) -> str:
 # ---------------------------------------------------------------------------------------------------- publishing
 
 
+GENERATION = "_gen-"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a publish writes: the artifact's URI and the folder inside it that holds this publication's files
+    (``prefix`` is empty for a first publish, a fresh generation folder when a published artifact is replaced)."""
+
+    uri: str
+    prefix: str = ""
+
+    def file(self, rel: str) -> str:
+        return join(self.uri, self.prefix, rel) if self.prefix else join(self.uri, rel)
+
+    def manifest(self, kind: str, files: list[dict], **meta) -> dict:
+        return write_manifest(
+            self.uri, kind, files, **({"prefix": self.prefix} if self.prefix else {}), **meta
+        )
+
+
+def members(manifest: dict) -> list[dict]:
+    """Every file a manifest publishes: its ``files`` and its ``attachments`` (reports beside a dataset)."""
+    return [*manifest["files"], *manifest.get("attachments", [])]
+
+
+def _member_path(manifest: dict, rel: str) -> str:
+    prefix = manifest.get("prefix", "")
+    return f"{prefix}/{rel}" if prefix else rel
+
+
 @contextlib.contextmanager
-def publishing(uri: str, overwrite: bool = False) -> Iterator[Location]:
-    """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``) and remove partial
-    output if the body raises. The body must write ``_manifest.json`` last (``write_manifest``)."""
+def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
+    """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``), write a replacement
+    beside it, and remove what the body wrote if it raises. The body writes its files at ``Target.file`` and the
+    manifest last (``Target.manifest``): that write is the commit. After it, the replaced files are removed."""
     loc = resolve(uri)
+    old = None
     if is_published(uri):
         if not overwrite:
             raise StorageError(
                 f"'{loc.uri}' is already published; fix: choose a new output URI or pass --overwrite"
             )
-        delete_tree(uri)
+        try:
+            old = read_manifest(uri)
+        except StorageError:
+            old = {"files": []}  # a broken artifact: nothing of it is worth keeping readable
+    target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if old is not None else "")
+    _remove_stale_generations(loc, keep=(old or {}).get("prefix", ""))
     try:
-        yield loc
+        yield target
     except BaseException:
-        # Nothing half-written: readers would refuse it anyway (no manifest), but it would confuse a rerun.
+        # Nothing half-written: readers would not see it (the manifest is written last), but it would confuse a
+        # rerun. A replacement removes only its own generation: the old artifact stays as it was.
         with contextlib.suppress(StorageError):
-            delete_tree(uri)
+            delete_tree(join(loc.uri, target.prefix) if target.prefix else loc.uri)
         raise
+    if old is not None:
+        with contextlib.suppress(StorageError):  # the new artifact is published; leftovers only cost space
+            _remove_replaced(loc, old)
+
+
+def _remove_stale_generations(loc: Location, keep: str) -> None:
+    """Generation folders an interrupted overwrite left behind (no manifest names them)."""
+    with _reachable(loc, "list"):
+        if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
+            return
+        for info in loc.fs.get_file_info(pafs.FileSelector(loc.path)):
+            if info.base_name.startswith(GENERATION) and info.base_name != keep:
+                loc.fs.delete_dir(info.path)
+
+
+def _remove_replaced(loc: Location, old: dict) -> None:
+    """The files a replaced manifest listed, and its generation folder."""
+    with _reachable(loc, "delete"):
+        if old.get("prefix"):
+            loc.fs.delete_dir(f"{loc.path}/{old['prefix']}")
+            return
+        for entry in members(old):
+            path = f"{loc.path}/{entry['path']}"
+            if loc.fs.get_file_info(path).type == pafs.FileType.File:
+                loc.fs.delete_file(path)
 
 
 def write_manifest(uri: str, kind: str, files: list[dict], **meta) -> dict:
@@ -261,16 +330,25 @@ def _check_manifest(manifest: object, where: str) -> None:
         raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
     if "rows" in manifest and not _count(manifest["rows"]):
         raise StorageError(f"'{where}': rows = {manifest['rows']!r} is not a count; {fix}")
-    for i, entry in enumerate(manifest["files"]):
+    prefix = manifest.get("prefix", "")
+    if prefix and not (isinstance(prefix, str) and prefix.startswith(GENERATION) and "/" not in prefix):
+        raise StorageError(f"'{where}': prefix {prefix!r} is not a generation folder; {fix}")
+    if prefix:
+        confined(prefix, f"'{where}' prefix")
+    if not isinstance(manifest.get("attachments", []), list):
+        raise StorageError(f"'{where}': 'attachments' is not a list; {fix}")
+    n_files = len(manifest["files"])
+    for i, entry in enumerate(members(manifest)):
+        name = f"files[{i}]" if i < n_files else f"attachments[{i - n_files}]"
         if not isinstance(entry, dict):
-            raise StorageError(f"'{where}': files[{i}] is not an object; {fix}")
-        confined(entry.get("path"), f"'{where}' files[{i}]")
+            raise StorageError(f"'{where}': {name} is not an object; {fix}")
+        confined(entry.get("path"), f"'{where}' {name}")
         for key in ("rows", "bytes"):
             if key in entry and not _count(entry[key]):
-                raise StorageError(f"'{where}': files[{i}].{key} = {entry[key]!r} is not a count; {fix}")
+                raise StorageError(f"'{where}': {name}.{key} = {entry[key]!r} is not a count; {fix}")
         sha = entry.get("sha256", "0" * 64)
         if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
-            raise StorageError(f"'{where}': files[{i}].sha256 = {sha!r} is not a sha256 digest; {fix}")
+            raise StorageError(f"'{where}': {name}.sha256 = {sha!r} is not a sha256 digest; {fix}")
 
 
 def write_table(
@@ -283,23 +361,27 @@ def write_table(
     inputs: list[str],
     rows_per_part: int = 50_000,
     overwrite: bool = False,
+    attachments: dict[str, bytes] | None = None,
     **meta,
 ) -> dict:
-    """Validate and publish ``table`` as ``part-NNNNN.parquet`` files (zstd) plus a manifest written last."""
+    """Validate and publish ``table`` as ``part-NNNNN.parquet`` files (zstd) plus a manifest written last.
+    ``attachments`` (name -> bytes, e.g. reports about the data) are published with it, read by ``read_member``."""
     table = validate(table, schema, f"output {uri}")
-    with publishing(uri, overwrite) as loc, _reachable(loc, "write"):
-        loc.fs.create_dir(loc.path, recursive=True)
-        files = []
-        n_parts = max(1, -(-table.num_rows // rows_per_part))
-        for i in range(n_parts):
-            part = table.slice(i * rows_per_part, rows_per_part)
-            name = f"part-{i:05d}.parquet"
-            pq.write_table(part, f"{loc.path}/{name}", filesystem=loc.fs, compression="zstd")
-            files.append({"path": name, "rows": part.num_rows})
-        return write_manifest(
-            uri,
+    with publishing(uri, overwrite) as target:
+        loc = resolve(target.file(""))
+        with _reachable(loc, "write"):
+            loc.fs.create_dir(loc.path, recursive=True)
+            files = []
+            n_parts = max(1, -(-table.num_rows // rows_per_part))
+            for i in range(n_parts):
+                part = table.slice(i * rows_per_part, rows_per_part)
+                name = f"part-{i:05d}.parquet"
+                pq.write_table(part, f"{loc.path}/{name}", filesystem=loc.fs, compression="zstd")
+                files.append({"path": name, "rows": part.num_rows})
+        return target.manifest(
             kind,
             files,
+            attachments=[_write_file(target, rel, data) for rel, data in sorted((attachments or {}).items())],
             rows=table.num_rows,
             schema_fingerprint=fingerprint(schema),
             config_hash=config_hash,
@@ -320,9 +402,10 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
         with _reachable(loc, "read"):
             parts = []
             for entry in manifest["files"]:
-                path = f"{loc.path}/{entry['path']}"
+                rel = _member_path(manifest, entry["path"])
+                path = f"{loc.path}/{rel}"
                 if isinstance(loc.fs, pafs.LocalFileSystem):
-                    path = str(inside(loc.path, entry["path"], f"dataset {loc.uri}"))
+                    path = str(inside(loc.path, rel, f"dataset {loc.uri}"))
                 try:
                     parts.append(pq.read_table(path, filesystem=loc.fs))
                 except pa.ArrowInvalid as err:
@@ -352,17 +435,20 @@ def _check_counts(manifest: dict, table: pa.Table, schema: pa.Schema, uri: str) 
         )
 
 
+def _write_file(target: Target, rel: str, data: bytes) -> dict:
+    write_bytes(target.file(confined(rel, f"publish {target.uri}")), data)
+    return {"path": rel, "bytes": len(data), "sha256": _sha256(data)}
+
+
 def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
     """Copy a local folder (adapter, skill library, report) to ``uri`` with sha256 sums in the manifest."""
     local_dir = Path(local_dir)
-    with publishing(uri, overwrite) as loc, _reachable(loc, "write"):
-        files = []
-        for path in sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-            rel = path.relative_to(local_dir).as_posix()
-            data = path.read_bytes()
-            write_bytes(join(uri, rel), data)
-            files.append({"path": rel, "bytes": len(data), "sha256": _sha256(data)})
-        return write_manifest(uri, kind, files, **meta)
+    with publishing(uri, overwrite) as target:
+        files = [
+            _write_file(target, path.relative_to(local_dir).as_posix(), path.read_bytes())
+            for path in sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+        ]
+        return target.manifest(kind, files, **meta)
 
 
 def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
@@ -370,25 +456,41 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     manifest = read_manifest(uri, kind)
     loc = resolve(uri)
     if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
-        target = Path(loc.path)
         for entry in manifest["files"]:
-            path = inside(target, entry["path"], f"{kind} {loc.uri}")
+            path = inside(loc.path, _member_path(manifest, entry["path"]), f"{kind} {loc.uri}")
             if not path.is_file():
                 raise StorageError(
                     f"{kind} {loc.uri}: '{entry['path']}' is listed in its manifest but missing; "
                     f"fix: republish the artifact"
                 )
             _verify(entry, path.read_bytes(), loc.uri)
-        return target
+        return Path(loc.path) / manifest.get("prefix", "")
     target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
     for entry in manifest["files"]:
         out = inside(target, entry["path"], f"{kind} {loc.uri}")
-        data = read_bytes(join(uri, entry["path"]))
+        data = read_bytes(join(uri, _member_path(manifest, entry["path"])))
         _verify(entry, data, loc.uri)
         with _reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
     return target
+
+
+def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
+    """One file of a published artifact (a listed file or an attachment), verified against its manifest."""
+    manifest = read_manifest(uri, kind)
+    entry = next((e for e in members(manifest) if e["path"] == name), None)
+    if entry is None:
+        raise StorageError(
+            f"'{resolve(uri).uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
+        )
+    data = read_bytes(join(uri, _member_path(manifest, name)))
+    _verify(entry, data, resolve(uri).uri)
+    return data
+
+
+def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
+    return _parse_json(read_member(uri, name, kind), join(uri, name))
 
 
 def _verify(entry: dict, data: bytes, uri: str) -> None:

@@ -129,9 +129,11 @@ def settings_key(s: StudySettings) -> str:
     """Hash of what shapes every cell (not the methods and seeds that pick the cells): a rerun into the same
     ``out`` may reuse a finished cell only when this matches."""
     from sdarflow.demo import PRESETS
+    from sdarflow.stages.common import content_id
 
     content = {
         "base_model": s.base_model,
+        "base_model_content": content_id(s.base_model) if s.base_model else None,
         "env": s.env,
         "rounds": s.rounds,
         "sizes": PRESETS[s.preset]["pipeline"],
@@ -162,11 +164,12 @@ def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
 
 def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
     from sdarflow.pipeline_config import stage_config
+    from sdarflow.registry.intake import load_report
     from sdarflow.stages import evaluate
 
     # pc has no registry: the report compares with nothing, the study compares the cells itself
     out = evaluate.run(stage_config(pc, "evaluate", round_, adapter=adapter))
-    return storage.read_json(storage.join(out["uri"], evaluate.REPORT)), out["uri"]
+    return load_report(out["uri"]), out["uri"]
 
 
 def run_base(s: StudySettings, base: str) -> dict:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -42,7 +45,7 @@ def table(n: int = 5) -> pa.Table:
     return pa.Table.from_pylist([turn_row(i) for i in range(n)], schema=TRAJECTORY_SCHEMA)
 
 
-def write(uri: str, t: pa.Table | None = None) -> dict:
+def write(uri: str, t: pa.Table | None = None, overwrite: bool = False) -> dict:
     return storage.write_table(
         t if t is not None else table(),
         uri,
@@ -50,7 +53,19 @@ def write(uri: str, t: pa.Table | None = None) -> dict:
         schema=TRAJECTORY_SCHEMA,
         config_hash="abc",
         inputs=["in"],
+        overwrite=overwrite,
     )
+
+
+def rows(uri: str) -> int:
+    return storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA).num_rows
+
+
+def listing(uri: str) -> set[str]:
+    """Every file under ``uri``, relative to it."""
+    loc = storage.resolve(uri)
+    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+    return {i.path[len(loc.path) + 1 :] for i in infos if i.type == pafs.FileType.File}
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -85,6 +100,61 @@ def test_refuses_republish_unless_overwrite(tmp_path):
     write(str(tmp_path / "d"))
     with pytest.raises(StorageError, match="already published"):
         write(str(tmp_path / "d"))
+
+
+def test_overwrite_writes_beside_the_old_artifact_and_removes_it_after_the_swap(root, tmp_path):
+    uri = storage.join(root, "d")
+    write(uri, table(3))
+    first = write(uri, table(5), overwrite=True)
+    assert rows(uri) == 5 and first["prefix"].startswith(storage.GENERATION)
+    assert listing(uri) == {"_manifest.json", f"{first['prefix']}/part-00000.parquet"}
+    second = write(uri, table(2), overwrite=True)
+    assert rows(uri) == 2 and second["prefix"] != first["prefix"]
+    assert listing(uri) == {"_manifest.json", f"{second['prefix']}/part-00000.parquet"}
+    # a folder artifact too, and its local view is the generation that holds the files
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "adapter_config.json").write_text("{}")
+    folder = storage.join(root, "adapter")
+    storage.publish_dir(src, folder, kind="adapter")
+    (src / "adapter_config.json").write_text('{"r": 8}')
+    storage.publish_dir(src, folder, kind="adapter", overwrite=True)
+    got = storage.fetch_dir(folder, kind="adapter", dest=None if root == str(tmp_path) else tmp_path / "c")
+    assert (got / "adapter_config.json").read_text() == '{"r": 8}'
+    assert listing(folder) == {
+        "_manifest.json",
+        f"{storage.read_manifest(folder)['prefix']}/adapter_config.json",
+    }
+
+
+def test_an_interrupted_overwrite_leaves_the_old_artifact_readable(root):
+    uri = storage.join(root, "d")
+    write(uri, table(3))
+    with pytest.raises(RuntimeError), storage.publishing(uri, overwrite=True) as target:
+        storage.write_bytes(target.file("part-00000.parquet"), b"half")
+        raise RuntimeError("crash mid-write")
+    assert rows(uri) == 3 and listing(uri) == {"_manifest.json", "part-00000.parquet"}
+    # a pod killed mid-write runs no cleanup: its generation stays unread, and the next publish removes it
+    killed = (
+        "import os; from sdarflow import storage\n"
+        f"target = storage.publishing({uri!r}, overwrite=True).__enter__()\n"
+        "storage.write_bytes(target.file('part-00000.parquet'), b'half')\n"
+        "os._exit(9)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", killed]).returncode == 9
+    assert rows(uri) == 3 and any(p.startswith(storage.GENERATION) for p in listing(uri))
+    manifest = write(uri, table(4), overwrite=True)
+    assert rows(uri) == 4
+    assert listing(uri) == {"_manifest.json", f"{manifest['prefix']}/part-00000.parquet"}
+
+
+@pytest.mark.parametrize("prefix", ["../x", "_gen-a/../../x", "/abs", "other", 7])
+def test_a_manifest_prefix_outside_the_artifact_is_refused(tmp_path, prefix):
+    uri = str(tmp_path / "d")
+    manifest = write(uri)
+    storage.write_json(storage.join(uri, storage.MANIFEST), {**manifest, "prefix": prefix})
+    with pytest.raises(StorageError, match="is not a generation folder"):
+        rows(uri)
 
 
 def test_missing_and_mistyped_columns_are_named(tmp_path):

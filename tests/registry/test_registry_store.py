@@ -96,7 +96,7 @@ def test_tampered_eval_report_is_refused(local_registry, make_adapter, report, l
     reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
     path = Path(Layout(reg.uri, "agent").version(1)) / "eval_report.json"
     path.write_text(json.dumps(report(0.99, 0.99, 0.99)))
-    with pytest.raises(StorageError, match=r"eval_report.json' does not match the sha256 .*fix: register"):
+    with pytest.raises(StorageError, match=r"eval_report.json' does not match its recorded sha256 .*fix:"):
         reg.show("agent", 1)
 
 
@@ -165,3 +165,78 @@ def test_corrupt_or_mismatched_adapter_weights_are_refused(local_registry, make_
     with pytest.raises(ModelError, match=r"shape \[16, 16\], not within the LoRA rank 8"):
         reg.register("agent", mismatched, report(0.5, 0.7, 0.4), lineage)
     assert reg.list_versions("agent") == []
+
+
+def _edit_adapter(src: Path, dest: Path, edit) -> Path:
+    """A copy of the adapter at ``src`` whose tensors (name -> tensor) went through ``edit``."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    weights = dest / "adapter_model.safetensors"
+    save_file(edit(load_file(str(weights))), str(weights))
+    return dest
+
+
+def test_an_adapter_is_checked_against_its_base_model(
+    local_registry, lora_adapter, tiny_model, report, lineage
+):
+    reg = Registry(local_registry)
+    assert reg.register("agent", lora_adapter, report(0.5, 0.7, 0.4), lineage, base_model=tiny_model) == 1
+    assert reg._manifest(reg._layout("agent"), 1)["checked_against_base"] == str(tiny_model)
+
+
+def _widen_first_lora_a(tensors):
+    name = next(n for n in tensors if ".lora_A." in n)
+    return {**tensors, name: tensors[name].new_zeros(tensors[name].shape[0], tensors[name].shape[1] + 1)}
+
+
+def _retarget_first_lora_b(tensors):
+    name = next(n for n in tensors if ".lora_B." in n)
+    moved = name.replace(name.split(".lora_B.")[0].rsplit(".", 1)[1], "nope_proj")
+    return {**{n: t for n, t in tensors.items() if n != name}, moved: tensors[name]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_widen_first_lora_a, r"lora_A.weight has shape \[8, \d+\], the base's .*\.weight is \[\d+, \d+\]"),
+        (_retarget_first_lora_b, r"adapts '.*nope_proj', which the base lacks"),
+    ],
+)
+def test_an_adapter_that_does_not_fit_the_base_is_refused(
+    local_registry, lora_adapter, tiny_model, report, lineage, tmp_path, edit, message
+):
+    adapter = _edit_adapter(lora_adapter, tmp_path / "edited", edit)
+    reg = Registry(local_registry)
+    with pytest.raises(
+        ModelError, match=f"does not fit base model .*{message}.*; fix: register it with the base"
+    ):
+        reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage, base_model=tiny_model)
+    assert reg.list_names() == []
+
+
+def test_an_adapter_of_another_base_with_the_same_config_is_refused(
+    local_registry, lora_adapter, tiny_model, report, lineage, tmp_path
+):
+    import shutil
+
+    from sdarflow.models.identity import BASE_FILE
+
+    adapter = tmp_path / "other-base"
+    shutil.copytree(lora_adapter, adapter)
+    (adapter / BASE_FILE).write_text(json.dumps({"fingerprint": "0123456789abcdef"}))
+    with pytest.raises(ModelError, match="trained on a different base model"):
+        Registry(local_registry).register(
+            "agent", adapter, report(0.5, 0.7, 0.4), lineage, base_model=tiny_model
+        )
+
+
+def test_a_base_model_that_is_not_a_model_folder_is_refused(
+    local_registry, make_adapter, report, lineage, tmp_path
+):
+    with pytest.raises(ConfigError, match="is not a local HF model folder"):
+        Registry(local_registry).register(
+            "agent", make_adapter(), report(0.5, 0.7, 0.4), lineage, base_model=tmp_path
+        )

@@ -14,7 +14,7 @@ import pytest
 from sdarflow import storage
 from sdarflow.cli import main
 from sdarflow.envs import get_suite
-from sdarflow.models.policy import BASE_FILE
+from sdarflow.models.identity import BASE_FILE
 from sdarflow.stages.generate import shard_tasks
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -125,7 +125,7 @@ def test_an_adapter_is_tied_to_the_base_weights_not_only_the_config(
     import torch
     from safetensors.torch import load_file, save_file
 
-    from sdarflow.models.policy import base_fingerprint
+    from sdarflow.models.identity import base_fingerprint
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model, copy)
@@ -156,6 +156,25 @@ def test_a_retried_request_is_not_redone(tiny_model, tmp_path, capsys, caplog):
     fails(capsys, [*argv, "--seed", "7"], "already published by another generate request", "--overwrite")
 
 
+def test_a_model_rebuilt_at_the_same_path_is_a_new_request(tiny_model, tmp_path, capsys):
+    """The request identity covers the base model's content (its fingerprint), not only its path: after the model
+    at the same path changed, a rerun is another request, refused without --overwrite and redone with it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model, out = tmp_path / "model", tmp_path / "o"
+    shutil.copytree(tiny_model, model)
+    argv = generate(model, out, "--env", "tool-use", "--tasks", "2", "--max-turns", "2")
+    assert main(argv) == 0
+    capsys.readouterr()
+    weights = load_file(str(model / "model.safetensors"))
+    save_file(
+        {k: v + 0.01 * torch.ones_like(v) for k, v in weights.items()}, str(model / "model.safetensors")
+    )
+    fails(capsys, argv, "already published by another generate request")
+    assert main([*argv, "--overwrite"]) == 0
+
+
 def test_an_adapter_from_before_weight_fingerprints_still_loads(
     tiny_model, lora_adapter, tmp_path, capsys, caplog
 ):
@@ -163,7 +182,7 @@ def test_an_adapter_from_before_weight_fingerprints_still_loads(
     working on their base, with a warning."""
     import hashlib
 
-    from sdarflow.models.policy import BASE_FILE
+    from sdarflow.models.identity import BASE_FILE
 
     adapter = tmp_path / "old-adapter"
     shutil.copytree(lora_adapter, adapter)

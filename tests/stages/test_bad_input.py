@@ -244,9 +244,10 @@ def test_half_written_outputs_are_never_read(tmp_path, capsys, tiny_model):
 
 
 def test_a_baseline_report_the_gate_cannot_trust_fails_before_any_episode(tmp_path, capsys, tiny_model):
-    baseline = tmp_path / "baseline"
-    baseline.mkdir()
-    (baseline / "report.json").write_text('{"splits": {"test": {"pass_at_k": {"1": NaN}}}}')
+    made, baseline = tmp_path / "made", tmp_path / "baseline"
+    made.mkdir()
+    (made / "report.json").write_text('{"splits": {"test": {"pass_at_k": {"1": NaN}}}}')
+    storage.publish_dir(made, str(baseline), kind="eval-report")
     argv = [
         "evaluate",
         "--model",
@@ -258,3 +259,29 @@ def test_a_baseline_report_the_gate_cannot_trust_fails_before_any_episode(tmp_pa
     ]
     fails(capsys, argv, "splits.test.pass_at_k.1: Input should be a finite number")
     assert not (tmp_path / "o").exists()
+
+
+def test_registry_register_refuses_an_adapter_that_does_not_fit_the_base(
+    capsys, tmp_path, tiny_model, lora_adapter
+):
+    """An adapter whose LoRA tensors do not fit the base's weights (here one lora_A one column too wide) is refused
+    by `registry register --model` with one line, and nothing is registered."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    adapter = tmp_path / "made"
+    shutil.copytree(lora_adapter, adapter)
+    weights = adapter / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(n for n in tensors if ".lora_A." in n)
+    tensors[name] = tensors[name].new_zeros(tensors[name].shape[0], tensors[name].shape[1] + 1)
+    save_file(tensors, str(weights))
+    published, registry = tmp_path / "adapter", tmp_path / "registry"
+    storage.publish_dir(adapter, str(published), kind="adapter")
+    report = tmp_path / "eval.json"
+    report.write_text(json.dumps({"splits": {"test": {"pass_at_k": {"1": 0.5}}}}))
+    argv = ["registry", "register", "--registry", str(registry), "--name", "agent", "--adapter", str(published),
+            "--eval", str(report), "--model", str(tiny_model)]  # fmt: skip
+    fails(capsys, argv, "does not fit base model", name.removeprefix("base_model.model."), "fix:")
+    assert not (registry / "agent" / "versions").exists()

@@ -75,3 +75,26 @@ def test_study_pipeline_runs_locally_on_the_cells_sdarflow_study_reads(tiny_mode
         assert main(argv) == 0
     assert "grpo-seed0 finished earlier; skipped" in caplog.text
     assert json.loads((out / "study.json").read_text())["table"] == study["table"]
+
+
+def test_the_settings_key_covers_the_base_models_content_not_only_its_path(tiny_model, tmp_path):
+    """A base model rebuilt at the same path makes earlier cells unusable: they were trained on another model."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sdarflow.study import StudySettings, settings_key
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    settings = StudySettings(
+        methods=["grpo"], seeds=[0], rounds=1, out=str(tmp_path / "s"), base_model=str(model)
+    )
+    before = settings_key(settings)
+    assert settings_key(settings) == before
+    weights = load_file(str(model / "model.safetensors"))
+    save_file(
+        {k: v + 0.01 * torch.ones_like(v) for k, v in weights.items()}, str(model / "model.safetensors")
+    )
+    assert settings_key(settings) != before

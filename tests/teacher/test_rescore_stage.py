@@ -44,10 +44,10 @@ def test_reference_library_is_used_and_reports_are_published(dataset, rescore, r
     assert m["rescore/retrieval_hit_rate"] == m["rescore/retrieval_match_rate"] == 1.0
     assert m["rescore/skill_uses/general"] == len(rows) and m["rescore/tokens_per_s"] > 0
     manifest = storage.read_manifest(out, "rescored")
-    assert manifest["reports"] == ["report.html", "report.md"]
-    page = (Path(out) / "report.html").read_text()
+    assert [a["path"] for a in manifest["attachments"]] == ["report.html", "report.md"]
+    page = storage.read_member(out, "report.html").decode()
     assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page and "cutting" in page
-    assert "| cut |" in (Path(out) / "report.md").read_text()
+    assert "| cut |" in storage.read_member(out, "report.md").decode()
 
 
 def test_overwrite_keeps_the_reports_and_refuses_without_the_flag(
@@ -63,7 +63,7 @@ def test_overwrite_keeps_the_reports_and_refuses_without_the_flag(
     code, err = rescore(traj, reference_library, out, "--retrieval", "full")
     assert code == 2 and "already published by another rescore request" in err and "--overwrite" in err
     assert rescore(traj, reference_library, out, "--overwrite", "--retrieval", "full")[0] == 0
-    assert (Path(out) / "report.html").is_file() and (Path(out) / "report.md").is_file()
+    assert storage.read_member(out, "report.html") and storage.read_member(out, "report.md")
     assert read(out)[0]["skill_ids"] == ["general", "cutting", "cooking"]
 
 

@@ -18,6 +18,10 @@ from typing import Any
 
 import numpy as np
 
+# The evaluate stage publishes the report as this file of an artifact of this kind.
+REPORT = "report.json"
+REPORT_KIND = "eval-report"
+
 # Two-sided 95% quantile of the standard normal.
 Z95 = 1.959963984540054
 

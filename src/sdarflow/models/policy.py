@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from sdarflow.errors import ModelError
+from sdarflow.models.identity import check_adapter, check_model_dir
 
 log = logging.getLogger(__name__)
 
-# Written beside adapter_config.json: which base model (by fingerprint) the adapter was trained on.
-BASE_FILE = "base_model.json"
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -26,20 +23,10 @@ class Policy:
     path: str
 
 
-def _check_model_dir(path: str) -> Path:
-    p = Path(path)
-    if not (p / "config.json").is_file():
-        raise ModelError(
-            f"model folder '{path}' not found or has no config.json; fix: pass an HF model folder "
-            f"(build the demo model with `sdarflow build-model --out DIR`)"
-        )
-    return p
-
-
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    _check_model_dir(path)
+    check_model_dir(path)
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"  # decoder-only generation needs left padding
     return tok
@@ -54,7 +41,7 @@ def load_policy(
     """
     from transformers import AutoModelForCausalLM
 
-    _check_model_dir(path)
+    check_model_dir(path)
     tokenizer = load_tokenizer(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -69,36 +56,6 @@ def load_policy(
     return Policy(model=model, tokenizer=tokenizer, eos_id=eos_id, path=path)
 
 
-def check_adapter(adapter: str, base_path: str) -> dict:
-    """The adapter's PEFT config, after checking it was trained on ``base_path`` (ModelError otherwise)."""
-    try:
-        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ModelError(
-            f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
-        ) from err
-    base_file = Path(adapter) / BASE_FILE
-    try:
-        recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
-        raise ModelError(
-            f"adapter '{adapter}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
-            f"adapter with the train stage"
-        ) from err
-    if recorded and recorded == _config_fingerprint(base_path):
-        log.warning(
-            "adapter %s records only its base model's config (written before fingerprints covered the weights); "
-            "retrain it to pin the base weights too",
-            adapter,
-        )
-    elif recorded and recorded != base_fingerprint(base_path):
-        raise ModelError(
-            f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
-            f"(fingerprint {recorded} != {base_fingerprint(base_path)}); fix: pass the matching --model"
-        )
-    return config
-
-
 def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
     from peft import PeftModel
 
@@ -109,53 +66,6 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
         first = str(err).strip().splitlines()[0]
         raise ModelError(
             f"adapter '{adapter}' is corrupt or incompatible: {first}; fix: re-export the adapter"
-        ) from err
-
-
-_SAMPLES, _WINDOW = 16, 4096  # weight bytes sampled per file for the fingerprint
-
-
-def base_fingerprint(path: str) -> str:
-    """Identity of a base model for adapter compatibility, not its (mount) path: config.json, every weight file's
-    name and size, each safetensors header (tensor names, dtypes, shapes) and 16 evenly spaced 4 KiB windows of
-    its weights. Two models with the same config but other weights differ; reading it costs ~64 KiB per file."""
-    import hashlib
-
-    folder = _check_model_dir(path)
-    digest = hashlib.sha256((folder / "config.json").read_bytes())
-    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        size = weights.stat().st_size
-        digest.update(f"{weights.name}:{size}".encode())
-        with weights.open("rb") as f:
-            start = 0
-            if weights.suffix == ".safetensors" and size >= 8:
-                header = int.from_bytes(f.read(8), "little")
-                digest.update(f.read(min(header, size - 8)))
-                start = min(size, 8 + header)
-            for i in range(_SAMPLES):
-                f.seek(start + max(0, size - start - _WINDOW) * i // (_SAMPLES - 1))
-                digest.update(f.read(_WINDOW))
-    return digest.hexdigest()[:16]
-
-
-def _config_fingerprint(path: str) -> str:
-    """The fingerprint adapters recorded before it covered the weights (config.json only); still accepted."""
-    import hashlib
-
-    return hashlib.sha256((_check_model_dir(path) / "config.json").read_bytes()).hexdigest()[:16]
-
-
-def safetensors_shapes(path: Path, what: str) -> dict[str, list[int]]:
-    """Tensor name -> shape, read from a safetensors header (no weights loaded); ModelError when it is corrupt."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
-    except (SafetensorError, OSError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise ModelError(
-            f"{what} '{path}' is not a valid safetensors file ({first}); fix: save it again"
         ) from err
 
 

@@ -61,7 +61,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         # a published adapter is registered from a verified copy of its files (its manifest is the registry's)
         adapter = local_artifact(args.adapter, "adapter", args.allow_unpublished, dest=tmp)
         version = _registry(args).register(
-            args.name, adapter, args.eval, _lineage(args.lineage), actor=args.actor
+            args.name, adapter, args.eval, _lineage(args.lineage), base_model=args.model, actor=args.actor
         )
     sys.stdout.write(f"{version}\n")
     return 0
@@ -179,7 +179,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="accept a PEFT folder without _manifest.json (made by hand; an interrupted train output has none)",
     )
-    p.add_argument("--eval", required=True, help="eval_report.json (path or URI) from `sdarflow evaluate`")
+    p.add_argument(
+        "--eval", required=True, help="the evaluate stage's output (folder or URI), or its report.json"
+    )
+    p.add_argument(
+        "--model",
+        help="base model folder the adapter was trained on: its fingerprint and every tensor shape are checked "
+        "(default: the adapter's base_model_name_or_path when that is a local folder)",
+    )
     p.add_argument("--lineage", help="lineage as inline JSON or a path/URI to a JSON file")
     p.add_argument("--actor", help="who registers (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_register)

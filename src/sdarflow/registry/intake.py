@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError
+from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.registry.layout import EVAL_REPORT, LINEAGE, RESERVED_FILES
 
 
@@ -92,9 +93,21 @@ def validate_report(report: Any, source: str, require: tuple[str, ...] = ()) -> 
 
 
 def load_report(eval_report: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A validated eval report: a dict, an evaluate stage's published output (its ``report.json``, verified
+    against the manifest), or a report JSON file (path or URI)."""
     if isinstance(eval_report, Mapping):
         return validate_report(dict(eval_report), "(dict)")
-    return validate_report(storage.read_json(str(eval_report)), str(eval_report))
+    source = str(eval_report)
+    if storage.is_published(source):
+        return validate_report(
+            storage.read_member_json(source, REPORT, REPORT_KIND), storage.join(source, REPORT)
+        )
+    if Path(source).is_dir():
+        raise ConfigError(
+            f"eval report '{source}' is a folder without {storage.MANIFEST} (an interrupted evaluate output?); "
+            f"fix: pass a published evaluate output or a report JSON file"
+        )
+    return validate_report(storage.read_json(source), source)
 
 
 def lora_rank(adapter_config: Mapping[str, Any]) -> int | None:
@@ -135,7 +148,7 @@ def check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:
 def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
     """Every ``adapter_model.safetensors`` header parses, and its LoRA tensors have the rank the config declares
     (vLLM sizes its LoRA slots by it): a corrupt or mismatched adapter is refused before it can be promoted."""
-    from sdarflow.models.policy import safetensors_shapes
+    from sdarflow.models.identity import safetensors_shapes
 
     declared = lora_rank(config)
     for weights in adapter_dir.glob("adapter_model*.safetensors"):
@@ -149,6 +162,63 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
                     f"adapter '{adapter_dir}': tensor {name} has shape {shape}, not within the LoRA rank {declared} "
                     f"of its adapter_config.json; fix: re-save the adapter (config and weights together)"
                 )
+
+
+def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) -> None:
+    """Refuse an adapter that does not fit the base model ``base`` (a local HF folder): its recorded base
+    fingerprint must match, and every tensor must fit the base's, read from the safetensors headers (no weights
+    loaded): ``lora_A`` is (rank, in) and ``lora_B`` (out, rank) of the adapted module's (out, in) weight; an
+    embedding's ``lora_embedding_A`` is (rank, vocab) and ``lora_embedding_B`` (dim, rank); any other tensor
+    (``modules_to_save``) has the shape of the base tensor it replaces."""
+    from sdarflow.models.identity import check_adapter, safetensors_shapes
+
+    check_adapter(str(adapter_dir), base)
+    shapes: dict[str, list[int]] = {}
+    for weights in sorted(Path(base).glob("*.safetensors")):
+        shapes.update(safetensors_shapes(weights, "base weights"))
+    if not shapes:
+        raise ModelError(
+            f"base model '{base}' has no safetensors weights to check the adapter against; fix: save the base "
+            f"with safe_serialization=True"
+        )
+    transposed = bool(config.get("fan_in_fan_out"))  # GPT-2 style Conv1D weights are stored (in, out)
+    for weights in sorted(adapter_dir.glob("adapter_model*.safetensors")):
+        for name, shape in safetensors_shapes(weights, "adapter weights").items():
+            problem = _misfit(name.removeprefix("base_model.model."), shape, shapes, transposed)
+            if problem:
+                raise ModelError(
+                    f"adapter '{adapter_dir}' does not fit base model '{base}': {problem}; fix: register it "
+                    f"with the base model it was trained on"
+                )
+
+
+_LORA_DIMS = {  # tensor kind -> (its dimension, the base weight's dimension it must equal), base as (out, in)
+    "lora_A": (1, 1),
+    "lora_B": (0, 0),
+    "lora_embedding_A": (1, 0),
+    "lora_embedding_B": (0, 1),
+}
+
+
+def _misfit(key: str, shape: list[int], base: Mapping[str, list[int]], transposed: bool) -> str | None:
+    for kind, (dim, base_dim) in _LORA_DIMS.items():
+        if f".{kind}." not in f"{key}.":
+            continue
+        module = key.split(f".{kind}.")[0]
+        weight = base.get(f"{module}.weight")
+        if weight is None:
+            # a tied output layer has no weight of its own in the checkpoint
+            return None if module.endswith("lm_head") else f"{key} adapts '{module}', which the base lacks"
+        if len(weight) != 2:  # a convolution's LoRA: not checked
+            return None
+        if transposed and not kind.startswith("lora_embedding"):
+            weight = weight[::-1]
+        if len(shape) != 2 or shape[dim] != weight[base_dim]:
+            return f"{key} has shape {shape}, the base's {module}.weight is {list(weight)}"
+        return None
+    if key in base and base[key] != shape:
+        return f"{key} has shape {shape}, the base's is {base[key]}"
+    return None
 
 
 def stage_version(

@@ -14,7 +14,6 @@ concurrent pipeline runs and people, so every shared write is conditional (:mod:
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import os
@@ -93,16 +92,35 @@ class Registry:
         eval_report: Mapping[str, Any] | str | Path,
         lineage: Mapping[str, Any],
         *,
+        base_model: str | Path | None = None,
         version: int | None = None,
         actor: str | None = None,
     ) -> int:
         """Publish ``adapter_dir`` with its eval report and lineage as a new immutable version; return it.
 
+        The adapter is checked against ``base_model`` (a local HF folder; default: its config's
+        ``base_model_name_or_path`` when that is a local folder): base fingerprint and every tensor's shape.
         ``version`` asks for a specific number and fails if it exists; by default the next free one is claimed.
         """
         layout = self._layout(name)
         adapter_dir = Path(adapter_dir)
         adapter_config = intake.check_adapter_dir(adapter_dir)
+        base = str(base_model or adapter_config.get("base_model_name_or_path") or "")
+        if base and (Path(base) / "config.json").is_file():
+            intake.check_against_base(adapter_dir, adapter_config, base)
+        elif base_model:
+            raise ConfigError(
+                f"base model '{base_model}' is not a local HF model folder (no config.json); fix: pass the folder "
+                f"the adapter was trained on"
+            )
+        else:
+            log.warning(
+                "register: adapter %s not checked against its base model (%s is not a local folder); pass the "
+                "base model to check its tensor shapes",
+                adapter_dir,
+                base or "none recorded",
+            )
+            base = ""
         report = intake.load_report(eval_report)
         if not isinstance(lineage, Mapping):
             raise ConfigError(
@@ -122,6 +140,7 @@ class Registry:
                 version=number,
                 lora_rank=intake.lora_rank(adapter_config),
                 base_model=adapter_config.get("base_model_name_or_path"),
+                checked_against_base=base or None,
                 registered_by=actor,
                 source=str(adapter_dir.absolute()),
             )
@@ -189,16 +208,8 @@ class Registry:
 
     def _read_verified_json(self, layout: Layout, version: int, filename: str) -> dict[str, Any]:
         """A JSON file of a version, refused if its bytes do not match the sha256 recorded at register."""
-        manifest = self._manifest(layout, version)
-        entry = next((f for f in manifest["files"] if f["path"] == filename), None)
-        uri = storage.join(layout.version(version), filename)
-        data = storage.read_bytes(uri)
-        if entry is None or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-            raise StorageError(
-                f"'{uri}' does not match the sha256 recorded when {layout.name} v{version} was registered "
-                f"(corrupt or tampered); fix: register the adapter again as a new version"
-            )
-        return json.loads(data)
+        self._manifest(layout, version)  # a missing version: the error that says how to list them
+        return storage.read_member_json(layout.version(version), filename, VERSION_KIND)
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)

@@ -61,7 +61,7 @@ def import_vllm():
 
 def adapter_rank(adapter: str, base: str) -> int:
     """The LoRA rank of a PEFT folder, after checking it was trained on ``base`` (ModelError otherwise)."""
-    from sdarflow.models.policy import check_adapter
+    from sdarflow.models.identity import check_adapter
 
     config = check_adapter(adapter, base)
     return int(config.get("r", 8))

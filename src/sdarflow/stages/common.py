@@ -60,19 +60,30 @@ def local_artifact(
     )
 
 
+def content_id(uri: str) -> str | None:
+    """What is at ``uri`` now, for telling a rerun from a new request: a published artifact's manifest hash, a local
+    model folder's base fingerprint (a model rebuilt at the same path is another input), else None."""
+    if storage.is_published(uri):
+        return hashlib.sha256(storage.read_bytes(storage.join(uri, storage.MANIFEST))).hexdigest()
+    if "://" not in uri and (Path(uri) / "config.json").is_file():
+        from sdarflow.models.identity import base_fingerprint
+
+        return base_fingerprint(uri)
+    return None
+
+
 def request_hash(cfg: StageConfig) -> str:
     """Identity of one stage request: every setting and URI (``overwrite`` aside), the sdarflow version, and the
-    manifest of every published input, so an input republished at the same URI makes it a new request."""
+    ``content_id`` of every input, so an input republished (or a model rebuilt) at the same URI makes it a new
+    request."""
     request = {k: v for k, v in cfg.to_dict().items() if k != "overwrite"}
     inputs = {}
     for f in dataclasses.fields(cfg):
         if f.metadata.get("io") and f.name != "output":
             values = getattr(cfg, f.name)
             for uri in values if isinstance(values, list) else [values]:
-                if isinstance(uri, str) and uri and storage.is_published(uri):
-                    inputs[uri] = hashlib.sha256(
-                        storage.read_bytes(storage.join(uri, storage.MANIFEST))
-                    ).hexdigest()
+                if isinstance(uri, str) and uri:
+                    inputs[uri] = content_id(uri)
     blob = json.dumps(
         {"stage": cfg.stage, "version": __version__, "inputs": inputs, **request}, sort_keys=True, default=str
     )

@@ -13,11 +13,10 @@ from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
+from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 log = logging.getLogger(__name__)
-
-REPORT = "report.json"
 
 
 @dataclass
@@ -54,7 +53,7 @@ class EvaluateConfig(StageConfig):
             raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
 
 
-@once("eval-report")
+@once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report, plots, render_html, render_markdown
     from sdarflow.rollout.engine import action_tokens, load_engine
@@ -120,7 +119,7 @@ def run(cfg: EvaluateConfig) -> dict:
         storage.publish_dir(
             out,
             cfg.output,
-            kind="eval-report",
+            kind=REPORT_KIND,
             overwrite=cfg.overwrite,
             config_hash=cfg.config_hash(),
             inputs=[cfg.model] + ([cfg.adapter] if cfg.adapter else []),
@@ -139,10 +138,9 @@ def run(cfg: EvaluateConfig) -> dict:
 def _baseline(cfg: EvaluateConfig) -> dict | None:
     """The report to compare against: --baseline, else the registry's production version (if there is one)."""
     if cfg.baseline:
-        from sdarflow.registry.intake import validate_report
+        from sdarflow.registry.intake import load_report
 
-        uri = storage.join(cfg.baseline, REPORT)
-        return validate_report(storage.read_json(uri), uri)
+        return load_report(cfg.baseline)
     if not cfg.registry:
         return None
     from sdarflow.registry import Registry

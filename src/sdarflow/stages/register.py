@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.stages.common import require
-from sdarflow.stages.evaluate import REPORT
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +32,11 @@ class RegisterConfig(StageConfig):
 
 def run(cfg: RegisterConfig) -> dict:
     from sdarflow.registry import Registry
+    from sdarflow.registry.intake import load_report
 
     require("register", registry=cfg.registry, adapter=cfg.adapter, eval_report=cfg.eval_report)
     adapter_manifest = storage.read_manifest(cfg.adapter, "adapter")
-    report = storage.read_json(storage.join(cfg.eval_report, REPORT))
+    report = load_report(cfg.eval_report)
     skills = [
         u for u in cfg.data if storage.is_published(u) and storage.read_manifest(u).get("kind") == "skills"
     ]
@@ -54,7 +54,7 @@ def run(cfg: RegisterConfig) -> dict:
     registry = Registry(cfg.registry)
     with tempfile.TemporaryDirectory() as tmp:
         adapter_dir = storage.fetch_dir(cfg.adapter, kind="adapter", dest=tmp)  # a verified copy, no manifest
-        version = registry.register(cfg.name, adapter_dir, report, lineage)
+        version = registry.register(cfg.name, adapter_dir, report, lineage, base_model=cfg.model or None)
     if cfg.promote_to:
         registry.promote(cfg.name, version, stage=cfg.promote_to)
     log.info("register: %s version %s in %s", cfg.name, version, cfg.registry)

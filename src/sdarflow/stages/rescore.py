@@ -8,7 +8,6 @@ Sanity guards (``sdarflow.teacher.guards``) fail the stage before anything is pu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import pyarrow as pa
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
-from sdarflow.errors import ConfigError, StorageError
+from sdarflow.errors import ConfigError
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
@@ -145,34 +144,6 @@ def _reference_info(cfg: RescoreConfig) -> str:
     )
 
 
-def _publish(cfg: RescoreConfig, table: pa.Table, reports: dict[str, str], **meta) -> None:
-    """Reports first, then the Parquet parts and the manifest (written last, it makes the folder a dataset).
-
-    An old dataset is removed first: ``write_table`` would otherwise delete it, reports included, after we
-    wrote them. A failure removes everything written, as ``write_table`` does for its own files.
-    """
-    if cfg.overwrite and storage.is_published(cfg.output):
-        storage.delete_tree(cfg.output)
-    try:
-        for name, text in reports.items():
-            storage.write_bytes(storage.join(cfg.output, name), text.encode())
-        storage.write_table(
-            table,
-            cfg.output,
-            kind="rescored",
-            schema=RESCORED_SCHEMA,
-            config_hash=cfg.config_hash(),
-            inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
-            overwrite=cfg.overwrite,
-            reports=sorted(reports),
-            **meta,
-        )
-    except BaseException:
-        with contextlib.suppress(StorageError):
-            storage.delete_tree(cfg.output)
-        raise
-
-
 def _reference_logprobs(
     cfg: RescoreConfig, policy, prompts, responses, old, **kw
 ) -> list[list[float]] | None:
@@ -253,9 +224,21 @@ def run(cfg: RescoreConfig) -> dict:
     types = {f.name: f.type for f in RESCORE_FIELDS}
     for name, values in new_cols.items():
         table = table.append_column(pa.field(name, types[name]), pa.array(values, type=types[name]))
-    reports = {"report.md": render_markdown(summary), "report.html": render_html(summary)}
-    _publish(
-        cfg, table, reports, metrics=summary.metrics, skill_library=lib.version, guards_overridden=overridden
+    storage.write_table(
+        table,
+        cfg.output,
+        kind="rescored",
+        schema=RESCORED_SCHEMA,
+        config_hash=cfg.config_hash(),
+        inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
+        overwrite=cfg.overwrite,
+        attachments={
+            "report.md": render_markdown(summary).encode(),
+            "report.html": render_html(summary).encode(),
+        },
+        metrics=summary.metrics,
+        skill_library=lib.version,
+        guards_overridden=overridden,
     )
     log.info(
         "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",

@@ -366,7 +366,7 @@ def _publish(
     summary: dict,
     objective: dict,
 ) -> None:
-    from sdarflow.models.policy import BASE_FILE, base_fingerprint
+    from sdarflow.models.identity import BASE_FILE, base_fingerprint
     from sdarflow.train.report import write_reports
 
     full = cfg.lora_rank == 0 and not cfg.adapter

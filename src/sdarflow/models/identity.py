@@ -1,0 +1,100 @@
+"""What a model folder is, read from its files without loading it (and without torch): the base-model
+fingerprint adapters record, the check that an adapter belongs to a base, and tensor shapes from safetensors
+headers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from sdarflow.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+# Written beside adapter_config.json: which base model (by fingerprint) the adapter was trained on.
+BASE_FILE = "base_model.json"
+
+
+def check_model_dir(path: str) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ModelError(
+            f"model folder '{path}' not found or has no config.json; fix: pass an HF model folder "
+            f"(build the demo model with `sdarflow build-model --out DIR`)"
+        )
+    return p
+
+
+_SAMPLES, _WINDOW = 16, 4096  # weight bytes sampled per file for the fingerprint
+
+
+def base_fingerprint(path: str) -> str:
+    """Identity of a base model for adapter compatibility, not its (mount) path: config.json, every weight file's
+    name and size, each safetensors header (tensor names, dtypes, shapes) and 16 evenly spaced 4 KiB windows of
+    its weights. Two models with the same config but other weights differ; reading it costs ~64 KiB per file."""
+    folder = check_model_dir(path)
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+        size = weights.stat().st_size
+        digest.update(f"{weights.name}:{size}".encode())
+        with weights.open("rb") as f:
+            start = 0
+            if weights.suffix == ".safetensors" and size >= 8:
+                header = int.from_bytes(f.read(8), "little")
+                digest.update(f.read(min(header, size - 8)))
+                start = min(size, 8 + header)
+            for i in range(_SAMPLES):
+                f.seek(start + max(0, size - start - _WINDOW) * i // (_SAMPLES - 1))
+                digest.update(f.read(_WINDOW))
+    return digest.hexdigest()[:16]
+
+
+def config_fingerprint(path: str) -> str:
+    """The fingerprint adapters recorded before it covered the weights (config.json only); still accepted."""
+    return hashlib.sha256((check_model_dir(path) / "config.json").read_bytes()).hexdigest()[:16]
+
+
+def safetensors_shapes(path: Path, what: str) -> dict[str, list[int]]:
+    """Tensor name -> shape, read from a safetensors header (no weights loaded); ModelError when it is corrupt."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise ModelError(
+            f"{what} '{path}' is not a valid safetensors file ({first}); fix: save it again"
+        ) from err
+
+
+def check_adapter(adapter: str, base_path: str) -> dict:
+    """The adapter's PEFT config, after checking it was trained on ``base_path`` (ModelError otherwise)."""
+    try:
+        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelError(
+            f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
+        ) from err
+    base_file = Path(adapter) / BASE_FILE
+    try:
+        recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ModelError(
+            f"adapter '{adapter}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
+            f"adapter with the train stage"
+        ) from err
+    if recorded and recorded == config_fingerprint(base_path):
+        log.warning(
+            "adapter %s records only its base model's config (written before fingerprints covered the weights); "
+            "retrain it to pin the base weights too",
+            adapter,
+        )
+    elif recorded and recorded != base_fingerprint(base_path):
+        raise ModelError(
+            f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
+            f"(fingerprint {recorded} != {base_fingerprint(base_path)}); fix: pass the matching --model"
+        )
+    return config
