@@ -72,11 +72,13 @@ def trainjob_manifest(
     node_selector: dict[str, str] | None = None,
     tolerations: list[Toleration] | None = None,
 ) -> dict[str, Any]:
-    """The TrainJob for one train stage config (``TrainConfig``) on ``nodes`` x ``gpus_per_node`` GPUs."""
+    """The TrainJob for one train stage config (``TrainConfig``) on ``nodes`` x ``gpus_per_node`` GPUs. Its ranks
+    train with DeepSpeed whatever ``cfg.engine`` says (the torch engine trains in one process)."""
     if cfg.stage != "train":
         raise ConfigError(
             f"a TrainJob runs the train stage, got a {cfg.stage!r} config; fix: pass a train config"
         )
+    cfg = dataclasses.replace(cfg, engine="deepspeed")
     if nodes < 1 or gpus_per_node < 0:
         raise ConfigError(f"nodes ({nodes}) must be >= 1 and gpus_per_node ({gpus_per_node}) >= 0")
     metadata: dict[str, Any] = {

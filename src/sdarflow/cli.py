@@ -61,8 +61,9 @@ def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
         overrides = {
             k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
         }
-        cfg = config_cls.load(args.config, **overrides)
-        result = module.run(cfg)
+        from sdarflow.pipeline_config import with_local_model
+
+        result = module.run(with_local_model(config_cls.load(args.config, **overrides)))
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
         return 0
 
@@ -127,7 +128,11 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
         sft_steps=args.sft_steps,
         seed=args.seed,
     )
-    print(build_base_model(args.out, spec, force=args.force, time_limit_s=args.sft_time_limit))
+    print(
+        build_base_model(
+            args.out, spec, force=args.force, time_limit_s=args.sft_time_limit, device=args.device
+        )
+    )
     return 0
 
 
@@ -234,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=spec.seed)
     p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the SFT runs: auto (CUDA when present), cpu, cuda or cuda:N; the same spec gives the same "
+        "model on machines of one device type",
+    )
     p.set_defaults(func=_cmd_build_model)
 
     p = sub.add_parser("envs", help="environments").add_subparsers(dest="envs_command", required=True)

@@ -5,6 +5,7 @@ command checked to rebuild exactly the same train config through the sdarflow CL
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import kubernetes_validate
@@ -110,8 +111,10 @@ def test_manifest_structure_and_core_schemas():
     assert all("value" not in e for e in trainer["env"])
 
 
-def test_command_rebuilds_the_same_train_config():
-    cfg = train_config()
+@pytest.mark.parametrize("engine", ["auto", "torch"])
+def test_command_rebuilds_the_same_train_config_on_deepspeed(engine):
+    """Every rank runs the config it was given, except the engine: one process per GPU needs DeepSpeed."""
+    cfg = dataclasses.replace(train_config(), engine=engine)
     manifest = trainjob_manifest(cfg, name="t", image="img", tolerations=[])
     argv = manifest["spec"]["trainer"]["command"][3:]
     args = build_parser().parse_args(argv)
@@ -119,7 +122,7 @@ def test_command_rebuilds_the_same_train_config():
         k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None
     }
     rebuilt = TrainConfig.load(None, **overrides)
-    assert rebuilt.to_dict() == cfg.to_dict()
+    assert rebuilt.to_dict() == dataclasses.replace(cfg, engine="deepspeed").to_dict()
     assert rebuilt.config_hash() == manifest["metadata"]["annotations"]["sdarflow.io/config-hash"]
     assert "runtimePatches" not in manifest["spec"]  # no node selector, no tolerations: nothing to patch
     assert "--lam" in argv and "--no-norm-by-std" in argv and "--beta" not in argv  # only changed settings

@@ -7,6 +7,7 @@ float32 in chunks, so the batch x length x vocab float32 tensor is never materia
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,16 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     targets = ids[:, width - r_max :]
     return ResponseBatch(ids, attn, pos, targets, resp_mask)
+
+
+def to_device(batch, device: torch.device):
+    """A ``ResponseBatch`` or ``PackedBatch`` with its tensors on ``device`` (they are built on the CPU)."""
+    moved = {
+        f.name: getattr(batch, f.name).to(device)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(batch, **moved)
 
 
 def response_logprobs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 
@@ -33,25 +34,42 @@ def load_tokenizer(path: str):
 
 
 def load_policy(
-    path: str, adapter: str | None = None, trainable: bool = False, dtype=torch.float32
+    path: str,
+    adapter: str | None = None,
+    trainable: bool = False,
+    device: str = "auto",
+    dtype: torch.dtype | None = None,
 ) -> Policy:
-    """Load the base model from an HF folder; apply ``adapter`` (a local PEFT folder) if given.
+    """Load the base model from an HF folder onto ``device`` (``models.device``); apply ``adapter`` (a local PEFT
+    folder) if given.
 
-    ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter).
+    ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter) and the weights
+    float32 (the training engine places and casts them); otherwise the weights are ``inference_dtype`` (bf16 on a
+    GPU) and, on a GPU with flash-attn installed, attention is flash-attention 2, whose varlen kernel serves the
+    packed rescoring batches.
     """
     from transformers import AutoModelForCausalLM
 
+    from sdarflow.models.device import inference_dtype, resolve_device
+
     check_model_dir(path)
     tokenizer = load_tokenizer(path)
+    place = resolve_device(device)
+    dtype = dtype or (torch.float32 if trainable else inference_dtype(place))
+    kwargs = {"dtype": dtype}
+    if place.type == "cuda" and dtype != torch.float32 and importlib.util.find_spec("flash_attn"):
+        kwargs["attn_implementation"] = "flash_attention_2"
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
         raise ModelError(
             f"cannot load model from '{path}': {err}; fix: check the folder is a complete HF model"
         ) from err
     if adapter:
         model = attach_adapter(model, adapter, path, trainable)
+    model.to(place)
     model.train(trainable)
+    log.info("model %s on %s (%s)", path, place, str(dtype).removeprefix("torch."))
     eos_id = tokenizer.eos_token_id
     return Policy(model=model, tokenizer=tokenizer, eos_id=eos_id, path=path)
 

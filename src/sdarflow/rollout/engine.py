@@ -1,7 +1,7 @@
 """Generation engines behind one interface: prompts (token ids) in; sampled tokens, their log-probs, text out.
 
-``hf`` (transformers ``generate``, batched) is the CPU default; ``vllm`` (``rollout.vllm_engine``) is the throughput
-engine, imported only when asked for. Every engine exposes its tokenizer, EOS id and context length (so prompts are
+``hf`` (transformers ``generate``, batched) runs anywhere; ``vllm`` (``rollout.vllm_engine``) is the throughput
+engine, imported only when used. ``auto`` picks vllm on a GPU where vllm is installed, else hf. Every engine exposes its tokenizer, EOS id and context length (so prompts are
 checked before any generation) and ``close()``. The hf engine's sampling uses the Gumbel-max trick with one
 ``torch.Generator`` per sample: argmax(logits / T + Gumbel noise) is an exact sample from softmax(logits / T), and
 giving every sample its own seed makes a group's samples differ and any sample reproducible regardless of which
@@ -13,6 +13,7 @@ so the engine/trainer gap measures numerical drift rather than a definitional di
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,10 +21,11 @@ from typing import Protocol
 import torch
 
 from sdarflow.errors import ConfigError
+from sdarflow.models.device import model_device
 
 log = logging.getLogger(__name__)
 
-ENGINES: tuple[str, ...] = ("hf", "vllm")
+ENGINES: tuple[str, ...] = ("auto", "hf", "vllm")
 
 
 @dataclass
@@ -66,7 +68,10 @@ class _GumbelSampler:
         logits = scores.float() / self.temperature  # (B, V)
         if self.top_p < 1.0:
             logits = _top_p_mask(logits, self.top_p)
-        u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators])
+        # CPU generators: a sample's noise, so the sample, is the same on every device
+        u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators]).to(
+            logits.device
+        )
         # u in (0, 1) strictly, so both logs are finite
         gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1.0 - 1e-7)))
         return logits + gumbel
@@ -82,7 +87,7 @@ def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 class HFEngine:
-    """Batched ``transformers`` generation on CPU (or whatever device the model is on)."""
+    """Batched ``transformers`` generation on the device the model is on."""
 
     def __init__(self, model, tokenizer, eos_id: int, batch_size: int = 64):
         self.model = model.eval()
@@ -119,9 +124,10 @@ class HFEngine:
         for row, p in enumerate(prompts):  # left padding: generation continues from the right edge
             ids[row, width - len(p) :] = torch.tensor(p)
             mask[row, width - len(p) :] = 1
+        device = model_device(self.model)
         gen = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             logits_processor=LogitsProcessorList([_GumbelSampler(seeds, temperature, top_p)]),
@@ -151,20 +157,39 @@ def action_tokens(suite, requested: int) -> int:
     return requested or getattr(suite, "max_action_tokens", DEFAULT_ACTION_TOKENS)
 
 
+def pick_engine(name: str, device: torch.device) -> str:
+    """The engine ``name`` stands for: ``auto`` is vllm on a GPU when vllm is installed, else hf."""
+    if name != "auto":
+        return name
+    return "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") else "hf"
+
+
 def load_engine(
-    name: str, model: str, adapter: str | None = None, *, batch_size: int = 64, vllm_options=None
+    name: str,
+    model: str,
+    adapter: str | None = None,
+    *,
+    batch_size: int = 64,
+    vllm_options=None,
+    device: str = "auto",
 ) -> Engine:
-    """Open engine ``name`` on the HF model folder ``model`` with an optional LoRA ``adapter`` (local folder).
+    """Open engine ``name`` (``pick_engine``) on the HF model folder ``model`` with an optional LoRA ``adapter``
+    (local folder); the hf engine runs on ``device`` (``models.device``), vLLM places itself.
 
     Both engines refuse an adapter trained on another base model; ``vllm`` fails in one line with the install fix
     when the package is missing, and starts its engine processes only at the first ``generate``.
     """
-    if name == "hf":
+    from sdarflow.models.device import resolve_device
+
+    place = resolve_device(device)
+    chosen = pick_engine(name, place)
+    log.info("engine %s%s", chosen, f" (auto, device {place})" if name == "auto" else "")
+    if chosen == "hf":
         from sdarflow.models import load_policy
 
-        policy = load_policy(model, adapter)
+        policy = load_policy(model, adapter, device=str(place))
         return HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size)
-    if name == "vllm":
+    if chosen == "vllm":
         from sdarflow.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
         return VLLMEngine(model, adapter, vllm_options or VLLMOptions(max_num_seqs=batch_size))

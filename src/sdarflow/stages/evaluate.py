@@ -14,6 +14,8 @@ from sdarflow.config import StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
+from sdarflow.models.device import device_opt
+from sdarflow.rollout.engine import ENGINES
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,10 @@ class EvaluateConfig(StageConfig):
         "", "registry whose production adapter is the baseline when --baseline is empty", io=True
     )
     policy_name: str = opt("sdar-policy", "policy name in --registry")
-    engine: str = opt("hf", "generation engine (hf, vllm)")
+    engine: str = opt(
+        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINES
+    )
+    device: str = device_opt()
     max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need", ge=0)
     # The SDAR reference validates at 0.4, sampled (val_kwargs in examples/grpo_trainer/run_alfworld.sh).
     temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)", ge=0)
@@ -67,6 +72,7 @@ def run(cfg: EvaluateConfig) -> dict:
         cfg.model,
         local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished),
         batch_size=cfg.batch_size,
+        device=cfg.device,
     )
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,

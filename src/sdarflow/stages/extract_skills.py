@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
+from sdarflow.models.device import device_opt
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills import bandit
 from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge, reevaluate
@@ -69,6 +70,7 @@ class ExtractSkillsConfig(StageConfig):
     )
     model: str = opt("", "engine backend: base model HF folder (the policy)", io=True)
     adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", io=True)
+    device: str = device_opt()
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing library at --output", io=True)
 
@@ -97,7 +99,8 @@ def _backend(cfg: ExtractSkillsConfig):
     from sdarflow.models import load_policy
 
     require("extract-skills (llm_backend engine)", model=cfg.model)
-    return EngineChat(load_policy(cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)))
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    return EngineChat(load_policy(cfg.model, adapter, device=cfg.device))
 
 
 def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> dict:

@@ -17,6 +17,7 @@ from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
+from sdarflow.models.device import device_opt
 from sdarflow.rollout.engine import ENGINES
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
@@ -49,7 +50,10 @@ class GenerateConfig(StageConfig):
     temperature: float = opt(1.0, "sampling temperature; > 0 so a group's samples differ", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]", gt=0, le=1)
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
-    engine: str = opt("hf", "generation engine", choices=ENGINES)
+    engine: str = opt(
+        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINES
+    )
+    device: str = device_opt()
     batch_size: int = opt(64, "prompts per engine call", ge=1)
     seed: int = opt(0, "base seed; each sample's seed derives from it, the episode and the turn", ge=0)
     step_timeout_s: float = opt(
@@ -106,7 +110,14 @@ def run(cfg: GenerateConfig) -> dict:
         enforce_eager=cfg.vllm_enforce_eager,
     )
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
-    engine = load_engine(cfg.engine, cfg.model, adapter, batch_size=cfg.batch_size, vllm_options=vllm_options)
+    engine = load_engine(
+        cfg.engine,
+        cfg.model,
+        adapter,
+        batch_size=cfg.batch_size,
+        vllm_options=vllm_options,
+        device=cfg.device,
+    )
     max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
     if engine.max_context and engine.max_context <= max_new_tokens:
         raise ConfigError(

@@ -17,6 +17,7 @@ import pyarrow as pa
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
+from sdarflow.models.device import device_opt
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
@@ -57,6 +58,7 @@ class RescoreConfig(StageConfig):
         "packed", "packed (rows end to end, block-diagonal attention) or padded", choices=BATCHINGS
     )
     max_batch_tokens: int = opt(16384, "tokens per forward pass (rows x padded width)", ge=1)
+    device: str = device_opt()
     pack_length: int = opt(0, "packed bin size in tokens; 0 = the longest row", ge=0)
     uniform_tol: float = opt(
         0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate", ge=0
@@ -175,7 +177,9 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.num_shards,
     )
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
-    policy = load_policy(cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished))
+    policy = load_policy(
+        cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished), device=cfg.device
+    )
     rows = table.select(
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
     ).to_pylist()

@@ -32,6 +32,7 @@ from sdarflow.errors import ConfigError
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.train import presets
+from sdarflow.train.engine import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,10 @@ class TrainConfig(StageConfig):
         0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off", ge=0
     )
     engine: str = opt(
-        "torch",
-        "torch (plain AdamW) or deepspeed (ZeRO; bf16 on GPU; multi-GPU)",
-        choices=("torch", "deepspeed"),
+        "auto",
+        "torch (plain AdamW, one device) or deepspeed (ZeRO; bf16 on GPU; one process per GPU); auto = deepspeed "
+        "when the node has more than one GPU or this is one of several launched workers, else torch",
+        choices=("auto", *ENGINES),
     )
     zero_stage: int = opt(2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)")
     lr: float = opt(5e-4, "AdamW learning rate (after warmup)", gt=0)
@@ -225,9 +227,10 @@ def build_model(cfg: TrainConfig):
 
 @once(None)  # adapter, or model when fully fine-tuned
 def run(cfg: TrainConfig) -> dict:
-    from sdarflow.train.launch import relaunch, should_relaunch
+    from sdarflow.train.launch import relaunch, resolve_engine, should_relaunch
 
     require("train", input=cfg.input, model=cfg.model, output=cfg.output)
+    cfg = dataclasses.replace(cfg, engine=resolve_engine(cfg.engine, torch.cuda.device_count()))
     if should_relaunch(cfg.engine, torch.cuda.device_count()):
         return relaunch(cfg.to_dict(), cfg.output, torch.cuda.device_count())
     if cfg.engine == "torch" and int(os.environ.get("WORLD_SIZE", "1")) > 1:

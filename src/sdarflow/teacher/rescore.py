@@ -22,12 +22,14 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
+from sdarflow.models.device import model_device
 from sdarflow.models.forward import (
     make_batch,
     make_packed_batch,
     pack_bins,
     packed_response_logprobs,
     response_logprobs,
+    to_device,
     token_budget_batches,
 )
 from sdarflow.rollout.prompt import loads, prompt_text, teacher_prompt_ids
@@ -91,7 +93,7 @@ def reference_model(model, base_path: str) -> Iterator[torch.nn.Module]:
     from sdarflow.models import load_policy
 
     log.info("rescore: adapter merged into the weights; loading the base model for the reference log-probs")
-    yield load_policy(base_path).model
+    yield load_policy(base_path, device=str(model_device(model))).model
 
 
 def k1_mean(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> float:
@@ -133,9 +135,11 @@ def score(
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     if not lengths:
         return out
+    device = model_device(model)
     if batching == "padded":
         for idx in tqdm(token_budget_batches(lengths, max_tokens), desc=desc, unit="batch", leave=False):
             batch = make_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
+            batch = to_device(batch, device)
             logp, _ = response_logprobs(model, batch)
             r_max = batch.targets.shape[1]
             for row, i in enumerate(idx):
@@ -145,7 +149,7 @@ def score(
     bins = pack_bins(lengths, pack_capacity(lengths, pack_length))
     used = [sum(lengths[i] for i in b) for b in bins]
     for group in tqdm(token_budget_batches(used, max_tokens), desc=desc, unit="batch", leave=False):
-        batch = make_packed_batch(prompts, responses, [bins[g] for g in group], pad_id)
+        batch = to_device(make_packed_batch(prompts, responses, [bins[g] for g in group], pad_id), device)
         logp = packed_response_logprobs(model, batch)
         for i, start, n in batch.spans:
             out[i] = logp[start : start + n].tolist()

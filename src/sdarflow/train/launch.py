@@ -49,6 +49,14 @@ def ensure_process_group_env() -> None:
     )
 
 
+def resolve_engine(engine: str, device_count: int, env: Mapping[str, str] = os.environ) -> str:
+    """The training engine ``auto`` stands for: deepspeed when this node has more than one GPU (it relaunches one
+    worker per GPU) or this process is one of several launched workers (a TrainJob rank), else torch."""
+    if engine != "auto":
+        return engine
+    return "deepspeed" if device_count > 1 or int(env.get("WORLD_SIZE", "1")) > 1 else "torch"
+
+
 def should_relaunch(engine: str, device_count: int, env: Mapping[str, str] = os.environ) -> bool:
     """True when this process should start one worker per GPU instead of training itself."""
     if device_count <= 1 or LAUNCHED_ENV in env:

@@ -8,7 +8,6 @@ RL batches (``--sft-ratio``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -19,7 +18,8 @@ from tqdm.auto import tqdm
 
 from sdarflow.algo import masked_mean_value
 from sdarflow.errors import SdarflowError
-from sdarflow.models.forward import ResponseBatch, make_batch, response_logprobs
+from sdarflow.models.device import model_device
+from sdarflow.models.forward import make_batch, response_logprobs, to_device
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class SFTPair:
 
 def sft_loss(model, pairs: list[SFTPair], pad_id: int) -> torch.Tensor:
     batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
-    logp, _ = response_logprobs(model, batch)
+    logp, _ = response_logprobs(model, to_device(batch, model_device(model)))
     return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
 
 
@@ -56,19 +56,12 @@ def sft_micro_step(
     """Token-mean NLL of one micro-batch (not yet scaled for accumulation) and its metrics."""
     batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
     if device is not None:
-        batch = batch_to(batch, device)
+        batch = to_device(batch, device)
     logp, ent = response_logprobs(model, batch, with_entropy=True)
     loss = -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
     value = float(loss.detach())
     metrics = {"loss/total": value, "loss/sft": value, "actor/entropy": masked_mean_value(ent, batch.mask)}
     return loss, metrics
-
-
-def batch_to(batch: ResponseBatch, device: torch.device) -> ResponseBatch:
-    """The batch's tensors on ``device`` (``make_batch`` builds them on the CPU)."""
-    return dataclasses.replace(
-        batch, **{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)}
-    )
 
 
 def sft(

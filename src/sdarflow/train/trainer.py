@@ -32,10 +32,10 @@ from sdarflow.algo import (
     sdar_gate,
 )
 from sdarflow.errors import SdarflowError
-from sdarflow.models.forward import make_batch, response_logprobs, token_budget_batches
+from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
 from sdarflow.train.engine import Engine, TorchEngine
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
-from sdarflow.train.sft import SFTPair, batch_to, sft_micro_step
+from sdarflow.train.sft import SFTPair, sft_micro_step
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def micro_step(
     """Loss and metrics of one micro-batch (not yet scaled for accumulation)."""
     batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad_id)
     device = device or batch.mask.device
-    batch = batch_to(batch, device)
+    batch = to_device(batch, device)
     logp, ent = response_logprobs(model, batch, with_entropy=True)
     width = batch.targets.shape[1]
     old = _pad_right_aligned([s.old_logprobs for s in samples], width).to(device)

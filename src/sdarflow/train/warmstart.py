@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from sdarflow import storage
 from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
+from sdarflow.models.device import resolve_device
 from sdarflow.models.tiny import TinyShape, build_model, save, train_tokenizer
 from sdarflow.rollout.prompt import (
     PRIVILEGED_TEMPLATE,
@@ -135,11 +136,14 @@ def build_base_model(
     spec: BaseModelSpec = BaseModelSpec(),
     force: bool = False,
     time_limit_s: float | None = None,
+    device: str = "auto",
 ) -> Path:
     """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there).
 
     Deterministic: the SFT always runs ``spec.sft_steps`` steps, so the same spec and seed give the same model on
-    any machine. ``time_limit_s`` (not part of the spec: it cannot change the result) fails the build instead.
+    any machine of the same device type (``device``, ``models.device``; a GPU's kernels give other bits than a
+    CPU's). ``time_limit_s``
+    (not part of the spec: it cannot change the result) fails the build instead.
     """
     out_dir = Path(out_dir)
     if not force and is_built(out_dir, spec):
@@ -171,7 +175,8 @@ def build_base_model(
         "SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs)
     )
 
-    model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed)
+    place = resolve_device(device)
+    model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed).to(place)
     history = sft(
         model,
         pairs,
@@ -184,7 +189,7 @@ def build_base_model(
     )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save(model, tokenizer, tmp)
+    save(model.cpu(), tokenizer, tmp)
     with tempfile.TemporaryDirectory() as lib_dir:
         # published like any stage's library, so extract-skills --previous accepts it
         seed_lib.save(lib_dir)
@@ -196,6 +201,7 @@ def build_base_model(
         "sft_final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
         "seed_skill_library": seed_lib.version,
         "seconds": round(time.perf_counter() - t0, 1),
+        "device": str(place),
     }
     (tmp / BUILD_FILE).write_text(json.dumps(info, indent=2))
     # Swap in the finished folder only now, so an interrupted build never looks complete.

@@ -1,0 +1,60 @@
+"""Where a model runs, chosen once: ``auto`` is the GPU when torch sees one (the one of this process's
+``LOCAL_RANK`` under torchrun), else the CPU. On a GPU, weights that are only read (rollouts, rescoring,
+evaluation) are bf16; log-probs are float32 either way (``models.forward`` upcasts before ``log_softmax``)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from sdarflow.config import opt
+from sdarflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+
+
+def device_opt() -> str:
+    """The ``device`` field of every stage that runs a model."""
+    return opt("auto", f"where the model runs: {DEVICE_CHOICES} (auto: CUDA when present, else CPU)")
+
+
+def resolve_device(request: str = "auto") -> torch.device:
+    """The torch device for ``request``; ConfigError (one line) for an unknown name or a GPU that is not there."""
+    import torch
+
+    if request == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    try:
+        device = torch.device(request)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"device {request!r} is not a device; fix: pass {DEVICE_CHOICES}") from err
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {request!r} is not supported; fix: pass {DEVICE_CHOICES}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ConfigError(
+                f"device {request!r} asked for, but torch sees {count} CUDA device(s); fix: pass --device auto "
+                f"or cpu, or run where the GPU is visible (CUDA_VISIBLE_DEVICES, the pod's nvidia.com/gpu limit)"
+            )
+    return device
+
+
+def inference_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on a GPU that has it (half the memory and bandwidth; log-probs are still taken in float32), else
+    float32."""
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter: where its inputs must go."""
+    return next(model.parameters()).device

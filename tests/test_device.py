@@ -1,0 +1,100 @@
+"""Device placement with a fake CUDA device check (no GPU here): ``auto`` resolves to this rank's GPU, read-only
+models load in bf16 and are moved there, ``--engine auto`` picks vLLM on a GPU, training picks DeepSpeed on a
+multi-GPU node; and without a GPU everything stays on the CPU in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdarflow.errors import ConfigError
+from sdarflow.models.device import inference_dtype, resolve_device
+from sdarflow.rollout.engine import pick_engine
+from sdarflow.train.launch import resolve_engine
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """torch reports ``n`` CUDA devices with bf16; ``Module.to`` records where it was sent instead of moving."""
+    moves: list[torch.device] = []
+
+    def install(n: int = 2):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+
+        def to(self, *args, **kwargs):
+            moves.append(torch.device(args[0]) if args else kwargs.get("device"))
+            return self
+
+        monkeypatch.setattr(torch.nn.Module, "to", to)
+        return moves
+
+    return install
+
+
+def test_auto_is_this_ranks_gpu_when_there_is_one(fake_gpus, monkeypatch):
+    fake_gpus(2)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert inference_dtype(resolve_device("auto")) == torch.bfloat16
+
+
+def test_without_a_gpu_everything_is_cpu_float32():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert resolve_device("auto") == torch.device("cpu")
+    assert inference_dtype(torch.device("cpu")) == torch.float32
+    assert pick_engine("auto", torch.device("cpu")) == "hf"
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ("cuda", "torch sees 0 CUDA device"),
+        ("cuda:3", "torch sees 0"),
+        ("tpu", "is not"),
+        ("mps", "not supported"),
+    ],
+)
+def test_a_device_that_is_not_there_is_one_line(request_, message, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=message) as err:
+        resolve_device(request_)
+    assert "fix:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_read_only_model_loads_in_bf16_and_moves_to_the_gpu(fake_gpus, tiny_model):
+    from sdarflow.models import load_policy
+
+    moves = fake_gpus(1)
+    policy = load_policy(str(tiny_model))
+    assert next(policy.model.parameters()).dtype == torch.bfloat16
+    assert moves[-1] == torch.device("cuda", 0)
+    trainable = load_policy(str(tiny_model), trainable=True, device="cpu")
+    assert next(trainable.model.parameters()).dtype == torch.float32 and moves[-1] == torch.device("cpu")
+
+
+def test_engine_auto_picks_vllm_on_a_gpu_when_installed(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a)
+    )
+    assert pick_engine("auto", torch.device("cuda", 0)) == "vllm"
+    assert pick_engine("auto", torch.device("cpu")) == "hf"
+    assert pick_engine("hf", torch.device("cuda", 0)) == "hf"
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    assert pick_engine("auto", torch.device("cuda", 0)) == "hf"
+
+
+def test_training_on_a_multi_gpu_node_or_as_a_launched_rank_is_deepspeed():
+    assert resolve_engine("auto", device_count=8, env={}) == "deepspeed"
+    assert resolve_engine("auto", device_count=1, env={}) == "torch"
+    assert resolve_engine("auto", device_count=0, env={"WORLD_SIZE": "4"}) == "deepspeed"
+    assert resolve_engine("torch", device_count=8, env={}) == "torch"
