@@ -20,10 +20,10 @@ def promote(
     min_gain: float,
     passk_tolerance: float,
     ood_tolerance: float,
-    actor: str,
+    kfp_run_id: str,
     summary: Output[Markdown],
 ) -> str:
-    from sdarflow.pipeline_config import run_promotion
+    from sdarflow.pipeline_config import kfp_actor, run_promotion
 
     return run_promotion(
         registry,
@@ -35,6 +35,6 @@ def promote(
         min_gain=min_gain,
         passk_tolerance=passk_tolerance,
         ood_tolerance=ood_tolerance,
-        actor=actor,
+        actor=kfp_actor(kfp_run_id),
         markdown=summary,
     )

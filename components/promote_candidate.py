@@ -8,7 +8,8 @@ from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def promote_candidate(config_uri: str, registered: str, actor: str, summary: Output[Markdown]) -> str:
+def promote_candidate(config_uri: str, registered: str, kfp_run_id: str, summary: Output[Markdown]) -> str:
+    from sdarflow.pipeline_config import kfp_actor
     from sdarflow.pipeline_config import promote_candidate as run
 
-    return run(config_uri, registered, actor=actor, markdown=summary)
+    return run(config_uri, registered, actor=kfp_actor(kfp_run_id), markdown=summary)

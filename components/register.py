@@ -15,13 +15,15 @@ def register(
     trajectory_shards: list,
     skills: str,
     rescored: str,
+    kfp_run_id: str,
 ) -> str:
-    from sdarflow.pipeline_config import run_component
+    from sdarflow.pipeline_config import kfp_actor, run_component
 
     return run_component(
         "register",
         config_uri,
         rl_round,
+        actor=kfp_actor(kfp_run_id),
         adapter=adapter,
         eval_report=eval_report,
         data=[trajectories, *trajectory_shards, skills, rescored],

@@ -1,5 +1,7 @@
 """Kubernetes wiring of pipeline tasks: per-stage images, GPU limits, node selectors and tolerations for the GPU
-pool, S3 credentials from a Secret, CPU/memory requests, retries and caching. Components stay free of it.
+pool, S3 credentials from a Secret, CPU/memory requests, timeouts, retries, caching, a memory-backed ``/dev/shm``
+for GPU tasks (NCCL and vLLM's workers share tensors through it; the container default is 64 MiB) and an
+ephemeral volume for the base-model cache (not the container layer). Components stay free of it.
 
 Everything here is compile-time: ``KubeOptions`` comes from ``sdarflow pipeline compile`` flags, and ``wire``
 applies it to one task. The KFP local runner ignores it, so local runs and the cluster run the same DAG.
@@ -45,6 +47,21 @@ DEFAULT_MEMORY = {
     "register": "4Gi",
     "promote": "1Gi",
 }
+# Seconds a task may run before Kubernetes stops it (activeDeadlineSeconds): a hung vLLM engine or NCCL
+# collective must not hold its GPU forever. Sized for the gpu preset with room to spare; --timeout overrides.
+DEFAULT_TIMEOUT_S = {
+    "prepare": 600,
+    "generate": 6 * 3600,
+    "extract-skills": 2 * 3600,
+    "rescore": 4 * 3600,
+    "train": 12 * 3600,
+    "evaluate": 6 * 3600,
+    "register": 3600,
+    "promote": 600,
+}
+# Stages that copy an s3:// base model to $SDARFLOW_CACHE (pipeline_config.local_model).
+MODEL_CACHE_STAGES = ("generate", "rescore", "train", "evaluate", "register")
+MODEL_CACHE_PATH = "/var/cache/sdarflow"
 TASKS = tuple(DEFAULT_CPU)
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -86,6 +103,10 @@ class KubeOptions:
     cpu: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CPU))
     memory: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MEMORY))
     retries: int = 2
+    timeout_s: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIMEOUT_S))
+    shm_size: str = "16Gi"  # /dev/shm of GPU tasks (memory-backed, counted against the memory limit)
+    model_cache_size: str = "200Gi"  # the ephemeral volume holding the base model; "" = none
+    model_cache_class: str = ""  # its StorageClass; "" = the cluster default
     pipeline_root: str = ""
 
     def __post_init__(self) -> None:
@@ -93,6 +114,7 @@ class KubeOptions:
             ("gpus", self.gpus, GPU_STAGES),
             ("cpu", self.cpu, TASKS),
             ("memory", self.memory, TASKS),
+            ("timeout", self.timeout_s, TASKS),
         ):
             unknown = sorted(set(mapping) - set(allowed))
             if unknown:
@@ -105,6 +127,11 @@ class KubeOptions:
             raise ConfigError(f"--gpus: counts must be integers >= 0, got {bad}; fix: e.g. --gpus train=8")
         if self.retries < 0:
             raise ConfigError(f"--retries ({self.retries}) must be >= 0")
+        bad = {s: n for s, n in self.timeout_s.items() if not isinstance(n, int) or n < 1}
+        if bad:
+            raise ConfigError(
+                f"--timeout: seconds must be integers >= 1, got {bad}; fix: e.g. --timeout train=86400"
+            )
 
     def gpus_for(self, stage: str) -> int:
         return self.gpus.get(stage, 0)
@@ -125,6 +152,17 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
         return task
     if stage in RETRIED and opts.retries:
         task.set_retry(opts.retries, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="3600s")
+    kubernetes.set_timeout(task, opts.timeout_s.get(stage, DEFAULT_TIMEOUT_S[stage]))
+    if stage in MODEL_CACHE_STAGES and opts.model_cache_size:
+        kubernetes.add_ephemeral_volume(
+            task,
+            volume_name="model-cache",
+            mount_path=MODEL_CACHE_PATH,
+            access_modes=["ReadWriteOnce"],
+            size=opts.model_cache_size,
+            storage_class_name=opts.model_cache_class or None,
+        )
+        task.set_env_variable("SDARFLOW_CACHE", MODEL_CACHE_PATH)
     task.set_container_image(opts.image_for(stage))
     task.set_cpu_request(opts.cpu.get(stage, DEFAULT_CPU[stage]))
     memory = opts.memory.get(stage, DEFAULT_MEMORY[stage])
@@ -133,6 +171,9 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
     gpus = opts.gpus_for(stage)
     if gpus:
         task.set_accelerator_type(opts.gpu_resource).set_accelerator_limit(gpus)
+        kubernetes.empty_dir_mount(
+            task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=opts.shm_size
+        )
         for key, value in sorted(opts.node_selector.items()):
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for tol in opts.tolerations:

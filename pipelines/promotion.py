@@ -9,7 +9,6 @@ from components.promote import promote
 from pipelines.kube import KubeOptions, wire
 
 PIPELINE_NAME = "sdar-promotion"
-ACTOR = f"kfp-run:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}"
 
 
 def build_promotion_pipeline(kube: KubeOptions | None = None):
@@ -42,7 +41,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
             min_gain=min_gain,
             passk_tolerance=passk_tolerance,
             ood_tolerance=ood_tolerance,
-            actor=ACTOR,
+            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
         wire(task, "promote", kube, "promote")
         return task.outputs["Output"]

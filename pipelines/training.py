@@ -22,8 +22,6 @@ from pipelines.kube import KubeOptions, wire
 from sdarflow.errors import ConfigError
 
 PIPELINE_NAME = "sdar-training"
-# Written to the registry's audit log as the actor of an automatic promotion.
-ACTOR = f"kfp-run:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}"
 
 
 def sharded_generate(shards: int, kube: KubeOptions | None):
@@ -155,6 +153,7 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
                 **trajectories,
                 skills=sk.output,
                 rescored=rs.outputs["Output"],
+                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             )
             if version is not None:
                 # Registry versions follow the rounds (round r is v(r+1) in a fresh registry), so "latest" is
@@ -173,7 +172,9 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
             adapter = tr.outputs["Output"]
             skills = sk.output
             version = rg.output
-        pr = promote_candidate(config_uri=config_uri, registered=version, actor=ACTOR)
+        pr = promote_candidate(
+            config_uri=config_uri, registered=version, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        )
         wire(pr, "promote", kube, "promote (gated)")
         return version
 

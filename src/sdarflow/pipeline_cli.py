@@ -66,6 +66,13 @@ def kube_options(args: argparse.Namespace):
                 f"--gpus {stage}={count!r}: the count must be an integer >= 0; fix: e.g. train=8"
             )
         gpus[stage] = int(count)
+    timeouts = {}
+    for stage, seconds in _pairs(args.timeout, "--timeout").items():
+        if not seconds.isdigit() or int(seconds) < 1:
+            raise ConfigError(
+                f"--timeout {stage}={seconds!r}: seconds must be an integer >= 1; fix: e.g. train=86400"
+            )
+        timeouts[stage] = int(seconds)
     tolerations = opts.tolerations
     if args.toleration:
         # Any --toleration replaces the default one; '--toleration none' drops them all.
@@ -83,6 +90,10 @@ def kube_options(args: argparse.Namespace):
         cpu={**opts.cpu, **_pairs(args.cpu, "--cpu")},
         memory={**opts.memory, **_pairs(args.memory, "--memory")},
         retries=args.retries,
+        timeout_s={**opts.timeout_s, **timeouts},
+        shm_size=opts.shm_size if args.shm_size is None else args.shm_size,
+        model_cache_size=opts.model_cache_size if args.model_cache_size is None else args.model_cache_size,
+        model_cache_class=args.model_cache_class or opts.model_cache_class,
         pipeline_root=args.pipeline_root,
     )
 
@@ -298,6 +309,19 @@ def add_parser(subparsers) -> None:
     c.add_argument("--cpu", action="append", metavar="STAGE=CPU", help="CPU request of a task [repeatable]")
     c.add_argument("--memory", action="append", metavar="STAGE=SIZE", help="memory of a task [repeatable]")
     c.add_argument("--retries", type=int, default=2, help="retries of generate and rescore")
+    c.add_argument(
+        "--timeout",
+        action="append",
+        metavar="STAGE=SECONDS",
+        help="a task's deadline (default: pipelines.kube.DEFAULT_TIMEOUT_S, e.g. train 12 h) [repeatable]",
+    )
+    c.add_argument("--shm-size", help="memory-backed /dev/shm of GPU tasks, for NCCL and vLLM (default 16Gi)")
+    c.add_argument(
+        "--model-cache-size",
+        help="ephemeral volume holding the base model in model-loading tasks (default 200Gi); '' = the "
+        "container's disk",
+    )
+    c.add_argument("--model-cache-class", help="StorageClass of that volume (default: the cluster's)")
     c.add_argument("--pipeline-root", default="", help="where KFP keeps its artifacts, e.g. s3://bucket/kfp")
     _scheduling_flags(c)
     c.set_defaults(func=_cmd_compile)

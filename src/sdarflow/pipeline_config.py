@@ -274,10 +274,15 @@ def local_model(uri: str) -> str:
 def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
     """Load the pipeline config, build the stage config, run the stage."""
     module = importlib.import_module(STAGES[stage])
-    cfg = stage_config(load(config_uri), stage, round_, **io)
-    if stage in _LOADS_MODEL:
+    return module.run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
+
+
+def with_local_model(cfg: StageConfig) -> StageConfig:
+    """``cfg`` with an ``s3://`` base model copied to local disk first, for the stages that read its weights (the
+    KFP components and the CLI alike: every TrainJob rank fetches its own copy)."""
+    if cfg.stage in _LOADS_MODEL and getattr(cfg, "model", ""):
         cfg.model = local_model(cfg.model)
-    return module.run(cfg)
+    return cfg
 
 
 def setup_logging() -> None:
@@ -297,12 +302,29 @@ def _write_report(artifact, uri: str, name: str, stage: str) -> None:
         f.write(data)
 
 
+def kfp_actor(run_id: str) -> str:
+    """Who acts in the registry's audit log for a pipeline run. The run id reaches a component as a parameter
+    whose whole value is KFP's placeholder: KFP resolves a placeholder only when it is the whole value."""
+    return f"kfp-run:{run_id}"
+
+
 def run_component(
-    stage: str, config_uri: str, round_: int, *, metrics=None, html=None, markdown=None, **io: Any
+    stage: str,
+    config_uri: str,
+    round_: int,
+    *,
+    metrics=None,
+    html=None,
+    markdown=None,
+    actor: str | None = None,
+    **io: Any,
 ) -> str:
     """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
-    HTML/Markdown report into the UI artifacts, and return the output URI for downstream tasks."""
+    HTML/Markdown report into the UI artifacts, and return the output URI for downstream tasks. ``actor`` is
+    who the registry's audit log names (``SDARFLOW_ACTOR``)."""
     setup_logging()
+    if actor:
+        os.environ["SDARFLOW_ACTOR"] = actor
     result = run_stage(stage, config_uri, round_, **io)
     if metrics is not None:
         for key, value in sorted(result.get("metrics", {}).items()):

@@ -138,6 +138,54 @@ def test_requests_retries_caching_and_root(spec):
     assert pipeline["defaultPipelineRoot"] == "s3://kfp-artifacts/sdar"
 
 
+def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
+    """Every task has a deadline (a hung vLLM or NCCL pod must not hold its GPU forever); GPU tasks get a
+    memory-backed /dev/shm; model-loading tasks keep the base model on an ephemeral volume, not the container
+    layer."""
+    from pipelines.kube import DEFAULT_TIMEOUT_S, MODEL_CACHE_PATH, MODEL_CACHE_STAGES
+
+    pipeline, platform, _ = spec
+    tasks = pipeline["root"]["dag"]["tasks"]
+    for name, task in tasks.items():
+        stage = "promote" if name == "promote-candidate" else name
+        k8s = k8s_executor(pipeline, platform, task)
+        assert int(k8s["activeDeadlineSeconds"]) == DEFAULT_TIMEOUT_S[stage], name
+        shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
+        if name in GPU:
+            assert shm == [
+                {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory", "sizeLimit": "16Gi"}
+            ]
+        else:
+            assert not shm, name
+        volumes = k8s.get("genericEphemeralVolume", [])
+        env = {e["name"]: e["value"] for e in executor(pipeline, task).get("env", [])}
+        if stage in MODEL_CACHE_STAGES:
+            assert [(v["mountPath"], v["size"]) for v in volumes] == [(MODEL_CACHE_PATH, "200Gi")], name
+            assert env["SDARFLOW_CACHE"] == MODEL_CACHE_PATH
+        else:
+            assert not volumes and "SDARFLOW_CACHE" not in env, name
+
+
+def test_flags_override_the_deadlines_and_volumes(tmp_path):
+    pipeline, platform, _ = compile_spec(
+        tmp_path, "--rounds", "1", "--timeout", "train=86400", "--shm-size", "64Gi", "--model-cache-size", ""
+    )
+    tasks = pipeline["root"]["dag"]["tasks"]
+    train = k8s_executor(pipeline, platform, tasks["train"])
+    assert int(train["activeDeadlineSeconds"]) == 86400
+    assert train["emptyDirMounts"][0]["sizeLimit"] == "64Gi" and "genericEphemeralVolume" not in train
+
+
+def test_the_run_id_reaches_the_audit_log_as_a_whole_placeholder(spec):
+    """KFP resolves a placeholder only when it is a parameter's whole value: the run id goes in alone and the
+    component composes the actor."""
+    pipeline, _, _ = spec
+    tasks = pipeline["root"]["dag"]["tasks"]
+    for name in ("register", "promote-candidate"):
+        value = tasks[name]["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
+        assert value == "{{$.pipeline_job_uuid}}", name
+
+
 def test_ui_parameters_and_report_artifacts(spec):
     pipeline, _, _ = spec
     params = pipeline["root"]["inputDefinitions"]["parameters"]
@@ -203,6 +251,8 @@ def test_promotion_pipeline_spec(tmp_path):
     tasks = pipeline["root"]["dag"]["tasks"]
     assert set(tasks) == {"promote"}
     assert k8s_executor(pipeline, platform, tasks["promote"])["secretAsEnv"]
+    run_id = tasks["promote"]["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
+    assert run_id == "{{$.pipeline_job_uuid}}"
 
 
 def test_study_pipeline_spec(tmp_path, monkeypatch):
@@ -258,6 +308,8 @@ def test_study_pipeline_needs_grpo(tmp_path, capsys):
         (["--toleration", "gpu:Sometimes"], "bad toleration"),
         (["--node-selector", "pool"], "is not KEY=VALUE"),
         (["--shards", "0"], "shards (0) must be >= 1"),
+        (["--timeout", "train=0"], "seconds must be an integer >= 1"),
+        (["--timeout", "trian=60"], "unknown stage(s) ['trian']"),
     ],
 )
 def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):
