@@ -4,6 +4,7 @@ is installed) to objects that validate, and the serving Deployment matches ``sda
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -134,14 +135,20 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
     pod, gen_pod = deploy["spec"]["template"]["spec"], gen_deploy["spec"]["template"]["spec"]
     (vllm,), (gen_vllm,) = pod["containers"], gen_pod["containers"]
     fixed_path = f"/adapters/sdar-policy/{version}"
-    assert [a.replace("/production", f"/{version}") for a in vllm["command"]] == gen_vllm["command"]
+    # the static command reads the rank the initContainer wrote (from the registry, as serve-config does)
+    assert vllm["command"][:2] == ["sh", "-c"] and vllm["command"][2].startswith("exec ")
+    script = vllm["command"][2].removeprefix("exec ").replace('"$(cat /adapters/max-lora-rank)"', "8")
+    assert [a.replace("/production", f"/{version}") for a in shlex.split(script)] == gen_vllm["command"]
     assert fixed_path in " ".join(gen_vllm["command"])
+    assert deploy["spec"]["strategy"] == gen_deploy["spec"]["strategy"] == {"type": "Recreate"}
     for key in ("name", "ports", "resources", "readinessProbe"):
         assert vllm[key] == gen_vllm[key], key
+    assert set(vllm["resources"]["requests"]) == {"cpu", "memory"}
     (fetch,), (gen_fetch,) = pod["initContainers"], gen_pod["initContainers"]
     assert fetch["name"] == gen_fetch["name"] and fetch["envFrom"] == gen_fetch["envFrom"]
     assert (
         "sdarflow registry fetch" in fetch["command"][-1] and "--version production" in fetch["command"][-1]
     )
+    assert "--rank-file /adapters/max-lora-rank" in fetch["command"][-1]
     assert fetch["volumeMounts"] == gen_fetch["volumeMounts"]
     assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]

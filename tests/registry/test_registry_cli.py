@@ -136,3 +136,18 @@ def test_cli_force_and_errors(local_registry, files, capsys):
         run(["register", *reg, "--adapter", files["adapter"], "--eval", files["base"], "--lineage", "{bad"])
     with pytest.raises(SystemExit):
         run(["promote", *reg, "--version", "2", "--stage", "prod"])
+
+
+@pytest.mark.parametrize(("rank", "vllm_rank"), [(8, "8"), (12, "16")])
+def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
+    local_registry, make_adapter, report, lineage, tmp_path, rank, vllm_rank
+):
+    from sdarflow.registry import Registry
+
+    registry = Registry(local_registry)
+    registry.register("agent", make_adapter(rank=rank), report(0.5, 0.7, 0.4), lineage)
+    registry.promote("agent", 1)
+    rank_file = tmp_path / "max-lora-rank"
+    argv = ["fetch", "--registry", local_registry, "--name", "agent", "--version", "production"]
+    assert run([*argv, "--dest", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0
+    assert rank_file.read_text() == f"{vllm_rank}\n" and (tmp_path / "a" / "adapter_config.json").is_file()

@@ -44,7 +44,9 @@ def test_kubernetes_manifests(reg):
     assert deployment["apiVersion"] == "apps/v1" and service["apiVersion"] == "v1"
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "64Gi"}
+    assert container["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert container["command"][:2] == ["vllm", "serve"] and container["image"] == "vllm:x"
     init = pod["initContainers"][0]
     assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]

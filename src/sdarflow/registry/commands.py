@@ -125,7 +125,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    path = _registry(args).fetch_adapter(args.name, args.version, dest=args.dest)
+    registry = _registry(args)
+    version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
+    path = registry.fetch_adapter(args.name, version, dest=args.dest)
+    if args.rank_file:
+        from sdarflow.registry.serve import max_lora_rank
+
+        rank = registry.show(args.name, version)["lora_rank"]
+        Path(args.rank_file).write_text(f"{max_lora_rank([rank])}\n")
     sys.stdout.write(f"{path}\n")
     return 0
 
@@ -229,6 +236,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     _common(p)
     p.add_argument("--version", default="production", help="version number, 'latest', production or staging")
     p.add_argument("--dest", help="target folder (default: a temp folder, or in place for a local registry)")
+    p.add_argument(
+        "--rank-file",
+        help="also write the vLLM --max-lora-rank this version needs to this file (the serving Deployment reads it)",
+    )
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("serve-config", help="vLLM multi-LoRA command and Kubernetes manifests for production")

@@ -26,9 +26,13 @@ VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_IMAGE = "vllm/vllm-openai:latest"
 DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
 DEFAULT_SECRET = "sdarflow-s3"
+SERVING_CPU, SERVING_MEMORY = "8", "64Gi"
 
 
-def _vllm_rank(rank: int) -> int:
+def max_lora_rank(ranks: list[int]) -> int:
+    """vLLM's ``--max-lora-rank`` for adapters of these LoRA ranks: the largest, rounded up to a value vLLM
+    accepts."""
+    rank = max(ranks)
     for allowed in VLLM_LORA_RANKS:
         if rank <= allowed:
             return allowed
@@ -71,7 +75,7 @@ def production_adapters(registry: Registry, name: str | None, adapter_root: str)
 
 def vllm_args(base_model: str, adapters: list[dict[str, Any]], port: int = 8000) -> list[str]:
     """``vllm serve`` argument list serving ``base_model`` with every adapter as a LoRA module."""
-    max_rank = _vllm_rank(max(a["lora_rank"] for a in adapters))
+    max_rank = max_lora_rank([a["lora_rank"] for a in adapters])
     return [
         "vllm",
         "serve",
@@ -129,6 +133,8 @@ def kubernetes_manifests(
         },
         "spec": {
             "replicas": 1,
+            # The base model's volume is ReadWriteOnce: a rolling update's second pod could never mount it.
+            "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
             "template": {
                 "metadata": {"labels": labels},
@@ -149,7 +155,12 @@ def kubernetes_manifests(
                             "image": image,
                             "command": args,
                             "ports": [{"name": "http", "containerPort": port}],
-                            "resources": {"limits": {"nvidia.com/gpu": 1}},
+                            # Requests so the scheduler reserves the host memory vLLM needs to load the model
+                            # and its CPU for tokenization; limit = request for memory (no eviction surprises).
+                            "resources": {
+                                "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
+                                "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
+                            },
                             "volumeMounts": [{**volume_mount, "readOnly": True}],
                             # Model load takes minutes: readiness, not liveness, gates traffic.
                             "readinessProbe": {
