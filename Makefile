@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-vllm bench lint images clean
+.PHONY: demo test test-vllm bench gpu-check lint images clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; fix: install Python 3.11 or pass PYTHON=..."; exit 2; }
@@ -32,6 +32,19 @@ $(VLLM_VENV)/.installed: pyproject.toml requirements.lock
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm_engine.py
+
+# On a machine with an NVIDIA GPU (driver >= 580): the lock's pins with torch's CUDA 13.0 build and vLLM, as the
+# GPU images install them; then every stage on the GPU in <= 8 minutes -> bench/results/gpu_check.json.
+GPU_VENV := .venv-gpu
+$(GPU_VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(GPU_VENV)
+	grep -v '^torch==' requirements.lock > $(GPU_VENV)/gpu.lock
+	$(GPU_VENV)/bin/pip install --quiet --extra-index-url https://download.pytorch.org/whl/cu130 \
+		-c $(GPU_VENV)/gpu.lock 'torch==2.13.0+cu130' 'vllm==0.32.0' -e '.[dev]'
+	touch $@
+
+gpu-check: $(GPU_VENV)/.installed
+	$(GPU_VENV)/bin/python -m bench.gpu_check
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

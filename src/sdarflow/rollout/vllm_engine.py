@@ -23,13 +23,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdarflow.errors import ConfigError, ModelError
+from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import Sample
 
 log = logging.getLogger(__name__)
 
 INSTALL_FIX = "pip install 'sdarflow[cpu-vllm]' (CPU) or 'sdarflow[gpu]' (GPU)"
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 CPU_KV_SHARE = 0.2  # on CPU, gpu_memory_utilization is the share of RAM for the KV cache; 0.92 fails here
 CPU_PREFILL_TOKENS = 8192  # prompt tokens per engine step on CPU (chunked prefill is off there, see _engine)
 
@@ -111,11 +110,9 @@ class VLLMEngine:
             budget = max(self.max_context or 0, CPU_PREFILL_TOKENS)
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
         if self.adapter:
-            rank = next((r for r in LORA_RANKS if r >= self.lora_rank), None)
-            if rank is None:
-                raise ModelError(
-                    f"adapter rank {self.lora_rank} > {LORA_RANKS[-1]}, vLLM's largest; fix: lower r"
-                )
+            from sdarflow.registry.serve import max_lora_rank
+
+            rank = max_lora_rank([self.lora_rank])
             kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
             from vllm.lora.request import LoRARequest
 

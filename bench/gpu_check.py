@@ -1,0 +1,252 @@
+"""``make gpu-check``: on a machine with an NVIDIA GPU, one round of every stage on a model sized for the GPU, each
+stage checked to have run on CUDA, in at most 8 minutes. Writes ``bench/results/gpu_check.json``: per-stage
+seconds, vLLM vs hf generation tokens/s on the same prompts, train tokens/s and model FLOP utilization.
+
+The stages run as the pipeline runs them (``pipeline_config.stage_config``): generate and evaluate on vLLM with
+the adapter, rescore on the GPU (bf16, packed batches), train with DeepSpeed in bf16. The model is the demo's
+tokenizer with a wider, deeper random-init Qwen2 (``--hidden``, ``--layers``): its success rate is meaningless,
+its throughput is the point. ``--allow-cpu`` runs the same path on the CPU at the smallest sizes (hf engine,
+torch training); the tests use it so the script cannot rot where no GPU is.
+
+    python -m bench.gpu_check [--hidden 1024 --layers 16] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LIMIT_S = 8 * 60
+# Dense bf16 tensor-core peak by device name (vendor data sheets, no sparsity); MFU is also given against the
+# measured matmul peak, which needs no table.
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=1024, help="hidden size of the GPU-sized model")
+    parser.add_argument("--layers", type=int, default=16, help="decoder layers of the GPU-sized model")
+    parser.add_argument("--tasks", type=int, default=16, help="tool-use tasks generated (x 4 samples)")
+    parser.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
+    parser.add_argument("--out", help="result file (default on a GPU: bench/results/gpu_check.json)")
+    parser.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="run on the CPU when there is no GPU (smallest sizes; for tests)",
+    )
+    args = parser.parse_args(argv)
+    if args.allow_cpu and not args.out:
+        parser.error("--allow-cpu needs --out: a CPU run must not replace the committed GPU result")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and not args.allow_cpu:
+        print(
+            "error: gpu-check needs an NVIDIA GPU, and torch sees none; fix: run `make gpu-check` on a GPU machine "
+            "(driver >= 580, sdarflow[gpu] installed)",
+            file=sys.stderr,
+        )
+        return 2
+    work = Path(args.work or tempfile.mkdtemp(prefix="sdarflow-gpu-check-"))
+    try:
+        result = run(work, on_gpu, args)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    from bench.common import RESULTS, machine
+
+    path = Path(args.out) if args.out else RESULTS / "gpu_check.json"
+    path.write_text(json.dumps({"benchmark": "gpu_check", "machine": machine(), **result}, indent=2) + "\n")
+    for stage, s in result["seconds"].items():
+        where = {True: "cuda", False: "NOT ON CUDA", None: "no model"}[result["on_cuda"][stage]]
+        print(f"{stage:>24} {s:8.1f} s  {where}")
+    print(f"{'generate tokens/s':>24} {result['generate_tokens_per_s']}")
+    print(f"{'train tokens/s':>24} {result['train_tokens_per_s']:.0f}  MFU {result['mfu']}")
+    failed = [stage for stage, ok in result["on_cuda"].items() if ok is False] if on_gpu else []
+    if failed or (on_gpu and result["total_seconds"] > LIMIT_S):
+        print(
+            f"error: gpu-check: stages off the GPU {failed or 'none'}, {result['total_seconds']:.0f} s of "
+            f"{LIMIT_S} s; see {path}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def run(work: Path, on_gpu: bool, args) -> dict:
+    import torch
+
+    from sdarflow.demo import PRESETS
+    from sdarflow.pipeline_config import PipelineConfig, stage_config
+    from sdarflow.stages import evaluate, extract_skills, generate, rescore, train
+    from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
+
+    device = "cuda" if on_gpu else "cpu"
+    seconds: dict[str, float] = {}
+    on_cuda: dict[str, bool | None] = {}
+
+    def timed(stage: str, fn, *a, **kw):
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        out = fn(*a, **kw)
+        seconds[stage] = round(time.perf_counter() - t0, 2)
+        # in-process stages allocate CUDA memory here; vLLM's workers are other processes, checked by engine
+        on_cuda[stage] = on_gpu and torch.cuda.max_memory_allocated() > 0
+        return out
+
+    tiny = timed("build-model", build_base_model, work / "tiny", PRESETS["smoke"]["model"], device=device)
+    model = sized_model(tiny, work / "model", args.hidden if on_gpu else 128, args.layers if on_gpu else 2)
+    engine = "vllm" if on_gpu else "hf"
+    pc = PipelineConfig(
+        storage=str(work / "store"),
+        base_model=str(model),
+        run_id="gpu-check",
+        seed_skills=str(tiny / SEED_SKILLS),
+        env="tool-use",
+        tasks=args.tasks if on_gpu else 2,
+        group_size=4 if on_gpu else 2,
+        max_turns=4 if on_gpu else 2,
+        eval_tasks=args.tasks if on_gpu else 1,
+        eval_samples=4 if on_gpu else 2,
+        stage_settings={
+            "generate": {"engine": engine, "device": device},
+            # a random-init model: its teacher is near uniform and the seed skills are TextWorld's, so the
+            # guards that protect training runs from such a teacher are off for this throughput check
+            "rescore": {"device": device, "allow_general_only": True, "allow_degenerate_teacher": True},
+            "train": {"engine": "deepspeed" if on_gpu else "torch", "mini_batches": 2 if on_gpu else 1},
+            "evaluate": {"engine": engine, "device": device},
+        },
+    )
+    # a LoRA to generate and evaluate with: one train step on the first round's own rollouts
+    gen = timed("generate", generate.run, stage_config(pc, "generate", 0))
+    sk_cfg = stage_config(pc, "extract-skills", 0, input=[gen["uri"]], previous=pc.seed_skills)
+    sk = timed("extract-skills", extract_skills.run, sk_cfg)
+    rs = timed("rescore", rescore.run, stage_config(pc, "rescore", 0, input=[gen["uri"]], skills=sk["uri"]))
+    tr = timed("train", train.run, stage_config(pc, "train", 0, input=[rs["uri"]]))
+    gen2 = timed("generate-with-adapter", generate.run, stage_config(pc, "generate", 1, adapter=tr["uri"]))
+    ev = timed("evaluate", evaluate.run, stage_config(pc, "evaluate", 1, adapter=tr["uri"]))
+    on_cuda["extract-skills"] = None  # rule-based: no model, nothing to place
+    for stage in ("generate", "generate-with-adapter", "evaluate"):
+        on_cuda[stage] = on_gpu and engine == "vllm"  # vLLM refuses to start on a GPU machine without CUDA
+    throughput = engine_throughput(model, gen2["uri"], device, on_gpu)
+    train_tps = float(tr["metrics"]["train/tokens_per_s"])
+    return {
+        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "model": {
+            "hidden": args.hidden if on_gpu else 128,
+            "layers": args.layers if on_gpu else 2,
+            "parameters": n_params(model),
+        },  # fmt: skip
+        "seconds": seconds,
+        "total_seconds": round(sum(seconds.values()) + throughput.pop("seconds"), 1),
+        "limit_seconds": LIMIT_S,
+        "on_cuda": on_cuda,
+        "generate_tokens_per_s": throughput,
+        "train_tokens_per_s": train_tps,
+        "mfu": mfu(n_params(model), train_tps, on_gpu),
+        "eval_pass@1": ev["metrics"].get("test/pass@1"),
+        "rollout_success": gen["metrics"]["rollout/success"],
+    }
+
+
+def sized_model(tiny: Path, out: Path, hidden: int, layers: int) -> Path:
+    """The tiny model's tokenizer with a random-init Qwen2 of ``hidden`` x ``layers`` (head dim 64)."""
+    from sdarflow.models import load_tokenizer
+    from sdarflow.models.tiny import TinyShape, build_model, save
+
+    tokenizer = load_tokenizer(str(tiny))
+    heads = max(1, hidden // 64)
+    shape = TinyShape(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_layers=layers,
+        num_heads=heads, num_kv_heads=heads, max_positions=2048,
+    )  # fmt: skip
+    return save(build_model(tokenizer, shape, seed=0), tokenizer, out)
+
+
+def n_params(model: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for weights in model.glob("*.safetensors"):
+        with safe_open(str(weights), "pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                count = 1
+                for d in shape:
+                    count *= d
+                total += count
+    return total
+
+
+def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool) -> dict:
+    """Generated tokens/s of the hf engine and (on a GPU) vLLM on the same prompts, seeds and lengths."""
+    from sdarflow import storage
+    from sdarflow.rollout.engine import load_engine
+    from sdarflow.schema import TRAJECTORY_SCHEMA
+
+    rows = storage.read_table(trajectories, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    prompts = [list(p) for p in rows.column("prompt_token_ids").to_pylist()][: 256 if on_gpu else 4]
+    out: dict = {"seconds": 0.0}
+    for name in ("hf", "vllm") if on_gpu else ("hf",):
+        engine = load_engine(name, str(model), batch_size=64, device=device)
+        try:
+            engine.generate(
+                prompts[:2], [0, 1], max_new_tokens=4, temperature=1.0
+            )  # warm up (vLLM starts here)
+            t0 = time.perf_counter()
+            samples = engine.generate(prompts, list(range(len(prompts))), max_new_tokens=64, temperature=1.0)
+            dt = time.perf_counter() - t0
+        finally:
+            engine.close()
+        out[name] = sum(len(s.token_ids) for s in samples) / dt
+        out["seconds"] += dt
+    return out
+
+
+def mfu(params: int, tokens_per_s: float, on_gpu: bool) -> dict | None:
+    """Model FLOP utilization of training: 6 x parameters FLOPs per token (forward 2N, backward 4N; a LoRA's
+    frozen weights skip their weight gradients, so this overstates the work by up to 2N) over the peak."""
+    if not on_gpu or not tokens_per_s:
+        return None
+    import torch
+
+    achieved = 6 * params * tokens_per_s
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    measured = 10 * 2 * n**3 / (time.perf_counter() - t0)
+    name = torch.cuda.get_device_name(0)
+    spec = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return {
+        "achieved_flops": achieved,
+        "vs_measured_bf16_matmul": achieved / measured,
+        "vs_datasheet_bf16": achieved / spec if spec else None,
+    }
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    sys.exit(main())
