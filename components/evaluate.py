@@ -1,7 +1,8 @@
-"""Component ``evaluate``: pass@k on test and OOD, with the report shown in the KFP UI."""
+"""Component ``evaluate``: pass@k on test and OOD of the round's adapter, with the report in the KFP UI and as an
+artifact the register task reads."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Markdown, Metrics, Output
+from kfp.dsl import HTML, Artifact, Input, Markdown, Metrics, Model, Output
 
 from components import IMAGE
 
@@ -10,13 +11,21 @@ from components import IMAGE
 def evaluate(
     config_uri: str,
     rl_round: int,
-    adapter: str,
+    adapter: Input[Model],
     metrics: Output[Metrics],
     report: Output[HTML],
     summary: Output[Markdown],
+    evaluation: Output[Artifact],
 ) -> str:
-    from sdarflow.pipeline_config import run_component
+    from sdarflow.pipeline_config import artifact_uri, run_component
 
     return run_component(
-        "evaluate", config_uri, rl_round, metrics=metrics, html=report, markdown=summary, adapter=adapter
+        "evaluate",
+        config_uri,
+        rl_round,
+        metrics=metrics,
+        html=report,
+        markdown=summary,
+        output=evaluation,
+        adapter=artifact_uri(adapter),
     )

@@ -1,21 +1,33 @@
-"""Component ``extract-skills``: the round's skill library, from one trajectory dataset or the union of shards."""
+"""Component ``extract-skills``: the round's skill library (a ``Dataset``), from one trajectory dataset or the
+union of shards."""
 
 from kfp import dsl
+from kfp.dsl import Dataset, Input, Output
 
 from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def extract_skills(
-    config_uri: str, rl_round: int, trajectories: str, trajectory_shards: list, previous: str, rescored: str
+    config_uri: str,
+    rl_round: int,
+    trajectory_shards: list,
+    previous_uri: str,
+    library: Output[Dataset],
+    trajectories: Input[Dataset] = None,
+    previous: Input[Dataset] = None,
+    rescored: Input[Dataset] = None,
 ) -> str:
-    from sdarflow.pipeline_config import run_component
+    """``previous`` is the last round's library (``previous_uri``: the run's seed skills, in round 0);
+    ``rescored`` the last round's teacher gaps (for ucb retrieval), absent in round 0."""
+    from sdarflow.pipeline_config import artifact_uri, run_component
 
     return run_component(
         "extract-skills",
         config_uri,
         rl_round,
-        input=[trajectories, *trajectory_shards],
-        previous=previous,
-        rescored=[rescored] if rescored else [],
+        output=library,
+        input=[artifact_uri(trajectories), *trajectory_shards],
+        previous=artifact_uri(previous) or previous_uri,
+        rescored=[artifact_uri(rescored)],
     )

@@ -1,13 +1,31 @@
-"""Component ``generate``: multi-turn rollouts for one round (or one shard of it)."""
+"""Component ``generate``: multi-turn rollouts for one round (or one shard of it), published as a ``Dataset``."""
 
 from kfp import dsl
-from kfp.dsl import Metrics, Output
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
 from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def generate(config_uri: str, rl_round: int, adapter: str, shard: int, metrics: Output[Metrics]) -> str:
-    from sdarflow.pipeline_config import run_component
+def generate(
+    config_uri: str,
+    rl_round: int,
+    shard: int,
+    metrics: Output[Metrics],
+    trajectories: Output[Dataset],
+    adapter: Input[Model] = None,
+    adapter_uri: str = "",
+) -> str:
+    """``adapter`` is the previous round's trained adapter; inside the sharded fan-out it arrives as
+    ``adapter_uri`` (a sub-pipeline's input); neither in round 0 (the run's start adapter, or a new LoRA)."""
+    from sdarflow.pipeline_config import artifact_uri, run_component
 
-    return run_component("generate", config_uri, rl_round, metrics=metrics, adapter=adapter, shard=shard)
+    return run_component(
+        "generate",
+        config_uri,
+        rl_round,
+        metrics=metrics,
+        output=trajectories,
+        adapter=artifact_uri(adapter) or adapter_uri,
+        shard=shard,
+    )

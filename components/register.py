@@ -1,6 +1,7 @@
-"""Component ``register``: the adapter as a new registry version with its report and lineage."""
+"""Component ``register``: the round's adapter with its eval report and lineage as a new registry version."""
 
 from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Model
 
 from components import IMAGE
 
@@ -9,22 +10,22 @@ from components import IMAGE
 def register(
     config_uri: str,
     rl_round: int,
-    adapter: str,
-    eval_report: str,
-    trajectories: str,
+    adapter: Input[Model],
+    evaluation: Input[Artifact],
+    skills: Input[Dataset],
+    rescored: Input[Dataset],
     trajectory_shards: list,
-    skills: str,
-    rescored: str,
     kfp_run_id: str,
+    trajectories: Input[Dataset] = None,
 ) -> str:
-    from sdarflow.pipeline_config import kfp_actor, run_component
+    from sdarflow.pipeline_config import artifact_uri, kfp_actor, run_component
 
     return run_component(
         "register",
         config_uri,
         rl_round,
         actor=kfp_actor(kfp_run_id),
-        adapter=adapter,
-        eval_report=eval_report,
-        data=[trajectories, *trajectory_shards, skills, rescored],
+        adapter=artifact_uri(adapter),
+        eval_report=artifact_uri(evaluation),
+        data=[artifact_uri(trajectories), *trajectory_shards, artifact_uri(skills), artifact_uri(rescored)],
     )

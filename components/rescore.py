@@ -1,7 +1,7 @@
-"""Component ``rescore``: student and teacher log-probs, with the stage's report shown in the KFP UI."""
+"""Component ``rescore``: student and teacher log-probs (a ``Dataset``), with the stage's report in the KFP UI."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components import IMAGE
 
@@ -10,15 +10,16 @@ from components import IMAGE
 def rescore(
     config_uri: str,
     rl_round: int,
-    trajectories: str,
     trajectory_shards: list,
-    skills: str,
-    adapter: str,
+    skills: Input[Dataset],
     metrics: Output[Metrics],
     report: Output[HTML],
     summary: Output[Markdown],
+    rescored: Output[Dataset],
+    trajectories: Input[Dataset] = None,
+    adapter: Input[Model] = None,
 ) -> str:
-    from sdarflow.pipeline_config import run_component
+    from sdarflow.pipeline_config import artifact_uri, run_component
 
     return run_component(
         "rescore",
@@ -27,7 +28,8 @@ def rescore(
         metrics=metrics,
         html=report,
         markdown=summary,
-        input=[trajectories, *trajectory_shards],
-        skills=skills,
-        adapter=adapter,
+        output=rescored,
+        input=[artifact_uri(trajectories), *trajectory_shards],
+        skills=artifact_uri(skills),
+        adapter=artifact_uri(adapter),
     )

@@ -1,7 +1,7 @@
-"""Component ``train``: the SDAR update of the LoRA adapter, with the training report shown in the KFP UI."""
+"""Component ``train``: the SDAR update of the LoRA adapter (a ``Model``), with the training report in the KFP UI."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components import IMAGE
 
@@ -10,13 +10,15 @@ from components import IMAGE
 def train(
     config_uri: str,
     rl_round: int,
-    rescored: str,
-    adapter: str,
+    rescored: Input[Dataset],
     metrics: Output[Metrics],
     report: Output[HTML],
     summary: Output[Markdown],
+    trained: Output[Model],
+    adapter: Input[Model] = None,
 ) -> str:
-    from sdarflow.pipeline_config import run_component
+    """``adapter`` is the one this round continues from (the previous round's; none in round 0)."""
+    from sdarflow.pipeline_config import artifact_uri, run_component
 
     return run_component(
         "train",
@@ -25,6 +27,7 @@ def train(
         metrics=metrics,
         html=report,
         markdown=summary,
-        input=[rescored],
-        adapter=adapter,
+        output=trained,
+        input=[artifact_uri(rescored)],
+        adapter=artifact_uri(adapter),
     )

@@ -34,25 +34,29 @@ def sharded_generate(shards: int, kube: KubeOptions | None):
     """
 
     @dsl.pipeline(name="generate-shards", description=f"generate, {shards} shards in parallel")
-    def generate_shards(config_uri: str, rl_round: int, adapter: str) -> list[str]:
+    def generate_shards(config_uri: str, rl_round: int, adapter_uri: str) -> list[str]:
         with dsl.ParallelFor(list(range(shards)), parallelism=shards) as shard:
-            gen = generate(config_uri=config_uri, rl_round=rl_round, adapter=adapter, shard=shard)
+            gen = generate(config_uri=config_uri, rl_round=rl_round, adapter_uri=adapter_uri, shard=shard)
             wire(gen, "generate", kube, "generate (shard)")
         return dsl.Collected(gen.outputs["Output"])
 
     return generate_shards
 
 
-def _generate_round(config_uri, r: int, adapter, shards: int, kube, fan_out) -> dict:
-    """One round's rollouts, as the trajectory inputs of the downstream tasks: the single dataset, or the list
-    of the shards' datasets (their union is what the next stages read)."""
+def _generate_round(config_uri, r: int, trained, shards: int, kube, fan_out) -> dict:
+    """One round's rollouts, as the trajectory inputs of the downstream tasks: the single ``Dataset``, or the list
+    of the shards' dataset URIs (their union is what the next stages read). ``trained`` is the previous round's
+    train task (None in round 0)."""
     if shards == 1:
-        gen = generate(config_uri=config_uri, rl_round=r, adapter=adapter, shard=0)
+        adapter = {} if trained is None else {"adapter": trained.outputs["trained"]}
+        gen = generate(config_uri=config_uri, rl_round=r, shard=0, **adapter)
         wire(gen, "generate", kube, f"generate (round {r})")
-        return {"trajectories": gen.outputs["Output"], "trajectory_shards": []}
-    gen = fan_out(config_uri=config_uri, rl_round=r, adapter=adapter)
+        return {"trajectories": gen.outputs["trajectories"], "trajectory_shards": []}
+    # a sub-pipeline's inputs are parameters here: the adapter travels as its URI
+    uri = "" if trained is None else trained.outputs["Output"]
+    gen = fan_out(config_uri=config_uri, rl_round=r, adapter_uri=uri)
     gen.set_display_name(f"generate (round {r}, {shards} shards)")
-    return {"trajectories": "", "trajectory_shards": gen.output}
+    return {"trajectory_shards": gen.output}
 
 
 def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions | None = None):
@@ -123,36 +127,31 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
         )
         wire(cfg, "prepare", kube, "prepare")
         config_uri = cfg.output
-        adapter = ""  # round 0: prepare's start_adapter (or a new LoRA), filled in by the stage config
-        skills = seed_skills
+        # Data flows as typed artifacts (Dataset, Model), so the UI shows each round's lineage. Round 0 has no
+        # previous adapter (prepare's start_adapter, or a new LoRA, comes through the stage config), no previous
+        # library (the seed skills, a URI parameter) and no previous teacher gaps.
+        tr = sk = rs = None
         version = previous_register = None
-        previous_rescored = ""  # ucb retrieval learns from the previous round's teacher gaps
         for r in range(rounds):
-            trajectories = _generate_round(config_uri, r, adapter, shards, kube, fan_out)
-            sk = extract_skills(
-                config_uri=config_uri,
-                rl_round=r,
-                **trajectories,
-                previous=skills,
-                rescored=previous_rescored,
-            )
+            trajectories = _generate_round(config_uri, r, tr, shards, kube, fan_out)
+            adapter = {} if tr is None else {"adapter": tr.outputs["trained"]}
+            previous = {"previous_uri": seed_skills} if sk is None else {
+                "previous_uri": "", "previous": sk.outputs["library"], "rescored": rs.outputs["rescored"]
+            }  # fmt: skip
+            sk = extract_skills(config_uri=config_uri, rl_round=r, **trajectories, **previous)
             rs = rescore(
-                config_uri=config_uri,
-                rl_round=r,
-                **trajectories,
-                skills=sk.output,
-                adapter=adapter,
+                config_uri=config_uri, rl_round=r, **trajectories, skills=sk.outputs["library"], **adapter
             )
-            tr = train(config_uri=config_uri, rl_round=r, rescored=rs.outputs["Output"], adapter=adapter)
-            ev = evaluate(config_uri=config_uri, rl_round=r, adapter=tr.outputs["Output"])
+            tr = train(config_uri=config_uri, rl_round=r, rescored=rs.outputs["rescored"], **adapter)
+            ev = evaluate(config_uri=config_uri, rl_round=r, adapter=tr.outputs["trained"])
             rg = register(
                 config_uri=config_uri,
                 rl_round=r,
-                adapter=tr.outputs["Output"],
-                eval_report=ev.outputs["Output"],
+                adapter=tr.outputs["trained"],
+                evaluation=ev.outputs["evaluation"],
                 **trajectories,
-                skills=sk.output,
-                rescored=rs.outputs["Output"],
+                skills=sk.outputs["library"],
+                rescored=rs.outputs["rescored"],
                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             )
             if version is not None:
@@ -160,7 +159,6 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
                 # the newest round; only the register task waits, training runs on.
                 rg.after(previous_register)
             previous_register = rg
-            previous_rescored = rs.outputs["Output"]
             for task, name in (
                 (sk, "extract-skills"),
                 (rs, "rescore"),
@@ -169,8 +167,6 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
                 (rg, "register"),
             ):
                 wire(task, name, kube, f"{name} (round {r})")
-            adapter = tr.outputs["Output"]
-            skills = sk.output
             version = rg.output
         pr = promote_candidate(
             config_uri=config_uri, registered=version, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER

@@ -42,6 +42,17 @@ def test_demo_dag_on_local_storage(tiny_model, tmp_path):
     rows = storage.read_table(summary["trajectories"], kind="trajectories", schema=TRAJECTORY_SCHEMA)
     assert set(rows["policy_version"].to_pylist()) == {summary["adapter"].replace("round=1", "round=0")}
     assert storage.exists(storage.join(summary["registry"], "sdar-policy", "versions", "2", "lineage.json"))
+    # the typed artifacts the tasks exchanged point at what each stage published (a copy of its manifest)
+    runs = tmp_path / "demo" / "kfp-local"
+    for task, name, kind in (
+        ("generate", "trajectories", "trajectories"),
+        ("extract-skills", "library", "skills"),
+        ("rescore", "rescored", "rescored"),
+        ("train", "trained", "adapter"),
+        ("evaluate", "evaluation", "eval-report"),
+    ):
+        (artifact,) = runs.glob(f"*/{task}/{name}")
+        assert json.loads(artifact.read_text())["kind"] == kind, task
 
 
 @pytest.mark.slow

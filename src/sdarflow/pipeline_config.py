@@ -308,6 +308,24 @@ def kfp_actor(run_id: str) -> str:
     return f"kfp-run:{run_id}"
 
 
+def artifact_uri(artifact) -> str:
+    """The data URI a typed KFP input artifact points at ("" when the optional input was not given)."""
+    return "" if artifact is None else str(artifact.metadata.get("uri", ""))
+
+
+def _point(artifact, uri: str) -> None:
+    """Make a typed KFP output artifact point at the published output ``uri``: its metadata holds the URI and
+    what the manifest says (kind, rows, config hash), its file a copy of the manifest. The data stays where it is
+    (an artifact whose URI were the dataset's prefix would be downloaded whole into every consuming pod); the UI
+    shows the artifact, its metadata and the lineage from producer to consumers."""
+    manifest = storage.read_manifest(uri)
+    artifact.metadata.update(
+        {"uri": uri, **{k: manifest[k] for k in ("kind", "rows", "config_hash") if k in manifest}}
+    )
+    with open(artifact.path, "wb") as f:
+        f.write(storage.read_bytes(storage.join(uri, storage.MANIFEST)))
+
+
 def run_component(
     stage: str,
     config_uri: str,
@@ -316,16 +334,20 @@ def run_component(
     metrics=None,
     html=None,
     markdown=None,
+    output=None,
     actor: str | None = None,
     **io: Any,
 ) -> str:
     """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
-    HTML/Markdown report into the UI artifacts, and return the output URI for downstream tasks. ``actor`` is
-    who the registry's audit log names (``SDARFLOW_ACTOR``)."""
+    HTML/Markdown report into the UI artifacts, point the typed ``output`` artifact (Dataset, Model) at what it
+    published, and return the output URI for downstream tasks. ``actor`` is who the registry's audit log names
+    (``SDARFLOW_ACTOR``)."""
     setup_logging()
     if actor:
         os.environ["SDARFLOW_ACTOR"] = actor
     result = run_stage(stage, config_uri, round_, **io)
+    if output is not None:
+        _point(output, str(result["uri"]))
     if metrics is not None:
         for key, value in sorted(result.get("metrics", {}).items()):
             metrics.log_metric(key.replace("/", "_"), float(value))

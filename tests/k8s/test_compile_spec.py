@@ -67,10 +67,56 @@ def test_task_names_and_round_suffixes(tmp_path):
     assert {"generate-2", "extract-skills-2", "rescore-2", "train-2", "evaluate-2", "register-2"} <= tasks
     assert spec["root"]["dag"]["tasks"]["train-2"]["taskInfo"]["name"] == "train (round 1)"
     # round 1 generates with round 0's adapter
-    adapter = spec["root"]["dag"]["tasks"]["generate-2"]["inputs"]["parameters"]["adapter"]
-    assert adapter["taskOutputParameter"]["producerTask"] == "train"
+    adapter = spec["root"]["dag"]["tasks"]["generate-2"]["inputs"]["artifacts"]["adapter"]
+    assert adapter["taskOutputArtifact"]["producerTask"] == "train"
     # registry versions follow the rounds: round 1 registers after round 0
     assert "register" in spec["root"]["dag"]["tasks"]["register-2"]["dependentTasks"]
+
+
+def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
+    """Every stage's output is a typed artifact (trajectories, skills and rescored rows as Dataset, the adapter as
+    Model) and the tasks that read it take it as an input artifact: the UI draws each round's lineage."""
+    spec, _, _ = compile_spec(tmp_path, "--rounds", "2")
+    tasks = spec["root"]["dag"]["tasks"]
+
+    def producer(task: str, name: str) -> tuple[str, str]:
+        ref = tasks[task]["inputs"]["artifacts"][name]["taskOutputArtifact"]
+        return ref["producerTask"], ref["outputArtifactKey"]
+
+    kinds = {
+        (component, name): a["artifactType"]["schemaTitle"]
+        for component, c in spec["components"].items()
+        for name, a in c.get("outputDefinitions", {}).get("artifacts", {}).items()
+    }
+    assert kinds[("comp-generate", "trajectories")] == "system.Dataset"
+    assert kinds[("comp-extract-skills", "library")] == "system.Dataset"
+    assert kinds[("comp-rescore", "rescored")] == "system.Dataset"
+    assert kinds[("comp-train", "trained")] == "system.Model"
+    assert kinds[("comp-evaluate", "evaluation")] == "system.Artifact"
+    for suffix, before in (("", None), ("-2", "")):
+        assert producer(f"extract-skills{suffix}", "trajectories") == (f"generate{suffix}", "trajectories")
+        assert producer(f"rescore{suffix}", "skills") == (f"extract-skills{suffix}", "library")
+        assert producer(f"train{suffix}", "rescored") == (f"rescore{suffix}", "rescored")
+        assert producer(f"evaluate{suffix}", "adapter") == (f"train{suffix}", "trained")
+        register = {
+            name: producer(f"register{suffix}", name)
+            for name in tasks[f"register{suffix}"]["inputs"]["artifacts"]
+        }
+        assert register == {
+            "adapter": (f"train{suffix}", "trained"),
+            "evaluation": (f"evaluate{suffix}", "evaluation"),
+            "skills": (f"extract-skills{suffix}", "library"),
+            "rescored": (f"rescore{suffix}", "rescored"),
+            "trajectories": (f"generate{suffix}", "trajectories"),
+        }
+        if before is not None:  # round 1 continues from round 0's adapter, library and teacher gaps
+            for task in ("generate-2", "rescore-2", "train-2"):
+                assert producer(task, "adapter") == ("train", "trained"), task
+            assert producer("extract-skills-2", "previous") == ("extract-skills", "library")
+            assert producer("extract-skills-2", "rescored") == ("rescore", "rescored")
+        else:  # round 0: no adapter to continue from (the run's start adapter comes through the config)
+            assert "adapter" not in tasks["generate"]["inputs"].get("artifacts", {})
+            assert "adapter" not in tasks["train"]["inputs"].get("artifacts", {})
 
 
 def test_gpu_stages_get_accelerators_images_and_gpu_pool(spec):
@@ -217,7 +263,7 @@ def test_shards_fan_out_generate_and_collect(tmp_path):
     tasks = pipeline["root"]["dag"]["tasks"]
     # each round runs the generate-shards sub-pipeline: a ParallelFor over the shards, collected
     assert {"generate-shards", "generate-shards-2"} <= set(tasks) and "generate" not in tasks
-    adapter = tasks["generate-shards-2"]["inputs"]["parameters"]["adapter"]
+    adapter = tasks["generate-shards-2"]["inputs"]["parameters"]["adapter_uri"]
     assert adapter["taskOutputParameter"]["producerTask"] == "train"  # round 1 starts from round 0's adapter
     for fan_out in ("generate-shards", "generate-shards-2"):
         sub = pipeline["components"][tasks[fan_out]["componentRef"]["name"]]["dag"]
@@ -238,7 +284,7 @@ def test_shards_fan_out_generate_and_collect(tmp_path):
     for name in ("extract-skills", "rescore", "register"):
         shards = tasks[name]["inputs"]["parameters"]["trajectory_shards"]
         assert shards["taskOutputParameter"]["producerTask"] == "generate-shards", name
-        assert tasks[name]["inputs"]["parameters"]["trajectories"]["runtimeValue"]["constant"] == ""
+        assert "trajectories" not in tasks[name]["inputs"].get("artifacts", {}), name
 
 
 def test_promotion_pipeline_spec(tmp_path):
