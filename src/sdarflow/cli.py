@@ -172,7 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sdarflow", description="SDAR post-training for LLM agents on Kubeflow"
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and the full traceback of an unexpected error",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     for name, module_path in STAGES.items():
@@ -275,6 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     except SdarflowError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except Exception as err:
+        # Every input problem sdarflow knows of has its own message above; anything else is a file or value it
+        # did not expect (or a bug): still one line, with the way to the traceback.
+        if args.verbose:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        print(
+            f"error: unexpected {type(err).__name__}: {first} (a malformed input, or a bug in sdarflow); fix: check "
+            f"the files and values this command reads, or rerun with --verbose for the traceback",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

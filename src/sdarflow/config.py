@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -130,6 +131,13 @@ def _out_of_bounds(value: Any, ge: float | None, gt: float | None, le: float | N
     return rule if broken else ""
 
 
+_NUMBER = re.compile(
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I
+)
+# Seeds seed numpy too, whose seeds are 32-bit.
+MAX_SEED = 2**32 - 1
+
+
 def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     """Convert YAML/CLI values to the annotated type, with an error naming the key and the expected type."""
     origin = typing.get_origin(hint)
@@ -144,6 +152,8 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise ConfigError(f"{stage}: {name} = {value!r} is not a list; fix: a list, e.g. [a, b], or a,b")
         return [_coerce(stage, name, v, args[0]) for v in value]
     if origin is Literal:
         return value
@@ -152,11 +162,18 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     if hint is int and isinstance(value, float) and not value.is_integer():
         # int(1.9) would silently become 1; a KFP parameter may carry 8 as 8.0, which is fine
         raise ConfigError(f"{stage}: {name} = {value!r} is not a whole number; fix: pass an integer")
+    if hint is str and not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{stage}: {name} = {value!r} is not a text value; fix: pass a string")
     try:
-        if hint is bool and isinstance(value, str):
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1", "yes")
+        if hint is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            if value in (True, False, 0, 1) and not isinstance(value, float):
+                return bool(value)
+            raise ValueError(value)
+        if hint in (int, float) and isinstance(value, str) and not _NUMBER.fullmatch(value):
+            # int() and float() also take " 3", "1_000" and other scripts' digits: not what a config means
+            raise ValueError(value)
         return hint(value)
     except (TypeError, ValueError, OverflowError) as err:
         raise ConfigError(f"{stage}: {name} = {value!r} is not a valid {hint.__name__}") from err

@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -25,7 +26,7 @@ from typing import Any
 import yaml
 
 from sdarflow import storage
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.stages import STAGES
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 PROMOTE_TO = ("", "staging", "production")
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = ("production", "staging", "latest")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Stages that read the base model's weights (and so need a remote base model copied to local disk first):
 # register reads the safetensors headers and fingerprint to check the adapter fits the base.
 _LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
@@ -78,7 +80,7 @@ class PipelineConfig(StageConfig):
     gate_min_gain: float = opt(0.0, "gate: test pass@1 must beat production by at least this")
     gate_passk_tolerance: float = opt(0.02, "gate: allowed drop of test pass@k (largest k)")
     gate_ood_tolerance: float = opt(0.02, "gate: allowed drop of ood pass@1")
-    seed: int = opt(0, "base seed")
+    seed: int = opt(0, "base seed", ge=0, le=MAX_SEED)
     shards: int = opt(
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
     )
@@ -87,6 +89,15 @@ class PipelineConfig(StageConfig):
     )
 
     def validate(self) -> None:
+        from sdarflow.registry.layout import validate_name
+
+        # the run id is a folder name under <storage>/runs: one safe path component
+        if self.run_id and (not _RUN_ID.fullmatch(self.run_id) or ".." in self.run_id):
+            raise ConfigError(
+                f"pipeline: run_id {self.run_id!r} is not a folder name (letters, digits, '.', '_', '-'; no "
+                f"'..' or slashes); fix: e.g. run_id 20261201-nightly, or leave it empty for a generated one"
+            )
+        validate_name(self.policy_name)
         unknown = sorted(set(self.stage_settings) - set(STAGES))
         if unknown:
             raise ConfigError(f"stage_settings: unknown stage(s) {unknown}; valid: {', '.join(STAGES)}")
@@ -399,7 +410,7 @@ def promote_candidate(config_uri: str, registered: str, actor: str | None = None
         _write_markdown(markdown, line + "\n")
         return line
     version = registered.rstrip("/").rsplit("/", 1)[-1]
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):
         raise ConfigError(
             f"registered version URI '{registered}' does not end in a version number; "
             f"fix: pass the register task's output"

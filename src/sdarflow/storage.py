@@ -181,6 +181,10 @@ def read_json(uri: str) -> dict:
 def _parse_json(raw: bytes, uri: str) -> dict:
     try:
         return json.loads(raw)
+    except RecursionError as err:
+        raise StorageError(
+            f"'{uri}' is nested too deeply to be a file sdarflow wrote; fix: regenerate it"
+        ) from err
     except json.JSONDecodeError as err:
         raise StorageError(
             f"'{uri}' is not valid JSON ({err.msg} at line {err.lineno}); fix: regenerate it"
@@ -237,6 +241,15 @@ def _member_path(manifest: dict, rel: str) -> str:
     return f"{prefix}/{rel}" if prefix else rel
 
 
+def _member_location(loc: Location, manifest: dict, rel: str, what: str) -> str:
+    """Where a listed file is, in ``loc.fs``: on local disk only once it resolves inside the artifact (no
+    symlink out), so nothing outside is ever read or deleted through a listed path."""
+    path = _member_path(manifest, rel)
+    if isinstance(loc.fs, pafs.LocalFileSystem):
+        return str(inside(loc.path, path, f"{what} {loc.uri}"))
+    return f"{loc.path}/{path}"
+
+
 @contextlib.contextmanager
 def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
     """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``), write a replacement
@@ -253,7 +266,10 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
             old = read_manifest(uri)
         except StorageError:
             old = {"files": []}  # a broken artifact: nothing of it is worth keeping readable
-    target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if old is not None else "")
+    # Into a fresh generation when something is there already (a published artifact, or files this publish did
+    # not write: a killed run's leftovers, or a user's): a failure then removes only what this publish wrote.
+    beside = old is not None or _occupied(loc)
+    target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if beside else "")
     _remove_stale_generations(loc, keep=(old or {}).get("prefix", ""))
     try:
         yield target
@@ -266,6 +282,13 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
     if old is not None:
         with contextlib.suppress(StorageError):  # the new artifact is published; leftovers only cost space
             _remove_replaced(loc, old)
+
+
+def _occupied(loc: Location) -> bool:
+    with _reachable(loc, "list"):
+        if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
+            return False
+        return bool(loc.fs.get_file_info(pafs.FileSelector(loc.path)))
 
 
 def _remove_stale_generations(loc: Location, keep: str) -> None:
@@ -285,7 +308,10 @@ def _remove_replaced(loc: Location, old: dict) -> None:
             loc.fs.delete_dir(f"{loc.path}/{old['prefix']}")
             return
         for entry in members(old):
-            path = f"{loc.path}/{entry['path']}"
+            try:
+                path = _member_location(loc, old, entry["path"], "replaced artifact")
+            except StorageError:
+                continue  # a link out of the folder: never delete through it
             if loc.fs.get_file_info(path).type == pafs.FileType.File:
                 loc.fs.delete_file(path)
 
@@ -349,6 +375,9 @@ def _check_manifest(manifest: object, where: str) -> None:
         sha = entry.get("sha256", "0" * 64)
         if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
             raise StorageError(f"'{where}': {name}.sha256 = {sha!r} is not a sha256 digest; {fix}")
+    paths = [entry["path"] for entry in members(manifest)]
+    if len(set(paths)) != len(paths):
+        raise StorageError(f"'{where}' lists a file more than once; {fix}")
 
 
 def write_table(
@@ -402,10 +431,7 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
         with _reachable(loc, "read"):
             parts = []
             for entry in manifest["files"]:
-                rel = _member_path(manifest, entry["path"])
-                path = f"{loc.path}/{rel}"
-                if isinstance(loc.fs, pafs.LocalFileSystem):
-                    path = str(inside(loc.path, rel, f"dataset {loc.uri}"))
+                path = _member_location(loc, manifest, entry["path"], "dataset")
                 try:
                     parts.append(pq.read_table(path, filesystem=loc.fs))
                 except pa.ArrowInvalid as err:
@@ -457,7 +483,7 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     loc = resolve(uri)
     if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
         for entry in manifest["files"]:
-            path = inside(loc.path, _member_path(manifest, entry["path"]), f"{kind} {loc.uri}")
+            path = Path(_member_location(loc, manifest, entry["path"], kind))
             if not path.is_file():
                 raise StorageError(
                     f"{kind} {loc.uri}: '{entry['path']}' is listed in its manifest but missing; "
@@ -468,7 +494,7 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
     for entry in manifest["files"]:
         out = inside(target, entry["path"], f"{kind} {loc.uri}")
-        data = read_bytes(join(uri, _member_path(manifest, entry["path"])))
+        data = _read_location(loc, _member_location(loc, manifest, entry["path"], kind))
         _verify(entry, data, loc.uri)
         with _reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -484,9 +510,14 @@ def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
         raise StorageError(
             f"'{resolve(uri).uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
         )
-    data = read_bytes(join(uri, _member_path(manifest, name)))
-    _verify(entry, data, resolve(uri).uri)
+    loc = resolve(uri)
+    data = _read_location(loc, _member_location(loc, manifest, name, manifest.get("kind", "artifact")))
+    _verify(entry, data, loc.uri)
     return data
+
+
+def _read_location(loc: Location, path: str) -> bytes:
+    return read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path)
 
 
 def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
@@ -494,7 +525,9 @@ def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
 
 
 def _verify(entry: dict, data: bytes, uri: str) -> None:
-    if entry.get("bytes", len(data)) != len(data) or ("sha256" in entry and _sha256(data) != entry["sha256"]):
+    """A file of a published folder (adapter, library, report) against its manifest entry; every such entry
+    carries its sha256 (``publish_dir`` writes it), so an entry without one is refused too."""
+    if entry.get("bytes", len(data)) != len(data) or _sha256(data) != entry.get("sha256"):
         raise StorageError(
             f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
             f"fix: republish the artifact from its source"

@@ -285,3 +285,19 @@ def test_registry_register_refuses_an_adapter_that_does_not_fit_the_base(
             "--eval", str(report), "--model", str(tiny_model)]  # fmt: skip
     fails(capsys, argv, "does not fit base model", name.removeprefix("base_model.model."), "fix:")
     assert not (registry / "agent" / "versions").exists()
+
+
+def test_an_adapter_whose_weights_file_is_corrupt_is_one_line(capsys, tmp_path, tiny_model, lora_adapter):
+    """Its manifest re-recorded (someone with write access), so only loading the file can tell."""
+    import shutil
+
+    made = tmp_path / "made"
+    shutil.copytree(lora_adapter, made)
+    weights = made / "adapter_model.safetensors"
+    weights.write_bytes((2**40).to_bytes(8, "little") + weights.read_bytes()[8:])  # header length: 1 TiB
+    adapter = tmp_path / "adapter"
+    storage.publish_dir(made, str(adapter), kind="adapter")
+    out = tmp_path / "o"
+    argv = ["generate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(out)]
+    fails(capsys, [*argv, "--env", "tool-use", "--tasks", "1"], "is corrupt or incompatible", "fix:")
+    assert not out.exists()

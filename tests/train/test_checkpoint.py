@@ -258,3 +258,28 @@ def test_a_write_that_fails_on_one_rank_fails_on_every_rank_without_a_hang(tmp_p
     assert "other rank(s) could not write their part" in got[1 - fail_rank]
     assert all("cannot write checkpoint" in m and "\n" not in m for m in got.values())
     assert [step for step, _ in Checkpoints(tmp_path, "fp").complete()] == [2]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda body: body.update(state=5),
+        lambda body: body.pop("state"),
+        lambda body: body["state"].update(step="abc"),
+        lambda body: body["state"].update(step=-5),
+        lambda body: body.pop("files"),  # an unlisted file could be anything: no file list, no trust
+    ],
+)
+def test_a_checkpoint_whose_state_is_not_a_training_state_falls_back(tmp_path, edit):
+    import json
+
+    ckpt, engine = Checkpoints(tmp_path, "fp", keep=3), FakeEngine()
+    for step in (2, 4):
+        ckpt.save(engine, TrainState(step=step), {})
+    state = tmp_path / "step-00000004" / "state.json"
+    body = json.loads(state.read_text())
+    edit(body)
+    state.write_text(json.dumps(body))
+    (tmp_path / "step-00000004.damaged").write_text("a file where the set-aside folder goes")
+    assert ckpt.restore(engine).step == 2
+    assert (tmp_path / "step-00000004.damaged").is_dir()

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError
 
 from sdarflow.errors import ModelError
 from sdarflow.models.identity import check_adapter, check_model_dir
@@ -61,9 +62,10 @@ def load_policy(
         kwargs["attn_implementation"] = "flash_attention_2"
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelError(
-            f"cannot load model from '{path}': {err}; fix: check the folder is a complete HF model"
+            f"cannot load model from '{path}': {first}; fix: check the folder is a complete HF model"
         ) from err
     if adapter:
         model = attach_adapter(model, adapter, path, trainable)
@@ -80,7 +82,7 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
     check_adapter(adapter, base_path)
     try:
         return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
-    except (OSError, ValueError, RuntimeError, KeyError) as err:
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
         first = str(err).strip().splitlines()[0]
         raise ModelError(
             f"adapter '{adapter}' is corrupt or incompatible: {first}; fix: re-export the adapter"

@@ -72,7 +72,7 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[dict[str, f
     for k, v in pass_at_k.items():
         # A value that is not a number in [0, 1] (NaN compares False with everything) is a refusal, never a pass.
         ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-        if not ok or not str(k).isdigit():
+        if not ok or not (str(k).isascii() and str(k).isdigit()):
             return None, f"{split} pass@{k} = {v!r} in the {who} eval report is not a number in [0, 1]"
         values[str(k)] = float(v)
     return values, None

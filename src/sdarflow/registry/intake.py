@@ -45,7 +45,10 @@ class _SplitReport(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> _SplitReport:
-        if not all(k.isdigit() and int(k) > 0 for k in self.pass_at_k) or "1" not in self.pass_at_k:
+        if (
+            not all(k.isascii() and k.isdigit() and int(k) > 0 for k in self.pass_at_k)
+            or "1" not in self.pass_at_k
+        ):
             raise ValueError(f"pass_at_k keys {sorted(self.pass_at_k)} must be k = 1, 2, ... and include 1")
         values = [self.pass_at_k[k] for k in sorted(self.pass_at_k, key=int)]
         if any(b < a - 1e-9 for a, b in zip(values, values[1:])):

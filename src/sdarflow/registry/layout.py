@@ -59,7 +59,7 @@ def parse_version(value: int | str) -> int | None:
     if isinstance(value, int):
         return value if value >= 1 else None
     text = str(value).strip().lower().removeprefix("v")
-    return int(text) if text.isdigit() and int(text) >= 1 else None
+    return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
 
 
 @dataclass(frozen=True)
@@ -96,4 +96,6 @@ class Layout:
         return storage.join(self.claims, f"{version}.json")
 
     def version(self, version: int) -> str:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:  # it becomes a path
+            raise ConfigError(f"bad version {version!r} of '{self.name}': versions are integers >= 1")
         return storage.join(self.versions, str(version))

@@ -207,9 +207,18 @@ class Registry:
         return storage.read_manifest(uri, VERSION_KIND)
 
     def _read_verified_json(self, layout: Layout, version: int, filename: str) -> dict[str, Any]:
-        """A JSON file of a version, refused if its bytes do not match the sha256 recorded at register."""
+        """A JSON file of a version, refused if its bytes do not match the sha256 recorded at register; the eval
+        report is validated again (as at register), so a report replaced with its manifest never reaches the
+        gate or a listing."""
         self._manifest(layout, version)  # a missing version: the error that says how to list them
-        return storage.read_member_json(layout.version(version), filename, VERSION_KIND)
+        data = storage.read_member_json(layout.version(version), filename, VERSION_KIND)
+        if filename == EVAL_REPORT:
+            return intake.validate_report(data, f"eval report of {layout.name} v{version}")
+        if not isinstance(data, dict):
+            raise StorageError(
+                f"'{layout.version(version)}/{filename}' is not a JSON object; fix: register again"
+            )
+        return data
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)
@@ -319,10 +328,9 @@ class Registry:
             return {"name": layout.name, "stages": {}}, None
         try:
             state = json.loads(data)
-        except json.JSONDecodeError as err:
-            raise StorageError(f"'{layout.aliases}' is not valid JSON ({err.msg}); fix: restore it") from err
-        state.setdefault("stages", {})
-        return state, etag
+        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested without end
+            raise StorageError(f"'{layout.aliases}' is not valid JSON ({err}); fix: restore it") from err
+        return _checked_alias_state(state, layout.aliases), etag
 
     def _cas_write(self, layout: Layout, state: dict[str, Any], expected_etag: str | None, what: str) -> None:
         data = json.dumps(state, indent=2, sort_keys=True).encode()
@@ -467,3 +475,31 @@ def _alias_stack(history: list[dict[str, Any]]) -> list[int]:
         else:
             stack.append(int(item["version"]))
     return stack
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _checked_alias_state(state: object, where: str) -> dict[str, Any]:
+    """The alias state when its shape is what the registry writes: ``{"stages": {stage: {"version": N | null,
+    "history": [{"version": N, ...}, ...]}}}``; a version is used to build a path, so it must be a number >= 1.
+    StorageError (one line) for anything else."""
+    fix = "fix: restore it from a backup (the registry's audit log records every change)"
+    if not isinstance(state, dict) or not isinstance(state.setdefault("stages", {}), dict):
+        raise StorageError(f"'{where}' is not an alias state (an object with a 'stages' object); {fix}")
+    for stage, entry in state["stages"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.setdefault("history", []), list):
+            raise StorageError(f"'{where}': stage {stage!r} is not an object with a 'history' list; {fix}")
+        events = entry["history"]
+        if not all(isinstance(e, dict) for e in events):
+            raise StorageError(f"'{where}': stage {stage!r} has a history entry that is not an object; {fix}")
+        # a promotion event carries its version; the current version and a rollback's may be empty
+        named = [(entry.get("version"), True)]
+        named += [(e.get("version"), e.get("action") == "rollback") for e in events]
+        for version, optional in named:
+            if not (_positive(version) or (optional and version is None)):
+                raise StorageError(
+                    f"'{where}': stage {stage!r} names version {version!r}, not a number >= 1; {fix}"
+                )
+    return state

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,8 @@ class SkillLibrary:
                 f'fix: e.g. ["slice", "knife"]'
             )
         task_keywords = {t: _keyword_list(v) for t, v in mapping.get("task_keywords", {}).items()}
-        lib = cls(task_keywords=task_keywords, stats=_read_json(folder / STATS, folder, required=False))
+        stats = _checked_stats(_read_json(folder / STATS, folder, required=False), folder)
+        lib = cls(task_keywords=task_keywords, stats=stats)
         for name, fname in files.items():
             path = inside(folder, fname, f"skill library '{folder}': {MAPPING} skill_files[{name!r}]")
             if not path.is_file():
@@ -201,18 +203,49 @@ class SkillLibrary:
         return lib
 
 
+def _checked_stats(stats: dict, folder: Path) -> dict:
+    """``skill_stats.json`` in the layout ``skills.bandit`` writes: arms per task type and skill, each a count of
+    pulls and a finite reward sum (they feed UCB scores). StorageError naming the entry otherwise."""
+    arms = stats.get("arms", {})
+    fix = f"fix: delete {STATS} to start the ucb statistics afresh"
+    if not isinstance(arms, dict) or not all(isinstance(a, dict) for a in arms.values()):
+        raise StorageError(
+            f"skill library '{folder}': {STATS} 'arms' is not task type -> skill -> arm; {fix}"
+        )
+    for task_type, per_skill in arms.items():
+        for skill, arm in per_skill.items():
+            pulls = arm.get("pulls") if isinstance(arm, dict) else None
+            total = arm.get("reward_sum") if isinstance(arm, dict) else None
+            if not (
+                isinstance(pulls, int)
+                and not isinstance(pulls, bool)
+                and pulls >= 0
+                and isinstance(total, (int, float))
+                and not isinstance(total, bool)
+                and math.isfinite(total)
+            ):
+                raise StorageError(
+                    f"skill library '{folder}': {STATS} arm {task_type}/{skill} = {arm!r} is not a pull count "
+                    f"and a finite reward sum; {fix}"
+                )
+    return stats
+
+
 def _read_json(path: Path, folder: Path, required: bool) -> dict:
     if not path.is_file() and not required:
         return {}
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: not JSON, or not UTF-8
         raise StorageError(
             f"skill library '{folder}' has no readable {path.name} ({err}); fix: pass a library folder "
             f"(skill_mapping.json + Markdown files)"
         ) from err
     if not isinstance(data, dict):
-        raise StorageError(f"skill library '{folder}': {path.name} must hold a JSON object")
+        raise StorageError(
+            f"skill library '{folder}': {path.name} must hold a JSON object; fix: write it as the library's "
+            f"stage does (extract-skills)"
+        )
     return data
 
 

@@ -14,6 +14,7 @@ way rather than inserted into the teacher's context.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -95,7 +96,8 @@ class OpenAIChat:
                     time.sleep(0.5 * 2**attempt)
                     continue
                 raise self._http_error(err) from err
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+            # IncompleteRead: the body ended before its Content-Length (a dropped connection)
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
                 if attempt < self.retries:
                     time.sleep(0.5 * 2**attempt)
                     continue
@@ -121,7 +123,8 @@ class OpenAIChat:
     def _content(self, raw: bytes) -> str:
         try:
             content = json.loads(raw)["choices"][0]["message"]["content"]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+        # ValueError: not JSON, not UTF-8, or a number too long to convert
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as err:
             raise SkillExtractionError(
                 f"LLM endpoint {self.url} answered without choices[0].message.content ({raw[:120]!r}); "
                 f"fix: point --llm-base-url at an OpenAI-compatible /v1 API"

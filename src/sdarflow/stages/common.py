@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,16 @@ def allow_unpublished_opt() -> bool:
 def local_artifact(
     uri: str | None, kind: str, allow_unpublished: bool = False, dest: str | None = None
 ) -> str | None:
-    """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given, else a view
-    of a local one). A local folder without a manifest is refused (it may be a half-written output) unless
+    """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given, and always
+    of a skill library; else a view of a local one). A local folder without a manifest is refused (it may be a half-written output) unless
     ``allow_unpublished``: a folder made by hand."""
     if not uri:
         return None
     if storage.is_published(uri):
+        if kind == "skills" and dest is None:
+            # a library reads files by the names in its mapping: a copy holds only the files the manifest
+            # lists (and verified), so a file slipped in beside them is never read (libraries are small)
+            dest = tempfile.mkdtemp(prefix="sdarflow-skills-")
         return str(storage.fetch_dir(uri, kind=kind, dest=dest))
     path = Path(uri)
     if "://" not in uri and path.is_dir():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdarflow import storage
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
@@ -48,7 +48,9 @@ class EvaluateConfig(StageConfig):
     temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)", ge=0)
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
     batch_size: int = opt(64, "prompts per engine call", ge=1)
-    seed: int = opt(1234, "base seed (differs from generate's so evaluation samples are fresh)", ge=0)
+    seed: int = opt(
+        1234, "base seed (differs from generate's so evaluation samples are fresh)", ge=0, le=MAX_SEED
+    )
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing report at --output", io=True)
 

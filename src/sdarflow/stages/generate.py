@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from sdarflow import storage
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt
@@ -55,7 +55,9 @@ class GenerateConfig(StageConfig):
     )
     device: str = device_opt()
     batch_size: int = opt(64, "prompts per engine call", ge=1)
-    seed: int = opt(0, "base seed; each sample's seed derives from it, the episode and the turn", ge=0)
+    seed: int = opt(
+        0, "base seed; each sample's seed derives from it, the episode and the turn", ge=0, le=MAX_SEED
+    )
     step_timeout_s: float = opt(
         60.0,
         "seconds one env reset/step may take before its episode ends as failed (run continues); 0 = no limit",

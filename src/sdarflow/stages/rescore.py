@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from sdarflow import storage
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt
 from sdarflow.rollout.prompt import SKILL_PLACES
@@ -37,7 +37,7 @@ class RescoreConfig(StageConfig):
     output: str = opt("", "output rescored dataset URI", io=True)
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
     ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0", ge=0)
-    seed: int = opt(0, "random retrieval: seed of the skill draws", ge=0)
+    seed: int = opt(0, "random retrieval: seed of the skill draws", ge=0, le=MAX_SEED)
     skill_place: str = opt(
         "prefix",
         "where the teacher's skills go: prefix (before the rendered prompt, as the SDAR reference), system or user",

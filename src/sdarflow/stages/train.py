@@ -27,7 +27,7 @@ import torch
 
 from sdarflow import storage
 from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
@@ -141,7 +141,7 @@ class TrainConfig(StageConfig):
     micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)", ge=1)
     max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off", ge=0)
     max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
-    seed: int = opt(0, "seed for init and shuffling", ge=0)
+    seed: int = opt(0, "seed for init and shuffling", ge=0, le=MAX_SEED)
     deterministic: bool = opt(False, "deterministic kernels and 1 CPU thread: bit-exact kill/resume on CPU")
     checkpoint_dir: str = opt(
         "", "local folder for checkpoints; a rerun with the same folder resumes; empty = off", io=True

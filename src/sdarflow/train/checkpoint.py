@@ -209,22 +209,47 @@ class Checkpoints:
             try:
                 body = json.loads((path / STATE_FILE).read_text())
                 problem = "" if isinstance(body, dict) else "state.json is not an object"
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-                body, problem = {}, f"state.json is unreadable ({err})"
-            if not problem and "files" in body:  # checkpoints from before sums were recorded are trusted
-                problem = next((f"{rel} {why}" for rel, why in _mismatches(path, body["files"])), "")
+            except (OSError, ValueError, RecursionError) as err:  # ValueError: not JSON, or not UTF-8
+                body, problem = {}, f"state.json is unreadable ({type(err).__name__})"
+            if not problem:
+                problem = next((f"{rel} {why}" for rel, why in _mismatches(path, body.get("files"))), "")
+            if not problem:
+                problem = _state_problem(body.get("state"))
             if not problem:
                 return path, body
             log.warning("checkpoint %s is damaged (%s); trying the one before", path, problem)
             if set_aside:
-                shutil.rmtree(path.with_name(path.name + ".damaged"), ignore_errors=True)
-                path.rename(path.with_name(path.name + ".damaged"))
+                _set_aside(path)
         if done:
             raise CheckpointError(
                 f"every checkpoint in '{self.root}' is damaged (see the warnings above); fix: delete the folder to "
                 f"train from the start"
             )
         return None
+
+
+def _state_problem(state: object) -> str:
+    """Why a recorded training state cannot be resumed from ("" when it can)."""
+    try:
+        parsed = TrainState.from_dict(state)  # type: ignore[arg-type]
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as err:
+        return f"state.json holds no training state ({type(err).__name__}: {err})"
+    if min(parsed.step, parsed.rl_steps, parsed.sft_steps, parsed.nonfinite_in_row) < 0:
+        return "state.json holds negative step counters"
+    return ""
+
+
+def _set_aside(path: Path) -> None:
+    """Rename a damaged checkpoint ``step-N.damaged`` (replacing an older one of that name, whatever it is)."""
+    target = path.with_name(path.name + ".damaged")
+    try:
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        path.rename(target)
+    except OSError as err:  # it stays where it is; it is skipped again next time
+        log.warning("checkpoint %s could not be set aside (%s)", path, err)
 
 
 def _sums(folder: Path) -> dict[str, str]:

@@ -1,0 +1,81 @@
+"""Attacks on a registry by someone with write access to its prefix (a review's red-team findings): an alias state
+cannot name a path or take another shape, a stored report replaced together with its sha256 is still validated,
+and what no check anticipated ends in one line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sdarflow import storage
+from sdarflow.cli import main
+
+
+def one_line_error(capsys, argv: list[str], *expected: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+@pytest.fixture
+def registry_with_versions(tmp_path, make_adapter, report, lineage) -> str:
+    from sdarflow.registry import Registry
+
+    reg = Registry(tmp_path / "registry")
+    reg.register("pol", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    reg.register("pol", make_adapter(seed=1), report(0.3, 0.5, 0.3), lineage)
+    reg.promote("pol", 1)
+    return str(tmp_path / "registry")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda s: s["stages"]["production"].update(version="../../../evil"),
+            "names version '../../../evil'",
+        ),
+        (lambda s: s["stages"]["production"]["history"].append({"version": "abc"}), "names version 'abc'"),
+        (lambda s: s.update(stages=[]), "is not an alias state"),
+        (lambda s: s["stages"].update(production="x"), "is not an object with a 'history' list"),
+        (lambda s: s["stages"]["production"].update(history="x"), "is not an object with a 'history' list"),
+    ],
+)
+def test_an_alias_state_that_names_a_path_or_has_another_shape_is_refused(
+    registry_with_versions, capsys, edit, message
+):
+    aliases = Path(registry_with_versions) / "pol" / "aliases.json"
+    state = json.loads(aliases.read_text())
+    edit(state)
+    aliases.write_text(json.dumps(state))
+    argv = ["registry", "promote", "--registry", registry_with_versions, "--name", "pol", "--version", "2"]
+    one_line_error(capsys, argv, message, "fix:")
+
+
+def test_a_report_replaced_together_with_its_sha256_is_refused(registry_with_versions, capsys):
+    version = Path(registry_with_versions) / "pol" / "versions" / "2"
+    (version / "eval_report.json").write_text("{}")
+    manifest = json.loads((version / storage.MANIFEST).read_text())
+    for entry in manifest["files"]:
+        if entry["path"] == "eval_report.json":
+            entry.update(bytes=2, sha256="44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a")
+    (version / storage.MANIFEST).write_text(json.dumps(manifest))
+    argv = ["registry", "show", "--registry", registry_with_versions, "--name", "pol", "--version", "2"]
+    one_line_error(capsys, argv, "eval report of pol v2")
+
+
+def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(registry_with_versions, capsys):
+    """The catch-all for what no check anticipated: a claim file named with a digit of another script."""
+    (Path(registry_with_versions) / "pol" / "versions" / "²").mkdir()
+    argv = ["registry", "list", "--registry", registry_with_versions, "--name", "pol"]
+    assert main(argv) == 0  # not a version folder: ignored, not int()-ed
+    capsys.readouterr()
+    aliases = Path(registry_with_versions) / "pol" / "aliases.json"
+    aliases.write_bytes(b'{"stages": {"production": {"version": 1, "history": []}}, "name": "\xff"}')
+    one_line_error(capsys, [*argv], "not valid JSON")
