@@ -55,12 +55,18 @@ lint: $(STAMP)
 
 IMAGE_REPO ?= ghcr.io/sdarflow
 VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# Immutable tags: the version and the commit (a rebuild of another commit never overwrites a deployed image).
+TAG        ?= $(VERSION)-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)
 
 images:
 	@command -v docker >/dev/null || { echo "error: docker not found; fix: run on a machine with Docker (BuildKit)"; exit 2; }
-	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.cpu -t $(IMAGE_REPO)/sdarflow:$(VERSION) .
-	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.train-gpu -t $(IMAGE_REPO)/sdarflow-train-gpu:$(VERSION) .
-	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.rollout-gpu -t $(IMAGE_REPO)/sdarflow-rollout-gpu:$(VERSION) .
+	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.cpu -t $(IMAGE_REPO)/sdarflow:$(TAG) .
+	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.train-gpu -t $(IMAGE_REPO)/sdarflow-train-gpu:$(TAG) .
+	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.rollout-gpu -t $(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG) .
+	@echo "built $(IMAGE_REPO)/{sdarflow,sdarflow-train-gpu,sdarflow-rollout-gpu}:$(TAG); after pushing, pin them:"
+	@echo "  (cd k8s/images && kustomize edit set image ghcr.io/sdarflow/sdarflow=$(IMAGE_REPO)/sdarflow:$(TAG))"
+	@echo "  sdarflow pipeline compile ... --image $(IMAGE_REPO)/sdarflow:$(TAG) --train-image \\"
+	@echo "    $(IMAGE_REPO)/sdarflow-train-gpu:$(TAG) --rollout-image $(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG)"
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache
