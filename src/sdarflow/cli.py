@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import sys
 import typing
 from collections.abc import Callable
@@ -122,6 +123,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
 def _cmd_build_model(args: argparse.Namespace) -> int:
     from sdarflow.train.warmstart import BaseModelSpec, build_base_model
 
+    if not (math.isfinite(args.sft_time_limit) and args.sft_time_limit >= 0):
+        raise ConfigError(
+            f"build-model: --sft-time-limit ({args.sft_time_limit}) must be seconds >= 0; fix: 0 for no limit"
+        )
     spec = BaseModelSpec(
         env=args.env,
         tasks=args.tasks,

@@ -301,3 +301,16 @@ def test_an_adapter_whose_weights_file_is_corrupt_is_one_line(capsys, tmp_path, 
     argv = ["generate", "--model", str(tiny_model), "--adapter", str(adapter), "--output", str(out)]
     fails(capsys, [*argv, "--env", "tool-use", "--tasks", "1"], "is corrupt or incompatible", "fix:")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--sft-time-limit", "nan"], "--sft-time-limit (nan) must be seconds >= 0"),
+        (["--sft-time-limit", "-1"], "--sft-time-limit (-1.0) must be seconds >= 0"),
+        (["--seed", "-1"], "seed (-1) must be in [0,"),
+    ],
+)
+def test_build_model_refuses_bad_numbers_before_any_work(capsys, tmp_path, flags, message):
+    fails(capsys, ["build-model", "--out", str(tmp_path / "m"), *flags], message, "fix:")
+    assert not (tmp_path / "m").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from sdarflow import storage
+from sdarflow.config import MAX_SEED
 from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import resolve_device
@@ -72,6 +73,10 @@ class BaseModelSpec:
                 )
         if not 0.0 <= self.skill_share <= 1.0:
             raise ConfigError(f"build-model: skill_share ({self.skill_share}) must be in [0, 1]")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(
+                f"build-model: seed ({self.seed}) must be in [0, {MAX_SEED}]; fix: e.g. --seed 0"
+            )
 
     def hash(self) -> str:
         content = {**asdict(self), "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
