@@ -25,6 +25,9 @@ from sdarflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "KFP_TOKEN"
+# The oldest KFP backend the compiled pipelines are written for: fan-in over a sub-DAG (dsl.Collected of the sharded
+# generate), typed artifacts between tasks, kfp-kubernetes timeouts, emptyDir mounts and ephemeral volumes.
+MIN_BACKEND = (2, 5, 0)
 DEFAULT_EXPERIMENT = "sdarflow"
 
 
@@ -56,6 +59,39 @@ def connect(host: str, namespace: str | None = None):
         # "only works with KFP >= 2.0.0-beta.2": true of every server this targets; noise in every command.
         warnings.filterwarnings("ignore", "This client only works", FutureWarning)
         return kfp.Client(**kwargs)
+
+
+def check_backend(host: str) -> str | None:
+    """The KFP backend's version (the v1 API's healthz ``tag_name``; the v2 one does not say), after checking it
+    is at least ``MIN_BACKEND``: ConfigError (one line) when older. None, with a warning, when the server does not
+    tell: it is not refused for that."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {os.environ[TOKEN_ENV]}"} if os.environ.get(TOKEN_ENV) else {}
+    request = urllib.request.Request(f"{host.rstrip('/')}/apis/v1beta1/healthz", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            tag = str(json.loads(resp.read()).get("tag_name", ""))
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        tag = ""
+    parts = tag.lstrip("v").split("-")[0].split(".")
+    if len(parts) < 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        log.warning(
+            "the KFP server at %s does not tell its version; it needs %s or newer", host, _dotted(MIN_BACKEND)
+        )
+        return None
+    if tuple(int(p) for p in parts) < MIN_BACKEND:
+        raise ConfigError(
+            f"the KFP backend at {host} is {tag}, older than {_dotted(MIN_BACKEND)}, which the pipelines need (fan-in "
+            f"over a sub-DAG, typed artifacts between tasks, task timeouts and volumes); fix: upgrade Kubeflow "
+            f"Pipelines, or pass --skip-version-check to upload anyway"
+        )
+    return tag
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 def read_spec(package: str | Path) -> dict:

@@ -155,8 +155,10 @@ def _print(obj: dict) -> None:
 
 
 def _cmd_upload(args: argparse.Namespace) -> int:
-    from pipelines.client import upload
+    from pipelines.client import check_backend, upload
 
+    if not args.skip_version_check and args.host:
+        check_backend(args.host)
     with contextlib.redirect_stdout(sys.stderr):
         result = upload(_client(args), args.package, args.name, args.version_name)
     _print(result)
@@ -331,6 +333,11 @@ def add_parser(subparsers) -> None:
     u.add_argument("--package", required=True, help="compiled pipeline YAML")
     u.add_argument("--name", help="pipeline name (default: the spec's, sdar-training or sdar-promotion)")
     u.add_argument("--version-name", help="version name (default: NAME-<sdarflow version>-<UTC time>)")
+    u.add_argument(
+        "--skip-version-check",
+        action="store_true",
+        help="upload to a KFP backend older than 2.5 (not supported)",
+    )
     u.set_defaults(func=_cmd_upload)
 
     r = sub.add_parser("run", help="start a run")

@@ -30,6 +30,7 @@ class FakeKFP:
         self.pipelines: dict[str, dict] = {}  # id -> {"display_name", "versions": [version, ...]}
         self.experiments: dict[str, str] = {}  # id -> name
         self.lock = threading.Lock()
+        self.tag_name = "2.5.0"
 
     def paths(self, method: str | None = None) -> list[str]:
         return [r["path"] for r in self.requests if method is None or r["method"] == method]
@@ -75,6 +76,8 @@ class FakeKFP:
     def handle(self, method: str, path: str, query: dict, body: bytes, content_type: str) -> tuple[int, dict]:
         if (method, path) == ("GET", f"{API}/healthz"):
             return 200, {"multi_user": False}
+        if (method, path) == ("GET", "/apis/v1beta1/healthz"):  # the v1 API's healthz says the version
+            return 200, {"multi_user": False, "tag_name": self.tag_name, "commit_sha": "abc"}
         if (method, path) == ("GET", f"{API}/pipelines"):
             name = self._name_filter(query)
             found = [
@@ -190,6 +193,21 @@ def test_upload_creates_the_pipeline_then_adds_versions(kfp_server, package, cap
     version = fake.one("POST", f"{API}/pipelines/upload_version")
     assert version["query"]["pipelineid"] == ["p-1"]
     assert version["query"]["name"][0].startswith("sdar-training-0.1.0-")
+
+
+@pytest.mark.parametrize(
+    ("tag", "refused"), [("2.4.1", True), ("1.8.5", True), ("2.5.0", False), ("2.14.3", False)]
+)
+def test_upload_checks_the_backend_version(kfp_server, package, capsys, tag, refused):
+    url, fake = kfp_server
+    fake.tag_name = tag
+    code, _, err = run_cli(capsys, "upload", "--host", url, "--package", package)
+    if refused:
+        assert code == 2 and f"is {tag}, older than 2.5.0" in err and "--skip-version-check" in err
+        assert f"{API}/pipelines/upload" not in fake.paths()
+        assert run_cli(capsys, "upload", "--host", url, "--package", package, "--skip-version-check")[0] == 0
+    else:
+        assert code == 0 and fake.one("POST", f"{API}/pipelines/upload")
 
 
 def test_run_from_a_package_sends_typed_parameters(kfp_server, package, capsys):
