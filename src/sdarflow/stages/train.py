@@ -215,9 +215,9 @@ def build_model(cfg: TrainConfig):
     from sdarflow.models import load_policy
     from sdarflow.models.policy import new_lora
 
-    policy = load_policy(
-        cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished), trainable=True
-    )
+    # on the CPU: the engine places the model (torch: onto the GPU; DeepSpeed: sharded across the ranks' GPUs)
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    policy = load_policy(cfg.model, adapter, trainable=True, device="cpu")
     model = policy.model
     if not cfg.adapter and cfg.lora_rank > 0:
         model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
