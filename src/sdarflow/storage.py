@@ -217,7 +217,7 @@ GENERATION = "_gen-"
 @dataclass(frozen=True)
 class Target:
     """Where a publish writes: the artifact's URI and the folder inside it that holds this publication's files
-    (``prefix`` is empty for a first publish, a fresh generation folder when a published artifact is replaced)."""
+    (``prefix`` is empty when the folder is empty or new, else a fresh generation folder: ``publishing``)."""
 
     uri: str
     prefix: str = ""
