@@ -3,7 +3,7 @@ stage checked to have run on CUDA, in at most 8 minutes. Writes ``bench/results/
 seconds, vLLM vs hf generation tokens/s on the same prompts, train tokens/s and model FLOP utilization.
 
 The stages run as the pipeline runs them (``pipeline_config.stage_config``): generate and evaluate on vLLM with
-the adapter, rescore on the GPU (bf16, packed batches), train with DeepSpeed in bf16. The model is the demo's
+the adapter, rescore on the GPU (float32, packed batches), train with DeepSpeed in bf16. The model is the demo's
 tokenizer with a wider, deeper random-init Qwen2 (``--hidden``, ``--layers``): its success rate is meaningless,
 its throughput is the point. ``--allow-cpu`` runs the same path on the CPU at the smallest sizes (hf engine,
 torch training); the tests use it so the script cannot rot where no GPU is.
@@ -101,13 +101,16 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     on_cuda: dict[str, bool | None] = {}
 
     def timed(stage: str, fn, *a, **kw):
+        before = 0
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         out = fn(*a, **kw)
         seconds[stage] = round(time.perf_counter() - t0, 2)
-        # in-process stages allocate CUDA memory here; vLLM's workers are other processes, checked by engine
-        on_cuda[stage] = on_gpu and torch.cuda.max_memory_allocated() > 0
+        # an in-process stage allocates CUDA memory beyond what was held before it; vLLM's workers are other
+        # processes, checked by engine
+        on_cuda[stage] = on_gpu and torch.cuda.max_memory_allocated() > before
         return out
 
     tiny = timed("build-model", build_base_model, work / "tiny", PRESETS["smoke"]["model"], device=device)
@@ -139,6 +142,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     sk = timed("extract-skills", extract_skills.run, sk_cfg)
     rs = timed("rescore", rescore.run, stage_config(pc, "rescore", 0, input=[gen["uri"]], skills=sk["uri"]))
     tr = timed("train", train.run, stage_config(pc, "train", 0, input=[rs["uri"]]))
+    leave_process_group()  # the in-process DeepSpeed run's group and env must not leak into vLLM's start
     gen2 = timed("generate-with-adapter", generate.run, stage_config(pc, "generate", 1, adapter=tr["uri"]))
     ev = timed("evaluate", evaluate.run, stage_config(pc, "evaluate", 1, adapter=tr["uri"]))
     on_cuda["extract-skills"] = None  # rule-based: no model, nothing to place
@@ -163,6 +167,16 @@ def run(work: Path, on_gpu: bool, args) -> dict:
         "eval_pass@1": ev["metrics"].get("test/pass@1"),
         "rollout_success": gen["metrics"]["rollout/success"],
     }
+
+
+def leave_process_group() -> None:
+    """Undo what a single-process DeepSpeed run set up (``train.launch.ensure_process_group_env``)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(key, None)
 
 
 def sized_model(tiny: Path, out: Path, hidden: int, layers: int) -> Path:

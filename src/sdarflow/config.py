@@ -152,7 +152,7 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
-        if not isinstance(value, list):
+        if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{stage}: {name} = {value!r} is not a list; fix: a list, e.g. [a, b], or a,b")
         return [_coerce(stage, name, v, args[0]) for v in value]
     if origin is Literal:
@@ -162,13 +162,13 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
     if hint is int and isinstance(value, float) and not value.is_integer():
         # int(1.9) would silently become 1; a KFP parameter may carry 8 as 8.0, which is fine
         raise ConfigError(f"{stage}: {name} = {value!r} is not a whole number; fix: pass an integer")
-    if hint is str and not isinstance(value, (str, int, float)):
+    if hint is str and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
         raise ConfigError(f"{stage}: {name} = {value!r} is not a text value; fix: pass a string")
     try:
         if hint is bool:
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
                 return value.lower() in ("true", "1", "yes")
-            if value in (True, False, 0, 1) and not isinstance(value, float):
+            if value in (True, False, 0, 1):  # KFP's dict parameters carry 1 as 1.0
                 return bool(value)
             raise ValueError(value)
         if hint in (int, float) and isinstance(value, str) and not _NUMBER.fullmatch(value):

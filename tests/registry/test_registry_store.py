@@ -240,3 +240,31 @@ def test_a_base_model_that_is_not_a_model_folder_is_refused(
         Registry(local_registry).register(
             "agent", make_adapter(), report(0.5, 0.7, 0.4), lineage, base_model=tmp_path
         )
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {
+            "target_modules": ["q_proj", "embed_tokens"]
+        },  # embedding LoRA: "<module>.lora_embedding_A", no suffix
+        {"target_modules": ["q_proj", "down_proj"], "lora_bias": True},  # lora_B's 1-D bias
+        {"target_modules": ["v_proj"], "modules_to_save": ["lm_head"]},
+    ],
+)
+def test_real_peft_adapters_of_every_shape_fit_their_base(
+    local_registry, tiny_model, report, lineage, tmp_path, lora
+):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from sdarflow.models import load_policy
+
+    torch.manual_seed(0)
+    model = get_peft_model(load_policy(str(tiny_model), device="cpu").model, LoraConfig(r=4, **lora))
+    model.save_pretrained(tmp_path / "adapter")
+    reg = Registry(local_registry)
+    assert (
+        reg.register("agent", tmp_path / "adapter", report(0.5, 0.7, 0.4), lineage, base_model=tiny_model)
+        == 1
+    )

@@ -45,9 +45,9 @@ def load_policy(
     folder) if given.
 
     ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter) and the weights
-    float32 (the training engine places and casts them); otherwise the weights are ``inference_dtype`` (bf16 on a
-    GPU) and, on a GPU with flash-attn installed, attention is flash-attention 2, whose varlen kernel serves the
-    packed rescoring batches.
+    float32 (the training engine places and casts them); otherwise the weights are ``dtype`` or ``inference_dtype``
+    (bf16 on a GPU), with flash-attention 2 on a GPU with flash-attn installed for half-precision weights (padded
+    batches only: its packed-sequence path needs one row, so rescoring's packed batches, in float32, use SDPA).
     """
     from transformers import AutoModelForCausalLM
 

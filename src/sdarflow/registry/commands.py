@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdarflow.errors import ConfigError
+from sdarflow.errors import ConfigError, ModelError
 
 
 def _emit(obj: Any, as_json: bool = True) -> None:
@@ -132,6 +132,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         from sdarflow.registry.serve import max_lora_rank
 
         rank = registry.show(args.name, version)["lora_rank"]
+        if rank is None:
+            raise ModelError(
+                f"{args.name} v{version} has no LoRA rank ('r' in adapter_config.json), so vLLM cannot serve it "
+                f"as a LoRA module; fix: register a LoRA adapter"
+            )
         Path(args.rank_file).write_text(f"{max_lora_rank([rank])}\n")
     sys.stdout.write(f"{path}\n")
     return 0

@@ -156,8 +156,8 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
     declared = lora_rank(config)
     for weights in adapter_dir.glob("adapter_model*.safetensors"):
         for name, shape in safetensors_shapes(weights, "adapter weights").items():
-            if ".lora_A" not in name and ".lora_B" not in name:
-                continue
+            if (".lora_A" not in name and ".lora_B" not in name) or name.endswith(".bias"):
+                continue  # not a LoRA matrix (lora_bias adds a 1-D bias to lora_B: no rank in it)
             # lora_A is (rank, in, ...), lora_B is (out, rank, ...) (conv LoRA adds kernel dimensions)
             rank = shape[0 if ".lora_A" in name else 1] if len(shape) >= 2 else None
             if rank is None or (declared is not None and rank > declared):
@@ -207,7 +207,8 @@ def _misfit(key: str, shape: list[int], base: Mapping[str, list[int]], transpose
     for kind, (dim, base_dim) in _LORA_DIMS.items():
         if f".{kind}." not in f"{key}.":
             continue
-        module = key.split(f".{kind}.")[0]
+        # PEFT names linear LoRA weights "<module>.lora_A.weight" and embedding ones "<module>.lora_embedding_A"
+        module = f"{key}.".split(f".{kind}.")[0]
         weight = base.get(f"{module}.weight")
         if weight is None:
             # a tied output layer has no weight of its own in the checkpoint
@@ -216,6 +217,8 @@ def _misfit(key: str, shape: list[int], base: Mapping[str, list[int]], transpose
             return None
         if transposed and not kind.startswith("lora_embedding"):
             weight = weight[::-1]
+        if key.endswith(".bias"):  # lora_bias: lora_B's bias, one value per output feature
+            return None if shape == [weight[0]] else f"{key} has shape {shape}, not [{weight[0]}]"
         if len(shape) != 2 or shape[dim] != weight[base_dim]:
             return f"{key} has shape {shape}, the base's {module}.weight is {list(weight)}"
         return None

@@ -164,6 +164,8 @@ def _reference_logprobs(
 
 @once("rescored")
 def run(cfg: RescoreConfig) -> dict:
+    import torch
+
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher import guards
@@ -177,9 +179,10 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.num_shards,
     )
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
-    policy = load_policy(
-        cfg.model, local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished), device=cfg.device
-    )
+    # float32 weights even on a GPU: these log-probs are the PPO ratio's old policy and the KL's reference, and
+    # the trainer computes the new ones from float32 weights; bf16's error would start the ratio away from 1
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    policy = load_policy(cfg.model, adapter, device=cfg.device, dtype=torch.float32)
     rows = table.select(
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
     ).to_pylist()

@@ -93,7 +93,8 @@ def reference_model(model, base_path: str) -> Iterator[torch.nn.Module]:
     from sdarflow.models import load_policy
 
     log.info("rescore: adapter merged into the weights; loading the base model for the reference log-probs")
-    yield load_policy(base_path, device=str(model_device(model))).model
+    weights = next(model.parameters())
+    yield load_policy(base_path, device=str(weights.device), dtype=weights.dtype).model
 
 
 def k1_mean(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> float:

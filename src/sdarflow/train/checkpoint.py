@@ -72,11 +72,13 @@ def restore_rng(state: dict) -> None:
 
 def _on_every_rank(engine: Engine, phase: Callable[[], None]) -> None:
     """Run ``phase`` on this rank, then agree: if it failed on any rank, it fails on every rank. A rank that
-    fails alone must not leave the others waiting at the next collective (a hang until the NCCL timeout)."""
+    fails alone must not leave the others waiting at the next collective (a hang until the NCCL timeout). Any
+    exception counts; it is raised again after the agreement. (A rank failing inside a collective the engine's
+    own save runs, DeepSpeed's barriers, still leaves the others there: only the engine can agree on that.)"""
     error = None
     try:
         phase()
-    except (OSError, RuntimeError) as err:
+    except Exception as err:  # noqa: BLE001 - every failure must reach the agreement below
         error = err
     failed = engine.all_reduce_sum({"failed": float(error is not None)})["failed"]
     if error is not None:
@@ -124,8 +126,12 @@ class Checkpoints:
         tmp = final.with_name(final.name + ".tmp")
         try:
             return self._save(engine, state, meta, final, tmp)
-        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(
+                err, (OSError, RuntimeError)
+            ):  # torch.save reports a failed write as RuntimeError
+                raise
             reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
             raise CheckpointError(
                 f"cannot write checkpoint {final}: {reason}; fix: free space in {self.root} or pass "

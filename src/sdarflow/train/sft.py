@@ -36,8 +36,10 @@ class SFTPair:
 
 
 def sft_loss(model, pairs: list[SFTPair], pad_id: int) -> torch.Tensor:
-    batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
-    logp, _ = response_logprobs(model, to_device(batch, model_device(model)))
+    batch = to_device(
+        make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id), model_device(model)
+    )
+    logp, _ = response_logprobs(model, batch)
     return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
 
 
