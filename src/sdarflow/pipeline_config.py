@@ -13,6 +13,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import importlib
+import json
 import logging
 import os
 import re
@@ -333,8 +334,8 @@ def _point(artifact, uri: str) -> None:
     artifact.metadata.update(
         {"uri": uri, **{k: manifest[k] for k in ("kind", "rows", "config_hash") if k in manifest}}
     )
-    with open(artifact.path, "wb") as f:
-        f.write(storage.read_bytes(storage.join(uri, storage.MANIFEST)))
+    with open(artifact.path, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
 
 
 def run_component(
