@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -114,7 +115,9 @@ def run(work: Path, on_gpu: bool, args) -> dict:
         return out
 
     tiny = timed("build-model", build_base_model, work / "tiny", PRESETS["smoke"]["model"], device=device)
-    model = sized_model(tiny, work / "model", args.hidden if on_gpu else 128, args.layers if on_gpu else 2)
+    hidden, layers = (args.hidden, args.layers) if on_gpu else (128, 2)
+    model = sized_model(tiny, work / "model", hidden, layers)
+    params = n_params(model)
     engine = "vllm" if on_gpu else "hf"
     pc = PipelineConfig(
         storage=str(work / "store"),
@@ -152,18 +155,14 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     train_tps = float(tr["metrics"]["train/tokens_per_s"])
     return {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
-        "model": {
-            "hidden": args.hidden if on_gpu else 128,
-            "layers": args.layers if on_gpu else 2,
-            "parameters": n_params(model),
-        },  # fmt: skip
+        "model": {"hidden": hidden, "layers": layers, "parameters": params},
         "seconds": seconds,
         "total_seconds": round(sum(seconds.values()) + throughput.pop("seconds"), 1),
         "limit_seconds": LIMIT_S,
         "on_cuda": on_cuda,
         "generate_tokens_per_s": throughput,
         "train_tokens_per_s": train_tps,
-        "mfu": mfu(n_params(model), train_tps, on_gpu),
+        "mfu": mfu(params, train_tps, on_gpu),
         "eval_pass@1": ev["metrics"].get("test/pass@1"),
         "rollout_success": gen["metrics"]["rollout/success"],
     }
@@ -199,12 +198,7 @@ def n_params(model: Path) -> int:
     total = 0
     for weights in model.glob("*.safetensors"):
         with safe_open(str(weights), "pt") as f:
-            for name in f.keys():
-                shape = f.get_slice(name).get_shape()
-                count = 1
-                for d in shape:
-                    count *= d
-                total += count
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
     return total
 
 

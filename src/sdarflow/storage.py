@@ -268,9 +268,13 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
             old = {"files": []}  # a broken artifact: nothing of it is worth keeping readable
     # Into a fresh generation when something is there already (a published artifact, or files this publish did
     # not write: a killed run's leftovers, or a user's): a failure then removes only what this publish wrote.
-    beside = old is not None or _occupied(loc)
+    present = _children(loc)
+    beside = old is not None or bool(present)
     target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if beside else "")
-    _remove_stale_generations(loc, keep=(old or {}).get("prefix", ""))
+    with _reachable(loc, "delete"):  # generations an interrupted overwrite left (no manifest names them)
+        for info in present:
+            if info.base_name.startswith(GENERATION) and info.base_name != (old or {}).get("prefix", ""):
+                loc.fs.delete_dir(info.path)
     try:
         yield target
     except BaseException:
@@ -284,21 +288,12 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
             _remove_replaced(loc, old)
 
 
-def _occupied(loc: Location) -> bool:
+def _children(loc: Location) -> list[pafs.FileInfo]:
+    """What is directly inside the folder (nothing when it does not exist)."""
     with _reachable(loc, "list"):
         if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
-            return False
-        return bool(loc.fs.get_file_info(pafs.FileSelector(loc.path)))
-
-
-def _remove_stale_generations(loc: Location, keep: str) -> None:
-    """Generation folders an interrupted overwrite left behind (no manifest names them)."""
-    with _reachable(loc, "list"):
-        if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
-            return
-        for info in loc.fs.get_file_info(pafs.FileSelector(loc.path)):
-            if info.base_name.startswith(GENERATION) and info.base_name != keep:
-                loc.fs.delete_dir(info.path)
+            return []
+        return loc.fs.get_file_info(pafs.FileSelector(loc.path))
 
 
 def _remove_replaced(loc: Location, old: dict) -> None:

@@ -206,27 +206,32 @@ class Registry:
             )
         return storage.read_manifest(uri, VERSION_KIND)
 
-    def _read_verified_json(self, layout: Layout, version: int, filename: str) -> dict[str, Any]:
-        """A JSON file of a version, refused if its bytes do not match the sha256 recorded at register; the eval
-        report is validated again (as at register), so a report replaced with its manifest never reaches the
-        gate or a listing."""
+    def _read_verified_json(self, layout: Layout, version: int, filename: str) -> Any:
+        """A JSON file of a version, refused if its bytes do not match the sha256 recorded at register."""
         self._manifest(layout, version)  # a missing version: the error that says how to list them
-        data = storage.read_member_json(layout.version(version), filename, VERSION_KIND)
-        if filename == EVAL_REPORT:
-            return intake.validate_report(data, f"eval report of {layout.name} v{version}")
-        if not isinstance(data, dict):
+        return storage.read_member_json(layout.version(version), filename, VERSION_KIND)
+
+    def _lineage(self, layout: Layout, version: int) -> dict[str, Any]:
+        lineage = self._read_verified_json(layout, version, LINEAGE)
+        if not isinstance(lineage, dict):
             raise StorageError(
-                f"'{layout.version(version)}/{filename}' is not a JSON object; fix: register again"
+                f"'{layout.version(version)}/{LINEAGE}' is not a JSON object; fix: register again"
             )
-        return data
+        return lineage
+
+    def _eval_report(self, layout: Layout, version: int) -> dict[str, Any]:
+        """A version's eval report, validated again as at register: a report replaced together with its
+        manifest never reaches the gate or a listing."""
+        report = self._read_verified_json(layout, version, EVAL_REPORT)
+        return intake.validate_report(report, f"eval report of {layout.name} v{version}")
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)
-        return self._read_verified_json(layout, self.resolve(name, version_or_alias), EVAL_REPORT)
+        return self._eval_report(layout, self.resolve(name, version_or_alias))
 
     def lineage(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)
-        return self._read_verified_json(layout, self.resolve(name, version_or_alias), LINEAGE)
+        return self._lineage(layout, self.resolve(name, version_or_alias))
 
     def resolve(self, name: str, version_or_alias: int | str) -> int:
         """A version number from ``3``, ``"3"``, ``"v3"``, a stage (``production``) or ``latest``."""
@@ -268,7 +273,7 @@ class Registry:
         rows = []
         for version in self._published(layout):
             manifest = self._manifest(layout, version)
-            report = self._read_verified_json(layout, version, EVAL_REPORT)
+            report = self._eval_report(layout, version)
             rows.append(
                 {
                     "version": version,
@@ -285,7 +290,7 @@ class Registry:
         layout = self._layout(name)
         version = self.resolve(name, version_or_alias)
         manifest = self._manifest(layout, version)
-        report = self._read_verified_json(layout, version, EVAL_REPORT)
+        report = self._eval_report(layout, version)
         summary = {
             split: {key: s.get(key) for key in ("n_tasks", "samples_per_task", "pass_at_k")}
             for split, s in report["splits"].items()
@@ -300,7 +305,7 @@ class Registry:
             "base_model": report.get("base_model") or manifest.get("base_model"),
             "lora_rank": manifest.get("lora_rank"),
             "aliases": sorted(stage for stage, v in self.aliases(name).items() if v == version),
-            "lineage": self._read_verified_json(layout, version, LINEAGE),
+            "lineage": self._lineage(layout, version),
             "eval": summary,
             "files": [{k: f.get(k) for k in ("path", "bytes", "sha256")} for f in manifest["files"]],
         }
@@ -388,7 +393,7 @@ class Registry:
         """'passed', 'overridden' or 'not-applicable'; raises GateRefused when it fails and is not forced."""
         if stage != "production":
             return "not-applicable"  # staging is ungated
-        candidate = self._read_verified_json(layout, number, EVAL_REPORT)
+        candidate = self._eval_report(layout, number)
         if current is None or force:
             # Unchecked by the gate (nothing to beat, or overridden), yet every later candidate is compared with it:
             # its report must be one the gate can read (registered by an older sdarflow, or with one split only).
@@ -397,7 +402,7 @@ class Registry:
             return "not-applicable"
         failures = gate.check_gate(
             candidate,
-            self._read_verified_json(layout, current, EVAL_REPORT),
+            self._eval_report(layout, current),
             policy,
             candidate_label=f"candidate v{number}",
             production_label=f"production v{current}",
