@@ -1,7 +1,7 @@
 """``sdarflow`` command line: one subcommand per stage (flags built from the stage's config class), plus ``demo``,
 ``build-model``, ``envs``, ``env``, ``registry`` and ``pipeline``.
 
-Heavy imports happen inside commands so ``--help`` is fast. User errors (``SdarflowError``) become one line on
+Heavy imports happen inside commands, and only the command being run gets its flags, so ``--help`` is fast. User errors (``SdarflowError``) become one line on
 stderr and the error's exit code; nothing else is caught.
 """
 
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import logging
 import math
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sdarflow.errors import ConfigError, SdarflowError
 from sdarflow.stages import STAGES
@@ -173,26 +174,12 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sdarflow", description="SDAR post-training for LLM agents on Kubeflow"
-    )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="debug logging, and the full traceback of an unexpected error",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_stage(name: str, p: argparse.ArgumentParser) -> None:
+    _add_config_flags(p, _config_class(importlib.import_module(STAGES[name])))
+    p.set_defaults(func=_stage_command(name))
 
-    for name, module_path in STAGES.items():
-        p = sub.add_parser(name, help=f"run the {name} stage")
-        _add_config_flags(p, _config_class(importlib.import_module(module_path)))
-        p.set_defaults(func=_stage_command(name))
 
-    p = sub.add_parser(
-        "demo", help="build the tiny base model and run the whole DAG locally (KFP local runner)"
-    )
+def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo-output")
     p.add_argument(
         "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
@@ -207,9 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser(
-        "study", help="compare methods: train each (method, seed) for R rounds, evaluate, report against GRPO"
-    )
+
+def _add_study(p: argparse.ArgumentParser) -> None:
     from sdarflow.pipeline_cli import study_flags
 
     study_flags(p)
@@ -229,9 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_study)
 
-    p = sub.add_parser(
-        "build-model", help="build the tiny demo base model (tokenizer, Qwen2, SFT warm start)"
-    )
+
+def _add_build_model(p: argparse.ArgumentParser) -> None:
     from sdarflow.train.warmstart import BaseModelSpec
 
     spec = BaseModelSpec()
@@ -257,22 +242,65 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_build_model)
 
-    p = sub.add_parser("envs", help="environments").add_subparsers(dest="envs_command", required=True)
-    p.add_parser("list", help="registered environment names").set_defaults(func=_cmd_envs)
-    sub.add_parser("env", help="print versions for bug reports").set_defaults(func=_cmd_env)
 
-    from sdarflow.registry.commands import add_parser as add_registry
+def _add_envs(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="envs_command", required=True)
+    sub.add_parser("list", help="registered environment names").set_defaults(func=_cmd_envs)
 
-    add_registry(sub)
-    from sdarflow.pipeline_cli import add_parser as add_pipeline
 
-    add_pipeline(sub)
+def _add_registry(p: argparse.ArgumentParser) -> None:
+    from sdarflow.registry.commands import add_arguments
+
+    add_arguments(p)
+
+
+def _add_pipeline(p: argparse.ArgumentParser) -> None:
+    from sdarflow.pipeline_cli import add_arguments
+
+    add_arguments(p)
+
+
+# name -> (help, adds the command's flags). Adding them imports the command's modules (a stage's config class
+# brings torch), so only the command being run gets them.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    **{name: (f"run the {name} stage", functools.partial(_add_stage, name)) for name in STAGES},
+    "demo": ("build the tiny base model and run the whole DAG locally (KFP local runner)", _add_demo),
+    "study": (
+        "compare methods: train each (method, seed) for R rounds, evaluate, report against GRPO",
+        _add_study,
+    ),
+    "build-model": ("build the tiny demo base model (tokenizer, Qwen2, SFT warm start)", _add_build_model),
+    "envs": ("environments", _add_envs),
+    "env": ("print versions for bug reports", lambda p: p.set_defaults(func=_cmd_env)),
+    "registry": ("adapter registry: register, promote (gated), serve", _add_registry),
+    "pipeline": ("compile, upload, run and schedule the KFP pipelines", _add_pipeline),
+}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser, with the flags of the command ``argv`` names (of every command when ``argv`` is None)."""
+    parser = argparse.ArgumentParser(
+        prog="sdarflow", description="SDAR post-training for LLM agents on Kubeflow"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and the full traceback of an unexpected error",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    # The top level has no option that takes a value, so the first bare word is the command.
+    wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (help_text, add_flags) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if wanted is None or name == wanted:
+            add_flags(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

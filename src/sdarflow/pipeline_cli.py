@@ -287,8 +287,8 @@ def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
         p.add_argument("--service-account", help="Kubernetes ServiceAccount the run's pods use")
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("pipeline", help="compile, upload, run and schedule the KFP pipelines")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the subcommands of ``sdarflow pipeline`` (the top-level CLI made ``p``)."""
     sub = p.add_subparsers(dest="pipeline_command", required=True)
 
     c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML")

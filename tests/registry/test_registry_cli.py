@@ -10,12 +10,12 @@ import yaml
 
 from sdarflow import storage
 from sdarflow.registry import GateRefused
-from sdarflow.registry.commands import add_parser
+from sdarflow.registry.commands import add_arguments
 
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="sdarflow")
-    add_parser(parser.add_subparsers(dest="command", required=True))
+    add_arguments(parser.add_subparsers(dest="command", required=True).add_parser("registry"))
     args = parser.parse_args(["registry", *argv])
     return args.func(args)
 

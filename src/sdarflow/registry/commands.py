@@ -1,6 +1,6 @@
 """``sdarflow registry ...``: the command-line face of the adapter registry.
 
-``add_parser(subparsers)`` adds the ``registry`` command; each subcommand sets ``func`` to a handler
+``add_arguments(parser)`` adds the subcommands of ``registry``; each subcommand sets ``func`` to a handler
 ``(args) -> int``. Handlers print results on stdout and raise SdarflowError subclasses, which the top-level CLI
 prints as one line and turns into ``err.exit_code`` (3: gate refused, 4: lost a race, retry). Library imports
 happen inside the handlers so ``sdarflow --help`` stays fast.
@@ -176,9 +176,8 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
         p.add_argument("--name", required=True, help="adapter name, e.g. sdar-qwen-0.5b")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``registry`` and its subcommands to the top-level CLI's subparsers."""
-    parser = subparsers.add_parser("registry", help="adapter registry: register, promote (gated), serve")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the subcommands of ``sdarflow registry`` (the top-level CLI made ``parser``)."""
     sub = parser.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
 
     p = sub.add_parser("register", help="publish an adapter as a new immutable version; prints the version")
@@ -262,4 +261,3 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
     p.set_defaults(func=cmd_serve_config)
-    return parser

@@ -1,0 +1,43 @@
+"""Start-up cost of the CLI: ``sdarflow --help`` and commands that need no model or dataset import neither torch
+nor pyarrow (together ~2 s of a user's wait)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "pyarrow", "transformers", "peft", "kfp")
+
+
+def _imported_after(argv: list[str] | None) -> dict:
+    """Heavy modules in ``sys.modules`` after ``import sdarflow.cli`` (and ``main(argv)``) in a fresh interpreter."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "import sdarflow.cli\n"
+        f"argv = {argv!r}\n"
+        "if argv is not None:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        sdarflow.cli.main(argv)\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [None, ["--help"], ["-v", "demo", "--help"], ["env"], ["envs", "list"]])
+def test_cli_start_imports_no_torch_or_pyarrow(argv):
+    assert _imported_after(argv) == []
+
+
+def test_a_stage_command_gets_its_flags_only_when_named(capsys):
+    from sdarflow.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser(["train", "--help"]).parse_args(["train", "--help"])
+    assert "--kl-kind" in capsys.readouterr().out
+    # flags of a command not named are not built, and every command's are when argv is None
+    assert build_parser(["env"]).parse_args(["env"]).command == "env"
+    assert build_parser().parse_args(["train", "--kl-kind", "kl"]).kl_kind == "kl"
