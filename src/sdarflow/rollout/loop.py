@@ -17,8 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tqdm.auto import tqdm
-
+from sdarflow import progress
 from sdarflow.envs import Env, EnvSuite, Task
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import Engine
@@ -185,8 +184,9 @@ def run_rollout(
         stats.engine_start_seconds = time.perf_counter() - begin
     parse, hint = action_parser(suite), getattr(suite, "format_hint", FORMAT_ERROR_OBS)
     ctx = (run_id, round_, policy_version, parse, hint)
-    bar = tqdm(total=len(episodes), desc=desc, unit="ep", leave=False)
+    bar = progress.bar(total=len(episodes), desc=desc, unit="ep")
     bar.update(sum(e.done for e in episodes))
+    ticker = progress.Ticker()
     for turn in range(params.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
@@ -194,7 +194,9 @@ def run_rollout(
         tokens = _step_turn(engine, live, turn, params, tokenizer, stats, ctx)
         bar.update(sum(e.done for e in live))
         solved = sum(e.won for e in episodes)
-        bar.set_postfix(turn=turn + 1, solved=solved)
+        bar.set_postfix(turn=turn + 1, solved=solved, refresh=False)
+        if not ticker():
+            continue
         elapsed = time.perf_counter() - t0 - stats.engine_start_seconds
         log.info(
             "%s turn %d | live %d/%d | solved %d | %d tokens | %.0f tok/s | env %.1f s",

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
 
+from sdarflow import progress
 from sdarflow.models.device import model_device
 from sdarflow.models.forward import (
     make_batch,
@@ -138,7 +138,7 @@ def score(
         return out
     device = model_device(model)
     if batching == "padded":
-        for idx in tqdm(token_budget_batches(lengths, max_tokens), desc=desc, unit="batch", leave=False):
+        for idx in progress.bar(token_budget_batches(lengths, max_tokens), desc=desc, unit="batch"):
             batch = make_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
             batch = to_device(batch, device)
             logp, _ = response_logprobs(model, batch)
@@ -149,7 +149,7 @@ def score(
         return out
     bins = pack_bins(lengths, pack_capacity(lengths, pack_length))
     used = [sum(lengths[i] for i in b) for b in bins]
-    for group in tqdm(token_budget_batches(used, max_tokens), desc=desc, unit="batch", leave=False):
+    for group in progress.bar(token_budget_batches(used, max_tokens), desc=desc, unit="batch"):
         batch = to_device(make_packed_batch(prompts, responses, [bins[g] for g in group], pad_id), device)
         logp = packed_response_logprobs(model, batch)
         for i, start, n in batch.spans:

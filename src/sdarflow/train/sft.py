@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
+from sdarflow import progress
 from sdarflow.algo import masked_mean_value
 from sdarflow.errors import SdarflowError
 from sdarflow.models.device import model_device
@@ -94,7 +94,7 @@ def sft(
     history = []
     start = time.perf_counter()
     order: list[int] = []
-    bar = tqdm(range(steps), desc="sft", unit="step", leave=False)
+    bar = progress.bar(range(steps), desc="sft", unit="step")
     for step in bar:
         if len(order) < batch_size:
             extra = list(range(len(pairs)))
@@ -108,7 +108,7 @@ def sft(
         sched.step()
         opt.zero_grad(set_to_none=True)
         history.append({"step": step + 1, "loss": loss.item()})
-        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}")
+        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", refresh=False)
         if (step + 1) % 50 == 0:
             log.info(
                 "sft step %d | loss %.4f | %.0f s", step + 1, history[-1]["loss"], time.perf_counter() - start

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
+from sdarflow import progress
 from sdarflow.algo import (
     agg_loss,
     broadcast_advantages,
@@ -349,14 +349,12 @@ def train(
     total = total_steps(hp.mode, hp.epochs, min(hp.mini_batches, len(main_rows)), ratio, hp.max_steps)
     kinds = itertools.islice(step_kinds(ratio, hp.mode), state.step, None)
     main_rank = engine.rank == 0  # every rank computes the same records; one reports them
-    bar = tqdm(
-        total=total,
-        initial=state.step,
-        desc=f"train ({hp.mode})",
-        unit="step",
-        leave=False,
-        disable=not main_rank,
+    # On a terminal a live bar; in a log the step lines below (every 10 s) are the progress.
+    live = main_rank and progress.interactive()
+    bar = progress.bar(
+        total=total, initial=state.step, desc=f"train ({hp.mode})", unit="step", disable=not live
     )
+    ticker = progress.Ticker()
     while state.step < total:
         kind = next(kinds)
         record = _one_step(engine, data, hp, state, kind, schedule.lr_at(state.step))
@@ -368,7 +366,7 @@ def train(
         if on_step:
             on_step(record)
         bar.update(1)
-        if main_rank:
+        if main_rank and ticker(last=state.step == total):
             log.info(progress_line(record))
         if record["skipped"]:
             log.warning(

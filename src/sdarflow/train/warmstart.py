@@ -21,9 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from sdarflow import storage
+from sdarflow import progress, storage
 from sdarflow.config import MAX_SEED
 from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
@@ -98,7 +96,7 @@ def expert_steps(env_name: str, n_tasks: int) -> tuple[list[ExpertStep], list[Ep
     suite = get_suite(env_name)
     steps: list[ExpertStep] = []
     episodes: list[EpisodeActions] = []
-    for task in tqdm(suite.tasks("train", n_tasks), desc="walkthroughs", unit="game", leave=False):
+    for task in progress.bar(suite.tasks("train", n_tasks), desc="walkthroughs", unit="game"):
         env = suite.make(task)
         reset = env.reset()
         obs, actions, won = reset.observation, [], False
