@@ -1,4 +1,5 @@
-"""``python -m bench [--quick] [names...]``: run the benchmarks and write bench/results/*.json."""
+"""``python -m bench [--quick] [names...]``: run the benchmarks, write bench/results/*.json, and rewrite the
+README's benchmark table from the results."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import os
 import sys
 
-BENCHMARKS = ["data_plane", "train_step", "rescoring", "rollout", "pipeline_overhead"]
+BENCHMARKS = ["startup", "data_plane", "train_step", "rescoring", "rollout", "pipeline_overhead"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")  # tables, not progress bars
     for name in args.names or BENCHMARKS:
         importlib.import_module(f"bench.{name}").run(quick=args.quick)
+    from bench import readme
+
+    readme.update()
+    print(f"\n{readme.README}: benchmark table rewritten")
     return 0
 
 

@@ -1,9 +1,10 @@
-"""Shared benchmark helpers: medians of repeated runs, the measured matmul peak, the benchmark model shape, and
-result files (``bench/results/<name>.json``) with a printed table."""
+"""Shared benchmark helpers: medians of repeated runs, the measured matmul peak, the benchmark model shape, the
+demo's base model, and result files (``bench/results/<name>.json``) with a printed table."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -13,6 +14,17 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+DEMO_MODEL = Path("demo-output/base-model")
+
+
+def demo_model() -> str:
+    """The demo's trained base model, where ``make demo`` builds it (built now, ~4 min on 2 cores, if absent or
+    out of date): benchmarks of rollouts and rounds measure the model users run, not an untrained one."""
+    from sdarflow.demo import PRESETS
+    from sdarflow.train.warmstart import build_base_model
+
+    preset = PRESETS["demo"]
+    return str(build_base_model(DEMO_MODEL, preset["model"], time_limit_s=preset["sft_time_limit_s"]))
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -35,10 +47,22 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats
     return 2 * n**3 / seconds
 
 
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next(
+        (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine()
+    )
+
+
 def machine() -> dict:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -68,6 +92,47 @@ def forward_flops(model, tokens: int, context: int) -> float:
     cfg = model.config
     n_params = sum(p.numel() for p in model.parameters()) - cfg.vocab_size * cfg.hidden_size
     return 2 * n_params * tokens + 4 * cfg.num_hidden_layers * cfg.hidden_size * context * tokens
+
+
+def demo_settings(model: str, storage: str, run_id: str) -> dict:
+    """A training pipeline's parameters at the demo's size (``sdarflow.demo.PRESETS["demo"]``)."""
+    from sdarflow.demo import PRESETS
+
+    return {
+        "storage": storage,
+        "base_model": model,
+        "run_id": run_id,
+        "seed_skills": f"{model}/seed_skills",
+        **PRESETS["demo"]["pipeline"],
+    }
+
+
+def demo_trajectories():
+    """Round 0's trajectories of the demo's base model at the demo's size (a pyarrow Table): generated once into
+    ``demo-output/bench-store`` (the stage is idempotent, so later calls read them back)."""
+    from sdarflow import storage
+    from sdarflow.pipeline_config import PipelineConfig, stage_config
+    from sdarflow.schema import TRAJECTORY_SCHEMA
+    from sdarflow.stages import generate
+
+    settings = demo_settings(demo_model(), str(DEMO_MODEL.parent.absolute() / "bench-store"), "bench")
+    uri = generate.run(stage_config(PipelineConfig.from_dict(settings), "generate", 0))["uri"]
+    return storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+
+
+def demo_round(settings: dict) -> float:
+    """Round 0 of the training pipeline with every stage called directly in this process; returns its seconds."""
+    from sdarflow.pipeline_config import PipelineConfig, prepare, run_stage
+
+    t0 = time.perf_counter()
+    cfg = prepare(PipelineConfig.from_dict(settings))
+    gen = run_stage("generate", cfg, 0, adapter="")["uri"]
+    skills = run_stage("extract-skills", cfg, 0, input=[gen], previous=settings["seed_skills"])["uri"]
+    rescored = run_stage("rescore", cfg, 0, input=[gen], skills=skills, adapter="")["uri"]
+    adapter = run_stage("train", cfg, 0, input=[rescored], adapter="")["uri"]
+    report = run_stage("evaluate", cfg, 0, adapter=adapter)["uri"]
+    run_stage("register", cfg, 0, adapter=adapter, eval_report=report, data=[gen, skills, rescored])
+    return time.perf_counter() - t0
 
 
 def write_result(name: str, result: dict, rows: list[tuple]) -> Path:

@@ -1,137 +1,67 @@
-"""Trajectory Parquet write/read throughput (sdarflow's real publish/read path) against the same bytes written and
-read raw (the disk's limit) and against JSONL; plus the same Parquet path on S3 through a local moto server."""
+"""Data plane: the share of a demo round's wall time spent in storage (every dataset, manifest, adapter and report
+written and read through ``sdarflow.storage``), on a local folder and on S3 through a moto server on 127.0.0.1.
+
+The round is the demo's round 0 with every stage called directly (``bench.common.demo_round``); time inside
+``sdarflow.storage``'s public functions is summed over the outermost calls (a read that also reads its manifest
+counts once). What users feel is this share, not a throughput against a page-cache copy."""
 
 from __future__ import annotations
 
-import json
+import collections
+import contextlib
+import functools
+import inspect
 import logging
 import os
-import random
 import tempfile
-from pathlib import Path
+import time
+from collections.abc import Iterator
 
-import pyarrow as pa
-
-from bench.common import median_time, write_result
+from bench.common import demo_model, demo_round, demo_settings, write_result
 from sdarflow import storage
-from sdarflow.schema import TRAJECTORY_SCHEMA
+
+TARGET = 0.03
 
 
-def make_rows(n: int, seed: int = 0) -> pa.Table:
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        p, r = rng.randint(150, 700), rng.randint(3, 30)
-        rows.append(
-            {
-                "run_id": "bench",
-                "round": 0,
-                "task_id": f"t{i // 32}",
-                "group_id": f"g{i // 32}",
-                "traj_id": f"e{i // 8}",
-                "turn": i % 8,
-                "task_type": "cut+cook",
-                "split": "train",
-                "prompt_token_ids": [rng.randrange(32000) for _ in range(p)],
-                "response_token_ids": [rng.randrange(32000) for _ in range(r)],
-                "response_text": "take red apple",
-                "rollout_logprobs": [-rng.random() for _ in range(r)],
-                "reward": 0.0,
-                "episode_return": 1.0,
-                "success": True,
-                "format_ok": True,
-                "policy_version": "v1",
-                "prompt_messages": "[]" * 50,
-                "env": "textworld-cooking",
-                "num_turns": 8,
-            }
-        )
-    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
-
-
-def run(quick: bool = True) -> dict:
-    table = make_rows(2000 if quick else 10000)
-    logical_mb = table.nbytes / 1e6
-    work = Path(tempfile.mkdtemp(prefix="sdarflow-bench-"))
-    counter = iter(range(10**6))
-
-    def parquet_write() -> None:
-        storage.write_table(
-            table,
-            str(work / f"pq{next(counter)}"),
-            kind="trajectories",
-            schema=TRAJECTORY_SCHEMA,
-            config_hash="bench",
-            inputs=[],
-        )
-
-    parquet_write()
-    published = str(work / "pq0")
-    parquet_bytes = sum(f.stat().st_size for f in Path(published).glob("*.parquet"))
-    blob = os.urandom(int(table.nbytes))
-
-    def raw_write() -> None:
-        path = work / f"raw{next(counter)}"
-        with open(path, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-
-    def parquet_write_synced() -> None:
-        parquet_write()
-        os.sync()
-
-    raw_path = work / "raw-read"
-    raw_path.write_bytes(blob)
-    rows = table.to_pylist()
-    jsonl_path = work / "data.jsonl"
-
-    def jsonl_write() -> None:
-        with open(jsonl_path, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-
-    jsonl_write()
-    t = {
-        "parquet_write": median_time(parquet_write_synced, repeats=5),
-        "raw_write": median_time(raw_write, repeats=5),
-        "jsonl_write": median_time(jsonl_write, repeats=3),
-        "parquet_read": median_time(
-            lambda: storage.read_table(published, kind="trajectories", schema=TRAJECTORY_SCHEMA), repeats=5
-        ),
-        "raw_read": median_time(lambda: raw_path.read_bytes(), repeats=5),
-        "jsonl_read": median_time(lambda: [json.loads(x) for x in jsonl_path.open()], repeats=3),
+@contextlib.contextmanager
+def storage_clock() -> Iterator[collections.Counter]:
+    """Seconds spent in each public ``sdarflow.storage`` function while the block runs (outermost calls only)."""
+    spent: collections.Counter = collections.Counter()
+    depth = 0
+    originals = {
+        name: f
+        for name, f in vars(storage).items()
+        if inspect.isfunction(f) and f.__module__ == storage.__name__ and not name.startswith("_")
     }
-    mbps = {k: logical_mb / v for k, v in t.items()}
-    result = {
-        "rows": table.num_rows,
-        "logical_mb": logical_mb,
-        "parquet_mb_on_disk": parquet_bytes / 1e6,
-        "mb_per_s": mbps,
-        "fraction_of_peak": {
-            "write": mbps["parquet_write"] / mbps["raw_write"],
-            "read": mbps["parquet_read"] / mbps["raw_read"],
-        },
-        "speedup": {
-            "write_vs_jsonl": mbps["parquet_write"] / mbps["jsonl_write"],
-            "read_vs_jsonl": mbps["parquet_read"] / mbps["jsonl_read"],
-        },
-        "target": "parquet >= 50% of raw",
-    }
-    result["s3"] = _s3(table, logical_mb)
-    rows_out = [("path", "MB/s (logical data)")] + [(k, f"{v:9.1f}") for k, v in mbps.items()]
-    rows_out += [
-        ("parquet/raw write", f"{result['fraction_of_peak']['write']:.2f}"),
-        ("parquet/raw read", f"{result['fraction_of_peak']['read']:.2f}"),
-    ]
-    if result["s3"]:
-        rows_out += [(f"s3 {k}", f"{v:9.1f}") for k, v in result["s3"]["mb_per_s"].items()]
-    write_result("data_plane", result, rows_out)
-    return result
+
+    def timed(name, f):
+        @functools.wraps(f)
+        def call(*args, **kwargs):
+            nonlocal depth
+            if depth:
+                return f(*args, **kwargs)
+            depth += 1
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                depth -= 1
+                spent[name] += time.perf_counter() - t0
+
+        return call
+
+    for name, f in originals.items():
+        setattr(storage, name, timed(name, f))
+    try:
+        yield spent
+    finally:
+        for name, f in originals.items():
+            setattr(storage, name, f)
 
 
-def _s3(table: pa.Table, logical_mb: float) -> dict | None:
-    """The same publish/read path against moto's S3 server on 127.0.0.1 (HTTP, in-process server)."""
+@contextlib.contextmanager
+def moto_s3(bucket: str) -> Iterator[None]:
+    """A moto S3 server on 127.0.0.1 with ``bucket``, and the AWS_* variables pointing at it."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -148,28 +78,8 @@ def _s3(table: pa.Table, logical_mb: float) -> dict | None:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench")
-        counter = iter(range(10**6))
-        uri = "s3://bench/pq"
-
-        def write() -> None:
-            storage.write_table(
-                table,
-                f"s3://bench/w{next(counter)}",
-                kind="trajectories",
-                schema=TRAJECTORY_SCHEMA,
-                config_hash="bench",
-                inputs=[],
-            )
-
-        storage.write_table(
-            table, uri, kind="trajectories", schema=TRAJECTORY_SCHEMA, config_hash="b", inputs=[]
-        )
-        t_write = median_time(write, repeats=3)
-        t_read = median_time(
-            lambda: storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA), repeats=3
-        )
-        return {"mb_per_s": {"parquet_write": logical_mb / t_write, "parquet_read": logical_mb / t_read}}
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
+        yield
     finally:
         for k, v in old.items():
             if v is None:
@@ -177,3 +87,38 @@ def _s3(table: pa.Table, logical_mb: float) -> dict | None:
             else:
                 os.environ[k] = v
         server.stop()
+
+
+def _share(model: str, root: str) -> dict:
+    with storage_clock() as spent:
+        seconds = demo_round(demo_settings(model, root, "bench"))
+    total = sum(spent.values())
+    return {
+        "round_seconds": seconds,
+        "storage_seconds": total,
+        "storage_share": total / seconds,
+        "by_function": {k: round(v, 3) for k, v in spent.most_common()},
+    }
+
+
+def run(quick: bool = True) -> dict:
+    model = demo_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        local = _share(model, f"{tmp}/store")
+    with moto_s3("bench"):
+        s3 = _share(model, "s3://bench/store")
+    result = {
+        "model": model,
+        "preset": "demo",
+        "local": local,
+        "s3_moto": s3,
+        "storage_share": max(local["storage_share"], s3["storage_share"]),
+        "target": f"storage_share <= {TARGET}",
+    }
+    rows = [("storage", "round (s)", "in storage (s)", "share")]
+    rows += [
+        (name, f"{r['round_seconds']:.1f}", f"{r['storage_seconds']:.2f}", f"{r['storage_share']:.2%}")
+        for name, r in (("local folder", local), ("S3 (moto, 127.0.0.1)", s3))
+    ]
+    write_result("data_plane", result, rows)
+    return result

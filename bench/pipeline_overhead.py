@@ -1,57 +1,54 @@
-"""Pipeline overhead: one round of the DAG through the KFP local runner (a subprocess per task, as on a cluster a
-pod per task) against calling the same stages directly in one process, on the same sizes."""
+"""Pipeline overhead: one round of the training DAG through the KFP local runner (a Python process per task, as on
+a cluster a pod per task) against the same stages called directly in one process, on the same model, settings
+and seeds. The difference is what each task pays before and after its work: the interpreter, imports (torch,
+transformers, peft, kfp), and the runner's bookkeeping. Sizes are the demo's (``--quick`` included): what a
+user's round costs, not a smoke run where start-up is all there is."""
 
 from __future__ import annotations
 
 import tempfile
 import time
-from pathlib import Path
 
-from bench.common import write_result
-from bench.rollout import _model
-from sdarflow.demo import PRESETS, run_demo
-from sdarflow.pipeline_config import PipelineConfig, prepare, run_stage
+from bench.common import demo_model, demo_round, demo_settings, write_result
 
 
-def _direct(model: str, root: str, sizes: dict) -> float:
+def _kfp_local(settings: dict, pipeline_root: str) -> tuple[float, int]:
+    import kfp.local
+
+    from pipelines.training import build_training_pipeline
+
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root)
+    pipeline = build_training_pipeline(rounds=1)
     t0 = time.perf_counter()
-    pc = PipelineConfig(
-        storage=root, base_model=model, run_id="direct", seed_skills=f"{model}/seed_skills", **sizes
-    )
-    cfg = prepare(pc)
-    gen = run_stage("generate", cfg, 0, adapter="")["uri"]
-    skills = run_stage("extract-skills", cfg, 0, input=[gen], previous=pc.seed_skills)["uri"]
-    rescored = run_stage("rescore", cfg, 0, input=[gen], skills=skills, adapter="")["uri"]
-    adapter = run_stage("train", cfg, 0, input=[rescored], adapter="")["uri"]
-    report = run_stage("evaluate", cfg, 0, adapter=adapter)["uri"]
-    run_stage("register", cfg, 0, adapter=adapter, eval_report=report, data=[gen, skills, rescored])
-    return time.perf_counter() - t0
+    pipeline(**settings)
+    # prepare, the six stages, and promote_candidate (a no-op here, as in every run that does not promote)
+    return time.perf_counter() - t0, 8
 
 
 def run(quick: bool = True) -> dict:
-    model = _model()
-    sizes = dict(PRESETS["smoke" if quick else "demo"]["pipeline"])
+    model = demo_model()
     with tempfile.TemporaryDirectory() as tmp:
-        direct = _direct(model, f"{tmp}/direct", sizes)
-        t0 = time.perf_counter()
-        run_demo(Path(tmp) / "kfp", rounds=1, preset="smoke" if quick else "demo", base_model=model)
-        kfp = time.perf_counter() - t0
+        direct = demo_round(demo_settings(model, f"{tmp}/store", "direct"))
+        kfp, tasks = _kfp_local(demo_settings(model, f"{tmp}/store", "kfp"), f"{tmp}/kfp-local")
     overhead = (kfp - direct) / direct
     result = {
-        "sizes": sizes,
+        "model": model,
+        "preset": "demo",
         "direct_seconds": direct,
         "kfp_local_seconds": kfp,
+        "tasks": tasks,
+        "overhead_per_task_seconds": (kfp - direct) / tasks,
         "overhead_fraction": overhead,
-        "speedup": direct / kfp,
-        "target": "overhead <= 0.10",
+        "target": "overhead_fraction <= 0.10",
     }
     write_result(
         "pipeline_overhead",
         result,
         [
             ("direct stage calls (s)", f"{direct:.1f}"),
-            ("KFP local runner (s)", f"{kfp:.1f}"),
-            ("overhead", f"{overhead:.0%}"),
+            (f"KFP local runner, {tasks} tasks (s)", f"{kfp:.1f}"),
+            ("overhead per task (s)", f"{(kfp - direct) / tasks:.1f}"),
+            ("overhead", f"{overhead:.1%}"),
         ],
     )
     return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from sdarflow import progress
 
 
@@ -28,3 +30,17 @@ def test_ticker_lets_one_line_through_per_interval():
     assert [ticker(), ticker(), ticker(last=True), ticker()] == [True, False, True, False]
     every = progress.Ticker(interval_s=0)
     assert all(every() for _ in range(3))
+
+
+def test_library_bars_are_off_in_a_log(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "")  # recorded, so the teardown restores it
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS")
+    hf_logging.enable_progress_bar()
+    try:
+        progress.quiet_library_bars()
+        assert not hf_logging.is_progress_bar_enabled()
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    finally:
+        hf_logging.enable_progress_bar()

@@ -18,8 +18,9 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
+from sdarflow import progress
 from sdarflow.errors import ConfigError, SdarflowError
-from sdarflow.stages import STAGES
+from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger("sdarflow")
 
@@ -59,7 +60,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
 def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         module = importlib.import_module(STAGES[name])
-        config_cls = _config_class(module)
+        config_cls = config_class(name)
         overrides = {
             k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
         }
@@ -70,16 +71,6 @@ def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
         return 0
 
     return handler
-
-
-def _config_class(module):
-    from sdarflow.config import StageConfig
-
-    return next(
-        v
-        for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, StageConfig) and v is not StageConfig
-    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -175,7 +166,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _add_stage(name: str, p: argparse.ArgumentParser) -> None:
-    _add_config_flags(p, _config_class(importlib.import_module(STAGES[name])))
+    _add_config_flags(p, config_class(name))
     p.set_defaults(func=_stage_command(name))
 
 
@@ -306,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    progress.quiet_library_bars()
     for noisy in ("httpx", "urllib3", "botocore", "transformers", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:

@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from sdarflow import storage
+from sdarflow import progress, storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
-from sdarflow.stages import STAGES
+from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger(__name__)
 
@@ -186,15 +186,6 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     return cls.from_dict(values)
 
 
-def config_class(stage: str) -> type[StageConfig]:
-    module = importlib.import_module(STAGES[stage])
-    return next(
-        v
-        for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, StageConfig) and v is not StageConfig
-    )
-
-
 def prepare(pc: PipelineConfig) -> str:
     """Validate every stage's config up front, fill in defaults, and store the pipeline config; return its URI."""
     if not pc.storage or not pc.base_model:
@@ -299,6 +290,7 @@ def with_local_model(cfg: StageConfig) -> StageConfig:
 
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    progress.quiet_library_bars()
 
 
 def _write_report(artifact, uri: str, name: str, stage: str) -> None:

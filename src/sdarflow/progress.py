@@ -7,6 +7,7 @@ redraws would pile up as one line per step, so the same bar becomes a plain log 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -30,6 +31,18 @@ class _LogLines:
 
 def interactive() -> bool:
     return sys.stderr.isatty()
+
+
+def quiet_library_bars() -> None:
+    """Off a terminal, turn off the bars of transformers and huggingface_hub (loading and saving weights): their
+    redraws would pile up in the log. Entry points call this before those libraries load."""
+    if interactive():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when huggingface_hub is imported
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def bar(iterable: Iterable | None = None, **kwargs) -> tqdm:

@@ -164,3 +164,33 @@ def test_overlapping_seed_ranges_rejected(tmp_path: Path) -> None:
     splits = {"train": SPLIT_SPECS["train"], "test": dataclasses.replace(SPLIT_SPECS["test"], seed_base=1500)}
     with pytest.raises(EnvError, match="'train' and 'test' overlap"):
         TextWorldCookingSuite(cache_dir=tmp_path, splits=splits)
+
+
+def test_a_rollout_env_runs_without_the_state_tracker_and_starts_it_only_when_asked(suite, tasks) -> None:
+    guide = suite.make(tasks[0])
+    guide.reset()
+    walkthrough = [s.observation for s in play_expert(guide)]  # a tracked env: the expert's observations
+    expert_env = suite.make(tasks[0])
+    expert_env.reset()
+    commands = []
+    while (action := expert_env.expert_action()) is not None:
+        commands.append(action)
+        expert_env.step(action)
+    guide.close()
+    expert_env.close()
+
+    env = suite.make(tasks[0])  # a policy's env: never asks for expert or admissible commands
+    env.reset()
+    assert not env._tracking
+    steps = [env.step(c) for c in commands]
+    assert [s.observation for s in steps] == walkthrough  # won/lost/score need no tracker
+    assert steps[-1].won and steps[-1].done and not env._tracking
+
+    midway = suite.make(tasks[0])  # asked mid-episode: the tracker starts, replays, and agrees
+    midway.reset()
+    for c in commands[:2]:
+        midway.step(c)
+    assert midway.expert_action() == commands[2] and midway._tracking
+    assert midway.step(commands[2]).observation == walkthrough[2]
+    midway.close()
+    env.close()

@@ -69,3 +69,14 @@ def test_parse_action_and_skill_insertion():
     assert msgs[0]["content"].count("Skills") == 0  # the student's messages are untouched
     with pytest.raises(ValueError, match="teacher_prompt_ids"):  # prefix works on token ids, not messages
         insert_skills(msgs, "s", "prefix")
+
+
+def test_min_new_tokens_fixes_the_response_length_and_keeps_raw_logprobs(engine, prompts):
+    samples = engine.generate(prompts, [1, 2, 3], max_new_tokens=12, temperature=1.0, min_new_tokens=12)
+    assert [len(s.token_ids) for s in samples] == [12, 12, 12]
+    assert not any(s.finished or engine.eos_id in s.token_ids for s in samples)
+    batch = make_batch(prompts, [s.token_ids for s in samples], engine.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(engine.model, batch)
+    # the policy's own log-probs (EOS suppression is sampling, not the distribution the trainer sees)
+    assert torch.allclose(logp, torch.tensor([s.logprobs for s in samples]), atol=1e-4)

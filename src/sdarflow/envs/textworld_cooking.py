@@ -269,19 +269,39 @@ class TextWorldCookingEnv:
         self._entities: list[str] = []  # object, room and direction names: what room descriptions keep
         self._turns = 0
         self._done = False
+        self._tracking = False  # TextWorld's state tracker is on (admissible and expert commands)
+        self._commands: list[str] = []  # sent since the last reset, to replay when tracking starts
+
+    def _start(self, tracking: bool) -> None:
+        infos = textworld.EnvInfos(
+            admissible_commands=tracking, policy_commands=tracking, won=True, lost=True, score=True,
+            max_score=True, objective=True, entities=True, extras=["recipe"],
+        )  # fmt: skip
+        with _quiet_jericho():
+            self._env = textworld.start(self.task.payload, request_infos=infos)
+        self._tracking = tracking
+
+    def _tracked_state(self):
+        """The current state with admissible and expert commands. The state tracker triples a reset's cost and
+        nearly doubles a step's, and a policy's rollout never asks for them: an env starts without it, and the
+        first call that needs it restarts the game with tracking and replays this episode's commands (the games
+        are deterministic)."""
+        if not self._tracking:
+            self._env.close()
+            self._start(tracking=True)
+            self._env.reset()
+            for command in self._commands:
+                self._state, _, _ = self._env.step(command)
+        return self._state
 
     def reset(self) -> Reset:
         """(Re)start the game, read the cookbook silently, return the instruction and first observation."""
         if self._env is None:
-            infos = textworld.EnvInfos(
-                admissible_commands=True, policy_commands=True, won=True, lost=True, score=True, max_score=True,
-                objective=True, entities=True, extras=["recipe"],
-            )  # fmt: skip
-            with _quiet_jericho():
-                self._env = textworld.start(self.task.payload, request_infos=infos)
+            self._start(tracking=False)
         first = self._env.reset()
         # The expert walkthrough never reads the cookbook, so the recipe must be in the instruction. Reading it
         # fails when the player starts outside the kitchen (go > 1): then use the recipe TextWorld stored.
+        self._commands = ["examine cookbook"]
         self._state, _, _ = self._env.step("examine cookbook")
         recipe = recipe_summary(self._state.feedback) or recipe_summary(first["extra.recipe"] or "")
         self._turns, self._done = 0, False
@@ -300,6 +320,7 @@ class TextWorldCookingEnv:
             )
         # A newline would make the interpreter run two commands and desync every later observation.
         command = " ".join(action.split())
+        self._commands.append(command)
         self._state, _, game_over = self._env.step(command)
         self._turns += 1
         won, lost = bool(self._state["won"]), bool(self._state["lost"])
@@ -314,12 +335,12 @@ class TextWorldCookingEnv:
         """The expert's next command from the current state, None before reset or once the game is over."""
         if self._state is None or self._done:
             return None
-        commands = self._state["policy_commands"] or []
+        commands = self._tracked_state()["policy_commands"] or []
         return commands[0] if commands else None
 
     def admissible_commands(self) -> list[str]:
         """Commands TextWorld accepts in the current state (diagnostics; the policy is not restricted to them)."""
-        return list(self._state["admissible_commands"] or []) if self._state is not None else []
+        return list(self._tracked_state()["admissible_commands"] or []) if self._state is not None else []
 
     def close(self) -> None:
         """Close the interpreter; safe to call twice."""

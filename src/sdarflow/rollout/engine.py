@@ -51,6 +51,7 @@ class Engine(Protocol):
         max_new_tokens: int,
         temperature: float,
         top_p: float,
+        min_new_tokens: int = 0,  # EOS is not sampled before this many tokens (fixed-length benchmarks)
     ) -> list[Sample]: ...
 
 
@@ -101,7 +102,7 @@ class HFEngine:
         """Nothing to release: the model is an ordinary in-process module."""
 
     @torch.inference_mode()
-    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0):
+    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0, min_new_tokens=0):
         out: list[Sample] = []
         for i in range(0, len(prompts), self.batch_size):
             out.extend(
@@ -111,11 +112,12 @@ class HFEngine:
                     max_new_tokens,
                     temperature,
                     top_p,
+                    min_new_tokens,
                 )
             )
         return out
 
-    def _batch(self, prompts, seeds, max_new_tokens, temperature, top_p) -> list[Sample]:
+    def _batch(self, prompts, seeds, max_new_tokens, temperature, top_p, min_new_tokens) -> list[Sample]:
         from transformers import LogitsProcessorList
 
         width = max(len(p) for p in prompts)
@@ -129,6 +131,7 @@ class HFEngine:
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
             do_sample=False,
             logits_processor=LogitsProcessorList([_GumbelSampler(seeds, temperature, top_p)]),
             eos_token_id=self.eos_id,

@@ -127,7 +127,9 @@ class VLLMEngine:
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         return self._engine().generate(requests, params, use_tqdm=False, lora_request=self._lora)
 
-    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0) -> list[Sample]:
+    def generate(
+        self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0, min_new_tokens=0
+    ) -> list[Sample]:
         if not prompts:
             return []
         params = [
@@ -135,6 +137,7 @@ class VLLMEngine:
                 temperature=temperature,
                 top_p=top_p,
                 max_tokens=max_new_tokens,
+                min_tokens=min_new_tokens,
                 seed=int(seed),
                 logprobs=0,  # the sampled token's log-prob only
                 stop_token_ids=[self.eos_id],  # the chat turn's end, even where generation_config differs

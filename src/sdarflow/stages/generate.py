@@ -23,7 +23,7 @@ from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
 
 if TYPE_CHECKING:
-    from sdarflow.rollout.loop import RolloutResult
+    from sdarflow.rollout.loop import RolloutResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,34 @@ def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
     return tasks[shard::num_shards]
 
 
+def sampling_params(cfg: GenerateConfig, suite, engine) -> SamplingParams:
+    """The rollout loop's settings for ``cfg`` on ``engine`` (its context bounds the prompts)."""
+    from sdarflow.rollout.engine import action_tokens
+    from sdarflow.rollout.loop import SamplingParams
+
+    max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
+    if engine.max_context and engine.max_context <= max_new_tokens:
+        raise ConfigError(
+            f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
+            f"({engine.max_context}); fix: lower --max-new-tokens"
+        )
+    return SamplingParams(
+        max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit
+        max_new_tokens=max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        history_turns=cfg.history_turns,
+        seed=cfg.seed,
+        step_timeout_s=cfg.step_timeout_s,
+        env_workers=cfg.env_workers,
+        max_prompt_tokens=engine.max_context - max_new_tokens if engine.max_context else 0,
+    )
+
+
 @once("trajectories")
 def run(cfg: GenerateConfig) -> dict:
-    from sdarflow.rollout.engine import action_tokens, load_engine
-    from sdarflow.rollout.loop import SamplingParams, run_rollout
+    from sdarflow.rollout.engine import load_engine
+    from sdarflow.rollout.loop import run_rollout
     from sdarflow.rollout.vllm_engine import VLLMOptions
 
     require("generate", model=cfg.model, output=cfg.output)
@@ -120,24 +144,8 @@ def run(cfg: GenerateConfig) -> dict:
         vllm_options=vllm_options,
         device=cfg.device,
     )
-    max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
-    if engine.max_context and engine.max_context <= max_new_tokens:
-        raise ConfigError(
-            f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
-            f"({engine.max_context}); fix: lower --max-new-tokens"
-        )
+    params = sampling_params(cfg, suite, engine)
     tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks, start=cfg.first_task), cfg.shard, cfg.num_shards)
-    params = SamplingParams(
-        max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit
-        max_new_tokens=max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        history_turns=cfg.history_turns,
-        seed=cfg.seed,
-        step_timeout_s=cfg.step_timeout_s,
-        env_workers=cfg.env_workers,
-        max_prompt_tokens=engine.max_context - max_new_tokens if engine.max_context else 0,
-    )
     try:
         result = run_rollout(
             engine,
