@@ -51,10 +51,15 @@ def _rollout(r: dict) -> tuple:
     hf = r["engines"]["hf"]
     loop = r["loop"]
     by_batch = ", ".join(f"{bs}: {v['tokens_per_s']:.0f}" for bs, v in hf.items())
+    others = ", ".join(
+        f"{envs} {lp['loop_efficiency']:.2f}"
+        for envs, lp in r["loop_by_envs"].items()
+        if envs != r["loop_envs"]
+    )
     return (
-        f"hf tokens/s by batch ({r['fixed_length_tokens']} tokens each) {by_batch}; loop "
+        f"hf tokens/s by batch ({r['fixed_length_tokens']} tokens each) {by_batch}; loop (envs {r['loop_envs']}) "
         f"{loop['loop_tokens_per_s']:.0f} vs its engine calls replayed {loop['replay_tokens_per_s']:.0f} "
-        f"({loop['episodes']} episodes)",
+        f"({loop['episodes']} episodes); other env hosts: {others}",
         f"loop_efficiency {r['loop_efficiency']:.2f}",
         ">= 0.8",
     )

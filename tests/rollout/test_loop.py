@@ -117,11 +117,11 @@ def test_concurrent_env_steps_give_the_same_rows() -> None:
 
 
 def test_suites_not_declaring_thread_safety_are_stepped_one_at_a_time(monkeypatch) -> None:
-    import sdarflow.rollout.loop as loop
+    import sdarflow.rollout.envhost as envhost
 
     seen = []
-    real = loop.call_all
-    monkeypatch.setattr(loop, "call_all", lambda calls, t, w=1: seen.append(w) or real(calls, t, w))
+    real = envhost.call_all
+    monkeypatch.setattr(envhost, "call_all", lambda calls, t, w=1: seen.append(w) or real(calls, t, w))
     suite = FakeSuite()
     suite.thread_safe = False
     run(suite, env_workers=4)

@@ -1,4 +1,5 @@
-"""The batched multi-turn rollout loop: every live episode is stepped together, one engine call per turn.
+"""The batched multi-turn rollout loop: one engine call per turn for every live episode (or for each of two
+lanes of them, taking turns with their env steps in a worker process).
 
 Each agent turn becomes one trajectory row (the turn-level contract in ``sdarflow.schema``); episode-level fields
 (``episode_return``, ``success``, ``num_turns``) are filled in when the episode ends. The action format is the
@@ -18,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sdarflow import progress
-from sdarflow.envs import Env, EnvSuite, Task
+from sdarflow.envs import EnvSuite, Task
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.engine import Engine
-from sdarflow.rollout.envcall import Outcome, call_all
+from sdarflow.rollout.envcall import Outcome
+from sdarflow.rollout.envhost import ProcessEnvs, open_envs
 from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,9 @@ ActionParser = Callable[[str, bool], tuple[str, bool]]
 @dataclass
 class SamplingParams:
     """Per-rollout settings. step_timeout_s: limit on one env call (0 = none); env_workers: env calls run at
-    once (for suites with ``thread_safe = True``; others get 1); max_prompt_tokens: the engine's context minus max_new_tokens (0 = unchecked)."""
+    once (for suites with ``thread_safe = True``; others get 1); max_prompt_tokens: the engine's context minus
+    max_new_tokens (0 = unchecked); env_process: envs run in a worker process and two halves of the episodes
+    take turns, one generating while the other's env steps run (``rollout.envhost``; the stages' ``--envs``)."""
 
     max_turns: int
     max_new_tokens: int = 24
@@ -45,6 +49,7 @@ class SamplingParams:
     step_timeout_s: float = 60.0
     env_workers: int = 1
     max_prompt_tokens: int = 0
+    env_process: bool = False
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Episode:
     task: Task
     group_id: str
     traj_id: str
-    env: Env
+    index: int  # its env's address in the rollout's env host
     instruction: str
     observation: str
     actions: list[str] = field(default_factory=list)
@@ -65,6 +70,7 @@ class Episode:
     error: str | None = None  # the env raised or hung: the episode ended as failed
     hung: bool = False  # its env call is still running in an abandoned thread: never touch the env again
     context_exceeded: bool = False  # the next prompt no longer fit the engine's context
+    max_turns: int | None = None  # the env's own turn limit, where it has one
     # What the sampling seeds derive from (with the run's seed and the turn): the round, task and sample index, not
     # the run id, so the same seed reproduces the same rollouts in another run.
     seed_key: str = ""
@@ -150,7 +156,11 @@ def run_rollout(
     policy_version: str,
     desc: str = "rollout",
 ) -> RolloutResult:
-    """Run ``group_size`` episodes per task; ConfigError before the first engine call if a prompt cannot fit."""
+    """Run ``group_size`` episodes per task; ConfigError before the first engine call if a prompt cannot fit.
+
+    With ``params.env_process`` the episodes form two lanes: while one lane generates, the other's env calls run
+    in the env worker, so neither the engine nor the envs wait for the other (each episode sees the same turns,
+    prompts and seeds as in one lane)."""
     t0 = time.perf_counter()
     stats = RolloutStats()
     episodes = []
@@ -161,7 +171,7 @@ def run_rollout(
                 task,
                 group_id,
                 f"{group_id}/g{g}",
-                suite.make(task),
+                len(episodes) + g,
                 "",
                 "",
                 seed_key=f"r{round_}/{task.task_id}/g{g}",
@@ -171,64 +181,153 @@ def run_rollout(
     if params.env_workers > 1 and not getattr(suite, "thread_safe", False):
         log.info("%s: env calls one at a time (the suite does not declare thread_safe)", suite.name)
         params = dataclasses.replace(params, env_workers=1)
-    outcomes = _env_calls(stats, params, [e.env.reset for e in episodes])
-    for ep, out in zip(episodes, outcomes):
+    envs = open_envs(
+        suite, [e.task for e in episodes], params.step_timeout_s, params.env_workers, not params.env_process
+    )
+    for ep in episodes:
+        ep.max_turns = envs.max_turns[ep.index]
+    try:
+        return _Rollout(
+            engine, suite, envs, episodes, params, tokenizer, stats, (run_id, round_, policy_version)
+        ).run(t0, desc)
+    finally:
+        envs.shutdown()
+
+
+@dataclass
+class _InFlight:
+    """A lane's batch of env calls between ``submit`` and its result: resets, or one turn's steps."""
+
+    lane: int
+    episodes: list[Episode]
+    turn: int = -1  # -1: resets
+    messages: list = field(default_factory=list)
+    prompts: list = field(default_factory=list)
+    samples: list = field(default_factory=list)
+    parsed: list = field(default_factory=list)
+    # positions in ``episodes`` whose action was well formed, so reaches the env
+    stepping: list[int] = field(default_factory=list)
+
+
+class _Rollout:
+    """One rollout's episodes, envs and engine, turn by turn (see ``run_rollout``)."""
+
+    def __init__(self, engine, suite, envs, episodes, params, tokenizer, stats, lineage) -> None:
+        self.engine, self.suite, self.envs, self.episodes = engine, suite, envs, episodes
+        self.params, self.tokenizer, self.stats = params, tokenizer, stats
+        self.parse = action_parser(suite)
+        self.ctx = (*lineage, self.parse, getattr(suite, "format_hint", FORMAT_ERROR_OBS))
+        two = isinstance(envs, ProcessEnvs) and len(episodes) > 1
+        self.lanes = [episodes[0::2], episodes[1::2]] if two else [episodes]
+        self.bar = None  # made once the first prompts are known to fit
+
+    def run(self, t0: float, desc: str) -> RolloutResult:
+        episodes, params, stats = self.episodes, self.params, self.stats
+        first = _InFlight(0, self.lanes[0])
+        self.envs.submit("reset", [(e.index, None) for e in first.episodes])
+        self.land(first)
+        self.bar = progress.bar(
+            total=len(episodes), initial=sum(e.done for e in episodes), desc=desc, unit="ep"
+        )
+        try:
+            self.turns(t0, desc)
+        finally:
+            self.bar.close()
+        for ep in episodes:
+            ep.done = True  # those still going ran out of turns
+            for row in ep.rows:
+                row["episode_return"] = float(ep.total)
+                row["success"] = bool(ep.won)
+                row["num_turns"] = len(ep.rows)
+        _close(episodes, self.envs)
+        stats.identical_groups = identical_groups(episodes) if params.temperature > 0 else []
+        for gid in stats.identical_groups[:MAX_GROUP_WARNINGS]:
+            log.warning(
+                "group %s: all samples are token-identical at temperature %g; check per-sample seeds",
+                gid,
+                params.temperature,
+            )
+        if len(stats.identical_groups) > MAX_GROUP_WARNINGS:
+            log.warning("%d groups in all are token-identical", len(stats.identical_groups))
+        stats.seconds = time.perf_counter() - t0 - stats.engine_start_seconds
+        rows = [{**row, "env": self.suite.name} for ep in episodes for row in ep.rows]
+        return RolloutResult(rows, episodes, stats)
+
+    def land(self, batch: _InFlight) -> None:
+        """Wait for a batch's env results and apply them to its episodes."""
+        start = time.perf_counter()
+        outcomes = self.envs.result()
+        self.stats.env_seconds += time.perf_counter() - start
+        if batch.turn < 0:
+            _apply_resets(batch.episodes, outcomes)
+            _check_first_prompts(batch.episodes, self.episodes, self.envs, self.params, self.tokenizer)
+        else:
+            _apply_steps(batch, outcomes, self.params, self.ctx)
+        if self.bar is not None:
+            self.bar.update(sum(e.done for e in self.episodes) - self.bar.n)
+
+    def turns(self, t0: float, desc: str) -> None:
+        """Each lane generates, then hands its actions to the envs while the next lane generates."""
+        engine, envs, episodes, params, stats = self.engine, self.envs, self.episodes, self.params, self.stats
+        ticker = progress.Ticker()
+        in_flight = None
+        if len(self.lanes) > 1:  # the second lane's resets run during the first lane's first generation
+            in_flight = _InFlight(1, self.lanes[1])
+            envs.submit("reset", [(e.index, None) for e in in_flight.episodes])
+        if hasattr(
+            engine, "start"
+        ):  # an engine that starts lazily (vllm): its start-up is not generation time
+            begin = time.perf_counter()
+            engine.start()
+            stats.engine_start_seconds = time.perf_counter() - begin
+        for turn in range(params.max_turns):
+            if in_flight is None and all(e.done for e in episodes):
+                break
+            tokens = 0
+            for lane, lane_episodes in enumerate(self.lanes):
+                if in_flight is not None and in_flight.lane == lane:  # one lane: its results come first
+                    self.land(in_flight)
+                    in_flight = None
+                batch = _generate(
+                    engine, lane, lane_episodes, turn, params, self.tokenizer, stats, self.parse
+                )
+                if in_flight is not None:
+                    self.land(in_flight)
+                    in_flight = None
+                if batch is not None:
+                    tokens += sum(len(s.token_ids) for s in batch.samples)
+                    envs.submit(
+                        "step", [(batch.episodes[i].index, batch.parsed[i][0]) for i in batch.stepping]
+                    )
+                    in_flight = batch
+            if ticker():
+                elapsed = time.perf_counter() - t0 - stats.engine_start_seconds
+                log.info(
+                    "%s turn %d | live %d/%d | solved %d | %d tokens | %.0f tok/s | env wait %.1f s",
+                    desc, turn + 1, sum(not e.done for e in episodes), len(episodes), sum(e.won for e in episodes),
+                    tokens, sum(len(r["response_token_ids"]) for e in episodes for r in e.rows) / max(elapsed, 1e-9),
+                    stats.env_seconds,
+                )  # fmt: skip
+        if in_flight is not None:
+            self.land(in_flight)
+
+
+def _apply_resets(episodes: list[Episode], outcomes: list[Outcome]) -> None:
+    for ep, out in zip(episodes, outcomes, strict=True):
         if out.ok:
             ep.instruction, ep.observation = out.value.instruction, out.value.observation
         else:
             _fail(ep, out, "reset")
-    _check_first_prompts(episodes, params, tokenizer)
-    if hasattr(engine, "start"):  # an engine that starts lazily (vllm): its start-up is not generation time
-        begin = time.perf_counter()
-        engine.start()
-        stats.engine_start_seconds = time.perf_counter() - begin
-    parse, hint = action_parser(suite), getattr(suite, "format_hint", FORMAT_ERROR_OBS)
-    ctx = (run_id, round_, policy_version, parse, hint)
-    bar = progress.bar(total=len(episodes), desc=desc, unit="ep")
-    bar.update(sum(e.done for e in episodes))
-    ticker = progress.Ticker()
-    for turn in range(params.max_turns):
-        live = [e for e in episodes if not e.done]
-        if not live:
-            break
-        tokens = _step_turn(engine, live, turn, params, tokenizer, stats, ctx)
-        bar.update(sum(e.done for e in live))
-        solved = sum(e.won for e in episodes)
-        bar.set_postfix(turn=turn + 1, solved=solved, refresh=False)
-        if not ticker():
-            continue
-        elapsed = time.perf_counter() - t0 - stats.engine_start_seconds
-        log.info(
-            "%s turn %d | live %d/%d | solved %d | %d tokens | %.0f tok/s | env %.1f s",
-            desc, turn + 1, len(live), len(episodes), solved, tokens,
-            sum(len(r["response_token_ids"]) for e in episodes for r in e.rows) / max(elapsed, 1e-9),
-            stats.env_seconds,
-        )  # fmt: skip
-    for ep in episodes:
-        if not ep.done:  # ran out of turns
-            ep.done = True
-            bar.update(1)
-        _finish(ep, params)
-    bar.close()
-    stats.identical_groups = identical_groups(episodes) if params.temperature > 0 else []
-    for gid in stats.identical_groups[:MAX_GROUP_WARNINGS]:
-        log.warning(
-            "group %s: all samples are token-identical at temperature %g; check per-sample seeds",
-            gid,
-            params.temperature,
-        )
-    if len(stats.identical_groups) > MAX_GROUP_WARNINGS:
-        log.warning("%d groups in all are token-identical", len(stats.identical_groups))
-    stats.seconds = time.perf_counter() - t0 - stats.engine_start_seconds
-    rows = [{**row, "env": suite.name} for ep in episodes for row in ep.rows]
-    return RolloutResult(rows, episodes, stats)
 
 
-def _env_calls(stats: RolloutStats, params: SamplingParams, calls: list) -> list[Outcome]:
-    start = time.perf_counter()
-    outcomes = call_all(calls, params.step_timeout_s, params.env_workers)
-    stats.env_seconds += time.perf_counter() - start
-    return outcomes
+def _close(episodes: list[Episode], envs) -> None:
+    """Close every env that can still be touched (a hung one's thread may still be inside it)."""
+    todo = [ep for ep in episodes if not (ep.hung or ep.closed)]
+    envs.submit("close", [(ep.index, None) for ep in todo])
+    for ep, out in zip(todo, envs.result(), strict=True):
+        ep.closed = True
+        if not out.ok:
+            log.warning("episode %s: env close failed: %s", ep.traj_id, out.error)
 
 
 def _fail(ep: Episode, out: Outcome, what: str) -> None:
@@ -237,18 +336,17 @@ def _fail(ep: Episode, out: Outcome, what: str) -> None:
     log.warning("episode %s failed in env %s: %s", ep.traj_id, what, out.error)
 
 
-def _check_first_prompts(episodes: list[Episode], params: SamplingParams, tokenizer) -> None:
+def _check_first_prompts(batch: list[Episode], episodes: list[Episode], envs, params, tokenizer) -> None:
     """Refuse to start when a task's first prompt cannot fit the context: later prompts are only longer."""
     if params.max_prompt_tokens <= 0:
         return
-    for ep in episodes:
+    for ep in batch:
         if ep.done:
             continue
         msgs = build_messages(ep.instruction, [], ep.observation, params.history_turns)
         n = len(encode_prompt(tokenizer, msgs))
         if n > params.max_prompt_tokens:
-            for other in episodes:
-                _finish(other, params)
+            _close(episodes, envs)
             raise ConfigError(
                 f"task {ep.task.task_id}: the first prompt is {n} tokens, over the {params.max_prompt_tokens} "
                 f"the engine allows (its context minus max_new_tokens={params.max_new_tokens}); fix: use a model "
@@ -256,9 +354,9 @@ def _check_first_prompts(episodes: list[Episode], params: SamplingParams, tokeni
             )
 
 
-def _step_turn(engine, live, turn, params, tokenizer, stats, ctx) -> int:
-    """One engine call for every live episode, then their env steps; returns the tokens generated."""
-    run_id, round_, policy_version, parse, hint = ctx
+def _generate(engine, lane, episodes, turn, params, tokenizer, stats, parse) -> _InFlight | None:
+    """One engine call for the lane's live episodes; their actions, parsed, await the env (None: none live)."""
+    live = [e for e in episodes if not e.done]
     messages = [build_messages(e.instruction, e.actions, e.observation, params.history_turns) for e in live]
     prompts = [encode_prompt(tokenizer, m) for m in messages]
     fits = [params.max_prompt_tokens <= 0 or len(p) <= params.max_prompt_tokens for p in prompts]
@@ -270,7 +368,7 @@ def _step_turn(engine, live, turn, params, tokenizer, stats, ctx) -> int:
         [x for x, ok in zip(seq, fits) if ok] for seq in (live, messages, prompts)
     )  # fmt: skip
     if not live:
-        return 0
+        return None
     start = time.perf_counter()
     samples = engine.generate(
         prompts,
@@ -282,12 +380,19 @@ def _step_turn(engine, live, turn, params, tokenizer, stats, ctx) -> int:
     stats.engine_seconds += time.perf_counter() - start
     parsed = [parse(s.text, s.finished) for s in samples]
     stepping = [i for i, (_, ok) in enumerate(parsed) if ok]
-    # Bind each env and action now: a lambda over the loop variable would see only the last one.
-    calls = [lambda env=live[i].env, a=parsed[i][0]: env.step(a) for i in stepping]
-    outcomes = dict(zip(stepping, _env_calls(stats, params, calls)))
     stats.env_steps += len(stepping)
-    for i, (ep, msgs, prompt, sample) in enumerate(zip(live, messages, prompts, samples, strict=True)):
-        action, ok = parsed[i]
+    return _InFlight(lane, live, turn, messages, prompts, samples, parsed, stepping)
+
+
+def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, ctx) -> None:
+    """The turn's rows, from each episode's sample and env outcome (or its format error)."""
+    run_id, round_, policy_version, _, hint = ctx
+    outcomes = dict(zip(batch.stepping, outcomes, strict=True))
+    turn = batch.turn
+    for i, (ep, msgs, prompt, sample) in enumerate(
+        zip(batch.episodes, batch.messages, batch.prompts, batch.samples, strict=True)
+    ):
+        action, ok = batch.parsed[i]
         reward = 0.0
         if not ok:  # a malformed response is not executed: the agent is told and the turn is spent
             ep.observation = hint
@@ -301,7 +406,7 @@ def _step_turn(engine, live, turn, params, tokenizer, stats, ctx) -> int:
             _fail(ep, outcomes[i], "step")
         ep.total += reward
         # Malformed turns never reach the env, so its own turn limit cannot end an agent stuck producing them.
-        if turn + 1 >= min(params.max_turns, getattr(ep.env, "max_turns", None) or params.max_turns):
+        if turn + 1 >= min(params.max_turns, ep.max_turns or params.max_turns):
             ep.done = True
         ep.rows.append(
             {
@@ -323,19 +428,6 @@ def _step_turn(engine, live, turn, params, tokenizer, stats, ctx) -> int:
                 "prompt_messages": dumps(msgs),
             }
         )
-    return sum(len(s.token_ids) for s in samples)
-
-
-def _finish(ep: Episode, params: SamplingParams) -> None:
-    if not (ep.hung or ep.closed):
-        out = call_all([ep.env.close], params.step_timeout_s)[0]
-        if not out.ok:
-            log.warning("episode %s: env close failed: %s", ep.traj_id, out.error)
-        ep.closed = True
-    for row in ep.rows:
-        row["episode_return"] = float(ep.total)
-        row["success"] = bool(ep.won)
-        row["num_turns"] = len(ep.rows)
 
 
 def identical_groups(episodes: list[Episode]) -> list[str]:

@@ -14,8 +14,9 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
-from sdarflow.models.device import device_opt
+from sdarflow.models.device import device_opt, resolve_device
 from sdarflow.rollout.engine import ENGINES
+from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class EvaluateConfig(StageConfig):
         "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINES
     )
     device: str = device_opt()
+    envs: str = envs_opt()
     max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need", ge=0)
     # The SDAR reference validates at 0.4, sampled (val_kwargs in examples/grpo_trainer/run_alfworld.sh).
     temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)", ge=0)
@@ -82,6 +84,7 @@ def run(cfg: EvaluateConfig) -> dict:
         temperature=cfg.temperature,
         history_turns=cfg.history_turns,
         seed=cfg.seed,
+        env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
     )
     results = []
     for split in cfg.splits:

@@ -17,8 +17,9 @@ from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
-from sdarflow.models.device import device_opt
+from sdarflow.models.device import device_opt, resolve_device
 from sdarflow.rollout.engine import ENGINES
+from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
 
@@ -66,6 +67,7 @@ class GenerateConfig(StageConfig):
     env_workers: int = opt(
         4, "env calls run at once (threads) for suites that declare thread_safe; 1 = serial", ge=1
     )
+    envs: str = envs_opt()
     vllm_memory: float = opt(
         0.0,
         "vllm: gpu_memory_utilization (on CPU: the RAM share for the KV cache); 0 = 0.2 on CPU, 0.85 on GPU",
@@ -117,6 +119,7 @@ def sampling_params(cfg: GenerateConfig, suite, engine) -> SamplingParams:
         seed=cfg.seed,
         step_timeout_s=cfg.step_timeout_s,
         env_workers=cfg.env_workers,
+        env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
         max_prompt_tokens=engine.max_context - max_new_tokens if engine.max_context else 0,
     )
 

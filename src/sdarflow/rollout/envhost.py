@@ -1,0 +1,158 @@
+"""Where a rollout's envs run, addressed by episode index.
+
+``LocalEnvs`` keeps them in this process. ``ProcessEnvs`` keeps them in one worker process, so that env work
+(interpreters, simulators: Python that holds the GIL) runs while this process generates: the rollout loop
+overlaps one half of the episodes' env steps with the other half's generation. Both have one asynchronous form:
+``submit(op, items)`` hands over a batch of calls (``reset``/``close`` with item None, ``step`` with the action)
+and ``result()`` returns their ``Outcome``s in order; one batch is in flight at a time. Every call runs under the
+``envcall`` watchdog wherever the envs live.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+from sdarflow.config import opt
+from sdarflow.envs import EnvError, EnvSuite, Task
+from sdarflow.rollout.envcall import Outcome, call_all
+
+log = logging.getLogger(__name__)
+
+ENV_HOSTS: tuple[str, ...] = ("auto", "process", "local")
+Items = Sequence[tuple[int, Any]]
+WORKER_GRACE_S = 60.0  # beyond the per-call limits, before a silent worker counts as frozen
+
+
+def envs_opt() -> str:
+    """The ``envs`` field of the stages that run rollouts."""
+    return opt(
+        "auto",
+        "where envs run: process = a worker process, two lanes of episodes taking turns so env steps overlap "
+        "generation; local = this process; auto = process when generation runs on a GPU, else local (on a CPU "
+        "the worker takes cores from generation)",
+        choices=ENV_HOSTS,
+    )
+
+
+def in_worker(envs: str, device: object) -> bool:
+    """Whether ``--envs`` puts the envs in a worker process when the engine generates on ``device``."""
+    return envs == "process" or (envs == "auto" and str(device).startswith("cuda"))
+
+
+def _call(env, op: str, arg: Any) -> Any:
+    if op == "step":
+        return env.step(arg)
+    return env.reset() if op == "reset" else env.close()
+
+
+class LocalEnvs:
+    """The envs in this process; a batch runs when its result is asked for."""
+
+    def __init__(self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int) -> None:
+        self.envs = [suite.make(task) for task in tasks]
+        # The env's own turn limit, where it has one (the loop also counts malformed turns against it).
+        self.max_turns: list[int | None] = [getattr(env, "max_turns", None) for env in self.envs]
+        self.timeout_s, self.workers = timeout_s, workers
+        self._pending: tuple[str, Items] | None = None
+
+    def submit(self, op: str, items: Items) -> None:
+        self._pending = (op, items)
+
+    def result(self) -> list[Outcome]:
+        op, items = self._pending
+        self._pending = None
+        calls = [functools.partial(_call, self.envs[i], op, arg) for i, arg in items]
+        return call_all(calls, self.timeout_s, self.workers)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the envs are closed through ``close`` calls."""
+
+
+def _serve(conn, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int) -> None:
+    """The worker: build the envs, then answer batches until told to stop (None)."""
+    try:
+        host = LocalEnvs(suite, tasks, timeout_s, workers)
+    except Exception as err:  # the suite's own error, shown in the parent as one line
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+        return
+    conn.send(("ok", host.max_turns))
+    while (request := conn.recv()) is not None:
+        host.submit(*request)
+        conn.send(("ok", host.result()))
+
+
+class ProcessEnvs:
+    """The envs in a worker process started from a forkserver (a clean process: it inherits none of the engine's
+    threads); ``submit`` returns at once and the worker runs the batch while this process generates."""
+
+    def __init__(self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        # Imported once in the forkserver (textworld takes ~1 s), not in every worker it forks.
+        ctx.set_forkserver_preload([__name__, type(suite).__module__])
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve, args=(child, suite, tasks, timeout_s, workers), daemon=True, name="sdarflow-envs"
+        )
+        self._proc.start()
+        child.close()
+        self.timeout_s = timeout_s
+        self._size = 0
+        self.max_turns: list[int | None] = self._receive(len(tasks))
+
+    def submit(self, op: str, items: Items) -> None:
+        self._size = len(items)
+        self._conn.send((op, list(items)))
+
+    def result(self) -> list[Outcome]:
+        return self._receive(self._size)
+
+    def _receive(self, calls: int) -> Any:
+        limit = None if self.timeout_s <= 0 else calls * self.timeout_s + WORKER_GRACE_S
+        try:
+            if not self._conn.poll(limit):
+                raise EnvError(
+                    f"the env worker gave no answer in {limit:.0f} s (an env holds the interpreter); fix: run envs "
+                    f"in this process with --no-env-process, where --step-timeout-s ends such an episode"
+                )
+            status, value = self._conn.recv()
+        except (EOFError, ConnectionError) as err:
+            self._proc.join(5)
+            raise EnvError(
+                f"the env worker exited (code {self._proc.exitcode}); fix: see its traceback above. A script that "
+                f'runs rollouts must guard its entry point with `if __name__ == "__main__":` (the worker imports '
+                f"the main module); or run envs in this process (--envs local, SamplingParams.env_process=False)"
+            ) from err
+        if status == "error":
+            raise EnvError(f"env worker: {value}")
+        return value
+
+    def shutdown(self) -> None:
+        """Stop the worker (closed envs first, through ``close`` calls); kill it if it does not stop."""
+        try:
+            self._conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+
+
+def open_envs(
+    suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, in_process: bool
+) -> LocalEnvs | ProcessEnvs:
+    """``ProcessEnvs`` unless ``in_process``, or the suite or its tasks cannot be sent to a worker (pickle)."""
+    if not in_process:
+        try:
+            pickle.dumps((suite, list(tasks)))
+        except Exception as err:
+            log.info("%s: envs run in this process (the suite cannot go to a worker: %s)", suite.name, err)
+        else:
+            return ProcessEnvs(suite, tasks, timeout_s, workers)
+    return LocalEnvs(suite, tasks, timeout_s, workers)
