@@ -41,3 +41,15 @@ def test_a_stage_command_gets_its_flags_only_when_named(capsys):
     # flags of a command not named are not built, and every command's are when argv is None
     assert build_parser(["env"]).parse_args(["env"]).command == "env"
     assert build_parser().parse_args(["train", "--kl-kind", "kl"]).kl_kind == "kl"
+
+
+def test_a_finished_command_freezes_its_objects_so_the_interpreter_exits_fast():
+    code = (
+        "import contextlib, gc, io, sys\n"
+        "import sdarflow.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert sdarflow.cli.main(['envs', 'list']) == 0\n"
+        "print(gc.get_freeze_count())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) > 1000

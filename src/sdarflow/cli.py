@@ -18,7 +18,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 
-from sdarflow import progress
+from sdarflow import fast_exit, progress
 from sdarflow.errors import ConfigError, SdarflowError
 from sdarflow.stages import STAGES, config_class
 
@@ -301,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "botocore", "transformers", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        return args.func(args)
+        code = args.func(args)
+        fast_exit()
+        return code
     except SdarflowError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

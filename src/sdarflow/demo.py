@@ -3,11 +3,15 @@ on the embedded defaults, and write ``summary.json`` with the last round's outpu
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
+import sys
 import time
 import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from sdarflow import storage
@@ -78,6 +82,65 @@ PRESETS: dict[str, dict] = {
 }
 
 
+class RunnerOutput:
+    """stdout while the KFP local runner runs the demo's DAG. For every task the runner prints the executor's input
+    as JSON, component-loading lines and the output artifacts' reprs (~50 lines a task, ~1500 for the demo): they
+    are dropped, so the log shows each task's start and status and the stages' own lines. Lines it does not know
+    pass through, so a runner that prints differently loses nothing."""
+
+    PLUMBING = (
+        "Looking for component",
+        "Loading KFP component",
+        "Wrote executor output file",
+        "Streamed logs:",
+    )
+
+    def __init__(self, out) -> None:
+        self.out, self._partial, self._skip = out, "", ""
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            if self._keep(line):
+                self.out.write(line + "\n")
+        return len(text)
+
+    def _keep(self, line: str) -> bool:
+        if self._skip == "input":  # the JSON the child logged at column 0, indented 4 by the runner
+            self._skip = "" if line.rstrip() == "    }" else "input"
+            return False
+        if self._skip == "outputs":  # artifact reprs, up to the runner's separator line
+            if not line.startswith("----"):
+                return False
+            self._skip = ""
+            return True
+        if line.endswith("Got executor_input:"):
+            self._skip = "input"
+            return False
+        if "- INFO - Task " in line and (line.endswith(" outputs:") or line.endswith(" has no outputs")):
+            self._skip = "outputs" if line.endswith(" outputs:") else ""
+            return False
+        return bool(line.strip()) and not any(p in line for p in self.PLUMBING)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def quiet_runner() -> Iterator[None]:
+    """The demo's stdout through ``RunnerOutput``, without the local runner's warnings about settings it ignores
+    (display names, the cluster image): the demo runs the cluster's pipeline on purpose."""
+    output = RunnerOutput(sys.stdout)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(output):
+        warnings.filterwarnings("ignore", message=r"Task '.*': settings \[.*\] have no effect")
+        warnings.filterwarnings("ignore", message=r"You may be attemp?ting to run a task that uses custom")
+        try:
+            yield
+        finally:
+            output.write("\n")
+
+
 def run_demo(
     out: str | Path,
     storage_root: str | None = None,
@@ -119,7 +182,8 @@ def run_demo(
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))
     pipeline = build_training_pipeline(rounds, shards)
     try:
-        pipeline(**settings, stage_settings=stage_settings)
+        with quiet_runner():
+            pipeline(**settings, stage_settings=stage_settings)
     except RuntimeError as err:  # the KFP local runner reports a failed task this way; its log is above
         first = str(err).splitlines()[0]
         raise SdarflowError(
