@@ -9,13 +9,23 @@ import logging
 import os
 import sys
 
-BENCHMARKS = ["startup", "data_plane", "train_step", "rescoring", "rollout", "pipeline_overhead"]
+BENCHMARKS = [
+    "startup",
+    "data_plane",
+    "train_step",
+    "rescoring",
+    "rollout",
+    "pipeline_overhead",
+    "plan_check",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
-        "--quick", action="store_true", help="smaller sizes: all benchmarks in < 10 min on 2 cores"
+        "--quick",
+        action="store_true",
+        help="smaller micro-benchmark sizes (rounds stay at the demo's size): ~30 min on 2 cores",
     )
     parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run (default all)")
     args = parser.parse_args(argv)

@@ -120,19 +120,31 @@ def demo_trajectories():
     return storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
 
 
-def demo_round(settings: dict) -> float:
-    """Round 0 of the training pipeline with every stage called directly in this process; returns its seconds."""
+def demo_round(settings: dict) -> dict[str, float]:
+    """Round 0 of the training pipeline with every stage called directly in this process: seconds per stage."""
     from sdarflow.pipeline_config import PipelineConfig, prepare, run_stage
 
-    t0 = time.perf_counter()
-    cfg = prepare(PipelineConfig.from_dict(settings))
-    gen = run_stage("generate", cfg, 0, adapter="")["uri"]
-    skills = run_stage("extract-skills", cfg, 0, input=[gen], previous=settings["seed_skills"])["uri"]
-    rescored = run_stage("rescore", cfg, 0, input=[gen], skills=skills, adapter="")["uri"]
-    adapter = run_stage("train", cfg, 0, input=[rescored], adapter="")["uri"]
-    report = run_stage("evaluate", cfg, 0, adapter=adapter)["uri"]
-    run_stage("register", cfg, 0, adapter=adapter, eval_report=report, data=[gen, skills, rescored])
-    return time.perf_counter() - t0
+    seconds: dict[str, float] = {}
+
+    def timed(stage: str, fn, *args, **io):
+        t0 = time.perf_counter()
+        out = fn(*args, **io)
+        seconds[stage] = time.perf_counter() - t0
+        return out
+
+    cfg = timed("prepare", prepare, PipelineConfig.from_dict(settings))
+    gen = timed("generate", run_stage, "generate", cfg, 0, adapter="")["uri"]
+    skills = timed(
+        "extract-skills", run_stage, "extract-skills", cfg, 0, input=[gen], previous=settings["seed_skills"]
+    )
+    rescored = timed("rescore", run_stage, "rescore", cfg, 0, input=[gen], skills=skills["uri"], adapter="")[
+        "uri"
+    ]
+    adapter = timed("train", run_stage, "train", cfg, 0, input=[rescored], adapter="")["uri"]
+    report = timed("evaluate", run_stage, "evaluate", cfg, 0, adapter=adapter)["uri"]
+    data = [gen, skills["uri"], rescored]
+    timed("register", run_stage, "register", cfg, 0, adapter=adapter, eval_report=report, data=data)
+    return seconds
 
 
 def write_result(name: str, result: dict, rows: list[tuple]) -> Path:

@@ -14,6 +14,7 @@ torch training); the tests use it so the script cannot rot where no GPU is.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(work: Path, on_gpu: bool, args) -> dict:
     import torch
 
+    from sdarflow import plan
     from sdarflow.demo import PRESETS
     from sdarflow.pipeline_config import PipelineConfig, stage_config
     from sdarflow.stages import evaluate, extract_skills, generate, rescore, train
@@ -153,6 +155,15 @@ def run(work: Path, on_gpu: bool, args) -> dict:
         on_cuda[stage] = on_gpu and engine == "vllm"  # vLLM refuses to start on a GPU machine without CUDA
     throughput = engine_throughput(model, gen2["uri"], device, on_gpu)
     train_tps = float(tr["metrics"]["train/tokens_per_s"])
+    constants = timed("plan-calibrate", plan.calibrate, str(model), device=device)
+    if "vllm" in throughput:  # the stages generate with vLLM on a GPU; calibrate times the hf engine
+        speedup = throughput["vllm"] / throughput["hf"]
+        constants = dataclasses.replace(
+            constants,
+            prefill_flops=constants.prefill_flops * speedup,
+            decode_flops=constants.decode_flops * speedup,
+            source=f"{constants.source}; generation scaled by vLLM/hf {speedup:.1f}x",
+        )
     return {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
         "model": {"hidden": hidden, "layers": layers, "parameters": params},
@@ -165,6 +176,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
         "mfu": mfu(params, train_tps, on_gpu),
         "eval_pass@1": ev["metrics"].get("test/pass@1"),
         "rollout_success": gen["metrics"]["rollout/success"],
+        "plan_constants": dataclasses.asdict(constants),  # sdarflow plan --constants gpu_check.json
     }
 
 

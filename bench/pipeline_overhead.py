@@ -28,13 +28,15 @@ def _kfp_local(settings: dict, pipeline_root: str) -> tuple[float, int]:
 def run(quick: bool = True) -> dict:
     model = demo_model()
     with tempfile.TemporaryDirectory() as tmp:
-        direct = demo_round(demo_settings(model, f"{tmp}/store", "direct"))
+        stages = demo_round(demo_settings(model, f"{tmp}/store", "direct"))
+        direct = sum(stages.values())
         kfp, tasks = _kfp_local(demo_settings(model, f"{tmp}/store", "kfp"), f"{tmp}/kfp-local")
     overhead = (kfp - direct) / direct
     result = {
         "model": model,
         "preset": "demo",
         "direct_seconds": direct,
+        "direct_stage_seconds": stages,
         "kfp_local_seconds": kfp,
         "tasks": tasks,
         "overhead_per_task_seconds": (kfp - direct) / tasks,

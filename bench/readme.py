@@ -84,6 +84,16 @@ def _pipeline_overhead(r: dict) -> tuple:
     )
 
 
+def _plan_check(r: dict) -> tuple:
+    by_stage = ", ".join(f"{s} {x:.2f}" for s, x in r["ratio_by_stage"].items())
+    measured, predicted = sum(r["measured_seconds"].values()), sum(r["predicted_seconds"].values())
+    return (
+        f"demo round predicted {predicted:.0f} s vs measured {measured:.0f} s (by stage: {by_stage})",
+        f"ratio {r['ratio']:.2f}",
+        "0.7-1.3",
+    )
+
+
 ROWS = {
     "startup": _startup,
     "train_step": _train_step,
@@ -91,6 +101,7 @@ ROWS = {
     "rollout": _rollout,
     "data_plane": _data_plane,
     "pipeline_overhead": _pipeline_overhead,
+    "plan_check": _plan_check,
 }
 
 

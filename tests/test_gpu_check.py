@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bench import gpu_check
+from sdarflow import plan
 
 
 def test_without_a_gpu_it_says_so_in_one_line(capsys):
@@ -33,8 +34,10 @@ def test_cpu_run_covers_every_stage_and_writes_the_result(tiny_model, tmp_path):
         "train",
         "generate-with-adapter",
         "evaluate",
+        "plan-calibrate",
     }
     assert set(result["seconds"]) == stages == set(result["on_cuda"])
+    assert plan.Constants.load(out).decode_flops > 0  # sdarflow plan --constants gpu_check.json
     assert result["device"] == "cpu" and result["generate_tokens_per_s"]["hf"] > 0
     assert result["train_tokens_per_s"] > 0 and result["model"]["parameters"] > 0
     assert {"machine", "total_seconds", "limit_seconds", "mfu"} <= result.keys()

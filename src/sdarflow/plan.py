@@ -1,0 +1,242 @@
+"""``sdarflow plan``: a round's time per stage and its GPU-hours, before launching, from throughput constants.
+
+A round of ``tasks x group_size`` episodes of ``turns`` turns makes ``R = tasks x group_size x turns`` turn rows
+of ``prompt_tokens + response_tokens`` tokens. With ``N`` model parameters and ``G`` GPUs (or one CPU machine),
+and each constant an *effective* rate on one device (FLOP/s as achieved, not peak; seconds per env call):
+
+- generate: ``(2N x R x prompt_tokens / prefill_flops + 2N x R x response_tokens / decode_flops) / G`` of
+  generation, plus ``R x env_turn_s + episodes x env_reset_s`` of env and prompt work on the CPU: added to it
+  (``--envs local``), or overlapped (``process``: the larger of the two).
+- rescore: ``2N x R x (prompt_tokens + response_tokens) x passes / forward_flops / G`` (``passes``: student and
+  teacher, plus the reference once the round starts from an adapter).
+- train: ``6N x R x (prompt_tokens + response_tokens) x epochs / train_flops / G`` (forward and backward).
+- evaluate: generate's formula for ``eval_tasks x eval_samples`` episodes of ``eval_turns`` turns on each of the
+  two held-out splits.
+- every task (prepare, the six stages, promote): ``task_start_s`` (process or pod start and imports).
+
+``GPU-hours = G x round seconds / 3600``. Constants come from ``sdarflow plan --calibrate MODEL`` (measured on this
+machine with that model), from ``bench/results/gpu_check.json``, or from ``PUBLISHED`` (data-sheet peaks times
+utilisation figures reported for vLLM and FSDP/DeepSpeed training; a rough start, not a measurement).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdarflow.errors import ConfigError
+
+SPLITS = 2  # evaluate plays the test and ood splits
+
+
+@dataclass(frozen=True)
+class Constants:
+    """Effective rates on one device (FLOP/s as achieved) and per-call CPU seconds; ``source`` says where from."""
+
+    prefill_flops: float
+    decode_flops: float
+    forward_flops: float
+    train_flops: float
+    env_turn_s: float  # per turn row: the env step, prompt building and parsing
+    env_reset_s: float  # per episode
+    task_start_s: float  # per pipeline task
+    source: str
+
+    @classmethod
+    def load(cls, path: str | Path) -> Constants:
+        """From a ``--calibrate`` file, or ``gpu_check.json`` (its measured ``plan_constants``)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                f"plan: cannot read constants {path} ({err}); fix: sdarflow plan --calibrate"
+            ) from err
+        data = data.get("plan_constants", data)
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(names - {"source"} - set(data))
+        if missing:
+            raise ConfigError(
+                f"plan: {path} lacks {', '.join(missing)}; fix: write it with sdarflow plan --calibrate"
+            )
+        return cls(**{k: data[k] for k in names - {"source"}}, source=data.get("source", str(path)))
+
+
+# H100 SXM bf16 dense peak 989 TFLOP/s. Utilisation: prefill ~50% and batched decode ~15% in vLLM (decode is memory
+# bound: ~15k tokens/s for a 7B model at batch 256 is ~21% of peak), training ~35% MFU (FSDP/DeepSpeed reports on
+# 7B models); env turns of a text game ~2 ms, resets ~20 ms (this project's TextWorld); a pod's start ~60 s.
+H100_PEAK = 989e12
+PUBLISHED = Constants(
+    prefill_flops=0.5 * H100_PEAK,
+    decode_flops=0.15 * H100_PEAK,
+    forward_flops=0.5 * H100_PEAK,
+    train_flops=0.35 * H100_PEAK,
+    env_turn_s=0.002,
+    env_reset_s=0.02,
+    task_start_s=60.0,
+    source="published figures for H100 (see sdarflow.plan.PUBLISHED)",
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    model_params: float
+    gpus: int
+    tasks: int
+    group_size: int
+    turns: float
+    prompt_tokens: float
+    response_tokens: float
+    eval_tasks: int
+    eval_samples: int
+    eval_turns: float
+    epochs: int = 1
+    rescore_passes: int = 3
+    envs: str = "process"  # local: env work adds to generation; process: overlaps it
+
+    def check(self) -> None:
+        for name in ("model_params", "tasks", "group_size", "turns", "prompt_tokens", "response_tokens"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(
+                    f"plan: --{name.replace('_', '-')} must be > 0; fix: pass a positive number"
+                )
+        if self.gpus < 0:
+            raise ConfigError("plan: --gpus must be >= 0 (0: one CPU machine); fix: e.g. --gpus 8")
+
+
+def _rollout_seconds(w: Workload, c: Constants, episodes: float, turns: float) -> float:
+    rows = episodes * turns
+    devices = max(w.gpus, 1)
+    generation = 2 * w.model_params * rows * (
+        w.prompt_tokens / c.prefill_flops + w.response_tokens / c.decode_flops
+    ) / devices  # fmt: skip
+    env = rows * c.env_turn_s + episodes * c.env_reset_s
+    return max(generation, env) if w.envs == "process" else generation + env
+
+
+def estimate(w: Workload, c: Constants) -> dict:
+    """Seconds per stage of one round (each with its task start), the total, and GPU-hours."""
+    w.check()
+    devices = max(w.gpus, 1)
+    rows = w.tasks * w.group_size * w.turns
+    tokens = rows * (w.prompt_tokens + w.response_tokens)
+    work = {
+        "prepare": 0.0,
+        "generate": _rollout_seconds(w, c, w.tasks * w.group_size, w.turns),
+        "extract-skills": 0.0,
+        "rescore": 2 * w.model_params * tokens * w.rescore_passes / c.forward_flops / devices,
+        "train": 6 * w.model_params * tokens * w.epochs / c.train_flops / devices,
+        "evaluate": SPLITS * _rollout_seconds(w, c, w.eval_tasks * w.eval_samples, w.eval_turns),
+        "register": 0.0,
+        "promote": 0.0,
+    }
+    stages = {name: seconds + c.task_start_s for name, seconds in work.items()}
+    total = sum(stages.values())
+    return {
+        "stages_seconds": stages,
+        "work_seconds": work,
+        "round_seconds": total,
+        "gpu_hours": w.gpus * total / 3600,
+        "constants": dataclasses.asdict(c),
+        "workload": dataclasses.asdict(w),
+    }
+
+
+def calibrate(model: str, env: str = "textworld-cooking", device: str = "auto", batch: int = 64) -> Constants:
+    """Measure the constants on this machine with ``model`` (an HF folder): prefill and decode through the hf
+    engine, a teacher-forced forward, one training step, and ``env``'s resets and turns. About a minute."""
+    import torch
+
+    from sdarflow.envs import get_suite
+    from sdarflow.models.forward import make_batch, response_logprobs
+    from sdarflow.rollout.engine import load_engine
+    from sdarflow.rollout.prompt import build_messages, encode_prompt
+
+    engine = load_engine("hf", model, batch_size=batch, device=device)
+    params = sum(p.numel() for p in engine.model.parameters())
+    suite = get_suite(env)
+    tasks = suite.tasks("train", 8)
+    resets, turns, seconds_reset, seconds_turn, prompts = 0, 0, 0.0, 0.0, []
+    for task in tasks:
+        env_ = suite.make(task)
+        t0 = time.perf_counter()
+        reset = env_.reset()
+        seconds_reset += time.perf_counter() - t0
+        resets += 1
+        actions: list[str] = []
+        observation = reset.observation
+        for action in ("look", "inventory", "examine counter", "go north", "look"):
+            t0 = time.perf_counter()
+            prompt = encode_prompt(engine.tokenizer, build_messages(reset.instruction, actions, observation))
+            step = env_.step(action)
+            seconds_turn += time.perf_counter() - t0
+            turns += 1
+            prompts.append(prompt)
+            actions.append(action)
+            observation = step.observation
+            if step.done:
+                break
+        env_.close()
+    batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+    prompt_tokens = sum(len(p) for p in batch_prompts)
+
+    def generate(new: int) -> float:
+        t0 = time.perf_counter()
+        engine.generate(
+            batch_prompts, list(range(batch)), max_new_tokens=new, min_new_tokens=new, temperature=1.0
+        )
+        return time.perf_counter() - t0
+
+    generate(2)  # warm-up
+    new = 16
+    t_prefill, t_full = generate(1), generate(new)
+    decode_tokens = batch * (new - 1)
+    responses = [[engine.eos_id] * 8 for _ in batch_prompts]
+    data = make_batch(batch_prompts, responses, engine.pad_id)
+    model = engine.model
+    with torch.inference_mode():
+        response_logprobs(model, data)
+        t0 = time.perf_counter()
+        response_logprobs(model, data)
+        t_forward = time.perf_counter() - t0
+    model.train()
+    t0 = time.perf_counter()
+    logp, _ = response_logprobs(model, data)
+    logp.sum().backward()
+    t_train = time.perf_counter() - t0
+    model.eval()
+    seq_tokens = prompt_tokens + 8 * batch
+    # What a model task imports before its work, in a fresh interpreter (the runner's own bookkeeping not included).
+    t0 = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import kfp.dsl.executor_main, sdarflow.stages.train, peft, transformers.modeling_utils",
+        ],
+        check=True,
+    )
+    task_start = time.perf_counter() - t0
+    return Constants(
+        prefill_flops=2 * params * prompt_tokens / t_prefill,
+        decode_flops=2 * params * decode_tokens / max(t_full - t_prefill, 1e-9),
+        forward_flops=2 * params * seq_tokens / t_forward,
+        train_flops=6 * params * seq_tokens / t_train,
+        env_turn_s=seconds_turn / turns,
+        env_reset_s=seconds_reset / resets,
+        task_start_s=task_start,
+        source=f"sdarflow plan --calibrate {model} on this machine ({params / 1e6:.2f}M parameters, batch {batch})",
+    )
+
+
+def render(plan: dict) -> str:
+    """The plan as a small table."""
+    lines = [f"{'stage':<16}{'seconds':>12}"]
+    lines += [f"{name:<16}{seconds:>12.1f}" for name, seconds in plan["stages_seconds"].items()]
+    lines.append(f"{'round':<16}{plan['round_seconds']:>12.1f}")
+    lines.append(f"GPU-hours per round: {plan['gpu_hours']:.2f}  (constants: {plan['constants']['source']})")
+    return "\n".join(lines)
