@@ -52,3 +52,21 @@ def test_runner_plumbing_is_dropped_and_the_stages_lines_kept():
         "-" * 80,
         "something the runner never printed before",
     ]
+
+
+def test_the_runners_warnings_about_ignored_settings_are_silenced(recwarn):
+    import warnings
+
+    from sdarflow.demo import quiet_runner
+
+    with quiet_runner():
+        warnings.warn(
+            "Task 'train': settings ['display_name'] have no effect in the current local runner", stacklevel=1
+        )
+        warnings.warn(
+            'You may be attemping to run a task that uses custom or non-Python base image "x"',
+            RuntimeWarning,
+            stacklevel=1,
+        )
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in recwarn] == ["something else"]
