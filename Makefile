@@ -9,9 +9,9 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; fix: install Python 3.11 or pass PYTHON=..."; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install -qq --upgrade pip
 	# requirements.lock pins every transitive dependency; pyproject.toml pins the direct ones.
-	$(BIN)/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install -qq -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
