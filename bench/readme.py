@@ -120,7 +120,11 @@ def table(results_dir: Path = RESULTS) -> str:
         if not path.is_file():
             continue
         result = json.loads(path.read_text())
-        lines.append("| " + " | ".join((name, *row(result))) + " |")
+        try:
+            cells = row(result)
+        except KeyError as err:  # written by an older version of the benchmark
+            cells = (f"an older result (no {err}); rerun `python -m bench {name}`", "-", "-")
+        lines.append("| " + " | ".join((name, *cells)) + " |")
         machines.add(_machine(result["machine"]))
     lines.append("")
     lines.append("Machine: " + "; ".join(sorted(machines)) + ".")

@@ -49,6 +49,14 @@ def test_table_has_a_row_per_result_and_the_machine(results):
     assert lines[-1].startswith("Machine: ") and f"{machine()['cpus']} cores" in lines[-1]
 
 
+def test_an_older_result_file_is_named_not_a_crash(results):
+    (results / "rollout.json").write_text(
+        json.dumps({"benchmark": "rollout", "machine": machine(), "speedup": 1})
+    )
+    row = next(ln for ln in readme.table(results).splitlines() if ln.startswith("| rollout"))
+    assert "an older result" in row and "python -m bench rollout" in row
+
+
 def test_update_replaces_only_the_marked_table(results, tmp_path):
     page = tmp_path / "README.md"
     page.write_text(f"intro\n{readme.START}\nold table\n{readme.END}\noutro\n")

@@ -70,3 +70,12 @@ def test_the_runners_warnings_about_ignored_settings_are_silenced(recwarn):
         )
         warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in recwarn] == ["something else"]
+
+
+def test_a_block_that_never_ends_stops_being_dropped():
+    out = io.StringIO()
+    runner = RunnerOutput(out)
+    runner.write("    [KFP Executor 2026-12-01 05:40:55,038 INFO]: Got executor_input:\n")
+    runner.write("".join(f"line {i}\n" for i in range(RunnerOutput.MAX_SKIPPED + 5)))
+    kept = out.getvalue().splitlines()
+    assert kept and kept[-1] == f"line {RunnerOutput.MAX_SKIPPED + 4}" and len(kept) < 10

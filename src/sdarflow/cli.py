@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sdarflow import fast_exit, progress
+from sdarflow import progress
 from sdarflow.errors import ConfigError, SdarflowError
 from sdarflow.stages import STAGES, config_class
 
@@ -384,9 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "botocore", "transformers", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        code = args.func(args)
-        fast_exit()
-        return code
+        return args.func(args)
     except SdarflowError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

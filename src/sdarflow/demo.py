@@ -95,8 +95,10 @@ class RunnerOutput:
         "Streamed logs:",
     )
 
+    MAX_SKIPPED = 400  # a block longer than this is not the runner's: stop dropping (a traceback must show)
+
     def __init__(self, out) -> None:
-        self.out, self._partial, self._skip = out, "", ""
+        self.out, self._partial, self._skip, self._skipped = out, "", "", 0
 
     def write(self, text: str) -> int:
         self._partial += text
@@ -107,6 +109,9 @@ class RunnerOutput:
         return len(text)
 
     def _keep(self, line: str) -> bool:
+        self._skipped = self._skipped + 1 if self._skip else 0
+        if self._skipped > self.MAX_SKIPPED:
+            self._skip = ""
         if self._skip == "input":  # the JSON the child logged at column 0, indented 4 by the runner
             self._skip = "" if line.rstrip() == "    }" else "input"
             return False

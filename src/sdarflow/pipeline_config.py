@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from sdarflow import fast_exit, progress, storage
+from sdarflow import progress, storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.stages import STAGES, config_class
@@ -358,7 +358,6 @@ def run_component(
     for artifact, name in ((html, "report.html"), (markdown, "report.md")):
         if artifact is not None:
             _write_report(artifact, str(result["uri"]), name, stage)
-    fast_exit()
     return str(result["uri"])
 
 

@@ -333,14 +333,16 @@ class TextWorldCookingEnv:
 
     def expert_action(self) -> str | None:
         """The expert's next command from the current state, None before reset or once the game is over."""
-        if self._state is None or self._done:
+        if self._env is None or self._state is None or self._done:
             return None
         commands = self._tracked_state()["policy_commands"] or []
         return commands[0] if commands else None
 
     def admissible_commands(self) -> list[str]:
         """Commands TextWorld accepts in the current state (diagnostics; the policy is not restricted to them)."""
-        return list(self._tracked_state()["admissible_commands"] or []) if self._state is not None else []
+        if self._env is None or self._state is None:
+            return []
+        return list(self._tracked_state()["admissible_commands"] or [])
 
     def close(self) -> None:
         """Close the interpreter; safe to call twice."""

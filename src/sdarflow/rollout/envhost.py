@@ -102,11 +102,18 @@ class ProcessEnvs:
         child.close()
         self.timeout_s = timeout_s
         self._size = 0
-        self.max_turns: list[int | None] = self._receive(len(tasks))
+        try:
+            self.max_turns: list[int | None] = self._receive(len(tasks))
+        except EnvError:
+            self.shutdown()
+            raise
 
     def submit(self, op: str, items: Items) -> None:
         self._size = len(items)
-        self._conn.send((op, list(items)))
+        try:
+            self._conn.send((op, list(items)))
+        except OSError as err:  # the worker is gone: say so as _receive does
+            raise self._exited() from err
 
     def result(self) -> list[Outcome]:
         return self._receive(self._size)
@@ -116,20 +123,23 @@ class ProcessEnvs:
         try:
             if not self._conn.poll(limit):
                 raise EnvError(
-                    f"the env worker gave no answer in {limit:.0f} s (an env holds the interpreter); fix: run envs "
-                    f"in this process with --no-env-process, where --step-timeout-s ends such an episode"
+                    f"the env worker gave no answer in {limit:.0f} s (an env holds the interpreter, so the per-call "
+                    f"watchdog cannot run); fix: find the env that hangs (its logs above), or lower --step-timeout-s"
                 )
             status, value = self._conn.recv()
         except (EOFError, ConnectionError) as err:
-            self._proc.join(5)
-            raise EnvError(
-                f"the env worker exited (code {self._proc.exitcode}); fix: see its traceback above. A script that "
-                f'runs rollouts must guard its entry point with `if __name__ == "__main__":` (the worker imports '
-                f"the main module); or run envs in this process (--envs local, SamplingParams.env_process=False)"
-            ) from err
+            raise self._exited() from err
         if status == "error":
             raise EnvError(f"env worker: {value}")
         return value
+
+    def _exited(self) -> EnvError:
+        self._proc.join(5)
+        return EnvError(
+            f"the env worker exited (code {self._proc.exitcode}); fix: see its traceback above. A script that runs "
+            f'rollouts must guard its entry point with `if __name__ == "__main__":` (the worker imports the main '
+            f"module); or run envs in this process (--envs local, SamplingParams.env_process=False)"
+        )
 
     def shutdown(self) -> None:
         """Stop the worker (closed envs first, through ``close`` calls); kill it if it does not stop."""

@@ -160,7 +160,8 @@ def run_rollout(
 
     With ``params.env_process`` the episodes form two lanes: while one lane generates, the other's env calls run
     in the env worker, so neither the engine nor the envs wait for the other (each episode sees the same turns,
-    prompts and seeds as in one lane)."""
+    prompts and seeds as in one lane). The lanes interleave episodes, so with two or more per task the first lane
+    holds every task and its first prompts are checked before any engine call."""
     t0 = time.perf_counter()
     stats = RolloutStats()
     episodes = []
