@@ -1,5 +1,6 @@
 """Data plane: the share of a demo round's wall time spent in storage (every dataset, manifest, adapter and report
-written and read through ``sdarflow.storage``), on a local folder and on S3 through a moto server on 127.0.0.1.
+written and read through ``sdarflow.storage``), on a local folder and on S3 through a moto server on 127.0.0.1 (in
+its own process).
 
 The round is the demo's round 0 with every stage called directly (``bench.common.demo_round``); time inside
 ``sdarflow.storage``'s public functions is summed over the outermost calls (a read that also reads its manifest
@@ -11,8 +12,10 @@ import collections
 import contextlib
 import functools
 import inspect
-import logging
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -61,16 +64,21 @@ def storage_clock() -> Iterator[collections.Counter]:
 
 @contextlib.contextmanager
 def moto_s3(bucket: str) -> Iterator[None]:
-    """A moto S3 server on 127.0.0.1 with ``bucket``, and the AWS_* variables pointing at it."""
+    """A moto S3 server on 127.0.0.1 in its own process (as a real store is: an in-process server would take the
+    GIL from the stages it serves), with ``bucket``, and the AWS_* variables pointing at it."""
     import boto3
-    from moto.server import ThreadedMotoServer
+    import botocore.exceptions
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     env = {
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "bench",
         "AWS_SECRET_ACCESS_KEY": "bench",
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -78,7 +86,15 @@ def moto_s3(bucket: str) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+        for attempt in range(100):  # the server starts in about a second
+            try:
+                client.create_bucket(Bucket=bucket)
+                break
+            except botocore.exceptions.EndpointConnectionError:
+                if attempt == 99:
+                    raise
+                time.sleep(0.2)
         yield
     finally:
         for k, v in old.items():
@@ -86,7 +102,8 @@ def moto_s3(bucket: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        server.stop()
+        server.terminate()
+        server.wait(10)
 
 
 def _share(model: str, root: str) -> dict:

@@ -2,10 +2,12 @@
 a cluster a pod per task) against the same stages called directly in one process, on the same model, settings
 and seeds. The difference is what each task pays before and after its work: the interpreter, imports (torch,
 transformers, peft, kfp), and the runner's bookkeeping. Sizes are the demo's (``--quick`` included): what a
-user's round costs, not a smoke run where start-up is all there is."""
+user's round costs, not a smoke run where start-up is all there is. Two rounds each, in the order direct, KFP, KFP,
+direct; the means are compared."""
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 
@@ -27,14 +29,23 @@ def _kfp_local(settings: dict, pipeline_root: str) -> tuple[float, int]:
 
 def run(quick: bool = True) -> dict:
     model = demo_model()
+    # A B B A: this machine's speed drifts between rounds; the order cancels a steady drift and warm caches.
+    runs: dict[str, list[float]] = {"direct": [], "kfp": []}
     with tempfile.TemporaryDirectory() as tmp:
-        stages = demo_round(demo_settings(model, f"{tmp}/store", "direct"))
-        direct = sum(stages.values())
-        kfp, tasks = _kfp_local(demo_settings(model, f"{tmp}/store", "kfp"), f"{tmp}/kfp-local")
+        for i, kind in enumerate(("direct", "kfp", "kfp", "direct")):
+            settings = demo_settings(model, f"{tmp}/store{i}", kind)
+            if kind == "direct":
+                stages = demo_round(settings)
+                runs["direct"].append(sum(stages.values()))
+            else:
+                seconds, tasks = _kfp_local(settings, f"{tmp}/kfp-local{i}")
+                runs["kfp"].append(seconds)
+    direct, kfp = statistics.mean(runs["direct"]), statistics.mean(runs["kfp"])
     overhead = (kfp - direct) / direct
     result = {
         "model": model,
         "preset": "demo",
+        "runs_seconds": runs,
         "direct_seconds": direct,
         "direct_stage_seconds": stages,
         "kfp_local_seconds": kfp,

@@ -52,7 +52,7 @@ def run(quick: bool = True) -> dict:
     tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
     mean_len = tokens / len(prompts)
     stage = RescoreConfig()  # the stage's defaults: what users run
-    budget, pack_length = stage.max_batch_tokens, stage.pack_length
+    budget, pack_length = stage.batch_tokens(torch.device("cpu")), stage.pack_length
     t_padded = median_time(lambda: padded_in_order(model, prompts, responses, ROWS_PER_BATCH), repeats=5)
     t_packed = median_time(
         lambda: score(model, prompts, responses, 0, budget, batching="packed", pack_length=pack_length),
