@@ -113,3 +113,13 @@ def test_calibrate_measures_a_real_model_and_plans_with_it(tiny_model, tmp_path,
     capsys.readouterr()
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["envs"] == "local"
+
+
+def test_the_formulas_predict_this_machines_measured_demo_round():
+    # bench/plan_check.py: constants calibrated here on the demo model, then a demo round measured stage by stage
+    from bench.common import RESULTS
+
+    check = json.loads((RESULTS / "plan_check.json").read_text())
+    predicted = plan.estimate(plan.Workload(**check["workload"]), plan.Constants(**check["constants"]))
+    ratio = sum(predicted["work_seconds"].values()) / sum(check["measured_seconds"].values())
+    assert abs(ratio - 1) <= 0.3, ratio
