@@ -361,3 +361,23 @@ def test_study_pipeline_needs_grpo(tmp_path, capsys):
 def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):
     assert main(["pipeline", "compile", "--out", str(tmp_path / "p.yaml"), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_pipelines_parameters_are_the_pipeline_configs():
+    """PipelineConfig, the prepare component and the training pipeline's signature list the same parameters with the
+    same defaults (shards is fixed at compile time; storage and base_model are required in the pipeline)."""
+    import dataclasses
+
+    from components.prepare import prepare
+    from pipelines.training import build_training_pipeline
+    from sdarflow.pipeline_config import PipelineConfig
+
+    fields = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(PipelineConfig)
+    }
+    assert set(prepare.component_spec.inputs) == set(fields)
+    inputs = build_training_pipeline(1).component_spec.inputs
+    assert set(inputs) == set(fields) - {"shards"}
+    defaults = {name: spec.default for name, spec in inputs.items() if name not in ("storage", "base_model")}
+    assert defaults == {name: fields[name] for name in defaults}

@@ -314,3 +314,25 @@ def test_an_adapter_whose_weights_file_is_corrupt_is_one_line(capsys, tmp_path, 
 def test_build_model_refuses_bad_numbers_before_any_work(capsys, tmp_path, flags, message):
     fails(capsys, ["build-model", "--out", str(tmp_path / "m"), *flags], message, "fix:")
     assert not (tmp_path / "m").exists()
+
+
+def test_evaluate_refuses_a_prompt_longer_than_the_context(tmp_path, capsys, tiny_model):
+    import shutil
+
+    short = tmp_path / "short-context"
+    shutil.copytree(tiny_model, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 96}))
+    argv = [
+        "evaluate",
+        "--model",
+        str(short),
+        "--env",
+        "tool-use",
+        "--tasks",
+        "1",
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    fails(capsys, argv, "the first prompt is", "tokens, over the", "fix:")
+    assert not (tmp_path / "o").exists()

@@ -26,6 +26,9 @@ class Outcome:
     value: Any = None
     error: str | None = None
     seconds: float = 0.0
+    timed_out: bool = (
+        False  # the call is still running in an abandoned thread: its env must not be used again
+    )
 
     @property
     def ok(self) -> bool:
@@ -72,6 +75,6 @@ def call_all(calls: Sequence[Callable[[], Any]], timeout_s: float, workers: int 
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if t.is_alive():
                 outcomes[i] = Outcome(
-                    error=f"TimeoutError: no result within {timeout_s:g} s", seconds=timeout_s
+                    error=f"TimeoutError: no result within {timeout_s:g} s", seconds=timeout_s, timed_out=True
                 )
     return outcomes

@@ -333,7 +333,7 @@ def _close(episodes: list[Episode], envs) -> None:
 
 def _fail(ep: Episode, out: Outcome, what: str) -> None:
     ep.error, ep.done, ep.won = f"{what}: {out.error}", True, False
-    ep.hung = out.error.startswith("TimeoutError")
+    ep.hung = out.timed_out
     log.warning("episode %s failed in env %s: %s", ep.traj_id, what, out.error)
 
 

@@ -62,11 +62,41 @@ class EvaluateConfig(StageConfig):
             raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
 
 
+def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
+    """One split's episodes, as the report's per-episode rows."""
+    from sdarflow.rollout.loop import rollout
+
+    _, episodes = rollout(
+        engine,
+        suite,
+        suite.tasks(split, cfg.tasks),
+        cfg.samples,
+        params,
+        engine.tokenizer,
+        run_id="eval",
+        round_=0,
+        policy_version=cfg.adapter or "base",
+        desc=f"evaluate {split}",
+    )
+    return [
+        {
+            "task_id": e.task.task_id,
+            "task_type": e.task.task_type,
+            "split": split,
+            "success": e.won,
+            "turns": len(e.rows),
+            "format_errors": e.format_errors,
+            "actions": len(e.rows),
+        }
+        for e in episodes
+    ]
+
+
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report, plots, render_html, render_markdown
     from sdarflow.rollout.engine import action_tokens, load_engine
-    from sdarflow.rollout.loop import SamplingParams, rollout
+    from sdarflow.rollout.loop import SamplingParams
 
     require("evaluate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)
@@ -78,40 +108,21 @@ def run(cfg: EvaluateConfig) -> dict:
         batch_size=cfg.batch_size,
         device=cfg.device,
     )
+    max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
     params = SamplingParams(
         max_turns=cfg.max_turns or 1000,
-        max_new_tokens=action_tokens(suite, cfg.max_new_tokens),
+        max_new_tokens=max_new_tokens,
         temperature=cfg.temperature,
         history_turns=cfg.history_turns,
         seed=cfg.seed,
         env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
+        # as in generate: a prompt past the context ends its episode; a first prompt that cannot fit is an error
+        max_prompt_tokens=max(engine.max_context - max_new_tokens, 1) if engine.max_context else 0,
     )
-    results = []
-    for split in cfg.splits:
-        _, episodes = rollout(
-            engine,
-            suite,
-            suite.tasks(split, cfg.tasks),
-            cfg.samples,
-            params,
-            engine.tokenizer,
-            run_id="eval",
-            round_=0,
-            policy_version=cfg.adapter or "base",
-            desc=f"evaluate {split}",
-        )
-        results += [
-            {
-                "task_id": e.task.task_id,
-                "task_type": e.task.task_type,
-                "split": split,
-                "success": e.won,
-                "turns": len(e.rows),
-                "format_errors": e.format_errors,
-                "actions": len(e.rows),
-            }
-            for e in episodes
-        ]
+    try:
+        results = [row for split in cfg.splits for row in _play(cfg, split, suite, engine, params)]
+    finally:
+        engine.close()
     report = build_report(
         results,
         adapter=cfg.adapter or "base",
