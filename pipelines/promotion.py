@@ -7,6 +7,7 @@ from kfp import dsl
 
 from components.promote import promote
 from pipelines.kube import KubeOptions, wire
+from sdarflow.registry.gate import GATE
 
 PIPELINE_NAME = "sdar-promotion"
 
@@ -27,9 +28,9 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         stage: str = "production",
         force: bool = False,
         reason: str = "",
-        min_gain: float = 0.0,
-        passk_tolerance: float = 0.02,
-        ood_tolerance: float = 0.02,
+        min_gain: float = GATE.min_gain,
+        passk_tolerance: float = GATE.passk_tolerance,
+        ood_tolerance: float = GATE.ood_tolerance,
     ) -> str:
         task = promote(
             registry=registry,

@@ -20,6 +20,7 @@ from components.rescore import rescore
 from components.train import train
 from pipelines.kube import KubeOptions, wire
 from sdarflow.errors import ConfigError
+from sdarflow.registry.gate import GATE
 
 PIPELINE_NAME = "sdar-training"
 
@@ -93,9 +94,9 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
         eval_tasks: int = 4,
         eval_samples: int = 4,
         promote_to: str = "",
-        gate_min_gain: float = 0.0,
-        gate_passk_tolerance: float = 0.02,
-        gate_ood_tolerance: float = 0.02,
+        gate_min_gain: float = GATE.min_gain,
+        gate_passk_tolerance: float = GATE.passk_tolerance,
+        gate_ood_tolerance: float = GATE.ood_tolerance,
         seed: int = 0,
         stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
     ) -> str:

@@ -29,6 +29,7 @@ import yaml
 from sdarflow import progress, storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
+from sdarflow.registry.gate import GATE
 from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,9 @@ class PipelineConfig(StageConfig):
         "the last round's version through the gate (a refusal is reported, the run still succeeds)",
         choices=PROMOTE_TO,
     )
-    gate_min_gain: float = opt(0.0, "gate: test pass@1 must beat production by at least this")
-    gate_passk_tolerance: float = opt(0.02, "gate: allowed drop of test pass@k (largest k)")
-    gate_ood_tolerance: float = opt(0.02, "gate: allowed drop of ood pass@1")
+    gate_min_gain: float = opt(GATE.min_gain, "gate: test pass@1 must beat production by at least this")
+    gate_passk_tolerance: float = opt(GATE.passk_tolerance, "gate: allowed drop of test pass@k (largest k)")
+    gate_ood_tolerance: float = opt(GATE.ood_tolerance, "gate: allowed drop of ood pass@1")
     seed: int = opt(0, "base seed", ge=0, le=MAX_SEED)
     shards: int = opt(
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
@@ -369,9 +370,9 @@ def run_promotion(
     *,
     force: bool = False,
     reason: str = "",
-    min_gain: float = 0.0,
-    passk_tolerance: float = 0.02,
-    ood_tolerance: float = 0.02,
+    min_gain: float = GATE.min_gain,
+    passk_tolerance: float = GATE.passk_tolerance,
+    ood_tolerance: float = GATE.ood_tolerance,
     actor: str | None = None,
     markdown=None,
 ) -> str:

@@ -194,3 +194,15 @@ def test_a_rollout_env_runs_without_the_state_tracker_and_starts_it_only_when_as
     assert midway.step(commands[2]).observation == walkthrough[2]
     midway.close()
     env.close()
+
+
+def test_failed_game_generation_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    from sdarflow.envs.textworld_cooking import _generate_in_subprocess
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.raises(
+        EnvError, match=r"generating tw-cooking games \[1000\] failed \(exit 1\): .*; fix: "
+    ) as err:
+        _generate_in_subprocess(SPLIT_SPECS["train"], [1000], blocked / "games")
+    assert "\n" not in str(err.value)

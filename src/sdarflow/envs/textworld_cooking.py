@@ -165,8 +165,10 @@ def _generate_in_subprocess(spec: SplitSpec, seeds: Sequence[int], game_dir: Pat
     cmd = [sys.executable, "-m", __name__, args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"generating tw-cooking games {list(seeds)} failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise EnvError(
+            f"generating tw-cooking games {list(seeds)} failed (exit {proc.returncode}): {last}; fix: check that "
+            f"textworld imports and the game cache {game_dir} is writable (SDARFLOW_CACHE moves it)"
         )
 
 

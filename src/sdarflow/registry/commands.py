@@ -221,11 +221,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reason", help="why (required with --force); written to the alias history and the audit log"
     )
-    p.add_argument("--min-gain", type=float, default=0.0, help="test pass@1 must beat production by this")
+    from sdarflow.registry.gate import GATE
+
     p.add_argument(
-        "--passk-tolerance", type=float, default=0.02, help="allowed drop of test pass@k (largest k)"
+        "--min-gain", type=float, default=GATE.min_gain, help="test pass@1 must beat production by this"
     )
-    p.add_argument("--ood-tolerance", type=float, default=0.02, help="allowed drop of ood pass@1")
+    p.add_argument(
+        "--passk-tolerance",
+        type=float,
+        default=GATE.passk_tolerance,
+        help="allowed drop of test pass@k (largest k)",
+    )
+    p.add_argument(
+        "--ood-tolerance", type=float, default=GATE.ood_tolerance, help="allowed drop of ood pass@1"
+    )
     p.add_argument("--actor", help="who promotes (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_promote)
 

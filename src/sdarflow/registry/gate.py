@@ -78,6 +78,9 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[dict[str, f
     return values, None
 
 
+GATE = GatePolicy()  # the defaults every entry point (CLI, pipelines, config) shows
+
+
 def check_gate(
     candidate: Mapping[str, Any],
     production: Mapping[str, Any],
