@@ -6,6 +6,7 @@ import threading
 
 from sdarflow.envs import Reset, Step, Task
 from sdarflow.rollout.engine import Sample
+from sdarflow.rollout.loop import SamplingParams, run_rollout
 
 
 class CharTokenizer:
@@ -104,3 +105,22 @@ class JsonSuite(FakeSuite):
 
 def never_released() -> threading.Event:
     return threading.Event()
+
+
+def run(suite, engine=None, n_tasks=3, group_size=2, **params):
+    """``run_rollout`` of ``group_size`` episodes on each of ``n_tasks`` tasks (5 turns, 2 s per env call unless
+    ``params`` say otherwise); returns (result, engine)."""
+    engine = engine or ScriptedEngine()
+    settings = {"max_turns": 5, "step_timeout_s": 2.0, **params}
+    result = run_rollout(
+        engine,
+        suite,
+        suite.tasks("train", n_tasks),
+        group_size,
+        SamplingParams(**settings),
+        engine.tokenizer,
+        run_id="t",
+        round_=0,
+        policy_version="base",
+    )
+    return result, engine

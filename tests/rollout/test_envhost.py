@@ -4,32 +4,19 @@ episodes, rows and failure handling as envs in this process."""
 from __future__ import annotations
 
 import pytest
-from rollout_fakes import FakeSuite, ScriptedEngine
+from rollout_fakes import FakeSuite, run
 
 from sdarflow.envs import EnvError
 from sdarflow.rollout.envhost import LocalEnvs, ProcessEnvs, in_worker, open_envs
-from sdarflow.rollout.loop import SamplingParams, run_rollout
 
 
-def run(suite, env_process: bool, engine=None, **params):
-    engine = engine or ScriptedEngine()
-    result = run_rollout(
-        engine,
-        suite,
-        suite.tasks("train", 3),
-        2,
-        SamplingParams(**{"max_turns": 6, "step_timeout_s": 2.0, "env_process": env_process, **params}),
-        engine.tokenizer,
-        run_id="t",
-        round_=0,
-        policy_version="base",
-    )
-    return result, engine
+def run_lanes(suite, env_process: bool, engine=None):
+    return run(suite, engine, max_turns=6, env_process=env_process)
 
 
 def test_two_lanes_in_a_worker_give_the_same_rows_as_one_lane_here() -> None:
-    here, one_lane = run(FakeSuite(goal=4), env_process=False)
-    there, two_lanes = run(FakeSuite(goal=4), env_process=True)
+    here, one_lane = run_lanes(FakeSuite(goal=4), env_process=False)
+    there, two_lanes = run_lanes(FakeSuite(goal=4), env_process=True)
     assert there.rows == here.rows
     assert one_lane.calls == [6, 6, 6, 6] and two_lanes.calls == [3, 3] * 4  # each lane its own engine call
     assert there.metrics()["rollout/env_steps"] == here.metrics()["rollout/env_steps"] == 24
@@ -37,7 +24,7 @@ def test_two_lanes_in_a_worker_give_the_same_rows_as_one_lane_here() -> None:
 
 def test_env_failures_in_the_worker_stay_in_their_episode() -> None:
     suite = FakeSuite(bad={1: {"fail_on": 2}, 2: {"fail_reset": True}})
-    result, _ = run(suite, env_process=True)
+    result, _ = run_lanes(suite, env_process=True)
     errors = {e.task.task_id: e.error for e in result.episodes}
     assert errors["fake-0"] is None and "RuntimeError: simulator crashed" in errors["fake-1"]
     assert errors["fake-2"].startswith("reset: OSError")
@@ -48,7 +35,7 @@ def test_env_failures_in_the_worker_stay_in_their_episode() -> None:
 def test_a_suite_that_cannot_build_its_envs_fails_in_one_line() -> None:
     suite = FakeSuite(bad={0: {"no_such_setting": 1}})
     with pytest.raises(EnvError, match=r"env worker: TypeError: .*no_such_setting"):
-        run(suite, env_process=True)
+        run_lanes(suite, env_process=True)
 
 
 def test_a_suite_that_cannot_go_to_a_worker_runs_here() -> None:

@@ -8,29 +8,12 @@ import threading
 import time
 
 import pytest
-from rollout_fakes import FakeSuite, JsonSuite, ScriptedEngine
+from rollout_fakes import FakeSuite, JsonSuite, ScriptedEngine, run
 
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.envcall import call_all
-from sdarflow.rollout.loop import FORMAT_ERROR_OBS, SamplingParams, run_rollout
+from sdarflow.rollout.loop import FORMAT_ERROR_OBS
 from sdarflow.rollout.prompt import build_messages, encode_prompt, parse_action
-
-
-def run(suite, engine=None, n_tasks=3, group_size=2, **params):
-    engine = engine or ScriptedEngine()
-    settings = {"max_turns": 5, "step_timeout_s": 2.0, **params}
-    result = run_rollout(
-        engine,
-        suite,
-        suite.tasks("train", n_tasks),
-        group_size,
-        SamplingParams(**settings),
-        engine.tokenizer,
-        run_id="t",
-        round_=0,
-        policy_version="base",
-    )
-    return result, engine
 
 
 def test_clean_run_metrics() -> None:
