@@ -90,6 +90,8 @@ def test_cli_on_the_cpu_needs_measured_constants(tmp_path, capsys):
         == 2
     )
     assert "lacks decode_flops" in capsys.readouterr().err
+    assert main(["plan", "--model-params", "1e6", "--gpus", "-1", "--tasks", "4", "--turns", "5"]) == 2
+    assert "--gpus must be >= 0 (0: one CPU machine)" in capsys.readouterr().err
 
 
 def test_calibrate_measures_a_real_model_and_plans_with_it(tiny_model, tmp_path, capsys):

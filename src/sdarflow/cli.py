@@ -245,15 +245,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             Path(args.out).write_text(text + "\n")
         print(text)
         return 0
-    if args.constants:
-        constants = plan.Constants.load(args.constants)
-    elif args.gpus > 0:
-        constants = plan.PUBLISHED
-    else:
-        raise ConfigError(
-            "plan: --gpus 0 plans for this machine, which needs measured constants; fix: sdarflow plan --calibrate "
-            "MODEL --out FILE, then --constants FILE (or --gpus N for published GPU figures)"
-        )
     missing = [
         f"--{k.replace('_', '-')}" for k in ("model_params", "tasks", "turns") if getattr(args, k) is None
     ]
@@ -276,6 +267,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         rescore_passes=args.rescore_passes,
         envs=args.envs or ("process" if args.gpus > 0 else "local"),
     )
+    workload.check()  # before choosing constants: a bad --gpus is named as such
+    if args.constants:
+        constants = plan.Constants.load(args.constants)
+    elif args.gpus > 0:
+        constants = plan.PUBLISHED
+    else:
+        raise ConfigError(
+            "plan: --gpus 0 plans for this machine, which needs measured constants; fix: sdarflow plan --calibrate "
+            "MODEL --out FILE, then --constants FILE (or --gpus N for published GPU figures)"
+        )
     result = plan.estimate(workload, constants)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else plan.render(result))
     return 0
