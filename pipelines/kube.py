@@ -16,6 +16,7 @@ from kfp import dsl, kubernetes
 
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.errors import ConfigError
+from sdarflow.storage import S3_SECRET
 
 GPU_STAGES = ("generate", "rescore", "train", "evaluate")
 # Which GPU image a stage uses: rollouts (generate, evaluate) want vLLM; log-probs and training want DeepSpeed.
@@ -26,7 +27,6 @@ RETRIED = ("generate", "rescore")
 # Required Secret keys, then keys a Secret may omit (AWS S3 needs no endpoint; MinIO needs no region).
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 S3_OPTIONAL_KEYS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
-DEFAULT_SECRET = "sdarflow-s3"
 DEFAULT_CPU = {
     "prepare": "500m",
     "generate": "4",
@@ -99,7 +99,7 @@ class KubeOptions:
     node_selector: dict[str, str] = field(default_factory=dict)
     # GPU node pools are commonly tainted nvidia.com/gpu (GKE, AKS, the NVIDIA operator's docs): tolerate it.
     tolerations: list[Toleration] = field(default_factory=lambda: [Toleration("nvidia.com/gpu")])
-    s3_secret: str = DEFAULT_SECRET
+    s3_secret: str = S3_SECRET
     cpu: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CPU))
     memory: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MEMORY))
     retries: int = 2

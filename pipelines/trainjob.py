@@ -17,9 +17,10 @@ import dataclasses
 import re
 from typing import Any
 
-from pipelines.kube import DEFAULT_SECRET, S3_KEYS, S3_OPTIONAL_KEYS, Toleration
+from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration
 from sdarflow.config import StageConfig
 from sdarflow.errors import ConfigError
+from sdarflow.storage import S3_SECRET
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
@@ -68,7 +69,7 @@ def trainjob_manifest(
     memory: str = "256Gi",
     runtime: str = DEFAULT_RUNTIME,
     namespace: str | None = None,
-    s3_secret: str = DEFAULT_SECRET,
+    s3_secret: str = S3_SECRET,
     node_selector: dict[str, str] | None = None,
     tolerations: list[Toleration] | None = None,
 ) -> dict[str, Any]:

@@ -35,6 +35,8 @@ from sdarflow.schema import fingerprint, validate
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
+# The Kubernetes Secret (k8s/base) whose AWS_* keys pods, jobs and servers get as environment variables.
+S3_SECRET = "sdarflow-s3"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sdarflow.cli import main
-from sdarflow.pipeline_cli import compile_pipeline
+from sdarflow.cli.pipeline import compile_pipeline
 
 API = "/apis/v2beta1"
 

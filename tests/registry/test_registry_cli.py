@@ -10,7 +10,7 @@ import yaml
 
 from sdarflow import storage
 from sdarflow.registry import GateRefused
-from sdarflow.registry.commands import add_arguments
+from sdarflow.cli.registry import add_arguments
 
 
 def run(argv: list[str]) -> int:

@@ -13,18 +13,27 @@ from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
 from sdarflow.train.engine import TorchEngine
+from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import (
     REQUIRED_METRICS,
     RLHyper,
+    TrainData,
     TrainingDiverged,
     accumulate,
     advantage_stats,
     make_samples,
     micro_step,
-    rl_update,
     row_advantages,
+    train,
 )
+
+
+def rl_update(model, opt, samples, hp, pad, sft_pairs=None) -> list[dict]:
+    """One round through the trainer at the optimizer's constant learning rate; its per-step metrics."""
+    engine = TorchEngine(model, opt, hp.max_grad_norm)
+    data = TrainData(samples, sft_pairs or [], pad)
+    return train(engine, data, hp, WarmupConstant(opt.param_groups[0]["lr"])).history
 
 
 def rescored_rows(n_groups: int = 2, g: int = 2, nan: bool = False) -> list[dict]:

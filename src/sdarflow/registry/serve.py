@@ -18,6 +18,7 @@ from sdarflow.errors import ModelError
 from sdarflow.registry.errors import RegistryError
 from sdarflow.registry.layout import validate_name
 from sdarflow.registry.store import Registry
+from sdarflow.storage import S3_SECRET
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_IMAGE = "vllm/vllm-openai:latest"
 DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
-DEFAULT_SECRET = "sdarflow-s3"
 SERVING_CPU, SERVING_MEMORY = "8", "64Gi"
 
 
@@ -195,7 +195,7 @@ def serve_config(
     *,
     image: str = DEFAULT_IMAGE,
     fetch_image: str = DEFAULT_FETCH_IMAGE,
-    secret: str = DEFAULT_SECRET,
+    secret: str = S3_SECRET,
     adapter_root: str = "/adapters",
     app: str = "sdarflow-serve",
     port: int = 8000,

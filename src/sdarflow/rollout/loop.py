@@ -129,20 +129,6 @@ def action_parser(suite: EnvSuite) -> ActionParser:
     return getattr(suite, "parse_action", None) or parse_action
 
 
-def rollout(
-    engine: Engine,
-    suite: EnvSuite,
-    tasks: list[Task],
-    group_size: int,
-    params: SamplingParams,
-    tokenizer,
-    **kw: object,
-) -> tuple[list[dict], list[Episode]]:
-    """:func:`run_rollout` returning only (rows, episodes) (same keyword arguments)."""
-    result = run_rollout(engine, suite, tasks, group_size, params, tokenizer, **kw)
-    return result.rows, result.episodes
-
-
 def run_rollout(
     engine: Engine,
     suite: EnvSuite,

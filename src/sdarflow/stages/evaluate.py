@@ -64,9 +64,9 @@ class EvaluateConfig(StageConfig):
 
 def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
     """One split's episodes, as the report's per-episode rows."""
-    from sdarflow.rollout.loop import rollout
+    from sdarflow.rollout.loop import run_rollout
 
-    _, episodes = rollout(
+    episodes = run_rollout(
         engine,
         suite,
         suite.tasks(split, cfg.tasks),
@@ -77,7 +77,7 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
         round_=0,
         policy_version=cfg.adapter or "base",
         desc=f"evaluate {split}",
-    )
+    ).episodes
     return [
         {
             "task_id": e.task.task_id,

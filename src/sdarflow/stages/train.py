@@ -29,12 +29,24 @@ from sdarflow import storage
 from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
+from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.train import presets
 from sdarflow.train.engine import ENGINES
+from sdarflow.train.trainer import (
+    RLHyper,
+    TrainData,
+    advantage_stats,
+    jsonl_writer,
+    make_samples,
+    row_advantages,
+    train,
+)
 
 log = logging.getLogger(__name__)
+
+HYPER = RLHyper()  # the trainer's defaults, which are the stage's
 
 ZERO_STAGES = (2, 3)
 # Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
@@ -53,27 +65,27 @@ class TrainConfig(StageConfig):
     )
     output: str = opt("", "output adapter URI", io=True)
     mode: str = opt(
-        "rl",
+        HYPER.mode,
         "rl: the --method objective (plus SFT steps at --sft-ratio); sft: warm start, NLL on successful rows only",
         choices=("rl", "sft"),
     )
     method: str = opt(
-        "sdar",
+        HYPER.method,
         "objective (README, Training): grpo; sdar = grpo + lam * gated distillation; opsd = lam * gated distillation "
         "alone; grpo_opsd = sdar with beta 0; rlsd = grpo with teacher-reweighted advantages; skill_sd = grpo + "
         "skill_sd_coef * SDL",
         choices=METHODS,
     )
     lam: float = opt(
-        0.01, "lambda, weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)", ge=0
+        HYPER.lam, "lambda, weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)", ge=0
     )
     beta: float = opt(
-        5.0, "gate sharpness: g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated", ge=0
+        HYPER.beta, "gate sharpness: g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated", ge=0
     )
-    clip_low: float = opt(0.2, "PPO ratio clip below 1", ge=0, le=1)
-    clip_high: float = opt(0.2, "PPO ratio clip above 1", ge=0)
+    clip_low: float = opt(HYPER.clip_low, "PPO ratio clip below 1", ge=0, le=1)
+    clip_high: float = opt(HYPER.clip_high, "PPO ratio clip above 1", ge=0)
     clip_ratio_c: float = opt(
-        3.0, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off", ge=0
+        HYPER.clip_ratio_c, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off", ge=0
     )
     preset: str = opt(
         "auto",
@@ -87,9 +99,9 @@ class TrainConfig(StageConfig):
         "alfworld/webshop, 0.001 search",
         ge=0,
     )
-    kl_kind: str = opt("low_var_kl", "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
+    kl_kind: str = opt(HYPER.kl_kind, "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
     entropy_coef: float = opt(
-        0.001, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off", ge=0
+        HYPER.entropy_coef, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off", ge=0
     )
     invalid_action_penalty: float | None = opt(
         None,
@@ -103,19 +115,23 @@ class TrainConfig(StageConfig):
         choices=("turn", "episode"),
     )
     rlsd_lam: float = opt(
-        0.5, "RLSD: initial share of the advantage re-weighted by the teacher gap", ge=0, le=1
+        HYPER.rlsd_lam, "RLSD: initial share of the advantage re-weighted by the teacher gap", ge=0, le=1
     )
-    rlsd_clip_eps: float = opt(0.2, "RLSD: clip of the re-weighting factor", ge=0)
+    rlsd_clip_eps: float = opt(HYPER.rlsd_clip_eps, "RLSD: clip of the re-weighting factor", ge=0)
     rlsd_warmdown_steps: int = opt(
-        100,
+        HYPER.rlsd_warmdown_steps,
         "RLSD: the share decays linearly to 0 over this many RL rounds (step = round + 1); 0 = no decay",
         ge=0,
     )
-    skill_sd_coef: float = opt(0.001, "Skill-SD: weight of the self-distillation loss; reference 0.001", ge=0)
-    agg: str = opt("token-mean", "loss aggregation", choices=AGG_MODES)
+    skill_sd_coef: float = opt(
+        HYPER.skill_sd_coef, "Skill-SD: weight of the self-distillation loss; reference 0.001", ge=0
+    )
+    agg: str = opt(HYPER.agg, "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
     sft_ratio: float = opt(
-        0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off", ge=0
+        HYPER.sft_ratio,
+        "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off",
+        ge=0,
     )
     engine: str = opt(
         "auto",
@@ -132,21 +148,27 @@ class TrainConfig(StageConfig):
         8, "LoRA rank; 0 = full fine-tune (every weight trains; publishes a full HF model)", ge=0
     )
     lora_alpha: int = opt(16, "LoRA alpha", ge=1)
-    lora_targets: list[str] = opt(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "modules that get LoRA"
+    lora_targets: list[str] = opt(DEFAULT_LORA_TARGETS, "modules that get LoRA")
+    epochs: int = opt(HYPER.epochs, "passes over the round's rows", ge=1)
+    mini_batches: int = opt(HYPER.mini_batches, "optimizer steps per epoch", ge=1)
+    max_steps: int = opt(
+        HYPER.max_steps, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches", ge=0
     )
-    epochs: int = opt(1, "passes over the round's rows", ge=1)
-    mini_batches: int = opt(4, "optimizer steps per epoch", ge=1)
-    max_steps: int = opt(0, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches", ge=0)
-    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)", ge=1)
-    max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off", ge=0)
-    max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
-    seed: int = opt(0, "seed for init and shuffling", ge=0, le=MAX_SEED)
+    micro_batch_tokens: int = opt(
+        HYPER.micro_batch_tokens, "padded tokens per forward/backward (gradient accumulation)", ge=1
+    )
+    max_grad_norm: float = opt(HYPER.max_grad_norm, "gradient clipping (global L2 norm); 0 = off", ge=0)
+    max_nonfinite_steps: int = opt(
+        HYPER.max_nonfinite_steps, "consecutive non-finite steps before the run fails", ge=1
+    )
+    seed: int = opt(HYPER.seed, "seed for init and shuffling", ge=0, le=MAX_SEED)
     deterministic: bool = opt(False, "deterministic kernels and 1 CPU thread: bit-exact kill/resume on CPU")
     checkpoint_dir: str = opt(
         "", "local folder for checkpoints; a rerun with the same folder resumes; empty = off", io=True
     )
-    save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
+    save_every: int = opt(
+        HYPER.save_every, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1
+    )
     keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir", ge=1)
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing adapter at --output", io=True)
@@ -271,15 +293,6 @@ def _train(cfg: TrainConfig) -> dict:
     from sdarflow.train.engine import make_engine
     from sdarflow.train.schedule import WarmupConstant
     from sdarflow.train.sft import sft_pairs_from_rows
-    from sdarflow.train.trainer import (
-        RLHyper,
-        TrainData,
-        advantage_stats,
-        jsonl_writer,
-        make_samples,
-        row_advantages,
-        train,
-    )
 
     rows = read_rows(cfg)
     cfg, rl_step = resolve_objective(cfg, rows)

@@ -33,7 +33,7 @@ from sdarflow.algo import (
 )
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
-from sdarflow.train.engine import Engine, TorchEngine
+from sdarflow.train.engine import Engine
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
 from sdarflow.train.sft import SFTPair, sft_micro_step
 
@@ -74,6 +74,8 @@ class RLSample:
 
 @dataclass
 class RLHyper:
+    """The trainer's settings; their defaults are the train stage's (``TrainConfig`` reads them from here)."""
+
     method: str = "sdar"
     lam: float = 0.01
     beta: float = 5.0
@@ -92,14 +94,14 @@ class RLHyper:
     agg: str = "token-mean"
     epochs: int = 1
     mini_batches: int = 4
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 8192
     max_grad_norm: float = 1.0
     max_nonfinite_steps: int = 3
     seed: int = 0
     mode: str = "rl"  # rl: method loss (+ SFT steps at sft_ratio); sft: SFT steps only
     sft_ratio: float = 0.0  # SFT steps per RL step, on the successful rows
     max_steps: int = 0  # 0: epochs x mini_batches
-    save_every: int = 0  # steps between checkpoints; 0: none
+    save_every: int = 50  # steps between checkpoints (when the caller checkpoints)
 
 
 def row_advantages(
@@ -384,29 +386,6 @@ def train(
             on_checkpoint(state)
     bar.close()
     return state
-
-
-def rl_update(
-    model,
-    optimizer: torch.optim.Optimizer | Engine,
-    samples: list[RLSample],
-    hp: RLHyper,
-    pad_id: int,
-    on_step: Callable[[dict], None] | None = None,
-    sft_pairs: list[SFTPair] | None = None,
-) -> list[dict]:
-    """One round of training at a constant learning rate; return one metrics dict per optimizer step.
-
-    ``optimizer`` is a torch optimizer over the model's trainable parameters (wrapped in the torch engine) or an
-    engine from :func:`sdarflow.train.engine.make_engine`.
-    """
-    if isinstance(optimizer, torch.optim.Optimizer):
-        engine: Engine = TorchEngine(model, optimizer, hp.max_grad_norm)
-        lr = optimizer.param_groups[0]["lr"]
-    else:
-        engine, lr = optimizer, optimizer.optimizer.param_groups[0]["lr"]
-    data = TrainData(samples, sft_pairs or [], pad_id)
-    return train(engine, data, hp, WarmupConstant(lr), on_step=on_step).history
 
 
 def progress_line(r: dict) -> str:

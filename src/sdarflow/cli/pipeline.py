@@ -8,50 +8,24 @@ them and schedule recurring runs on a KFP server, and write a multi-node Kubeflo
     sdarflow pipeline schedule --host http://localhost:8080 --pipeline sdar-training --cron '0 0 3 * * *' \\
         --param storage=s3://bucket/sdar --param base_model=s3://bucket/models/qwen
 
-Heavy imports (kfp, the pipelines package) happen inside the handlers so ``sdarflow --help`` stays fast.
+Heavy imports (kfp, the pipelines package) happen inside the handlers so ``sdarflow pipeline --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
+from sdarflow.cli.common import emit, pairs, study_flags
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 PIPELINES = ("training", "promote", "study")
-
-
-def study_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """--methods and --seeds, shared by ``sdarflow study`` and ``pipeline compile --pipeline study``."""
-    from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
-
-    p.add_argument(
-        "--methods",
-        nargs="+",
-        default=list(DEFAULT_METHODS),
-        help=f"{prefix}must include grpo (the baseline)",
-    )
-    p.add_argument(
-        "--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help=f"{prefix}seeds per method"
-    )
-
-
-def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
-    """``KEY=VALUE`` flags as a dict; a value may itself contain '='."""
-    out: dict[str, str] = {}
-    for item in values or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{flag} {item!r} is not KEY=VALUE; fix: e.g. {flag} train=8")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def kube_options(args: argparse.Namespace):
@@ -60,14 +34,14 @@ def kube_options(args: argparse.Namespace):
 
     opts = KubeOptions()
     gpus = {}
-    for stage, count in _pairs(args.gpus, "--gpus").items():
+    for stage, count in pairs(args.gpus, "--gpus").items():
         if not count.isdigit():
             raise ConfigError(
                 f"--gpus {stage}={count!r}: the count must be an integer >= 0; fix: e.g. train=8"
             )
         gpus[stage] = int(count)
     timeouts = {}
-    for stage, seconds in _pairs(args.timeout, "--timeout").items():
+    for stage, seconds in pairs(args.timeout, "--timeout").items():
         if not seconds.isdigit() or int(seconds) < 1:
             raise ConfigError(
                 f"--timeout {stage}={seconds!r}: seconds must be an integer >= 1; fix: e.g. train=86400"
@@ -84,11 +58,11 @@ def kube_options(args: argparse.Namespace):
         rollout_image=args.rollout_image or opts.rollout_image,
         gpu_resource=args.gpu_resource,
         gpus={**opts.gpus, **gpus},
-        node_selector=_pairs(args.node_selector, "--node-selector"),
+        node_selector=pairs(args.node_selector, "--node-selector"),
         tolerations=tolerations,
         s3_secret=args.s3_secret,
-        cpu={**opts.cpu, **_pairs(args.cpu, "--cpu")},
-        memory={**opts.memory, **_pairs(args.memory, "--memory")},
+        cpu={**opts.cpu, **pairs(args.cpu, "--cpu")},
+        memory={**opts.memory, **pairs(args.memory, "--memory")},
         retries=args.retries,
         timeout_s={**opts.timeout_s, **timeouts},
         shm_size=opts.shm_size if args.shm_size is None else args.shm_size,
@@ -133,11 +107,6 @@ def compile_pipeline(
     return Path(out)
 
 
-def compile_training(out: str, rounds: int) -> Path:
-    """Kept for callers of the first version: the training pipeline with default Kubernetes settings."""
-    return compile_pipeline(out, "training", rounds)
-
-
 def _cmd_compile(args: argparse.Namespace) -> int:
     kube = kube_options(args)
     print(compile_pipeline(args.out, args.pipeline, args.rounds, args.shards, kube, args.methods, args.seeds))
@@ -150,10 +119,6 @@ def _client(args: argparse.Namespace):
     return connect(args.host, args.namespace)
 
 
-def _print(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
 def _cmd_upload(args: argparse.Namespace) -> int:
     from pipelines.client import check_backend, upload
 
@@ -161,7 +126,7 @@ def _cmd_upload(args: argparse.Namespace) -> int:
         check_backend(args.host)
     with contextlib.redirect_stdout(sys.stderr):
         result = upload(_client(args), args.package, args.name, args.version_name)
-    _print(result)
+    emit(result)
     return 0
 
 
@@ -169,7 +134,7 @@ def _source_and_params(args: argparse.Namespace, client):
     from pipelines.client import check_params, resolve_source
 
     source = resolve_source(client, args.package, args.pipeline, args.pipeline_version)
-    return source, check_params(source.spec, _pairs(args.param, "--param"))
+    return source, check_params(source.spec, pairs(args.param, "--param"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -187,7 +152,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             run_name=args.run_name,
             service_account=args.service_account,
         )
-    _print(result)
+    emit(result)
     return 0
 
 
@@ -208,7 +173,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             experiment=args.experiment,
             service_account=args.service_account,
         )
-    _print(result)
+    emit(result)
     return 0
 
 
@@ -246,7 +211,7 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         namespace=args.namespace,
         s3_secret=args.s3_secret,
-        node_selector=_pairs(args.node_selector, "--node-selector"),
+        node_selector=pairs(args.node_selector, "--node-selector"),
         tolerations=[Toleration.parse(t) for t in specs] if args.toleration else None,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +231,9 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         metavar="KEY[=VALUE][:EFFECT]",
         help="replaces the default nvidia.com/gpu:NoSchedule; 'none' for no tolerations [repeatable]",
     )
-    p.add_argument("--s3-secret", default="sdarflow-s3", help="Secret with AWS_* keys; '' = none (IRSA etc.)")
+    from sdarflow.storage import S3_SECRET
+
+    p.add_argument("--s3-secret", default=S3_SECRET, help="Secret with AWS_* keys; '' = none (IRSA etc.)")
 
 
 def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
@@ -287,11 +254,7 @@ def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
         p.add_argument("--service-account", help="Kubernetes ServiceAccount the run's pods use")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the subcommands of ``sdarflow pipeline`` (the top-level CLI made ``p``)."""
-    sub = p.add_subparsers(dest="pipeline_command", required=True)
-
-    c = sub.add_parser("compile", help="write a pipeline's KFP IR YAML")
+def _add_compile(c: argparse.ArgumentParser) -> None:
     c.add_argument("--out", required=True)
     c.add_argument("--pipeline", default="training", choices=PIPELINES)
     c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
@@ -328,7 +291,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _scheduling_flags(c)
     c.set_defaults(func=_cmd_compile)
 
-    u = sub.add_parser("upload", help="upload a compiled pipeline (a new version if the name exists)")
+
+def _add_upload(u: argparse.ArgumentParser) -> None:
     _server_flags(u, source=False)
     u.add_argument("--package", required=True, help="compiled pipeline YAML")
     u.add_argument("--name", help="pipeline name (default: the spec's, sdar-training or sdar-promotion)")
@@ -340,12 +304,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     u.set_defaults(func=_cmd_upload)
 
-    r = sub.add_parser("run", help="start a run")
+
+def _add_run(r: argparse.ArgumentParser) -> None:
     _server_flags(r)
     r.add_argument("--run-name", help="run name (default: sdarflow-<UTC time>)")
     r.set_defaults(func=_cmd_run)
 
-    s = sub.add_parser("schedule", help="create a recurring run (no catch-up, one at a time)")
+
+def _add_schedule(s: argparse.ArgumentParser) -> None:
     _server_flags(s)
     s.add_argument("--cron", required=True, help="6-field cron, seconds first: '0 0 3 * * *' = 03:00 daily")
     s.add_argument("--name", default="sdarflow-retraining", help="recurring run name")
@@ -356,7 +322,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     s.set_defaults(func=_cmd_schedule)
 
-    t = sub.add_parser("trainjob", help="write a Kubeflow Trainer TrainJob for a multi-node train stage")
+
+def _add_trainjob(t: argparse.ArgumentParser) -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--train-config", help="a train stage YAML (as for `sdarflow train --config`)")
     t.add_argument("--pipeline-config", help="or: a run's pipeline.yaml URI (from its prepare task)")
@@ -373,3 +340,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime name")
     _scheduling_flags(t)
     t.set_defaults(func=_cmd_trainjob)
+
+
+SUBCOMMANDS = {
+    "compile": ("write a pipeline's KFP IR YAML", _add_compile),
+    "upload": ("upload a compiled pipeline (a new version if the name exists)", _add_upload),
+    "run": ("start a run", _add_run),
+    "schedule": ("create a recurring run (no catch-up, one at a time)", _add_schedule),
+    "trainjob": ("write a Kubeflow Trainer TrainJob for a multi-node train stage", _add_trainjob),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the subcommands of ``sdarflow pipeline`` (the top-level CLI made ``p``)."""
+    sub = p.add_subparsers(dest="pipeline_command", required=True)
+    for name, (help_text, add) in SUBCOMMANDS.items():
+        add(sub.add_parser(name, help=help_text))

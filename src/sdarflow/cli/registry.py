@@ -16,16 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sdarflow.cli.common import emit
 from sdarflow.errors import ConfigError, ModelError
-
-
-def _emit(obj: Any, as_json: bool = True) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    else:
-        import yaml
-
-        sys.stdout.write(yaml.safe_dump(obj, sort_keys=False))
 
 
 def _lineage(value: str | None) -> dict[str, Any]:
@@ -72,7 +64,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.name:
         rows = registry.list_versions(args.name)
         if args.json:
-            _emit(rows)
+            emit(rows)
             return 0
         for row in rows:
             p1 = row["pass@1"]
@@ -85,7 +77,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     rows = [{"name": n, "aliases": registry.aliases(n)} for n in registry.list_names()]
     if args.json:
-        _emit(rows)
+        emit(rows)
         return 0
     for row in rows:
         aliases = " ".join(f"{stage}=v{v}" for stage, v in sorted(row["aliases"].items())) or "-"
@@ -94,7 +86,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    _emit(_registry(args).show(args.name, args.version))
+    emit(_registry(args).show(args.name, args.version))
     return 0
 
 
@@ -155,7 +147,7 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
         namespace=args.namespace,
     )
     if not args.out:
-        _emit(config, as_json=args.json)
+        emit(config, as_json=args.json)
         return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -176,11 +168,7 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
         p.add_argument("--name", required=True, help="adapter name, e.g. sdar-qwen-0.5b")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the subcommands of ``sdarflow registry`` (the top-level CLI made ``parser``)."""
-    sub = parser.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
-
-    p = sub.add_parser("register", help="publish an adapter as a new immutable version; prints the version")
+def _add_register(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument(
         "--adapter", required=True, help="published adapter (a train stage's output: URI or folder)"
@@ -202,18 +190,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--actor", help="who registers (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_register)
 
-    p = sub.add_parser("list", help="names with their aliases, or the versions of one name")
+
+def _add_list(p: argparse.ArgumentParser) -> None:
     _common(p, name=False)
     p.add_argument("--name", help="list this name's versions")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("show", help="lineage, eval summary, files and aliases of one version")
+
+def _add_show(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--version", required=True, help="version number, 'latest', production or staging")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("promote", help="point a stage at a version (production is gated)")
+
+def _add_promote(p: argparse.ArgumentParser) -> None:
+    from sdarflow.registry.gate import GATE
+
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
     p.add_argument("--stage", default="production", choices=["production", "staging"])
@@ -221,8 +214,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reason", help="why (required with --force); written to the alias history and the audit log"
     )
-    from sdarflow.registry.gate import GATE
-
     p.add_argument(
         "--min-gain", type=float, default=GATE.min_gain, help="test pass@1 must beat production by this"
     )
@@ -238,14 +229,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--actor", help="who promotes (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_promote)
 
-    p = sub.add_parser("rollback", help="point a stage back at its previous version")
+
+def _add_rollback(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--stage", default="production", choices=["production", "staging"])
     p.add_argument("--reason", help="why; written to the audit log")
     p.add_argument("--actor", help="who rolls back (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_rollback)
 
-    p = sub.add_parser("fetch", help="download a version (sha256-verified) to a local folder")
+
+def _add_fetch(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--version", default="production", help="version number, 'latest', production or staging")
     p.add_argument("--dest", help="target folder (default: a temp folder, or in place for a local registry)")
@@ -255,18 +248,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("serve-config", help="vLLM multi-LoRA command and Kubernetes manifests for production")
+
+def _add_serve_config(p: argparse.ArgumentParser) -> None:
+    from sdarflow.registry.serve import DEFAULT_IMAGE
+    from sdarflow.storage import S3_SECRET
+
     _common(p, name=False)
     p.add_argument("--base-model", required=True, help="base model path or id the adapters were trained on")
     p.add_argument("--name", help="only this adapter (default: every name with a production version)")
-    p.add_argument("--image", default="vllm/vllm-openai:latest", help="vLLM serving image")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help="vLLM serving image")
     p.add_argument(
         "--fetch-image", default=None, help="image with sdarflow for the adapter-fetch initContainer"
     )
-    p.add_argument("--secret", default="sdarflow-s3", help="Secret with AWS_* variables for the registry")
+    p.add_argument("--secret", default=S3_SECRET, help="Secret with AWS_* variables for the registry")
     p.add_argument("--namespace", help="Kubernetes namespace for the manifests")
     p.add_argument(
         "--out", help="write the manifests here (YAML; JSON if it ends in .json) and print the command"
     )
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
     p.set_defaults(func=cmd_serve_config)
+
+
+SUBCOMMANDS = {
+    "register": ("publish an adapter as a new immutable version; prints the version", _add_register),
+    "list": ("names with their aliases, or the versions of one name", _add_list),
+    "show": ("lineage, eval summary, files and aliases of one version", _add_show),
+    "promote": ("point a stage at a version (production is gated)", _add_promote),
+    "rollback": ("point a stage back at its previous version", _add_rollback),
+    "fetch": ("download a version (sha256-verified) to a local folder", _add_fetch),
+    "serve-config": ("vLLM multi-LoRA command and Kubernetes manifests for production", _add_serve_config),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the subcommands of ``sdarflow registry`` (the top-level CLI made ``parser``)."""
+    sub = parser.add_subparsers(dest="registry_command", metavar="SUBCOMMAND", required=True)
+    for name, (help_text, add) in SUBCOMMANDS.items():
+        add(sub.add_parser(name, help=help_text))

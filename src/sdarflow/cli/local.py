@@ -1,0 +1,173 @@
+"""Commands that run on this machine: ``demo``, ``study``, ``build-model``, ``envs`` and ``env``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from sdarflow.cli.common import PRESET_HELP, PRESET_NAMES, emit, study_flags
+from sdarflow.errors import ConfigError
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from sdarflow.demo import run_demo
+
+    summary = run_demo(
+        args.out,
+        storage_root=args.storage,
+        rounds=args.rounds,
+        preset=args.preset,
+        base_model=args.base_model,
+        shards=args.shards,
+    )
+    emit(summary)
+    return 0
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from sdarflow.study import StudySettings, run_study
+
+    try:
+        stage_settings = json.loads(args.stage_settings) if args.stage_settings else {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f'study: --stage-settings is not JSON ({err}); fix: pass e.g. \'{{"train": {{"lr": 0.002}}}}\''
+        ) from err
+    settings = StudySettings(
+        methods=args.methods,
+        seeds=args.seeds,
+        rounds=args.rounds,
+        out=args.out,
+        base_model=args.base_model or "",
+        env=args.env,
+        preset=args.preset,
+        stage_settings=stage_settings,
+    )
+    study = run_study(settings)
+    emit(study["table"])
+    return 0
+
+
+def _cmd_build_model(args: argparse.Namespace) -> int:
+    from sdarflow.train.warmstart import BaseModelSpec, build_base_model
+
+    if not (math.isfinite(args.sft_time_limit) and args.sft_time_limit >= 0):
+        raise ConfigError(
+            f"build-model: --sft-time-limit ({args.sft_time_limit}) must be seconds >= 0; fix: 0 for no limit"
+        )
+    spec = BaseModelSpec(
+        env=args.env,
+        tasks=args.tasks,
+        sft_steps=args.sft_steps,
+        seed=args.seed,
+    )
+    print(
+        build_base_model(
+            args.out, spec, force=args.force, time_limit_s=args.sft_time_limit, device=args.device
+        )
+    )
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from sdarflow.envs import list_envs
+
+    for name in list_envs():
+        print(name)
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    """Versions for bug reports."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    for pkg in (
+        "sdarflow",
+        "torch",
+        "transformers",
+        "peft",
+        "kfp",
+        "pyarrow",
+        "deepspeed",
+        "textworld",
+        "vllm",
+    ):
+        try:
+            print(f"{pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            print(f"{pkg} (not installed)")
+    return 0
+
+
+def add_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="demo-output")
+    p.add_argument(
+        "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
+    )
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
+    p.add_argument(
+        "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
+    )
+    p.add_argument(
+        "--base-model", default=None, help="use this HF model folder instead of building the tiny one"
+    )
+    p.set_defaults(func=_cmd_demo)
+
+
+def add_study(p: argparse.ArgumentParser) -> None:
+    study_flags(p)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--out", required=True, help="study folder; a rerun skips the (method, seed) cells done there"
+    )
+    p.add_argument(
+        "--base-model", default=None, help="HF model folder; default: build the preset's tiny model"
+    )
+    p.add_argument("--env", default="textworld-cooking")
+    p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
+    p.add_argument(
+        "--stage-settings",
+        default=None,
+        help='JSON per-stage overrides, e.g. \'{"train": {"lr": 0.002, "epochs": 2}}\'',
+    )
+    p.set_defaults(func=_cmd_study)
+
+
+def add_build_model(p: argparse.ArgumentParser) -> None:
+    from sdarflow.train.warmstart import BaseModelSpec
+
+    spec = BaseModelSpec()
+    p.add_argument("--out", required=True)
+    p.add_argument("--env", default=spec.env)
+    p.add_argument(
+        "--tasks", type=int, default=spec.tasks, help="train games whose walkthroughs make the SFT data"
+    )
+    p.add_argument("--sft-steps", type=int, default=spec.sft_steps)
+    p.add_argument(
+        "--sft-time-limit",
+        type=float,
+        default=0.0,
+        help="fail (never stop early) if SFT takes longer than this many seconds; 0 = no limit",
+    )
+    p.add_argument("--seed", type=int, default=spec.seed)
+    p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the SFT runs: auto (CUDA when present), cpu, cuda or cuda:N; the same spec gives the same "
+        "model on machines of one device type",
+    )
+    p.set_defaults(func=_cmd_build_model)
+
+
+def add_envs(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="envs_command", required=True)
+    sub.add_parser("list", help="registered environment names").set_defaults(func=_cmd_envs)
+
+
+def add_env(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(func=_cmd_env)
