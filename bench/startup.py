@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bench.common import write_result
-from sdarflow.stages import STAGES
+from sdarflow.stages import STAGES, module_name
 
 HELP_TARGET_S, COMPONENT_TARGET_S = 0.5, 3.0
 
@@ -28,7 +28,7 @@ def _seconds(argv: list[str], repeats: int = 5) -> float:
 
 def _component_start(stage: str) -> float:
     component = "components." + stage.replace("-", "_")
-    code = f"import kfp.dsl.executor_main, {component}, sdarflow.pipeline_config, {STAGES[stage]}"
+    code = f"import kfp.dsl.executor_main, {component}, sdarflow.pipeline_config, {module_name(stage)}"
     return _seconds([sys.executable, "-c", code])
 
 

@@ -22,3 +22,7 @@ class StorageError(SdarflowError):
 
 class ModelError(SdarflowError):
     """A model or adapter folder is missing, corrupt, or does not match the base model."""
+
+
+class CheckpointError(SdarflowError):
+    """A checkpoint is missing, unreadable, or belongs to a different run."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -30,13 +29,14 @@ from sdarflow import progress, storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE
+from sdarflow.registry.layout import RELEASE_STAGES
 from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger(__name__)
 
 PROMOTE_TO = ("", "staging", "production")
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
-REGISTRY_REFS = ("production", "staging", "latest")
+REGISTRY_REFS = (*RELEASE_STAGES, "latest")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Stages that read the base model's weights (and so need a remote base model copied to local disk first):
 # register reads the safetensors headers and fingerprint to check the adapter fits the base.
@@ -214,7 +214,7 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
     if ref not in REGISTRY_REFS and parse_version(ref) is None:
         return ref  # empty (a new LoRA) or an adapter URI/folder
     registry = Registry(pc.registry)
-    if ref in ("production", "staging") and ref not in registry.aliases(pc.policy_name):
+    if ref in RELEASE_STAGES and ref not in registry.aliases(pc.policy_name):
         log.warning(
             "start_adapter: %s has no %s version yet in %s; starting from a new LoRA",
             pc.policy_name,
@@ -277,8 +277,7 @@ def local_model(uri: str) -> str:
 
 def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
     """Load the pipeline config, build the stage config, run the stage."""
-    module = importlib.import_module(STAGES[stage])
-    return module.run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
+    return STAGES.get(stage).run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
 
 
 def with_local_model(cfg: StageConfig) -> StageConfig:

@@ -93,7 +93,7 @@ def test_broken_plugin_fails_in_one_line(tmp_path: Path, monkeypatch: pytest.Mon
         tmp_path / "site", "brokenpkg", "[sdarflow.envs]\nbroken = brokenpkg.env:Missing\n"
     )
     monkeypatch.syspath_prepend(str(root))
-    with pytest.raises(EnvError, match=r"env 'broken' is registered as 'brokenpkg.env:Missing'.*Fix"):
+    with pytest.raises(EnvError, match=r"env 'broken' is registered as 'brokenpkg.env:Missing'.*fix"):
         get_suite("broken")
 
 

@@ -47,12 +47,12 @@ def test_registry_finds_suite_and_lists_names(tmp_path: Path) -> None:
 
 
 def test_unknown_env_names_available_ones() -> None:
-    with pytest.raises(EnvError, match=r"unknown env 'nope'; available: .*textworld-cooking.*Fix"):
+    with pytest.raises(EnvError, match=r"unknown env 'nope'; available: .*textworld-cooking.*fix"):
         get_suite("nope")
 
 
 def test_unknown_split_names_allowed_ones(suite: TextWorldCookingSuite) -> None:
-    with pytest.raises(EnvError, match=r"'valid'.*train, test, ood.*Fix"):
+    with pytest.raises(EnvError, match=r"'valid'.*train, test, ood.*fix"):
         suite.tasks("valid", 1)
 
 

@@ -42,7 +42,7 @@ def test_tasks_are_deterministic_typed_and_split(suite) -> None:
         f"tool-use-train-{1000 + size - 1}",
         "tool-use-train-1000",
     ]
-    with pytest.raises(EnvError, match=r"start=-1 .*Fix: start >= 0"):
+    with pytest.raises(EnvError, match=r"start=-1 .*fix: start >= 0"):
         suite.tasks("train", 1, start=-1)
 
 

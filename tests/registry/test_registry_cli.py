@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from sdarflow import storage
-from sdarflow.registry import GateRefused
 from sdarflow.cli.registry import add_arguments
+from sdarflow.registry import GateRefused
 
 
 def run(argv: list[str]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from sdarflow.envs import Reset, Step, Task
-from sdarflow.rollout.engine import Sample
+from sdarflow.rollout.generation import Sample
 from sdarflow.rollout.loop import SamplingParams, run_rollout
 
 

@@ -8,7 +8,7 @@ import torch
 
 from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
-from sdarflow.rollout.engine import HFEngine, _top_p_mask
+from sdarflow.rollout.hf_engine import HFEngine, _top_p_mask
 from sdarflow.rollout.loop import sample_seed
 from sdarflow.rollout.prompt import build_messages, encode_prompt, insert_skills, parse_action
 

@@ -24,7 +24,7 @@ import torch
 from sdarflow import storage
 from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
-from sdarflow.rollout.engine import HFEngine
+from sdarflow.rollout.hf_engine import HFEngine
 from sdarflow.rollout.loop import sample_seed
 from sdarflow.rollout.prompt import build_messages, encode_prompt
 

@@ -12,7 +12,7 @@ import pytest
 from sdarflow.errors import ConfigError
 from sdarflow.skills import bandit
 from sdarflow.skills.library import SkillLibrary
-from sdarflow.skills.retrieve import STRATEGIES, full, get_strategy, keyword, register
+from sdarflow.skills.retrieve import STRATEGIES, full, get_strategy, keyword
 
 REFERENCE = Path(__file__).parent / "data" / "reference_library"
 # A rendered student prompt as keyword retrieval reads it: the decoded ids, chat-template markers included.
@@ -230,8 +230,10 @@ def test_bandit_reward_is_the_outcome_signed_gap(ref):
 
 
 def test_unknown_strategy_lists_the_valid_names():
-    with pytest.raises(ConfigError, match="available: keyword, ucb, random, full"):
+    with pytest.raises(
+        ConfigError, match="retrieval strategy 'bm25'; fix: choose one of keyword, ucb, random, full"
+    ):
         get_strategy("bm25")
-    with pytest.raises(ValueError, match="registered twice"):
-        register("keyword")(lambda **_: None)
+    with pytest.raises(ValueError, match="already registered"):
+        STRATEGIES.register("keyword")(lambda **_: None)
     assert tuple(STRATEGIES) == ("keyword", "ucb", "random", "full")

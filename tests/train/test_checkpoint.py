@@ -14,9 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from train_data import rescored_table
 
+from sdarflow.errors import CheckpointError
 from sdarflow.models import load_policy
 from sdarflow.models.policy import new_lora
-from sdarflow.train.checkpoint import CheckpointError, Checkpoints, capture_rng, restore_rng
+from sdarflow.train.checkpoint import Checkpoints, capture_rng, restore_rng
 from sdarflow.train.engine import make_engine
 from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows

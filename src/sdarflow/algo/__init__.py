@@ -29,15 +29,9 @@ from sdarflow.algo.losses import (
     sdar_loss,
     skill_sd_loss,
 )
-from sdarflow.algo.registry import (
-    METHOD_REGISTRY,
-    MethodInputs,
-    Metrics,
-    Registry,
-    UnknownNameError,
-    method_loss,
-    register_method,
-)
+from sdarflow.algo.objective import method_loss
+from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics, register_method
+from sdarflow.names import UnknownNameError
 
 __all__ = [
     "AGG_MODES",
@@ -47,7 +41,6 @@ __all__ = [
     "AggMode",
     "MethodInputs",
     "Metrics",
-    "Registry",
     "UnknownNameError",
     "agg_loss",
     "broadcast_advantages",

@@ -13,11 +13,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from sdarflow.algo.registry import Registry
+from sdarflow.names import NameRegistry
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
-_AGG: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("loss aggregation mode")
+_AGG: NameRegistry[Callable[[Tensor, Tensor], Tensor]] = NameRegistry("loss aggregation mode")
 
 
 def _masked(loss_mat: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from sdarflow.algo.advantages import rlsd_advantages, rlsd_lambda, rlsd_weights
 from sdarflow.algo.agg import AggMode, agg_loss, masked_mean_value
-from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics, UnknownNameError, register_method
+from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics, register_method
+from sdarflow.names import UnknownNameError
 
 # exp of a log-ratio beyond this overflows float32; the KL and Skill-SD terms clamp there as verl does.
 _LOG_RATIO_CLAMP = 20.0

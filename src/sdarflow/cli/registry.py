@@ -121,7 +121,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
     path = registry.fetch_adapter(args.name, version, dest=args.dest)
     if args.rank_file:
-        from sdarflow.registry.serve import max_lora_rank
+        from sdarflow.models.lora import max_lora_rank
 
         rank = registry.show(args.name, version)["lora_rank"]
         if rank is None:
@@ -206,10 +206,11 @@ def _add_show(p: argparse.ArgumentParser) -> None:
 
 def _add_promote(p: argparse.ArgumentParser) -> None:
     from sdarflow.registry.gate import GATE
+    from sdarflow.registry.layout import RELEASE_STAGES
 
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
-    p.add_argument("--stage", default="production", choices=["production", "staging"])
+    p.add_argument("--stage", default="production", choices=RELEASE_STAGES)
     p.add_argument("--force", action="store_true", help="override a gate refusal (needs --reason)")
     p.add_argument(
         "--reason", help="why (required with --force); written to the alias history and the audit log"
@@ -231,8 +232,10 @@ def _add_promote(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rollback(p: argparse.ArgumentParser) -> None:
+    from sdarflow.registry.layout import RELEASE_STAGES
+
     _common(p)
-    p.add_argument("--stage", default="production", choices=["production", "staging"])
+    p.add_argument("--stage", default="production", choices=RELEASE_STAGES)
     p.add_argument("--reason", help="why; written to the audit log")
     p.add_argument("--actor", help="who rolls back (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_rollback)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import typing
 from collections.abc import Callable
 
@@ -43,7 +42,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
 
 def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        module = importlib.import_module(STAGES[name])
+        module = STAGES.get(name)
         config_cls = config_class(name)
         overrides = {
             k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None

@@ -7,21 +7,20 @@ Built-in suites are named here as ``"module:Class"`` strings and imported only w
 
 from __future__ import annotations
 
-import importlib
 import logging
 from importlib.metadata import entry_points
 
 from sdarflow.envs.base import SPLITS, ActionFormat, Env, EnvError, EnvSuite, Reset, Step, Task
+from sdarflow.names import NameRegistry
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "sdarflow.envs"
 
-BUILTIN_ENVS: dict[str, str] = {
-    "textworld-cooking": "sdarflow.envs.textworld_cooking:TextWorldCookingSuite",
-    "tool-use": "sdarflow.envs.tool_use:ToolUseSuite",
-    "search-qa": "sdarflow.envs.search_qa:SearchQASuite",
-}
+BUILTIN_ENVS: NameRegistry[type[EnvSuite]] = NameRegistry("env")
+BUILTIN_ENVS.add_lazy("textworld-cooking", "sdarflow.envs.textworld_cooking:TextWorldCookingSuite")
+BUILTIN_ENVS.add_lazy("tool-use", "sdarflow.envs.tool_use:ToolUseSuite")
+BUILTIN_ENVS.add_lazy("search-qa", "sdarflow.envs.search_qa:SearchQASuite")
 
 __all__ = [
     "BUILTIN_ENVS",
@@ -57,21 +56,20 @@ def list_envs() -> list[str]:
 def get_suite(name: str, **kwargs) -> EnvSuite:
     """Construct the env suite registered as ``name`` with ``kwargs`` (e.g. ``cache_dir``, ``max_turns``)."""
     if name in BUILTIN_ENVS:
-        module_name, _, attr = BUILTIN_ENVS[name].partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls = BUILTIN_ENVS.get(name)
     else:
         plugins = _plugins()
         if name not in plugins:
             raise EnvError(
-                f"unknown env {name!r}; available: {', '.join(list_envs())}. "
-                f"Fix: pick one of those, or install a package that registers {name!r} in the "
+                f"unknown env {name!r}; available: {', '.join(list_envs())}; "
+                f"fix: pick one of those, or install a package that registers {name!r} in the "
                 f"{ENTRY_POINT_GROUP!r} entry-point group"
             )
         try:
             cls = plugins[name].load()
         except (ImportError, AttributeError) as err:
             raise EnvError(
-                f"env {name!r} is registered as {plugins[name].value!r} but cannot be loaded: {err}. "
-                f"Fix: reinstall the package that provides it, or correct its {ENTRY_POINT_GROUP!r} entry point"
+                f"env {name!r} is registered as {plugins[name].value!r} but cannot be loaded: {err}; "
+                f"fix: reinstall the package that provides it, or correct its {ENTRY_POINT_GROUP!r} entry point"
             ) from err
     return cls(**kwargs)

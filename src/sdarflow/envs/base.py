@@ -31,9 +31,9 @@ def task_indices(split: str, size: int, n: int | None, start: int) -> list[int]:
     ``n`` tasks each round cycles through the split. EnvError when ``n`` is outside ``[0, size]`` or start < 0."""
     n = size if n is None else n
     if not 0 <= n <= size:
-        raise EnvError(f"n={n} tasks asked of split {split!r} of size {size}. Fix: 0 <= n <= size")
+        raise EnvError(f"n={n} tasks asked of split {split!r} of size {size}; fix: 0 <= n <= size")
     if start < 0:
-        raise EnvError(f"start={start} for split {split!r} is negative. Fix: start >= 0")
+        raise EnvError(f"start={start} for split {split!r} is negative; fix: start >= 0")
     return [(start + i) % size for i in range(n)]
 
 

@@ -97,10 +97,10 @@ class SearchQAEnv:
 
     def step(self, action: str) -> Step:
         if self.seen is None:
-            raise EnvError(f"step() before reset() on {self.task.task_id}. Fix: call reset() first")
+            raise EnvError(f"step() before reset() on {self.task.task_id}; fix: call reset() first")
         if self.done:
             raise EnvError(
-                f"step() after the episode of {self.task.task_id} ended. Fix: check done, or reset()"
+                f"step() after the episode of {self.task.task_id} ended; fix: check done, or reset()"
             )
         self.turns += 1
         parsed, won = parse_qa_action(action), False
@@ -143,9 +143,9 @@ class SearchQASuite:
 
     def __init__(self, world_seed: int = 0, top_k: int = 2, max_turns: int | None = None) -> None:
         if max_turns is not None and max_turns < 1:
-            raise EnvError(f"max_turns must be >= 1, got {max_turns}. Fix: pass a positive turn limit")
+            raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
         if top_k < 1:
-            raise EnvError(f"top_k must be >= 1, got {top_k}. Fix: show at least one document per search")
+            raise EnvError(f"top_k must be >= 1, got {top_k}; fix: show at least one document per search")
         self.world_seed, self.top_k, self.max_turns = world_seed, top_k, max_turns
         self.world = build_world(world_seed)
         self.index = BM25(documents(self.world))
@@ -153,8 +153,8 @@ class SearchQASuite:
     def _spec(self, split: str) -> QASplit:
         if split not in QA_SPLITS:
             raise EnvError(
-                f"unknown split {split!r} for {self.name}; allowed: {', '.join(QA_SPLITS)}. "
-                f"Fix: use one of {', '.join(SPLITS)}"
+                f"unknown split {split!r} for {self.name}; allowed: {', '.join(QA_SPLITS)}; "
+                f"fix: use one of {', '.join(SPLITS)}"
             )
         return QA_SPLITS[split]
 
@@ -187,8 +187,8 @@ class SearchQASuite:
         seed = json.loads(task.payload).get("world_seed")
         if seed != self.world_seed:  # entity ids would name other entities in another world
             raise EnvError(
-                f"task {task.task_id} was made for world_seed={seed}, this suite has {self.world_seed}. "
-                f"Fix: get tasks from this suite's tasks()"
+                f"task {task.task_id} was made for world_seed={seed}, this suite has {self.world_seed}; "
+                f"fix: get tasks from this suite's tasks()"
             )
         return SearchQAEnv(task, self, self.max_turns or self._spec(task.split).max_turns)
 

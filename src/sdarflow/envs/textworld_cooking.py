@@ -71,12 +71,12 @@ class SplitSpec:
     def __post_init__(self) -> None:
         if not 1 <= self.take <= self.recipe <= 5:
             raise EnvError(
-                f"tw-cooking take={self.take}, recipe={self.recipe}. Fix: 1 <= take <= recipe <= 5"
+                f"tw-cooking take={self.take}, recipe={self.recipe}; fix: 1 <= take <= recipe <= 5"
             )
         if self.go not in (1, 6, 9, 12):
-            raise EnvError(f"tw-cooking go={self.go} not in (1, 6, 9, 12). Fix: use one of those room counts")
+            raise EnvError(f"tw-cooking go={self.go} not in (1, 6, 9, 12); fix: use one of those room counts")
         if self.drop:
-            raise EnvError("tw-cooking drop=True has no expert walkthrough in TextWorld. Fix: drop=False")
+            raise EnvError("tw-cooking drop=True has no expert walkthrough in TextWorld; fix: drop=False")
 
     def game_settings(self, seed: int) -> dict:
         """The settings dict TextWorld's ``cooking.make`` reads for the game of ``seed``."""
@@ -315,10 +315,10 @@ class TextWorldCookingEnv:
     def step(self, action: str) -> Step:
         """Play ``action``; done when won, lost or after ``max_turns`` (then ``info["truncated"]``)."""
         if self._env is None or self._state is None:
-            raise EnvError(f"step() before reset() on {self.task.task_id}. Fix: call reset() first")
+            raise EnvError(f"step() before reset() on {self.task.task_id}; fix: call reset() first")
         if self._done:
             raise EnvError(
-                f"step() after the episode of {self.task.task_id} ended. Fix: check done, or reset()"
+                f"step() after the episode of {self.task.task_id} ended; fix: check done, or reset()"
             )
         # A newline would make the interpreter run two commands and desync every later observation.
         command = " ".join(action.split())
@@ -373,7 +373,7 @@ class TextWorldCookingSuite:
         splits: Mapping[str, SplitSpec] | None = None,
     ) -> None:
         if max_turns is not None and max_turns < 1:
-            raise EnvError(f"max_turns must be >= 1, got {max_turns}. Fix: pass a positive turn limit")
+            raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
         # Absolute, so task payloads stay valid for workers started in another directory.
         self.cache_dir = Path(cache_dir or default_cache_dir()).expanduser().resolve()
         self.max_turns, self.workers = max_turns, workers
@@ -381,14 +381,14 @@ class TextWorldCookingSuite:
         ranges = sorted((s.seed_base, s.seed_base + s.size, name) for name, s in self.splits.items())
         for (_, end, a), (start, _, b) in pairwise(ranges):
             if start < end:
-                raise EnvError(f"seed ranges of splits {a!r} and {b!r} overlap. Fix: disjoint seed_base/size")
+                raise EnvError(f"seed ranges of splits {a!r} and {b!r} overlap; fix: disjoint seed_base/size")
 
     def spec(self, split: str) -> SplitSpec:
         """The generation settings of ``split``; EnvError naming the allowed splits if unknown."""
         if split not in self.splits:
             raise EnvError(
-                f"unknown split {split!r} for {self.name}; allowed: {', '.join(self.splits)}. "
-                f"Fix: use one of {', '.join(SPLITS)}"
+                f"unknown split {split!r} for {self.name}; allowed: {', '.join(self.splits)}; "
+                f"fix: use one of {', '.join(SPLITS)}"
             )
         return self.splits[split]
 
@@ -414,7 +414,7 @@ class TextWorldCookingSuite:
     def make(self, task: Task) -> TextWorldCookingEnv:
         """A fresh episode of ``task``; call ``reset()`` on it first."""
         if not Path(task.payload).is_file():
-            raise EnvError(f"game {task.payload!r} of {task.task_id} not found. Fix: get tasks from tasks()")
+            raise EnvError(f"game {task.payload!r} of {task.task_id} not found; fix: get tasks from tasks()")
         max_turns = self.max_turns or self.spec(task.split).max_turns
         return TextWorldCookingEnv(task, max_turns)
 

@@ -204,10 +204,10 @@ class ToolUseEnv:
     def step(self, action: str) -> Step:
         """Execute one call; a malformed one is counted (``info["malformed_calls"]``) and changes nothing."""
         if self.api is None:
-            raise EnvError(f"step() before reset() on {self.task.task_id}. Fix: call reset() first")
+            raise EnvError(f"step() before reset() on {self.task.task_id}; fix: call reset() first")
         if self.done:
             raise EnvError(
-                f"step() after the episode of {self.task.task_id} ended. Fix: check done, or reset()"
+                f"step() after the episode of {self.task.task_id} ended; fix: check done, or reset()"
             )
         self.turns += 1
         try:
@@ -248,14 +248,14 @@ class ToolUseSuite:
 
     def __init__(self, max_turns: int | None = None) -> None:
         if max_turns is not None and max_turns < 1:
-            raise EnvError(f"max_turns must be >= 1, got {max_turns}. Fix: pass a positive turn limit")
+            raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
         self.max_turns = max_turns
 
     def _spec(self, split: str) -> ToolSplit:
         if split not in TOOL_SPLITS:
             raise EnvError(
-                f"unknown split {split!r} for {self.name}; allowed: {', '.join(TOOL_SPLITS)}. "
-                f"Fix: use one of {', '.join(SPLITS)}"
+                f"unknown split {split!r} for {self.name}; allowed: {', '.join(TOOL_SPLITS)}; "
+                f"fix: use one of {', '.join(SPLITS)}"
             )
         return TOOL_SPLITS[split]
 

@@ -10,13 +10,13 @@ serving configs (vLLM multi-LoRA, Kubernetes) for the production adapters.
 
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.gate import GatePolicy, check_gate
-from sdarflow.registry.layout import NAME_PATTERN, STAGES, validate_name
+from sdarflow.registry.layout import NAME_PATTERN, RELEASE_STAGES, validate_name
 from sdarflow.registry.serve import serve_config
 from sdarflow.registry.store import Registry
 
 __all__ = [
     "NAME_PATTERN",
-    "STAGES",
+    "RELEASE_STAGES",
     "GatePolicy",
     "GateRefused",
     "Registry",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
+from sdarflow.models.lora import lora_rank
 from sdarflow.registry.layout import EVAL_REPORT, LINEAGE, RESERVED_FILES
 
 
@@ -111,13 +112,6 @@ def load_report(eval_report: Mapping[str, Any] | str | Path) -> dict[str, Any]:
             f"fix: pass a published evaluate output or a report JSON file"
         )
     return validate_report(storage.read_json(source), source)
-
-
-def lora_rank(adapter_config: Mapping[str, Any]) -> int | None:
-    """The largest LoRA rank (``r`` and any per-module ``rank_pattern``): vLLM's --max-lora-rank needs it."""
-    ranks = [adapter_config.get("r"), *dict(adapter_config.get("rank_pattern") or {}).values()]
-    ints = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool) and r > 0]
-    return max(ints) if ints else None
 
 
 def check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
 Stage = Literal["production", "staging"]
-STAGES: tuple[str, ...] = ("production", "staging")
+RELEASE_STAGES: tuple[str, ...] = ("production", "staging")
 
 VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"
@@ -45,9 +45,9 @@ def validate_name(name: str) -> str:
 
 
 def validate_stage(stage: str) -> str:
-    if stage not in STAGES:
+    if stage not in RELEASE_STAGES:
         raise ConfigError(
-            f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}; fix: pass --stage production"
+            f"unknown stage {stage!r}; allowed: {', '.join(RELEASE_STAGES)}; fix: pass --stage production"
         )
     return stage
 

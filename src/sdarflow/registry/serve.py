@@ -15,6 +15,7 @@ from typing import Any
 
 from sdarflow import __version__
 from sdarflow.errors import ModelError
+from sdarflow.models.lora import max_lora_rank
 from sdarflow.registry.errors import RegistryError
 from sdarflow.registry.layout import validate_name
 from sdarflow.registry.store import Registry
@@ -22,24 +23,9 @@ from sdarflow.storage import S3_SECRET
 
 log = logging.getLogger(__name__)
 
-# The values vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks); a rank is rounded up to one.
-VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_IMAGE = "vllm/vllm-openai:latest"
 DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
 SERVING_CPU, SERVING_MEMORY = "8", "64Gi"
-
-
-def max_lora_rank(ranks: list[int]) -> int:
-    """vLLM's ``--max-lora-rank`` for adapters of these LoRA ranks: the largest, rounded up to a value vLLM
-    accepts."""
-    rank = max(ranks)
-    for allowed in VLLM_LORA_RANKS:
-        if rank <= allowed:
-            return allowed
-    raise ModelError(
-        f"LoRA rank {rank} is above vLLM's maximum {VLLM_LORA_RANKS[-1]}; allowed --max-lora-rank values: "
-        f"{', '.join(map(str, VLLM_LORA_RANKS))}; fix: train the adapter with a smaller r"
-    )
 
 
 def production_adapters(registry: Registry, name: str | None, adapter_root: str) -> list[dict[str, Any]]:

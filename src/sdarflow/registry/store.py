@@ -29,12 +29,13 @@ import pyarrow.fs as pafs
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError, StorageError
+from sdarflow.models.lora import lora_rank
 from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
     EVAL_REPORT,
     LINEAGE,
-    STAGES,
+    RELEASE_STAGES,
     VERSION_KIND,
     Layout,
     parse_version,
@@ -138,7 +139,7 @@ class Registry:
                 kind=VERSION_KIND,
                 name=name,
                 version=number,
-                lora_rank=intake.lora_rank(adapter_config),
+                lora_rank=lora_rank(adapter_config),
                 base_model=adapter_config.get("base_model_name_or_path"),
                 checked_against_base=base or None,
                 registered_by=actor,
@@ -245,7 +246,7 @@ class Registry:
             if not published:
                 raise StorageError(f"'{name}' has no versions in {self.uri}; fix: register one first")
             return published[-1]
-        if version_or_alias in STAGES:
+        if version_or_alias in RELEASE_STAGES:
             current = self.aliases(name).get(str(version_or_alias))
             if current is None:
                 raise RegistryError(
@@ -254,7 +255,7 @@ class Registry:
             return current
         raise ConfigError(
             f"bad version or alias {version_or_alias!r} for '{name}'; allowed: a version number, "
-            f"'latest', {', '.join(STAGES)}; fix: e.g. --version 3"
+            f"'latest', {', '.join(RELEASE_STAGES)}; fix: e.g. --version 3"
         )
 
     def aliases(self, name: str) -> dict[str, int]:

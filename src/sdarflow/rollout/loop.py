@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from sdarflow import progress
 from sdarflow.envs import EnvSuite, Task
 from sdarflow.errors import ConfigError
-from sdarflow.rollout.engine import Engine
 from sdarflow.rollout.envcall import Outcome
 from sdarflow.rollout.envhost import ProcessEnvs, open_envs
+from sdarflow.rollout.generation import GenerationEngine
 from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def action_parser(suite: EnvSuite) -> ActionParser:
 
 
 def run_rollout(
-    engine: Engine,
+    engine: GenerationEngine,
     suite: EnvSuite,
     tasks: list[Task],
     group_size: int,

@@ -23,8 +23,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdarflow.errors import ConfigError
-from sdarflow.rollout.engine import Sample
+from sdarflow.errors import ConfigError, ModelError
+from sdarflow.models.identity import check_adapter
+from sdarflow.models.lora import lora_rank, max_lora_rank
+from sdarflow.rollout.generation import Sample
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +61,19 @@ def import_vllm():
 
 
 def adapter_rank(adapter: str, base: str) -> int:
-    """The LoRA rank of a PEFT folder, after checking it was trained on ``base`` (ModelError otherwise)."""
-    from sdarflow.models.identity import check_adapter
-
-    config = check_adapter(adapter, base)
-    return int(config.get("r", 8))
+    """The largest LoRA rank of a PEFT folder (``rank_pattern`` included), after checking it was trained on
+    ``base`` (ModelError otherwise)."""
+    rank = lora_rank(check_adapter(adapter, base))
+    if rank is None:
+        raise ModelError(
+            f"adapter '{adapter}' declares no LoRA rank ('r' in adapter_config.json), so vLLM cannot load it; "
+            f"fix: pass a LoRA adapter, or use --engine hf"
+        )
+    return rank
 
 
 class VLLMEngine:
-    """vLLM's offline ``LLM`` behind the :class:`~sdarflow.rollout.engine.Engine` interface."""
+    """vLLM's offline ``LLM`` behind the :class:`~sdarflow.rollout.generation.GenerationEngine` interface."""
 
     def __init__(self, model: str, adapter: str | None = None, options: VLLMOptions | None = None) -> None:
         from sdarflow.models import load_tokenizer
@@ -110,8 +116,6 @@ class VLLMEngine:
             budget = max(self.max_context or 0, CPU_PREFILL_TOKENS)
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
         if self.adapter:
-            from sdarflow.registry.serve import max_lora_rank
-
             rank = max_lora_rank([self.lora_rank])
             kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
             from vllm.lora.request import LoRARequest
@@ -197,3 +201,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def open_vllm(
+    model: str, adapter: str | None, *, batch_size: int, vllm_options: VLLMOptions | None, **_: object
+) -> VLLMEngine:
+    """The vLLM engine (it places itself); ``batch_size`` is its ``max_num_seqs`` unless options say."""
+    return VLLMEngine(model, adapter, vllm_options or VLLMOptions(max_num_seqs=batch_size))

@@ -3,7 +3,7 @@ a skill, which is validated before it may enter the library.
 
 Backends: any OpenAI-compatible server (``POST <base_url>/chat/completions``; the API key is read only from the
 environment variable named in the config, never from the config itself), or the policy itself through our HF
-engine (``sdarflow.rollout.engine.HFEngine``), so no external service is needed.
+engine (``sdarflow.rollout.hf_engine.HFEngine``), so no external service is needed.
 
 Validation (``parse_reply``): the reply must contain at least ``MIN_STEPS`` numbered or bulleted steps of plain
 text (letters, digits, ``<item>``, light punctuation; 2-20 words; mostly letters). Steps that fail are dropped;
@@ -141,7 +141,7 @@ class EngineChat:
     """The policy itself as the skill writer, through the HF engine (greedy when temperature is 0)."""
 
     def __init__(self, policy, seed: int = 0):
-        from sdarflow.rollout.engine import HFEngine
+        from sdarflow.rollout.hf_engine import HFEngine
 
         self.engine = HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size=1)
         self.tokenizer = policy.tokenizer

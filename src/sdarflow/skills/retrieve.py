@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdarflow.errors import ConfigError
+from sdarflow.names import NameRegistry
 from sdarflow.skills import bandit
 from sdarflow.skills.library import Skill, SkillLibrary
 
@@ -54,27 +54,12 @@ class Retrieved:
 
 
 Strategy = Callable[[SkillLibrary, str, str], Retrieved]
-STRATEGIES: dict[str, Callable[..., Strategy]] = {}
-
-
-def register(name: str) -> Callable:
-    """Bind a strategy factory to a config name; binding a name twice is a programming error."""
-
-    def wrap(factory: Callable[..., Strategy]) -> Callable[..., Strategy]:
-        if name in STRATEGIES:
-            raise ValueError(f"retrieval strategy '{name}' is registered twice")
-        STRATEGIES[name] = factory
-        return factory
-
-    return wrap
+# name -> factory(seed=, ucb_c=) -> Strategy
+STRATEGIES: NameRegistry[Callable[..., Strategy]] = NameRegistry("retrieval strategy")
 
 
 def get_strategy(name: str, *, seed: int = 0, ucb_c: float = 0.5) -> Strategy:
-    if name not in STRATEGIES:
-        raise ConfigError(
-            f"unknown retrieval strategy '{name}'; available: {', '.join(STRATEGIES)}; fix: pick one of those"
-        )
-    return STRATEGIES[name](seed=seed, ucb_c=ucb_c)
+    return STRATEGIES.get(name)(seed=seed, ucb_c=ucb_c)
 
 
 def _result(lib: SkillLibrary, chosen: list[Skill], task_type: str) -> Retrieved:
@@ -151,7 +136,7 @@ class UCBRetrieval:
         return _result(lib, [best], task_type)
 
 
-register("keyword")(lambda **_: keyword)
-register("ucb")(lambda *, ucb_c, **_: UCBRetrieval(ucb_c))
-register("random")(lambda *, seed, **_: RandomRetrieval(seed))
-register("full")(lambda **_: full)
+STRATEGIES.register("keyword")(lambda **_: keyword)
+STRATEGIES.register("ucb")(lambda *, ucb_c, **_: UCBRetrieval(ucb_c))
+STRATEGIES.register("random")(lambda *, seed, **_: RandomRetrieval(seed))
+STRATEGIES.register("full")(lambda **_: full)

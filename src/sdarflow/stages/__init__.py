@@ -1,27 +1,27 @@
-"""Pipeline stages: one module per stage, each with its config class and ``run(config) -> dict``.
+"""Pipeline stages: one module per stage, each exporting ``Config`` (its ``StageConfig`` subclass) and
+``run(config) -> dict``.
 
-The CLI and the KFP components both call these ``run`` functions; this is the only place stages are defined.
+The CLI and the KFP components both call these ``run`` functions; this is the only place stages are defined. A
+stage module is imported on first use (most bring torch).
 """
 
-import importlib
+from __future__ import annotations
 
-STAGES: dict[str, str] = {
-    "generate": "sdarflow.stages.generate",
-    "extract-skills": "sdarflow.stages.extract_skills",
-    "rescore": "sdarflow.stages.rescore",
-    "train": "sdarflow.stages.train",
-    "evaluate": "sdarflow.stages.evaluate",
-    "register": "sdarflow.stages.register",
-}
+from types import ModuleType
+
+from sdarflow.names import NameRegistry
+
+
+def module_name(stage: str) -> str:
+    """The module of ``stage``: ``extract-skills`` is ``sdarflow.stages.extract_skills``."""
+    return f"sdarflow.stages.{stage.replace('-', '_')}"
+
+
+STAGES: NameRegistry[ModuleType] = NameRegistry("stage")
+for _stage in ("generate", "extract-skills", "rescore", "train", "evaluate", "register"):
+    STAGES.add_lazy(_stage, module_name(_stage))
 
 
 def config_class(stage: str) -> type:
-    """The ``StageConfig`` subclass of ``stage`` (importing its module: most bring torch)."""
-    from sdarflow.config import StageConfig
-
-    module = importlib.import_module(STAGES[stage])
-    return next(
-        v
-        for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, StageConfig) and v is not StageConfig
-    )
+    """The ``Config`` class of ``stage`` (importing its module)."""
+    return STAGES.get(stage).Config

@@ -15,7 +15,7 @@ from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt, resolve_device
-from sdarflow.rollout.engine import ENGINES
+from sdarflow.rollout.engine import ENGINE_CHOICES
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
@@ -41,7 +41,7 @@ class EvaluateConfig(StageConfig):
     )
     policy_name: str = opt("sdar-policy", "policy name in --registry")
     engine: str = opt(
-        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINES
+        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINE_CHOICES
     )
     device: str = device_opt()
     envs: str = envs_opt()
@@ -60,6 +60,9 @@ class EvaluateConfig(StageConfig):
         bad = [s for s in self.splits if s not in SPLITS]
         if bad or not self.splits:
             raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
+
+
+Config = EvaluateConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
 def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:

@@ -91,6 +91,9 @@ class ExtractSkillsConfig(StageConfig):
             )
 
 
+Config = ExtractSkillsConfig  # the stage's exports are Config and run (sdarflow.stages)
+
+
 def _backend(cfg: ExtractSkillsConfig):
     from sdarflow.skills.llm import EngineChat, OpenAIChat
 

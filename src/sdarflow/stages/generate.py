@@ -18,7 +18,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt, resolve_device
-from sdarflow.rollout.engine import ENGINES
+from sdarflow.rollout.engine import ENGINE_CHOICES
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
@@ -52,7 +52,7 @@ class GenerateConfig(StageConfig):
     top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]", gt=0, le=1)
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
     engine: str = opt(
-        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINES
+        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINE_CHOICES
     )
     device: str = device_opt()
     batch_size: int = opt(64, "prompts per engine call", ge=1)
@@ -92,6 +92,9 @@ class GenerateConfig(StageConfig):
             raise ConfigError(
                 f"generate: tasks ({self.tasks}) must be >= num_shards ({self.num_shards}): every shard needs a task"
             )
+
+
+Config = GenerateConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
 def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:

@@ -30,6 +30,9 @@ class RegisterConfig(StageConfig):
     )
 
 
+Config = RegisterConfig  # the stage's exports are Config and run (sdarflow.stages)
+
+
 def run(cfg: RegisterConfig) -> dict:
     from sdarflow.registry import Registry
     from sdarflow.registry.intake import load_report

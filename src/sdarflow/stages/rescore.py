@@ -110,6 +110,9 @@ class RescoreConfig(StageConfig):
             raise ConfigError(f"rescore: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
 
 
+Config = RescoreConfig  # the stage's exports are Config and run (sdarflow.stages)
+
+
 def _shard(table: pa.Table, shard: int, num_shards: int) -> pa.Table:
     """Every ``num_shards``-th GRPO group (in sorted group order), so a group's rows stay together."""
     if num_shards == 1:

@@ -33,7 +33,7 @@ from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.train import presets
-from sdarflow.train.engine import ENGINES
+from sdarflow.train.engine import TRAIN_ENGINES, make_engine
 from sdarflow.train.trainer import (
     RLHyper,
     TrainData,
@@ -137,7 +137,7 @@ class TrainConfig(StageConfig):
         "auto",
         "torch (plain AdamW, one device) or deepspeed (ZeRO; bf16 on GPU; one process per GPU); auto = deepspeed "
         "when the node has more than one GPU or this is one of several launched workers, else torch",
-        choices=("auto", *ENGINES),
+        choices=("auto", *TRAIN_ENGINES),
     )
     zero_stage: int = opt(2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)")
     lr: float = opt(5e-4, "AdamW learning rate (after warmup)", gt=0)
@@ -195,6 +195,9 @@ class TrainConfig(StageConfig):
         """Identity of the run a checkpoint belongs to: settings and inputs, minus what may change on resume."""
         params = {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_CHANGES}
         return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+Config = TrainConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
 @contextlib.contextmanager
@@ -290,7 +293,6 @@ def resolve_objective(cfg: TrainConfig, rows: list[dict]) -> tuple[TrainConfig, 
 
 def _train(cfg: TrainConfig) -> dict:
     from sdarflow.train.checkpoint import Checkpoints
-    from sdarflow.train.engine import make_engine
     from sdarflow.train.schedule import WarmupConstant
     from sdarflow.train.sft import sft_pairs_from_rows
 

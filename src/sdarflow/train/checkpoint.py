@@ -21,25 +21,18 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from sdarflow.errors import SdarflowError, StorageError
+from sdarflow.errors import CheckpointError, StorageError
 from sdarflow.storage import inside
+from sdarflow.train.engine import TrainEngine
 from sdarflow.train.schedule import TrainState
-
-if TYPE_CHECKING:
-    from sdarflow.train.engine import Engine
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 _NAME = re.compile(r"^step-(\d{8})$")
-
-
-class CheckpointError(SdarflowError):
-    """A checkpoint is missing, unreadable, or belongs to a different run."""
 
 
 def capture_rng() -> dict:
@@ -70,7 +63,7 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _on_every_rank(engine: Engine, phase: Callable[[], None]) -> None:
+def _on_every_rank(engine: TrainEngine, phase: Callable[[], None]) -> None:
     """Run ``phase`` on this rank, then agree: if it failed on any rank, it fails on every rank. A rank that
     fails alone must not leave the others waiting at the next collective (a hang until the NCCL timeout). Any
     exception counts; it is raised again after the agreement. (A rank failing inside a collective the engine's
@@ -119,7 +112,7 @@ class Checkpoints:
         done = self.complete()
         return done[-1][1] if done else None
 
-    def save(self, engine: Engine, state: TrainState, meta: dict) -> Path:
+    def save(self, engine: TrainEngine, state: TrainState, meta: dict) -> Path:
         """Write the checkpoint of ``state.step`` (collective: every rank calls it). A failed write (a full disk)
         removes the partial folder and raises CheckpointError: the checkpoints before it stay as they were."""
         final = self.root / f"step-{state.step:08d}"
@@ -138,7 +131,7 @@ class Checkpoints:
                 f"a --checkpoint-dir on a larger volume (the run resumes from the last complete checkpoint)"
             ) from err
 
-    def _save(self, engine: Engine, state: TrainState, meta: dict, final: Path, tmp: Path) -> Path:
+    def _save(self, engine: TrainEngine, state: TrainState, meta: dict, final: Path, tmp: Path) -> Path:
         def make_tmp() -> None:
             if engine.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -174,7 +167,7 @@ class Checkpoints:
             _on_every_rank(engine, phase)
         return final
 
-    def restore(self, engine: Engine) -> TrainState | None:
+    def restore(self, engine: TrainEngine) -> TrainState | None:
         """Load the newest complete checkpoint into ``engine`` and the RNGs; None when there is none."""
         if engine.rank == 0 and self.root.is_dir():
             for stale in self.root.glob("step-*.tmp"):

@@ -17,17 +17,14 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
-from sdarflow.errors import SdarflowError
-from sdarflow.train.checkpoint import CheckpointError
+from sdarflow.errors import CheckpointError
+from sdarflow.names import NameRegistry
 
 log = logging.getLogger(__name__)
-
-EngineName = Literal["torch", "deepspeed"]
-ENGINES: tuple[str, ...] = ("torch", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ class StepResult:
     applied: bool  # False: non-finite gradient, weights and optimizer state untouched
 
 
-class Engine(Protocol):
+class TrainEngine(Protocol):
     name: str
     rank: int
     world_size: int
@@ -269,14 +266,22 @@ class DeepSpeedEngine:
         return dict(zip(keys, t.tolist()))
 
 
+# name -> builder(model, lr, max_grad_norm, zero_stage) -> TrainEngine
+TRAIN_ENGINES: NameRegistry = NameRegistry("training engine")
+
+
+@TRAIN_ENGINES.register("torch")
+def _torch(model: torch.nn.Module, lr: float, max_grad_norm: float, zero_stage: int) -> TorchEngine:
+    if torch.cuda.is_available():
+        model.to("cuda")
+    return TorchEngine(model, adamw(model, lr), max_grad_norm)
+
+
+TRAIN_ENGINES.register("deepspeed")(DeepSpeedEngine)
+
+
 def make_engine(
-    name: EngineName, model: torch.nn.Module, *, lr: float, max_grad_norm: float, zero_stage: int = 2
-) -> Engine:
+    name: str, model: torch.nn.Module, *, lr: float, max_grad_norm: float, zero_stage: int = 2
+) -> TrainEngine:
     """Build the named engine around ``model`` (its ``requires_grad`` parameters are the ones trained)."""
-    if name == "torch":
-        if torch.cuda.is_available():
-            model.to("cuda")
-        return TorchEngine(model, adamw(model, lr), max_grad_norm)
-    if name == "deepspeed":
-        return DeepSpeedEngine(model, lr, max_grad_norm, zero_stage)
-    raise SdarflowError(f"unknown engine {name!r}; fix: choose one of {', '.join(ENGINES)}")
+    return TRAIN_ENGINES.get(name)(model, lr, max_grad_norm, zero_stage)

@@ -33,7 +33,7 @@ from sdarflow.algo import (
 )
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
-from sdarflow.train.engine import Engine
+from sdarflow.train.engine import TrainEngine
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
 from sdarflow.train.sft import SFTPair, sft_micro_step
 
@@ -245,7 +245,7 @@ def _rank_share(items: list, rank: int, world: int) -> list[tuple[int, bool]]:
 
 
 def accumulate(
-    engine: Engine, items: list, loss_fn: LossFn, agg: str, micro_batch_tokens: int
+    engine: TrainEngine, items: list, loss_fn: LossFn, agg: str, micro_batch_tokens: int
 ) -> tuple[dict[str, float], int]:
     """Backward over the token-budget micro-batches of one mini-batch; returns its metrics and response tokens.
 
@@ -277,7 +277,9 @@ class TrainData:
     pad_id: int
 
 
-def _one_step(engine: Engine, data: TrainData, hp: RLHyper, state: TrainState, kind: str, lr: float) -> dict:
+def _one_step(
+    engine: TrainEngine, data: TrainData, hp: RLHyper, state: TrainState, kind: str, lr: float
+) -> dict:
     t0 = time.perf_counter()
     if kind == "rl":
         n_mini = min(hp.mini_batches, len(data.samples))
@@ -318,7 +320,7 @@ def _one_step(engine: Engine, data: TrainData, hp: RLHyper, state: TrainState, k
 
 
 def train(
-    engine: Engine,
+    engine: TrainEngine,
     data: TrainData,
     hp: RLHyper,
     schedule: WarmupConstant,

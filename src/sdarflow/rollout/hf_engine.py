@@ -1,0 +1,118 @@
+"""The ``hf`` generation engine: batched ``transformers`` generation, on any device.
+
+Sampling uses the Gumbel-max trick with one ``torch.Generator`` per sample: argmax(logits / T + Gumbel noise) is an
+exact sample from softmax(logits / T), and giving every sample its own seed makes a group's samples differ and any
+sample reproducible regardless of which other prompts shared its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sdarflow.models.device import model_device
+from sdarflow.rollout.generation import Sample
+
+
+class _GumbelSampler:
+    """Logits processor that turns greedy decoding into seeded sampling (temperature, top-p)."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature <= 0:
+            return scores
+        logits = scores.float() / self.temperature  # (B, V)
+        if self.top_p < 1.0:
+            logits = _top_p_mask(logits, self.top_p)
+        # CPU generators: a sample's noise, so the sample, is the same on every device
+        u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators]).to(
+            logits.device
+        )
+        # u in (0, 1) strictly, so both logs are finite
+        gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1.0 - 1e-7)))
+        return logits + gumbel
+
+
+def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+    drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class HFEngine:
+    """Batched ``transformers`` generation on the device the model is on."""
+
+    def __init__(self, model, tokenizer, eos_id: int, batch_size: int = 64):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+        self.pad_id = tokenizer.pad_token_id
+        self.batch_size = batch_size
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+
+    def close(self) -> None:
+        """Nothing to release: the model is an ordinary in-process module."""
+
+    @torch.inference_mode()
+    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0, min_new_tokens=0):
+        out: list[Sample] = []
+        for i in range(0, len(prompts), self.batch_size):
+            out.extend(
+                self._batch(
+                    prompts[i : i + self.batch_size],
+                    seeds[i : i + self.batch_size],
+                    max_new_tokens,
+                    temperature,
+                    top_p,
+                    min_new_tokens,
+                )
+            )
+        return out
+
+    def _batch(self, prompts, seeds, max_new_tokens, temperature, top_p, min_new_tokens) -> list[Sample]:
+        from transformers import LogitsProcessorList
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):  # left padding: generation continues from the right edge
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        device = model_device(self.model)
+        gen = self.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([_GumbelSampler(seeds, temperature, top_p)]),
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = gen.sequences[:, width:]  # (B, T_new)
+        logits = torch.stack(gen.logits, dim=1)  # (B, T_new, V) raw, before our processor
+        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        samples = []
+        for row in range(len(prompts)):
+            toks = new[row].tolist()
+            finished = self.eos_id in toks
+            n = toks.index(self.eos_id) + 1 if finished else len(toks)
+            text = self.tokenizer.decode(toks[:n], skip_special_tokens=True)
+            samples.append(Sample(toks[:n], logprobs[row, :n].tolist(), text, finished))
+        return samples
+
+
+def open_hf(model: str, adapter: str | None, *, batch_size: int, device: str, **_: object) -> HFEngine:
+    """The hf engine on ``device`` with the policy at ``model`` (and its optional LoRA ``adapter``)."""
+    from sdarflow.models import load_policy
+
+    policy = load_policy(model, adapter, device=device)
+    return HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size)
