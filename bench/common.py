@@ -20,10 +20,10 @@ DEMO_MODEL = Path("demo-output/base-model")
 def demo_model() -> str:
     """The demo's trained base model, where ``make demo`` builds it (built now, ~4 min on 2 cores, if absent or
     out of date): benchmarks of rollouts and rounds measure the model users run, not an untrained one."""
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
     from sdarflow.train.warmstart import build_base_model
 
-    preset = PRESETS["demo"]
+    preset = SIZES["demo"]
     return str(build_base_model(DEMO_MODEL, preset["model"], time_limit_s=preset["sft_time_limit_s"]))
 
 
@@ -95,15 +95,15 @@ def forward_flops(model, tokens: int, context: int) -> float:
 
 
 def demo_settings(model: str, storage: str, run_id: str) -> dict:
-    """A training pipeline's parameters at the demo's size (``sdarflow.demo.PRESETS["demo"]``)."""
-    from sdarflow.demo import PRESETS
+    """A training pipeline's parameters at the demo's size (``sdarflow.sizes.SIZES["demo"]``)."""
+    from sdarflow.sizes import SIZES
 
     return {
         "storage": storage,
         "base_model": model,
         "run_id": run_id,
         "seed_skills": f"{model}/seed_skills",
-        **PRESETS["demo"]["pipeline"],
+        **SIZES["demo"]["pipeline"],
     }
 
 

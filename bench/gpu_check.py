@@ -94,8 +94,8 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     import torch
 
     from sdarflow import plan
-    from sdarflow.demo import PRESETS
     from sdarflow.pipeline_config import PipelineConfig, stage_config
+    from sdarflow.sizes import SIZES
     from sdarflow.stages import evaluate, extract_skills, generate, rescore, train
     from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
 
@@ -116,7 +116,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
         on_cuda[stage] = on_gpu and torch.cuda.max_memory_allocated() > before
         return out
 
-    tiny = timed("build-model", build_base_model, work / "tiny", PRESETS["smoke"]["model"], device=device)
+    tiny = timed("build-model", build_base_model, work / "tiny", SIZES["smoke"]["model"], device=device)
     hidden, layers = (args.hidden, args.layers) if on_gpu else (128, 2)
     model = sized_model(tiny, work / "model", hidden, layers)
     params = n_params(model)

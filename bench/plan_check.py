@@ -14,10 +14,11 @@ from pathlib import Path
 
 from bench.common import demo_model, demo_round, demo_settings, write_result
 from sdarflow import plan, storage
-from sdarflow.demo import PRESETS, round_uri
+from sdarflow.demo import round_uri
 from sdarflow.models.identity import safetensors_shapes
 from sdarflow.registry.intake import load_report
 from sdarflow.schema import TRAJECTORY_SCHEMA
+from sdarflow.sizes import SIZES
 
 TARGET = 0.3
 
@@ -50,7 +51,7 @@ def run(quick: bool = True) -> dict:
         math.prod(shape) for shape in safetensors_shapes(Path(model) / "model.safetensors", "model").values()
     )
     constants = plan.calibrate(model, device="cpu")
-    sizes = PRESETS["demo"]["pipeline"]
+    sizes = SIZES["demo"]["pipeline"]
     with tempfile.TemporaryDirectory() as tmp:
         measured = demo_round(demo_settings(model, f"{tmp}/store", "plan"))
         load = dataclasses.replace(workload(f"{tmp}/store", "plan", sizes), model_params=params)

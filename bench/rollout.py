@@ -19,13 +19,13 @@ import importlib.util
 import time
 
 from bench.common import demo_model, median_time, write_result
-from sdarflow.demo import PRESETS
 from sdarflow.envs import get_suite
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.rollout.engine import load_engine
 from sdarflow.rollout.envhost import in_worker
 from sdarflow.rollout.loop import run_rollout
 from sdarflow.rollout.prompt import build_messages, encode_prompt
+from sdarflow.sizes import SIZES
 from sdarflow.stages.generate import sampling_params
 
 TARGET = 0.8
@@ -47,7 +47,7 @@ class _Recording:
 
 
 def _config(model: str):
-    settings = {"storage": "unused", "base_model": model, **PRESETS["demo"]["pipeline"]}
+    settings = {"storage": "unused", "base_model": model, **SIZES["demo"]["pipeline"]}
     return stage_config(PipelineConfig.from_dict(settings), "generate", 0)
 
 

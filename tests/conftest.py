@@ -63,10 +63,10 @@ def s3_root(monkeypatch: pytest.MonkeyPatch, moto_endpoint: str) -> str:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, game_cache: Path) -> Path:
     """The demo base model built with the smoke sizes (3 games, a few SFT steps): real folder, real loading."""
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
     from sdarflow.train.warmstart import build_base_model
 
-    return build_base_model(tmp_path_factory.mktemp("models") / "tiny", PRESETS["smoke"]["model"])
+    return build_base_model(tmp_path_factory.mktemp("models") / "tiny", SIZES["smoke"]["model"])
 
 
 @pytest.fixture(scope="session")

@@ -311,13 +311,11 @@ def test_base_model_on_s3_is_copied_once(tmp_path, s3_root, monkeypatch):
 @pytest.mark.parametrize("name", ["demo", "smoke", "gpu"])
 def test_every_preset_is_a_valid_pipeline(tmp_path, name):
     from sdarflow.cli import PRESET_NAMES
-    from sdarflow.demo import PRESETS
     from sdarflow.pipeline_config import load, prepare, stage_config
+    from sdarflow.sizes import SIZES
 
-    assert set(PRESET_NAMES) == set(PRESETS)
-    pc = load(
-        prepare(make_config(tmp_path, run_id="r1", **PRESETS[name]["pipeline"]))
-    )  # validates every stage
+    assert set(PRESET_NAMES) == set(SIZES)
+    pc = load(prepare(make_config(tmp_path, run_id="r1", **SIZES[name]["pipeline"])))  # validates every stage
     if name != "smoke":
         # RL rounds start on the games after the base model's SFT games: none of them was seen in SFT
-        assert stage_config(pc, "generate", 0, adapter="").first_task == PRESETS[name]["model"].tasks
+        assert stage_config(pc, "generate", 0, adapter="").first_task == SIZES[name]["model"].tasks

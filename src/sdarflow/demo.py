@@ -18,68 +18,10 @@ from sdarflow import storage
 from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
-from sdarflow.train.warmstart import SEED_SKILLS, BaseModelSpec, build_base_model
+from sdarflow.sizes import SIZES
+from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
 
 log = logging.getLogger(__name__)
-
-_DEMO_MODEL = BaseModelSpec()
-_RL_SETTINGS = {
-    # RL plays games the SFT never saw, so a gain is one that carries over to new games
-    "generate": {"first_task": _DEMO_MODEL.tasks},
-    # the tiny from-scratch model needs a larger step than a pretrained LLM's LoRA (5e-4 left the sampled tokens
-    # unchanged; 5e-3 x 16 steps per round lowered held-out pass@1)
-    "train": {"lr": 2e-3, "mini_batches": 8},
-}
-
-# Sizes: `demo` fits ~15 minutes on 2 cores; `smoke` exercises every stage in about a minute (tests); `gpu` is for
-# one GPU machine with `sdarflow[gpu]` installed (vLLM generates and evaluates on the GPU, train runs on CUDA).
-PRESETS: dict[str, dict] = {
-    "demo": {
-        # The default recipe: 500 SFT steps take ~3.5 minutes on 2 idle cores. The limit only turns a far too slow
-        # machine into a clear error; it never shortens the SFT, so the demo's model is the same on every machine.
-        "model": _DEMO_MODEL,
-        "sft_time_limit_s": 1800.0,
-        "pipeline": {
-            # 24 new games per round (8 reached no held-out gain; the same 8 each round were memorized), 8 samples
-            "tasks": 24,
-            "group_size": 8,
-            "max_turns": 0,
-            # 32 tasks x 4 samples per split: pass@1's 95% interval is about +-0.08 at 0.15 (4 x 4 gave +-0.2).
-            "eval_tasks": 32,
-            "eval_samples": 4,
-            "stage_settings": _RL_SETTINGS,
-        },
-    },
-    "gpu": {
-        "model": _DEMO_MODEL,
-        "sft_time_limit_s": 1800.0,
-        "pipeline": {
-            # 4x the demo's rollouts per round; 128 tasks x 8 samples narrow pass@1's interval to about +-0.04
-            "tasks": 96,
-            "group_size": 8,
-            "max_turns": 0,
-            "eval_tasks": 128,
-            "eval_samples": 8,
-            "stage_settings": {
-                **_RL_SETTINGS,
-                "generate": {**_RL_SETTINGS["generate"], "engine": "vllm"},
-                "evaluate": {"engine": "vllm"},
-            },
-        },
-    },
-    "smoke": {
-        "model": BaseModelSpec(tasks=3, sft_steps=10),
-        "sft_time_limit_s": 600.0,
-        "pipeline": {
-            "tasks": 2,
-            "group_size": 2,
-            "max_turns": 3,
-            "eval_tasks": 1,
-            "eval_samples": 2,
-            "stage_settings": {"train": {"mini_batches": 1}},
-        },
-    },
-}
 
 
 class RunnerOutput:
@@ -160,7 +102,7 @@ def run_demo(
 
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    sizes = PRESETS[preset]
+    sizes = SIZES[preset]
     t0 = time.perf_counter()
     base = (
         Path(base_model)

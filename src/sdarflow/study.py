@@ -41,7 +41,7 @@ class StudySettings:
     out: str
     base_model: str = ""  # empty: build the preset's demo base model into OUT/base-model
     env: str = "textworld-cooking"
-    preset: str = "demo"  # sizes from sdarflow.demo.PRESETS
+    preset: str = "demo"  # sizes from sdarflow.sizes.SIZES
     stage_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # on top of the preset's
 
     def validate(self) -> None:
@@ -77,16 +77,16 @@ def cell_name(method: str, seed: int) -> str:
 
 def preset_sizes(s: StudySettings) -> dict[str, Any]:
     """The preset's task, group and evaluation sizes (its stage settings are in ``stage_settings``)."""
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
 
-    return {k: v for k, v in PRESETS[s.preset]["pipeline"].items() if k != "stage_settings"}
+    return {k: v for k, v in SIZES[s.preset]["pipeline"].items() if k != "stage_settings"}
 
 
 def stage_settings(s: StudySettings) -> dict[str, dict[str, Any]]:
     """Per-stage settings every cell runs with: the preset's, then the study's own on top."""
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
 
-    settings = {k: dict(v) for k, v in PRESETS[s.preset]["pipeline"].get("stage_settings", {}).items()}
+    settings = {k: dict(v) for k, v in SIZES[s.preset]["pipeline"].get("stage_settings", {}).items()}
     for stage, values in s.stage_settings.items():
         settings[stage] = {**settings.get(stage, {}), **values}
     return settings
@@ -128,7 +128,7 @@ def _cell_uri(s: StudySettings, name: str) -> str:
 def settings_key(s: StudySettings) -> str:
     """Hash of what shapes every cell (not the methods and seeds that pick the cells): a rerun into the same
     ``out`` may reuse a finished cell only when this matches."""
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
     from sdarflow.stages.common import content_id
 
     content = {
@@ -136,7 +136,7 @@ def settings_key(s: StudySettings) -> str:
         "base_model_content": content_id(s.base_model) if s.base_model else None,
         "env": s.env,
         "rounds": s.rounds,
-        "sizes": PRESETS[s.preset]["pipeline"],
+        "sizes": SIZES[s.preset]["pipeline"],
         "stage_settings": s.stage_settings,
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
@@ -271,7 +271,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 
 def run_study(s: StudySettings) -> dict:
     """Every cell (finished ones read back), then ``study.json`` and the reports in ``s.out``; returns study.json."""
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
     from sdarflow.train.warmstart import build_base_model
 
     s.validate()
@@ -281,7 +281,7 @@ def run_study(s: StudySettings) -> dict:
                 f"study: out {s.out} is on object storage, where no base model can be built; fix: pass "
                 f"--base-model (an HF folder or s3:// URI)"
             )
-        preset = PRESETS[s.preset]
+        preset = SIZES[s.preset]
         spec, limit = preset["model"], preset["sft_time_limit_s"]
         s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
     t0 = time.perf_counter()

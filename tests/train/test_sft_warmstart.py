@@ -45,12 +45,12 @@ def test_time_limit_fails_instead_of_stopping_early():
 
 
 def test_a_build_past_its_time_limit_leaves_no_model(tmp_path, game_cache):
-    from sdarflow.demo import PRESETS
+    from sdarflow.sizes import SIZES
     from sdarflow.train.warmstart import build_base_model
 
     out = tmp_path / "tiny"
     with pytest.raises(SFTTimeLimitExceeded):
-        build_base_model(out, PRESETS["smoke"]["model"], time_limit_s=1e-9)
+        build_base_model(out, SIZES["smoke"]["model"], time_limit_s=1e-9)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sdarflow.errors import ConfigError
 
-# sdarflow.demo.PRESETS' names (a test keeps them equal; importing it here would slow every --help)
+# sdarflow.sizes.SIZES' names (a test keeps them equal; importing it here would slow every --help)
 PRESET_NAMES = ("demo", "smoke", "gpu")
 PRESET_HELP = "sizes: demo (2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu])"
 
