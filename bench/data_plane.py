@@ -34,7 +34,7 @@ def storage_clock() -> Iterator[collections.Counter]:
     originals = {
         name: f
         for name, f in vars(storage).items()
-        if inspect.isfunction(f) and f.__module__ == storage.__name__ and not name.startswith("_")
+        if inspect.isfunction(f) and f.__module__.startswith(storage.__name__ + ".")
     }
 
     def timed(name, f):

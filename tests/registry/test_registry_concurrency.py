@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sdarflow import storage
-from sdarflow.registry import Registry, RegistryConflict, cas
+from sdarflow.registry import Registry, RegistryConflict, aliases, cas
 
 
 def test_cas_write_exactly_one_of_two_wins(registry_uri):
@@ -62,14 +62,14 @@ def test_racing_promotions_exactly_one_wins(registry_uri, make_adapter, report, 
 
     # Both promoters read the alias state before either writes: the worst case CAS must handle.
     barrier = threading.Barrier(2, timeout=20)
-    original = Registry._read_aliases
+    original = aliases.read_aliases
 
-    def read_then_wait(self, layout):
-        state = original(self, layout)
+    def read_then_wait(layout):
+        state = original(layout)
         barrier.wait()
         return state
 
-    monkeypatch.setattr(Registry, "_read_aliases", read_then_wait)
+    monkeypatch.setattr(aliases, "read_aliases", read_then_wait)
 
     def promote(version: int) -> int | RegistryConflict:
         try:
@@ -79,7 +79,7 @@ def test_racing_promotions_exactly_one_wins(registry_uri, make_adapter, report, 
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(promote, [2, 3]))
-    monkeypatch.setattr(Registry, "_read_aliases", original)
+    monkeypatch.setattr(aliases, "read_aliases", original)
 
     winners = [r for r in results if isinstance(r, int)]
     losers = [r for r in results if isinstance(r, RegistryConflict)]

@@ -7,6 +7,7 @@ hard-linking where possible, so the version is published in one manifest-last pa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -20,6 +21,8 @@ from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.models.lora import lora_rank
 from sdarflow.registry.layout import EVAL_REPORT, LINEAGE, RESERVED_FILES
+
+log = logging.getLogger(__name__)
 
 
 def _link_or_copy(src: str, dst: str) -> str:
@@ -228,3 +231,26 @@ def stage_version(
     shutil.copytree(adapter_dir, staged, copy_function=_link_or_copy)
     (staged / EVAL_REPORT).write_text(json.dumps(dict(report), indent=2, sort_keys=True))
     (staged / LINEAGE).write_text(json.dumps(dict(lineage), indent=2, sort_keys=True, default=str))
+
+
+def checked_base(adapter_dir: Path, adapter_config: Mapping[str, Any], base_model: str | Path | None) -> str:
+    """The base model folder ``adapter_dir`` was checked against (fingerprint and every tensor shape): ``base_model``
+    or, by default, the adapter's ``base_model_name_or_path`` when that is a local folder; "" when there is none to
+    check against (logged). ConfigError when ``base_model`` is given but is not a local HF model folder."""
+    base = str(base_model or adapter_config.get("base_model_name_or_path") or "")
+    if base and (Path(base) / "config.json").is_file():
+        check_against_base(adapter_dir, adapter_config, base)
+    elif base_model:
+        raise ConfigError(
+            f"base model '{base_model}' is not a local HF model folder (no config.json); fix: pass the folder "
+            f"the adapter was trained on"
+        )
+    else:
+        log.warning(
+            "register: adapter %s not checked against its base model (%s is not a local folder); pass the "
+            "base model to check its tensor shapes",
+            adapter_dir,
+            base or "none recorded",
+        )
+        return ""
+    return base

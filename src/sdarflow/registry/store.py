@@ -24,13 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-
 from sdarflow import storage
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.lora import lora_rank
-from sdarflow.registry import cas, gate, intake
+from sdarflow.registry import aliases, cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
     EVAL_REPORT,
@@ -56,20 +53,6 @@ def default_actor() -> str:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _children(uri: str) -> list[str]:
-    """Base names directly under ``uri`` (files and folders); empty when it does not exist."""
-    loc = storage.resolve(uri)
-    try:
-        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
-    except FileNotFoundError:
-        # A folder another writer is creating can vanish between pyarrow's existence check and its listing
-        # (seen with concurrent registers): treat it as empty; version claims stay exclusive regardless.
-        return []
-    except (OSError, pa.ArrowException) as err:
-        raise StorageError(f"cannot list '{loc.uri}': {err}; fix: check the URI and credentials") from err
-    return sorted({info.base_name for info in infos})
 
 
 class Registry:
@@ -106,22 +89,7 @@ class Registry:
         layout = self._layout(name)
         adapter_dir = Path(adapter_dir)
         adapter_config = intake.check_adapter_dir(adapter_dir)
-        base = str(base_model or adapter_config.get("base_model_name_or_path") or "")
-        if base and (Path(base) / "config.json").is_file():
-            intake.check_against_base(adapter_dir, adapter_config, base)
-        elif base_model:
-            raise ConfigError(
-                f"base model '{base_model}' is not a local HF model folder (no config.json); fix: pass the folder "
-                f"the adapter was trained on"
-            )
-        else:
-            log.warning(
-                "register: adapter %s not checked against its base model (%s is not a local folder); pass the "
-                "base model to check its tensor shapes",
-                adapter_dir,
-                base or "none recorded",
-            )
-            base = ""
+        base = intake.checked_base(adapter_dir, adapter_config, base_model)
         report = intake.load_report(eval_report)
         if not isinstance(lineage, Mapping):
             raise ConfigError(
@@ -175,8 +143,8 @@ class Registry:
         )
 
     def _highest(self, layout: Layout) -> int:
-        claimed = [parse_version(Path(n).stem) for n in _children(layout.claims)]
-        published = [parse_version(n) for n in _children(layout.versions)]
+        claimed = [parse_version(Path(n).stem) for n in storage.children(layout.claims)]
+        published = [parse_version(n) for n in storage.children(layout.versions)]
         return max([v for v in claimed + published if v is not None], default=0)
 
     # ------------------------------------------------------------------------------------------------ reading
@@ -184,17 +152,17 @@ class Registry:
     def list_names(self) -> list[str]:
         """Adapter names with at least one claimed version."""
         names = []
-        for child in _children(self.uri):
+        for child in storage.children(self.uri):
             try:
                 layout = self._layout(child)
             except ConfigError:
                 continue  # a foreign file or folder next to the registry's names
-            if _children(layout.claims):
+            if storage.children(layout.claims):
                 names.append(child)
         return names
 
     def _published(self, layout: Layout) -> list[int]:
-        numbers = (parse_version(n) for n in _children(layout.versions))
+        numbers = (parse_version(n) for n in storage.children(layout.versions))
         # Claimed but unpublished versions (in progress, or failed) have no manifest and do not exist yet.
         return sorted(v for v in numbers if v is not None and storage.is_published(layout.version(v)))
 
@@ -260,11 +228,11 @@ class Registry:
 
     def aliases(self, name: str) -> dict[str, int]:
         """Stage -> current version."""
-        state, _ = self._read_aliases(self._layout(name))
+        state, _ = aliases.read_aliases(self._layout(name))
         return {stage: entry["version"] for stage, entry in state["stages"].items() if entry.get("version")}
 
     def alias_history(self, name: str, stage: str = "production") -> list[dict[str, Any]]:
-        state, _ = self._read_aliases(self._layout(name))
+        state, _ = aliases.read_aliases(self._layout(name))
         return list(state["stages"].get(validate_stage(stage), {}).get("history", []))
 
     def list_versions(self, name: str) -> list[dict[str, Any]]:
@@ -323,30 +291,9 @@ class Registry:
     def audit_log(self, name: str) -> list[dict[str, Any]]:
         """Every event for ``name``, oldest first."""
         layout = self._layout(name)
-        return [storage.read_json(storage.join(layout.audit, n)) for n in _children(layout.audit)]
+        return [storage.read_json(storage.join(layout.audit, n)) for n in storage.children(layout.audit)]
 
     # ------------------------------------------------------------------------------------------------ aliases
-
-    def _read_aliases(self, layout: Layout) -> tuple[dict[str, Any], str | None]:
-        """The alias state and its etag (None when no alias was ever set); pass the etag to the CAS write."""
-        data, etag = cas.read_versioned(layout.aliases)
-        if data is None:
-            return {"name": layout.name, "stages": {}}, None
-        try:
-            state = json.loads(data)
-        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested without end
-            raise StorageError(f"'{layout.aliases}' is not valid JSON ({err}); fix: restore it") from err
-        return _checked_alias_state(state, layout.aliases), etag
-
-    def _cas_write(self, layout: Layout, state: dict[str, Any], expected_etag: str | None, what: str) -> None:
-        data = json.dumps(state, indent=2, sort_keys=True).encode()
-        try:
-            cas.cas_write(layout.aliases, data, expected_etag)
-        except RegistryConflict as err:
-            raise RegistryConflict(
-                f"{what} failed: someone else changed the aliases of '{layout.name}' at the same time; "
-                f"fix: check `sdarflow registry list --registry {self.uri} --name {layout.name}` and retry"
-            ) from err
 
     def promote(
         self,
@@ -367,7 +314,7 @@ class Registry:
         number = self.resolve(name, version)
         actor = actor or default_actor()
 
-        state, etag = self._read_aliases(layout)
+        state, etag = aliases.read_aliases(layout)
         entry = state["stages"].get(stage, {"version": None, "history": []})
         current = entry.get("version")
         if current == number:
@@ -376,9 +323,7 @@ class Registry:
 
         gate_result = self._gate(layout, number, current, stage, policy, force, reason)
         event = {"version": number, "action": "promote", "from": current, "gate": gate_result}
-        self._set(
-            layout, state, etag, stage, event, actor, reason, what=f"promoting {name} v{number} to {stage}"
-        )
+        aliases.move(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
         return self._audit(layout, "promote", stage=stage, by=actor, reason=reason, forced=force, **event)
 
     def _gate(
@@ -422,42 +367,17 @@ class Registry:
         layout = self._layout(name)
         validate_stage(stage)
         actor = actor or default_actor()
-        state, etag = self._read_aliases(layout)
+        state, etag = aliases.read_aliases(layout)
         history = state["stages"].get(stage, {}).get("history", [])
-        stack = _alias_stack(history)
+        stack = aliases.alias_stack(history)
         if len(stack) < 2:
             raise RegistryError(
                 f"'{name}' {stage} has no previous version to roll back to (versions so far: {stack or 'none'}); "
                 f"fix: promote a version explicitly with `sdarflow registry promote`"
             )
         event = {"version": stack[-2], "action": "rollback", "from": stack[-1]}
-        self._set(layout, state, etag, stage, event, actor, reason, what=f"rolling back {name} {stage}")
+        aliases.move(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
         return self._audit(layout, "rollback", stage=stage, by=actor, reason=reason, **event)
-
-    def _set(
-        self,
-        layout: Layout,
-        state: dict[str, Any],
-        etag: str | None,
-        stage: str,
-        event: dict[str, Any],
-        actor: str,
-        reason: str,
-        what: str,
-    ) -> None:
-        entry = state["stages"].setdefault(stage, {"version": None, "history": []})
-        entry["history"].append(
-            {**event, "at": _now().isoformat(timespec="seconds"), "by": actor, "reason": reason}
-        )
-        entry["version"] = event["version"]
-        self._cas_write(layout, state, etag, what)
-        log.info(
-            "%s %s: %s -> v%d",
-            layout.name,
-            stage,
-            f"v{event['from']}" if event["from"] else "(none)",
-            event["version"],
-        )
 
     def _audit(self, layout: Layout, event: str, **fields: Any) -> dict[str, Any]:
         now = _now()
@@ -466,46 +386,3 @@ class Registry:
         key = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.json"
         storage.write_json(storage.join(layout.audit, key), record)
         return record
-
-
-def _alias_stack(history: list[dict[str, Any]]) -> list[int]:
-    """Replay history: a promotion pushes its version, a rollback pops one; the top is the current version.
-
-    Popping (not "the previous history entry") makes two rollbacks go back two versions instead of toggling.
-    """
-    stack: list[int] = []
-    for item in history:
-        if item.get("action") == "rollback":
-            if stack:
-                stack.pop()
-        else:
-            stack.append(int(item["version"]))
-    return stack
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _checked_alias_state(state: object, where: str) -> dict[str, Any]:
-    """The alias state when its shape is what the registry writes: ``{"stages": {stage: {"version": N | null,
-    "history": [{"version": N, ...}, ...]}}}``; a version is used to build a path, so it must be a number >= 1.
-    StorageError (one line) for anything else."""
-    fix = "fix: restore it from a backup (the registry's audit log records every change)"
-    if not isinstance(state, dict) or not isinstance(state.setdefault("stages", {}), dict):
-        raise StorageError(f"'{where}' is not an alias state (an object with a 'stages' object); {fix}")
-    for stage, entry in state["stages"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.setdefault("history", []), list):
-            raise StorageError(f"'{where}': stage {stage!r} is not an object with a 'history' list; {fix}")
-        events = entry["history"]
-        if not all(isinstance(e, dict) for e in events):
-            raise StorageError(f"'{where}': stage {stage!r} has a history entry that is not an object; {fix}")
-        # a promotion event carries its version; the current version and a rollback's may be empty
-        named = [(entry.get("version"), True)]
-        named += [(e.get("version"), e.get("action") == "rollback") for e in events]
-        for version, optional in named:
-            if not (_positive(version) or (optional and version is None)):
-                raise StorageError(
-                    f"'{where}': stage {stage!r} names version {version!r}, not a number >= 1; {fix}"
-                )
-    return state

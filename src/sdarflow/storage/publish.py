@@ -1,28 +1,21 @@
-"""Storage URIs (plain path, ``file://``, ``s3://``) through ``pyarrow.fs``, and atomic publish of datasets.
-
-Every artifact sdarflow writes (a Parquet dataset, a skill library, an adapter, a report) is a *folder* whose
-``_manifest.json`` is written last: a folder without a manifest does not exist for readers, and readers read only
-the files the manifest lists. A failed write removes what it wrote, so nothing half-published is left behind.
-Replacing a published artifact (``--overwrite``) writes the new files beside the old ones, in a generation
-folder the new manifest names as its ``prefix``; the manifest swap is the commit, so an interrupted overwrite
-leaves the old artifact readable. S3 endpoints come from ``AWS_ENDPOINT_URL`` and credentials from the standard
-AWS environment variables (never from configs).
+"""Atomic publish of artifacts. Every artifact sdarflow writes (a Parquet dataset, a skill library, an adapter, a
+report) is a *folder* whose ``_manifest.json`` is written last: a folder without a manifest does not exist for
+readers, and readers read only the files the manifest lists. A failed write removes what it wrote, so nothing
+half-published is left behind. Replacing a published artifact (``--overwrite``) writes the new files beside the old
+ones, in a generation folder the new manifest names as its ``prefix``; the manifest swap is the commit, so an
+interrupted overwrite leaves the old artifact readable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
-import json
 import logging
-import os
 import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -31,186 +24,30 @@ import pyarrow.parquet as pq
 from sdarflow import __version__
 from sdarflow.errors import SchemaError, StorageError
 from sdarflow.schema import fingerprint, validate
+from sdarflow.storage.files import (
+    Location,
+    confined,
+    delete_tree,
+    exists,
+    inside,
+    join,
+    parse_json,
+    reachable,
+    read_bytes,
+    read_json,
+    resolve,
+    sha256,
+    write_bytes,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
-# The Kubernetes Secret (k8s/base) whose AWS_* keys pods, jobs and servers get as environment variables.
-S3_SECRET = "sdarflow-s3"
-
-
-@dataclass(frozen=True)
-class Location:
-    """A resolved URI: the filesystem and the path inside it."""
-
-    fs: pafs.FileSystem
-    path: str
-    uri: str
-
-
-def _s3_filesystem(uri: str) -> pafs.S3FileSystem:
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
-    kwargs: dict = {
-        "connect_timeout": 5,
-        "request_timeout": 30,
-        # Few retries: an unreachable endpoint should fail in seconds with a clear message, not minutes.
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=2),
-        "region": os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
-    }
-    if endpoint:
-        parsed = urlparse(endpoint)
-        kwargs["endpoint_override"] = parsed.netloc or parsed.path
-        kwargs["scheme"] = parsed.scheme or "https"
-    return pafs.S3FileSystem(**kwargs)
-
-
-def resolve(uri: str) -> Location:
-    """Map a URI to (filesystem, path). Plain paths and ``file://`` are local; ``s3://bucket/key`` is S3."""
-    uri = str(uri)
-    if uri.startswith("s3://"):
-        path = uri[len("s3://") :].rstrip("/")
-        if not path or len(path.split("/")[0]) < 3:
-            raise StorageError(f"bad S3 URI '{uri}': expected s3://<bucket (3+ chars)>/<prefix>")
-        return Location(_s3_filesystem(uri), path, "s3://" + path)
-    if "://" in uri and not uri.startswith("file://"):
-        raise StorageError(f"unsupported URI scheme in '{uri}': use a local path, file:// or s3://")
-    local = Path(uri.removeprefix("file://")).expanduser().absolute()
-    return Location(pafs.LocalFileSystem(), str(local), str(local))
-
-
-def join(uri: str, *parts: str) -> str:
-    return "/".join([str(uri).rstrip("/"), *[p.strip("/") for p in parts]])
-
-
-def confined(rel: object, what: str) -> str:
-    """A relative path read from data (a manifest entry, a skill file name) checked before any use: a non-empty
-    POSIX path that stays inside its folder. StorageError naming ``what`` for anything else: an absolute path, a
-    drive, a ``..`` or ``.`` or empty part, a backslash or a NUL."""
-    if not isinstance(rel, str) or not rel:
-        raise StorageError(f"{what}: path {rel!r} is not a file name; fix: a relative path inside the folder")
-    parts = rel.split("/")
-    if (
-        rel.startswith("/")
-        or "\\" in rel
-        or "\0" in rel
-        or parts[0][1:2] == ":"
-        or any(p in ("", ".", "..") for p in parts)
-    ):
-        raise StorageError(
-            f"{what}: path {rel!r} leaves its folder (absolute, a drive, '..' or an empty part); "
-            f"fix: a relative path inside the folder"
-        )
-    return rel
-
-
-def inside(root: str | Path, rel: object, what: str) -> Path:
-    """``root / rel`` on local disk once ``rel`` is ``confined`` and does not resolve out of ``root`` through a
-    symlink."""
-    rel = confined(rel, what)
-    try:
-        base = Path(root).resolve()
-        escapes = not (base / rel).resolve().is_relative_to(base)
-    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop
-        raise StorageError(
-            f"{what}: {rel!r} cannot be resolved ({err}); fix: replace the links with files"
-        ) from err
-    target = base / rel
-    if escapes:
-        raise StorageError(
-            f"{what}: {rel!r} resolves outside {base} through a symlink; fix: replace the link with the file"
-        )
-    return target
-
-
-@contextlib.contextmanager
-def _reachable(loc: Location, action: str) -> Iterator[None]:
-    """Turn low-level I/O errors into one StorageError line that names the URI and the fix."""
-    try:
-        yield
-    except (SchemaError, StorageError):
-        raise
-    except (OSError, pa.ArrowException) as err:
-        hint = "check the path and permissions"
-        if loc.uri.startswith("s3://"):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL", "<AWS default>")
-            hint = (
-                f"check AWS_ENDPOINT_URL ({endpoint}), the bucket and the AWS credentials in the environment"
-            )
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise StorageError(f"cannot {action} '{loc.uri}': {first}; fix: {hint}") from err
-
-
-def exists(uri: str) -> bool:
-    loc = resolve(uri)
-    with _reachable(loc, "read"):
-        return loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound
 
 
 def is_published(uri: str) -> bool:
     return exists(join(uri, MANIFEST))
-
-
-def read_bytes(uri: str) -> bytes:
-    loc = resolve(uri)
-    with _reachable(loc, "read"):
-        if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
-            raise StorageError(
-                f"'{loc.uri}' does not exist; fix: check the URI or run the stage that writes it"
-            )
-        with loc.fs.open_input_stream(loc.path) as f:
-            return f.read()
-
-
-def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole object: readers see the old one or the new one, never a part (an S3 PUT is atomic; a local
-    file is written beside its name and renamed into place)."""
-    loc = resolve(uri)
-    with _reachable(loc, "write"):
-        parent = loc.path.rsplit("/", 1)[0]
-        loc.fs.create_dir(parent, recursive=True)
-        local = isinstance(loc.fs, pafs.LocalFileSystem)
-        target = f"{parent}/.{loc.path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}.tmp" if local else loc.path
-        with loc.fs.open_output_stream(target) as f:
-            f.write(data)
-        if local:
-            os.replace(target, loc.path)
-
-
-def read_json(uri: str) -> dict:
-    return _parse_json(read_bytes(uri), uri)
-
-
-def _parse_json(raw: bytes, uri: str) -> dict:
-    try:
-        return json.loads(raw)
-    except RecursionError as err:
-        raise StorageError(
-            f"'{uri}' is nested too deeply to be a file sdarflow wrote; fix: regenerate it"
-        ) from err
-    except json.JSONDecodeError as err:
-        raise StorageError(
-            f"'{uri}' is not valid JSON ({err.msg} at line {err.lineno}); fix: regenerate it"
-        ) from err
-    except UnicodeDecodeError as err:
-        raise StorageError(f"'{uri}' is not UTF-8 text ({err.reason}); fix: regenerate it") from err
-
-
-def write_json(uri: str, obj: dict) -> None:
-    write_bytes(uri, json.dumps(obj, indent=2, sort_keys=True).encode())
-
-
-def delete_tree(uri: str) -> None:
-    loc = resolve(uri)
-    with _reachable(loc, "delete"):
-        if loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound:
-            loc.fs.delete_dir(loc.path)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------------- publishing
 
 
 GENERATION = "_gen-"
@@ -273,7 +110,7 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
     present = _children(loc)
     beside = old is not None or bool(present)
     target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if beside else "")
-    with _reachable(loc, "delete"):  # generations an interrupted overwrite left (no manifest names them)
+    with reachable(loc, "delete"):  # generations an interrupted overwrite left (no manifest names them)
         for info in present:
             if info.base_name.startswith(GENERATION) and info.base_name != (old or {}).get("prefix", ""):
                 loc.fs.delete_dir(info.path)
@@ -292,7 +129,7 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
 
 def _children(loc: Location) -> list[pafs.FileInfo]:
     """What is directly inside the folder (nothing when it does not exist)."""
-    with _reachable(loc, "list"):
+    with reachable(loc, "list"):
         if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
             return []
         return loc.fs.get_file_info(pafs.FileSelector(loc.path))
@@ -300,7 +137,7 @@ def _children(loc: Location) -> list[pafs.FileInfo]:
 
 def _remove_replaced(loc: Location, old: dict) -> None:
     """The files a replaced manifest listed, and its generation folder."""
-    with _reachable(loc, "delete"):
+    with reachable(loc, "delete"):
         if old.get("prefix"):
             loc.fs.delete_dir(f"{loc.path}/{old['prefix']}")
             return
@@ -395,7 +232,7 @@ def write_table(
     table = validate(table, schema, f"output {uri}")
     with publishing(uri, overwrite) as target:
         loc = resolve(target.file(""))
-        with _reachable(loc, "write"):
+        with reachable(loc, "write"):
             loc.fs.create_dir(loc.path, recursive=True)
             files = []
             n_parts = max(1, -(-table.num_rows // rows_per_part))
@@ -425,7 +262,7 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
     for uri in uris:
         manifest = read_manifest(uri, kind)
         loc = resolve(uri)
-        with _reachable(loc, "read"):
+        with reachable(loc, "read"):
             parts = []
             for entry in manifest["files"]:
                 path = _member_location(loc, manifest, entry["path"], "dataset")
@@ -460,7 +297,7 @@ def _check_counts(manifest: dict, table: pa.Table, schema: pa.Schema, uri: str) 
 
 def _write_file(target: Target, rel: str, data: bytes) -> dict:
     write_bytes(target.file(confined(rel, f"publish {target.uri}")), data)
-    return {"path": rel, "bytes": len(data), "sha256": _sha256(data)}
+    return {"path": rel, "bytes": len(data), "sha256": sha256(data)}
 
 
 def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
@@ -493,7 +330,7 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
         out = inside(target, entry["path"], f"{kind} {loc.uri}")
         data = _read_location(loc, _member_location(loc, manifest, entry["path"], kind))
         _verify(entry, data, loc.uri)
-        with _reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
+        with reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
     return target
@@ -518,13 +355,13 @@ def _read_location(loc: Location, path: str) -> bytes:
 
 
 def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
-    return _parse_json(read_member(uri, name, kind), join(uri, name))
+    return parse_json(read_member(uri, name, kind), join(uri, name))
 
 
 def _verify(entry: dict, data: bytes, uri: str) -> None:
     """A file of a published folder (adapter, library, report) against its manifest entry; every such entry
     carries its sha256 (``publish_dir`` writes it), so an entry without one is refused too."""
-    if entry.get("bytes", len(data)) != len(data) or _sha256(data) != entry.get("sha256"):
+    if entry.get("bytes", len(data)) != len(data) or sha256(data) != entry.get("sha256"):
         raise StorageError(
             f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
             f"fix: republish the artifact from its source"
