@@ -122,7 +122,8 @@ def demo_trajectories():
 
 def demo_round(settings: dict) -> dict[str, float]:
     """Round 0 of the training pipeline with every stage called directly in this process: seconds per stage."""
-    from sdarflow.pipeline_config import PipelineConfig, prepare, run_stage
+    from sdarflow.kfp_runtime import run_stage
+    from sdarflow.pipeline_config import PipelineConfig, prepare
 
     seconds: dict[str, float] = {}
 

@@ -17,7 +17,7 @@ def evaluate(
     summary: Output[Markdown],
     evaluation: Output[Artifact],
 ) -> str:
-    from sdarflow.pipeline_config import artifact_uri, run_component
+    from sdarflow.kfp_runtime import artifact_uri, run_component
 
     return run_component(
         "evaluate",

@@ -20,7 +20,7 @@ def extract_skills(
 ) -> str:
     """``previous`` is the last round's library (``previous_uri``: the run's seed skills, in round 0);
     ``rescored`` the last round's teacher gaps (for ucb retrieval), absent in round 0."""
-    from sdarflow.pipeline_config import artifact_uri, run_component
+    from sdarflow.kfp_runtime import artifact_uri, run_component
 
     return run_component(
         "extract-skills",

@@ -18,7 +18,7 @@ def generate(
 ) -> str:
     """``adapter`` is the previous round's trained adapter; inside the sharded fan-out it arrives as
     ``adapter_uri`` (a sub-pipeline's input); neither in round 0 (the run's start adapter, or a new LoRA)."""
-    from sdarflow.pipeline_config import artifact_uri, run_component
+    from sdarflow.kfp_runtime import artifact_uri, run_component
 
     return run_component(
         "generate",

@@ -23,7 +23,7 @@ def promote(
     kfp_run_id: str,
     summary: Output[Markdown],
 ) -> str:
-    from sdarflow.pipeline_config import kfp_actor, run_promotion
+    from sdarflow.kfp_runtime import kfp_actor, run_promotion
 
     return run_promotion(
         registry,

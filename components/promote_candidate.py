@@ -9,7 +9,7 @@ from components import IMAGE
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def promote_candidate(config_uri: str, registered: str, kfp_run_id: str, summary: Output[Markdown]) -> str:
-    from sdarflow.pipeline_config import kfp_actor
-    from sdarflow.pipeline_config import promote_candidate as run
+    from sdarflow.kfp_runtime import kfp_actor
+    from sdarflow.kfp_runtime import promote_candidate as run
 
     return run(config_uri, registered, actor=kfp_actor(kfp_run_id), markdown=summary)

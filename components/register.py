@@ -18,7 +18,7 @@ def register(
     kfp_run_id: str,
     trajectories: Input[Dataset] = None,
 ) -> str:
-    from sdarflow.pipeline_config import artifact_uri, kfp_actor, run_component
+    from sdarflow.kfp_runtime import artifact_uri, kfp_actor, run_component
 
     return run_component(
         "register",

@@ -19,7 +19,7 @@ def rescore(
     trajectories: Input[Dataset] = None,
     adapter: Input[Model] = None,
 ) -> str:
-    from sdarflow.pipeline_config import artifact_uri, run_component
+    from sdarflow.kfp_runtime import artifact_uri, run_component
 
     return run_component(
         "rescore",

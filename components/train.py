@@ -18,7 +18,7 @@ def train(
     adapter: Input[Model] = None,
 ) -> str:
     """``adapter`` is the one this round continues from (the previous round's; none in round 0)."""
-    from sdarflow.pipeline_config import artifact_uri, run_component
+    from sdarflow.kfp_runtime import artifact_uri, run_component
 
     return run_component(
         "train",

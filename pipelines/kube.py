@@ -59,7 +59,7 @@ DEFAULT_TIMEOUT_S = {
     "register": 3600,
     "promote": 600,
 }
-# Stages that copy an s3:// base model to $SDARFLOW_CACHE (pipeline_config.local_model).
+# Stages that copy an s3:// base model to $SDARFLOW_CACHE (model_cache.local_model).
 MODEL_CACHE_STAGES = ("generate", "rescore", "train", "evaluate", "register")
 MODEL_CACHE_PATH = "/var/cache/sdarflow"
 TASKS = tuple(DEFAULT_CPU)

@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"teacher", "train", "evaluate"},
     {"registry"},
     {"stages"},
-    {"sizes", "pipeline_config", "plan", "study", "study_report"},
+    {"sizes", "model_cache", "pipeline_config", "kfp_runtime", "plan", "study", "study_report"},
     {"components"},
     {"pipelines"},
     {"demo", "cli"},

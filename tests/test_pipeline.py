@@ -254,7 +254,8 @@ def test_start_adapter_without_a_production_version_starts_fresh(tmp_path):
 
 
 def test_promote_candidate_reports_a_refusal_without_failing(registry_with_production, tmp_path):
-    from sdarflow.pipeline_config import prepare, promote_candidate
+    from sdarflow.kfp_runtime import promote_candidate
+    from sdarflow.pipeline_config import prepare
 
     registry = registry_with_production
     uri = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="production"))
@@ -267,13 +268,29 @@ def test_promote_candidate_reports_a_refusal_without_failing(registry_with_produ
     assert promote_candidate(skipped, f"{version_uri}/2").startswith("not promoted")
 
 
+def test_promote_candidate_reads_the_version_from_the_manifest_not_the_uri(registry_with_production, tmp_path):
+    from sdarflow.errors import StorageError
+    from sdarflow.kfp_runtime import promote_candidate
+    from sdarflow.pipeline_config import prepare
+
+    registry = registry_with_production
+    uri = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="production"))
+    made = tmp_path / "made"
+    made.mkdir()
+    adapter = tmp_path / "adapter"  # a published artifact, but no registry version, whatever its name says
+    storage.publish_dir(made, str(adapter / "3"), kind="adapter")
+    with pytest.raises(StorageError, match="holds a 'adapter' artifact, expected 'sdarflow-adapter-version'"):
+        promote_candidate(uri, str(adapter / "3"), actor="test")
+    assert registry.aliases("sdar-policy")["production"] == 1
+
+
 class _Artifact:
     def __init__(self, path):
         self.path = str(path)
 
 
 def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
-    from sdarflow.pipeline_config import _write_report
+    from sdarflow.kfp_runtime import _write_report
 
     made = tmp_path / "made"
     made.mkdir()
@@ -291,7 +308,7 @@ def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
 def test_base_model_on_s3_is_copied_once(tmp_path, s3_root, monkeypatch):
     import pyarrow.fs as pafs
 
-    from sdarflow.pipeline_config import local_model
+    from sdarflow.model_cache import local_model
 
     monkeypatch.setenv("SDARFLOW_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "model"

@@ -4,12 +4,10 @@ on the embedded defaults, and write ``summary.json`` with the last round's outpu
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import logging
 import sys
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +97,7 @@ def run_demo(
     import kfp.local
 
     from pipelines.training import build_training_pipeline
+    from sdarflow.pipeline_config import new_run_id
 
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -110,7 +109,7 @@ def run_demo(
         else build_base_model(out / "base-model", sizes["model"], time_limit_s=sizes["sft_time_limit_s"])
     )
     storage_root = storage_root or str(out / "store")
-    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    run_id = new_run_id()
     seed_skills = base / SEED_SKILLS
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 

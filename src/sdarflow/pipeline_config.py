@@ -2,21 +2,15 @@
 as YAML next to the run's data; each stage task then reads its own stage config from it.
 
 Components pass only ``config_uri``, the round and upstream URIs, never twenty parameters. Output URIs follow the
-data layout ``<storage>/runs/<run_id>/round=<r>/<stage>`` (``.../generate/shard=<i>`` when generate is sharded).
-This module also holds what the thin KFP components call: ``run_component`` for a stage, and the registry
-promotion steps (``run_promotion`` for the promotion pipeline, ``promote_candidate`` after the last round).
+data layout ``<storage>/runs/<run_id>/round=<r>/<stage>`` (``.../generate/shard=<i>`` when generate is sharded).What the thin KFP components call is in :mod:`sdarflow.kfp_runtime`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import json
 import logging
-import os
 import re
-import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -25,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from sdarflow import progress, storage
+from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE
@@ -38,9 +32,6 @@ PROMOTE_TO = ("", "staging", "production")
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = (*RELEASE_STAGES, "latest")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-# Stages that read the base model's weights (and so need a remote base model copied to local disk first):
-# register reads the safetensors headers and fingerprint to check the adapter fits the base.
-_LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
 
 
 @dataclass
@@ -187,12 +178,17 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     return cls.from_dict(values)
 
 
+def new_run_id() -> str:
+    """A run id that sorts by start time and is unique across concurrent starts: UTC time + random suffix."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
 def prepare(pc: PipelineConfig) -> str:
     """Validate every stage's config up front, fill in defaults, and store the pipeline config; return its URI."""
     if not pc.storage or not pc.base_model:
         raise ConfigError("pipeline: storage and base_model are required")
     if not pc.run_id:
-        pc.run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        pc.run_id = new_run_id()
     if not pc.registry:
         pc.registry = storage.join(pc.storage, "registry")
     for stage in STAGES:
@@ -244,190 +240,3 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
 
 def load(config_uri: str) -> PipelineConfig:
     return PipelineConfig.from_dict(yaml.safe_load(storage.read_bytes(config_uri)))
-
-
-def local_model(uri: str) -> str:
-    """A base model on object storage copied once to local disk (``$SDARFLOW_CACHE/models``); paths pass."""
-    if not uri.startswith("s3://"):
-        return uri
-    import pyarrow.fs as pafs
-
-    cache = Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow") / "models"
-    target = cache / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    if (target / "config.json").is_file():
-        return str(target)
-    loc = storage.resolve(uri)
-    if loc.fs.get_file_info(storage.join(loc.path, "config.json")).type == pafs.FileType.NotFound:
-        raise ConfigError(f"base_model '{uri}' has no config.json; fix: upload the HF model folder there")
-    cache.mkdir(parents=True, exist_ok=True)
-    # Copy to a temp folder, then rename: a pod killed mid-download never leaves a half model behind.
-    partial = Path(tempfile.mkdtemp(prefix="partial-", dir=cache))
-    pafs.copy_files(
-        loc.path, str(partial), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem()
-    )
-    try:
-        partial.rename(target)
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-        shutil.rmtree(partial)  # a concurrent task on this node finished the same copy first
-    log.info("base model %s -> %s", uri, target)
-    return str(target)
-
-
-def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
-    """Load the pipeline config, build the stage config, run the stage."""
-    return STAGES.get(stage).run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
-
-
-def with_local_model(cfg: StageConfig) -> StageConfig:
-    """``cfg`` with an ``s3://`` base model copied to local disk first, for the stages that read its weights (the
-    KFP components and the CLI alike: every TrainJob rank fetches its own copy)."""
-    if cfg.stage in _LOADS_MODEL and getattr(cfg, "model", ""):
-        cfg.model = local_model(cfg.model)
-    return cfg
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    progress.quiet_library_bars()
-
-
-def _write_report(artifact, uri: str, name: str, stage: str) -> None:
-    """Copy the published file ``name`` of ``uri`` into a KFP UI artifact; a stage that publishes none gets a
-    placeholder, because the KFP launcher fails a task whose declared output artifact file is missing."""
-    if any(entry["path"] == name for entry in storage.members(storage.read_manifest(uri))):
-        data = storage.read_member(uri, name)
-    else:
-        log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
-        note = f"{stage} published no {name} in {uri}"
-        data = (f"<p>{note}</p>" if name.endswith(".html") else f"_{note}_\n").encode()
-    with open(artifact.path, "wb") as f:
-        f.write(data)
-
-
-def kfp_actor(run_id: str) -> str:
-    """Who acts in the registry's audit log for a pipeline run. The run id reaches a component as a parameter
-    whose whole value is KFP's placeholder: KFP resolves a placeholder only when it is the whole value."""
-    return f"kfp-run:{run_id}"
-
-
-def artifact_uri(artifact) -> str:
-    """The data URI a typed KFP input artifact points at ("" when the optional input was not given)."""
-    return "" if artifact is None else str(artifact.metadata.get("uri", ""))
-
-
-def _point(artifact, uri: str) -> None:
-    """Make a typed KFP output artifact point at the published output ``uri``: its metadata holds the URI and
-    what the manifest says (kind, rows, config hash), its file a copy of the manifest. The data stays where it is
-    (an artifact whose URI were the dataset's prefix would be downloaded whole into every consuming pod); the UI
-    shows the artifact, its metadata and the lineage from producer to consumers."""
-    manifest = storage.read_manifest(uri)
-    artifact.metadata.update(
-        {"uri": uri, **{k: manifest[k] for k in ("kind", "rows", "config_hash") if k in manifest}}
-    )
-    with open(artifact.path, "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-
-
-def run_component(
-    stage: str,
-    config_uri: str,
-    round_: int,
-    *,
-    metrics=None,
-    html=None,
-    markdown=None,
-    output=None,
-    actor: str | None = None,
-    **io: Any,
-) -> str:
-    """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
-    HTML/Markdown report into the UI artifacts, point the typed ``output`` artifact (Dataset, Model) at what it
-    published, and return the output URI for downstream tasks. ``actor`` is who the registry's audit log names
-    (``SDARFLOW_ACTOR``)."""
-    setup_logging()
-    if actor:
-        os.environ["SDARFLOW_ACTOR"] = actor
-    result = run_stage(stage, config_uri, round_, **io)
-    if output is not None:
-        _point(output, str(result["uri"]))
-    if metrics is not None:
-        for key, value in sorted(result.get("metrics", {}).items()):
-            metrics.log_metric(key.replace("/", "_"), float(value))
-    for artifact, name in ((html, "report.html"), (markdown, "report.md")):
-        if artifact is not None:
-            _write_report(artifact, str(result["uri"]), name, stage)
-    return str(result["uri"])
-
-
-def run_promotion(
-    registry: str,
-    name: str,
-    version: str,
-    stage: str = "production",
-    *,
-    force: bool = False,
-    reason: str = "",
-    min_gain: float = GATE.min_gain,
-    passk_tolerance: float = GATE.passk_tolerance,
-    ood_tolerance: float = GATE.ood_tolerance,
-    actor: str | None = None,
-    markdown=None,
-) -> str:
-    """The promotion pipeline's step: ``Registry.promote`` through the gate. A refusal raises GateRefused (the
-    task fails with the gate's message); returns one summary line, also written to the Markdown artifact."""
-    from sdarflow.registry import GatePolicy, Registry
-
-    setup_logging()
-    policy = GatePolicy(min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance)
-    event = Registry(registry).promote(
-        name, version, stage=stage, policy=policy, force=force, reason=reason, actor=actor
-    )
-    line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
-    _write_markdown(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
-    log.info("promotion: %s", line)
-    return line
-
-
-def promote_candidate(config_uri: str, registered: str, actor: str | None = None, markdown=None) -> str:
-    """After the last round: promote its registered version to production when the run asked for it
-    (``promote_to=production``). A gate refusal is an expected outcome of retraining, so it is reported in the
-    result and the UI, and the run still succeeds; production is left as it was."""
-    from sdarflow.registry import GateRefused
-
-    setup_logging()
-    pc = load(config_uri)
-    if pc.promote_to != "production":
-        line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"
-        _write_markdown(markdown, line + "\n")
-        return line
-    version = registered.rstrip("/").rsplit("/", 1)[-1]
-    if not (version.isascii() and version.isdigit()):
-        raise ConfigError(
-            f"registered version URI '{registered}' does not end in a version number; "
-            f"fix: pass the register task's output"
-        )
-    try:
-        return run_promotion(
-            pc.registry,
-            pc.policy_name,
-            version,
-            force=False,
-            min_gain=pc.gate_min_gain,
-            passk_tolerance=pc.gate_passk_tolerance,
-            ood_tolerance=pc.gate_ood_tolerance,
-            actor=actor,
-            markdown=markdown,
-        )
-    except GateRefused as err:
-        log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)
-        line = f"refused: {err}"
-        _write_markdown(markdown, f"**{pc.policy_name} v{version} not promoted**\n\n{err}\n")
-        return line
-
-
-def _write_markdown(artifact, text: str) -> None:
-    if artifact is not None:
-        with open(artifact.path, "w") as f:
-            f.write(text)

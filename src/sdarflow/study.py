@@ -295,7 +295,7 @@ def run_study(s: StudySettings) -> dict:
 
 def local_base(s: StudySettings) -> str:
     """The base model on local disk (an s3:// base is copied once per machine)."""
-    from sdarflow.pipeline_config import local_model
+    from sdarflow.model_cache import local_model
 
     return local_model(s.base_model)
 
@@ -343,7 +343,7 @@ def run_step(
     ``check`` (validate, store ``study_settings.json`` in ``out``, return its URI), ``base`` (evaluate the base
     model), ``cell`` (one method and seed) or ``report``; the same functions ``sdarflow study`` runs. ``base`` and
     ``cell`` return the cell's folder, ``report`` the study.json URI and fills the KFP UI artifacts."""
-    from sdarflow.pipeline_config import setup_logging
+    from sdarflow.kfp_runtime import setup_logging
 
     setup_logging()
     if isinstance(settings, str):

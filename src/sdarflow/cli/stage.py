@@ -47,7 +47,7 @@ def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
         overrides = {
             k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
         }
-        from sdarflow.pipeline_config import with_local_model
+        from sdarflow.model_cache import with_local_model
 
         result = module.run(with_local_model(config_cls.load(args.config, **overrides)))
         emit(result)

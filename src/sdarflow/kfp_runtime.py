@@ -1,0 +1,171 @@
+"""What the thin KFP components call: ``run_component`` runs a stage and fills its typed UI artifacts (Metrics,
+HTML, Markdown, Dataset/Model pointing at the published output); ``run_promotion`` is the promotion pipeline's step
+and ``promote_candidate`` the training pipeline's last one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from sdarflow import progress, storage
+from sdarflow.errors import ConfigError
+from sdarflow.model_cache import with_local_model
+from sdarflow.pipeline_config import load, stage_config
+from sdarflow.registry.gate import GATE
+from sdarflow.registry.layout import VERSION_KIND
+from sdarflow.stages import STAGES
+
+log = logging.getLogger(__name__)
+
+
+def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
+    """Load the pipeline config, build the stage config, run the stage."""
+    return STAGES.get(stage).run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    progress.quiet_library_bars()
+
+
+def _write_report(artifact, uri: str, name: str, stage: str) -> None:
+    """Copy the published file ``name`` of ``uri`` into a KFP UI artifact; a stage that publishes none gets a
+    placeholder, because the KFP launcher fails a task whose declared output artifact file is missing."""
+    if any(entry["path"] == name for entry in storage.members(storage.read_manifest(uri))):
+        data = storage.read_member(uri, name)
+    else:
+        log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
+        note = f"{stage} published no {name} in {uri}"
+        data = (f"<p>{note}</p>" if name.endswith(".html") else f"_{note}_\n").encode()
+    with open(artifact.path, "wb") as f:
+        f.write(data)
+
+
+def kfp_actor(run_id: str) -> str:
+    """Who acts in the registry's audit log for a pipeline run. The run id reaches a component as a parameter
+    whose whole value is KFP's placeholder: KFP resolves a placeholder only when it is the whole value."""
+    return f"kfp-run:{run_id}"
+
+
+def artifact_uri(artifact) -> str:
+    """The data URI a typed KFP input artifact points at ("" when the optional input was not given)."""
+    return "" if artifact is None else str(artifact.metadata.get("uri", ""))
+
+
+def _point(artifact, uri: str) -> None:
+    """Make a typed KFP output artifact point at the published output ``uri``: its metadata holds the URI and
+    what the manifest says (kind, rows, config hash), its file a copy of the manifest. The data stays where it is
+    (an artifact whose URI were the dataset's prefix would be downloaded whole into every consuming pod); the UI
+    shows the artifact, its metadata and the lineage from producer to consumers."""
+    manifest = storage.read_manifest(uri)
+    artifact.metadata.update(
+        {"uri": uri, **{k: manifest[k] for k in ("kind", "rows", "config_hash") if k in manifest}}
+    )
+    with open(artifact.path, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+
+
+def run_component(
+    stage: str,
+    config_uri: str,
+    round_: int,
+    *,
+    metrics=None,
+    html=None,
+    markdown=None,
+    output=None,
+    actor: str | None = None,
+    **io: Any,
+) -> str:
+    """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
+    HTML/Markdown report into the UI artifacts, point the typed ``output`` artifact (Dataset, Model) at what it
+    published, and return the output URI for downstream tasks. ``actor`` is who the registry's audit log names
+    (``SDARFLOW_ACTOR``)."""
+    setup_logging()
+    if actor:
+        os.environ["SDARFLOW_ACTOR"] = actor
+    result = run_stage(stage, config_uri, round_, **io)
+    if output is not None:
+        _point(output, str(result["uri"]))
+    if metrics is not None:
+        for key, value in sorted(result.get("metrics", {}).items()):
+            metrics.log_metric(key.replace("/", "_"), float(value))
+    for artifact, name in ((html, "report.html"), (markdown, "report.md")):
+        if artifact is not None:
+            _write_report(artifact, str(result["uri"]), name, stage)
+    return str(result["uri"])
+
+
+def run_promotion(
+    registry: str,
+    name: str,
+    version: str,
+    stage: str = "production",
+    *,
+    force: bool = False,
+    reason: str = "",
+    min_gain: float = GATE.min_gain,
+    passk_tolerance: float = GATE.passk_tolerance,
+    ood_tolerance: float = GATE.ood_tolerance,
+    actor: str | None = None,
+    markdown=None,
+) -> str:
+    """The promotion pipeline's step: ``Registry.promote`` through the gate. A refusal raises GateRefused (the
+    task fails with the gate's message); returns one summary line, also written to the Markdown artifact."""
+    from sdarflow.registry import GatePolicy, Registry
+
+    setup_logging()
+    policy = GatePolicy(min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance)
+    event = Registry(registry).promote(
+        name, version, stage=stage, policy=policy, force=force, reason=reason, actor=actor
+    )
+    line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
+    _write_markdown(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
+    log.info("promotion: %s", line)
+    return line
+
+
+def promote_candidate(config_uri: str, registered: str, actor: str | None = None, markdown=None) -> str:
+    """After the last round: promote its registered version to production when the run asked for it
+    (``promote_to=production``). A gate refusal is an expected outcome of retraining, so it is reported in the
+    result and the UI, and the run still succeeds; production is left as it was."""
+    from sdarflow.registry import GateRefused
+
+    setup_logging()
+    pc = load(config_uri)
+    if pc.promote_to != "production":
+        line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"
+        _write_markdown(markdown, line + "\n")
+        return line
+    # the version folder's manifest records its number (registry.store.Registry.register)
+    version = storage.read_manifest(registered, kind=VERSION_KIND).get("version")
+    if not (isinstance(version, int) and version >= 1):
+        raise ConfigError(
+            f"'{registered}' is not a registry version (its manifest names no version number); "
+            f"fix: pass the register task's output"
+        )
+    try:
+        return run_promotion(
+            pc.registry,
+            pc.policy_name,
+            str(version),
+            force=False,
+            min_gain=pc.gate_min_gain,
+            passk_tolerance=pc.gate_passk_tolerance,
+            ood_tolerance=pc.gate_ood_tolerance,
+            actor=actor,
+            markdown=markdown,
+        )
+    except GateRefused as err:
+        log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)
+        line = f"refused: {err}"
+        _write_markdown(markdown, f"**{pc.policy_name} v{version} not promoted**\n\n{err}\n")
+        return line
+
+
+def _write_markdown(artifact, text: str) -> None:
+    if artifact is not None:
+        with open(artifact.path, "w") as f:
+            f.write(text)

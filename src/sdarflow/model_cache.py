@@ -1,0 +1,57 @@
+"""A base model on object storage, copied once per node to local disk for the stages that read its weights."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from sdarflow import storage
+from sdarflow.config import StageConfig
+from sdarflow.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Stages that read the base model's weights (and so need a remote base model copied to local disk first):
+# register reads the safetensors headers and fingerprint to check the adapter fits the base.
+LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
+
+
+def local_model(uri: str) -> str:
+    """A base model on object storage copied once to local disk (``$SDARFLOW_CACHE/models``); paths pass."""
+    if not uri.startswith("s3://"):
+        return uri
+    import pyarrow.fs as pafs
+
+    cache = Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow") / "models"
+    target = cache / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if (target / "config.json").is_file():
+        return str(target)
+    loc = storage.resolve(uri)
+    if loc.fs.get_file_info(storage.join(loc.path, "config.json")).type == pafs.FileType.NotFound:
+        raise ConfigError(f"base_model '{uri}' has no config.json; fix: upload the HF model folder there")
+    cache.mkdir(parents=True, exist_ok=True)
+    # Copy to a temp folder, then rename: a pod killed mid-download never leaves a half model behind.
+    partial = Path(tempfile.mkdtemp(prefix="partial-", dir=cache))
+    pafs.copy_files(
+        loc.path, str(partial), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem()
+    )
+    try:
+        partial.rename(target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(partial)  # a concurrent task on this node finished the same copy first
+    log.info("base model %s -> %s", uri, target)
+    return str(target)
+
+
+def with_local_model(cfg: StageConfig) -> StageConfig:
+    """``cfg`` with an ``s3://`` base model copied to local disk first, for the stages that read its weights (the
+    KFP components and the CLI alike: every TrainJob rank fetches its own copy)."""
+    if cfg.stage in LOADS_MODEL and getattr(cfg, "model", ""):
+        cfg.model = local_model(cfg.model)
+    return cfg
