@@ -268,7 +268,9 @@ def test_promote_candidate_reports_a_refusal_without_failing(registry_with_produ
     assert promote_candidate(skipped, f"{version_uri}/2").startswith("not promoted")
 
 
-def test_promote_candidate_reads_the_version_from_the_manifest_not_the_uri(registry_with_production, tmp_path):
+def test_promote_candidate_reads_the_version_from_the_manifest_not_the_uri(
+    registry_with_production, tmp_path
+):
     from sdarflow.errors import StorageError
     from sdarflow.kfp_runtime import promote_candidate
     from sdarflow.pipeline_config import prepare

@@ -19,9 +19,10 @@ from sdarflow.models import load_policy
 from sdarflow.models.policy import new_lora
 from sdarflow.train.checkpoint import Checkpoints, capture_rng, restore_rng
 from sdarflow.train.engine import make_engine
+from sdarflow.train.samples import make_samples
 from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
-from sdarflow.train.trainer import RLHyper, TrainData, make_samples, train
+from sdarflow.train.trainer import RLHyper, TrainData, train
 
 
 class Crash(Exception):

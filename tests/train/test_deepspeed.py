@@ -18,8 +18,9 @@ from sdarflow.models import load_policy
 from sdarflow.models.policy import new_lora
 from sdarflow.train.checkpoint import Checkpoints
 from sdarflow.train.engine import DeepSpeedEngine, make_engine
+from sdarflow.train.samples import make_samples
 from sdarflow.train.schedule import WarmupConstant
-from sdarflow.train.trainer import RLHyper, TrainData, TrainingDiverged, make_samples, train
+from sdarflow.train.trainer import RLHyper, TrainData, TrainingDiverged, train
 
 pytestmark = pytest.mark.slow
 

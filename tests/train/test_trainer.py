@@ -13,6 +13,7 @@ from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
 from sdarflow.train.engine import TorchEngine
+from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import (
@@ -21,10 +22,7 @@ from sdarflow.train.trainer import (
     TrainData,
     TrainingDiverged,
     accumulate,
-    advantage_stats,
-    make_samples,
     micro_step,
-    row_advantages,
     train,
 )
 

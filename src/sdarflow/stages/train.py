@@ -11,15 +11,12 @@ With more than one GPU and the deepspeed engine, the stage re-launches itself wi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,16 +30,14 @@ from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.train import presets
+from sdarflow.train.checkpoint import Checkpoints
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
-from sdarflow.train.trainer import (
-    RLHyper,
-    TrainData,
-    advantage_stats,
-    jsonl_writer,
-    make_samples,
-    row_advantages,
-    train,
-)
+from sdarflow.train.history import jsonl_writer, summarize
+from sdarflow.train.launch import deterministic_mode
+from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
+from sdarflow.train.schedule import WarmupConstant
+from sdarflow.train.sft import sft_pairs_from_rows
+from sdarflow.train.trainer import RLHyper, TrainData, train
 
 log = logging.getLogger(__name__)
 
@@ -200,25 +195,6 @@ class TrainConfig(StageConfig):
 Config = TrainConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
-@contextlib.contextmanager
-def deterministic_mode(enabled: bool) -> Iterator[None]:
-    """Deterministic kernels and one intra-op thread (reduction order then never depends on the thread count);
-    restored afterwards, because both settings are process-wide."""
-    if not enabled:
-        yield
-        return
-    # cuBLAS needs this before its first use to be deterministic (ignored on CPU).
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    before = (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads())
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0])
-        torch.set_num_threads(before[1])
-
-
 def read_rows(cfg: TrainConfig) -> list[dict]:
     """RL needs rescored rows; SFT needs only prompts, responses and success, so trajectories work too."""
     if cfg.mode == "rl":
@@ -292,10 +268,6 @@ def resolve_objective(cfg: TrainConfig, rows: list[dict]) -> tuple[TrainConfig, 
 
 
 def _train(cfg: TrainConfig) -> dict:
-    from sdarflow.train.checkpoint import Checkpoints
-    from sdarflow.train.schedule import WarmupConstant
-    from sdarflow.train.sft import sft_pairs_from_rows
-
     rows = read_rows(cfg)
     cfg, rl_step = resolve_objective(cfg, rows)
     advantages = (
@@ -316,23 +288,8 @@ def _train(cfg: TrainConfig) -> dict:
     hyper_fields = {f.name for f in dataclasses.fields(RLHyper)}
     hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields}, rl_step=rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
-    checkpoints = (
-        Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
-        if cfg.checkpoint_dir
-        else None
-    )
-    state = checkpoints.restore(engine) if checkpoints else None
+    state, save_checkpoint = _checkpointing(cfg, engine, hp, data, schedule)
     resumed_from = state.step if state else 0
-
-    def save_checkpoint(st) -> None:
-        meta = {
-            "cursor": st.cursor(
-                min(hp.mini_batches, len(data.samples)), min(hp.mini_batches, len(data.sft_pairs))
-            ),
-            "schedule": schedule.state_dict(),
-            "config_hash": cfg.config_hash(),
-        }
-        checkpoints.save(engine, st, meta)
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
         out = Path(tmp)
@@ -348,7 +305,7 @@ def _train(cfg: TrainConfig) -> dict:
             schedule,
             state=state,
             on_step=writer,
-            on_checkpoint=save_checkpoint if checkpoints else None,
+            on_checkpoint=save_checkpoint,
         )
         summary = summarize(state.history)
         if cfg.mode == "rl":
@@ -362,6 +319,27 @@ def _train(cfg: TrainConfig) -> dict:
     label = "sft" if cfg.mode == "sft" else cfg.method
     log.info("train: %s, %d steps (resumed at %d) -> %s", label, state.step, resumed_from, cfg.output)
     return {"uri": cfg.output, "steps": state.step, "resumed_from_step": resumed_from, "metrics": summary}
+
+
+def _checkpointing(cfg: TrainConfig, engine, hp: RLHyper, data: TrainData, schedule: WarmupConstant):
+    """(state restored from --checkpoint-dir or None, the on_checkpoint callback or None without a folder)."""
+    if not cfg.checkpoint_dir:
+        return None, None
+    checkpoints = Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
+
+    def save(state) -> None:
+        rl_batches, sft_batches = (
+            min(hp.mini_batches, len(data.samples)),
+            min(hp.mini_batches, len(data.sft_pairs)),
+        )
+        meta = {
+            "cursor": state.cursor(rl_batches, sft_batches),
+            "schedule": schedule.state_dict(),
+            "config_hash": cfg.config_hash(),
+        }
+        checkpoints.save(engine, state, meta)
+
+    return checkpoints.restore(engine), save
 
 
 def objective_record(cfg: TrainConfig, rl_step: int) -> dict:
@@ -408,21 +386,3 @@ def _publish(
         method="sft" if cfg.mode == "sft" else cfg.method,
         metrics=summary,
     )
-
-
-def summarize(history: list[dict]) -> dict[str, float]:
-    """Mean of each numeric metric over the steps that have it, plus step and skipped-step counts."""
-    sums: dict[str, list[float]] = {}
-    for h in history:
-        for k, v in h.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                sums.setdefault(k, []).append(float(v))
-    out = {
-        (f"train/{k}" if "/" not in k else k): sum(v) / len(v)
-        for k, v in sums.items()
-        if k not in ("step", "epoch", "position")
-    }
-    out["train/steps"] = float(len(history))
-    out["train/skipped_steps"] = float(sum(bool(h.get("skipped")) for h in history))
-    out["train/sft_steps"] = float(sum(h.get("kind") == "sft" for h in history))
-    return out

@@ -1,5 +1,5 @@
-"""Process topology of the train stage: the single-process distributed environment DeepSpeed needs, and the
-multi-GPU path, where the stage re-launches itself through ``torchrun`` with one process per GPU.
+"""Process setup of the train stage: deterministic mode (bit-exact kill/resume on CPU), the single-process
+distributed environment DeepSpeed needs, and the multi-GPU path, where the stage re-launches itself through ``torchrun`` with one process per GPU.
 
 The re-launch passes the stage's config as a YAML file (the KFP component calls ``run(config)`` in Python, so
 there is no command line to repeat). Every rank trains on its share of each mini-batch; rank 0 publishes; the
@@ -8,14 +8,17 @@ parent process waits and reads the published manifest back as the stage result.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import torch
 
 from sdarflow.errors import SdarflowError
 
@@ -110,3 +113,22 @@ def relaunch(config: dict, output: str, nproc: int) -> dict:
     manifest = storage.read_manifest(output)
     metrics = manifest.get("metrics", {})
     return {"uri": output, "steps": int(metrics.get("train/steps", 0)), "metrics": metrics, "workers": nproc}
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels and one intra-op thread (reduction order then never depends on the thread count);
+    restored afterwards, because both settings are process-wide."""
+    if not enabled:
+        yield
+        return
+    # cuBLAS needs this before its first use to be deterministic (ignored on CPU).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads())
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.set_num_threads(before[1])

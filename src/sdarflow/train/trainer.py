@@ -11,13 +11,11 @@ step; ``max_nonfinite_steps`` in a row fail the run. Step kinds, data order and 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -25,15 +23,15 @@ from sdarflow import progress
 from sdarflow.algo import (
     agg_loss,
     broadcast_advantages,
-    grpo_advantages,
     masked_mean_value,
     method_loss,
-    penalized_scores,
     sdar_gate,
 )
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
 from sdarflow.train.engine import TrainEngine
+from sdarflow.train.history import progress_line
+from sdarflow.train.samples import RLSample
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
 from sdarflow.train.sft import SFTPair, sft_micro_step
 
@@ -60,16 +58,6 @@ class TrainingDiverged(SdarflowError):
 
 class NoTrainingData(SdarflowError):
     """The input holds no rows the chosen mode can train on."""
-
-
-@dataclass
-class RLSample:
-    prompt: list[int]
-    response: list[int]
-    old_logprobs: list[float]
-    teacher_logprobs: list[float]
-    advantage: float
-    ref_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -102,57 +90,6 @@ class RLHyper:
     sft_ratio: float = 0.0  # SFT steps per RL step, on the successful rows
     max_steps: int = 0  # 0: epochs x mini_batches
     save_every: int = 50  # steps between checkpoints (when the caller checkpoints)
-
-
-def row_advantages(
-    rows: list[dict], norm_by_std: bool = True, penalty: float = 0.0, per_episode: bool = False
-) -> list[float]:
-    """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
-    ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
-    score each, with ``per_episode``)."""
-    scores = penalized_scores(
-        torch.tensor([float(r["episode_return"]) for r in rows], dtype=torch.float32),
-        torch.tensor([bool(r["format_ok"]) for r in rows]),
-        penalty,
-    )
-    groups = [r["group_id"] for r in rows]
-    trajs = [r["traj_id"] for r in rows] if per_episode else None
-    return grpo_advantages(scores, groups, norm_by_std=norm_by_std, traj_ids=trajs).tolist()
-
-
-def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, float]:
-    """What GRPO has to learn from: the share of groups whose rows all got advantage 0 (every rollout scored
-    alike, so the group gives no policy gradient) and the spread of the row advantages."""
-    groups: dict[str, list[float]] = {}
-    for r, a in zip(rows, advantages, strict=True):
-        groups.setdefault(r["group_id"], []).append(a)
-    zero = sum(all(abs(a) < 1e-6 for a in values) for values in groups.values())
-    t = torch.tensor(advantages, dtype=torch.float64)
-    return {
-        "adv/zero_group_share": zero / max(1, len(groups)),
-        "adv/std": float(t.std()) if t.numel() > 1 else 0.0,
-        "adv/abs_mean": float(t.abs().mean()) if t.numel() else 0.0,
-    }
-
-
-def make_samples(rows: list[dict], advantages: list[float] | None = None) -> list[RLSample]:
-    """Training samples from rescored rows with their :func:`row_advantages` (default settings when None).
-
-    Advantages use every row (a turn without a response still counts in its group's statistics, as in the
-    reference), but only rows with a response train."""
-    adv = row_advantages(rows) if advantages is None else advantages
-    return [
-        RLSample(
-            r["prompt_token_ids"],
-            r["response_token_ids"],
-            r["old_logprobs"],
-            r["teacher_logprobs"],
-            a,
-            r.get("ref_logprobs"),
-        )
-        for r, a in zip(rows, adv, strict=True)
-        if r["response_token_ids"]
-    ]
 
 
 def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
@@ -319,6 +256,35 @@ def _one_step(
     }
 
 
+def _sft_ratio(data: TrainData, hp: RLHyper) -> float:
+    """The SFT steps per RL step this run takes; NoTrainingData when the mode has nothing to train on."""
+    if hp.mode == "sft" and not data.sft_pairs:
+        raise NoTrainingData(
+            "mode sft: the input has no successful rows (success = True) with a response; "
+            "fix: pass trajectories that contain solved episodes (e.g. expert walkthroughs)"
+        )
+    if hp.mode == "rl" and not data.samples:
+        raise NoTrainingData(
+            "the input has no rows with a response to train on; fix: check the --input dataset"
+        )
+    if hp.mode == "rl" and hp.sft_ratio > 0 and not data.sft_pairs:
+        log.warning(
+            "sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", hp.sft_ratio
+        )
+        return 0.0
+    return hp.sft_ratio
+
+
+def _skipped(step: int, in_row: int, limit: int) -> None:
+    """Log a skipped (non-finite) step; TrainingDiverged once ``limit`` were skipped in a row."""
+    log.warning("step %d: non-finite loss or gradient; step skipped (%d in a row)", step, in_row)
+    if in_row >= limit:
+        raise TrainingDiverged(
+            f"{in_row} consecutive non-finite steps at step {step} (limit --max-nonfinite-steps {limit}); "
+            f"fix: lower the learning rate or check the input log-probs"
+        )
+
+
 def train(
     engine: TrainEngine,
     data: TrainData,
@@ -336,19 +302,7 @@ def train(
     ``on_checkpoint`` is called every ``hp.save_every`` steps.
     """
     state = state or TrainState()
-    ratio = hp.sft_ratio
-    if hp.mode == "sft" and not data.sft_pairs:
-        raise NoTrainingData(
-            "mode sft: the input has no successful rows (success = True) with a response; "
-            "fix: pass trajectories that contain solved episodes (e.g. expert walkthroughs)"
-        )
-    if hp.mode == "rl" and not data.samples:
-        raise NoTrainingData(
-            "the input has no rows with a response to train on; fix: check the --input dataset"
-        )
-    if hp.mode == "rl" and ratio > 0 and not data.sft_pairs:
-        log.warning("sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", ratio)
-        ratio = 0.0
+    ratio = _sft_ratio(data, hp)
     main_rows = data.sft_pairs if hp.mode == "sft" else data.samples
     total = total_steps(hp.mode, hp.epochs, min(hp.mini_batches, len(main_rows)), ratio, hp.max_steps)
     kinds = itertools.islice(step_kinds(ratio, hp.mode), state.step, None)
@@ -373,51 +327,8 @@ def train(
         if main_rank and ticker(last=state.step == total):
             log.info(progress_line(record))
         if record["skipped"]:
-            log.warning(
-                "step %d: non-finite loss or gradient; step skipped (%d in a row)",
-                record["step"],
-                state.nonfinite_in_row,
-            )
-            if state.nonfinite_in_row >= hp.max_nonfinite_steps:
-                raise TrainingDiverged(
-                    f"{state.nonfinite_in_row} consecutive non-finite steps at step {record['step']} "
-                    f"(limit --max-nonfinite-steps {hp.max_nonfinite_steps}); "
-                    f"fix: lower the learning rate or check the input log-probs"
-                )
+            _skipped(record["step"], state.nonfinite_in_row, hp.max_nonfinite_steps)
         if on_checkpoint and hp.save_every > 0 and state.step % hp.save_every == 0:
             on_checkpoint(state)
     bar.close()
     return state
-
-
-def progress_line(r: dict) -> str:
-    def f(key: str, digits: int) -> str:
-        v = r.get(key)
-        return "-" if v is None else f"{v:.{digits}f}"
-
-    return (
-        f"step {r['step']} {r.get('kind', 'rl')} | loss {f('loss/total', 4)} | pg {f('loss/pg', 4)} | "
-        f"gate {f('sdar/gate_mean', 3)} | gap {f('sdar/teacher_gap_mean', 3)} | kl {f('actor/kl_loss', 4)} | "
-        f"ent {f('actor/entropy', 3)} | clip {f('actor/clipfrac', 3)} | "
-        f"grad {f('grad_norm', 3)} | lr {f('lr', 6)} | {r['seconds']:.2f} s/it"
-    )
-
-
-def _json_safe(value):
-    # inf/nan are not JSON (browsers and the KFP UI reject them): write null, the step's "skipped" says why.
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dict], None]:
-    """Write ``history`` (steps restored from a checkpoint) to ``path``, then append one flushed JSON line per
-    step, so a watcher (or a crash) sees every finished step."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for record in history or []:
-            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, sort_keys=True) + "\n")
-
-    def write(record: dict) -> None:
-        with path.open("a") as f:
-            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, sort_keys=True) + "\n")
-
-    return write
