@@ -97,7 +97,7 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
-    from sdarflow.evaluate import build_report, plots, render_html, render_markdown
+    from sdarflow.evaluate import build_report
     from sdarflow.rollout.engine import action_tokens, load_engine
     from sdarflow.rollout.loop import SamplingParams
 
@@ -133,6 +133,22 @@ def run(cfg: EvaluateConfig) -> dict:
         config_hash=cfg.config_hash(),
         env=cfg.env,
     )
+    _publish(cfg, report, baseline)
+    headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
+    shown = [
+        f"{split}/pass@{k} {v:.3f} [{d['ci95'][k][0]:.3f}, {d['ci95'][k][1]:.3f}] "
+        f"({d['n_tasks']} tasks x {d['samples_per_task']})"
+        for split, d in report["splits"].items()
+        for k, v in d["pass_at_k"].items()
+    ]
+    log.info("evaluate: %s -> %s", ", ".join(shown), cfg.output)
+    return {"uri": cfg.output, "metrics": headline}
+
+
+def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None) -> None:
+    """The report as JSON, Markdown and HTML with its plots, published at ``cfg.output``."""
+    from sdarflow.evaluate import plots, render_html, render_markdown
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         images = plots(report, baseline)
@@ -149,15 +165,6 @@ def run(cfg: EvaluateConfig) -> dict:
             config_hash=cfg.config_hash(),
             inputs=[cfg.model] + ([cfg.adapter] if cfg.adapter else []),
         )
-    headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
-    shown = [
-        f"{split}/pass@{k} {v:.3f} [{d['ci95'][k][0]:.3f}, {d['ci95'][k][1]:.3f}] "
-        f"({d['n_tasks']} tasks x {d['samples_per_task']})"
-        for split, d in report["splits"].items()
-        for k, v in d["pass_at_k"].items()
-    ]
-    log.info("evaluate: %s -> %s", ", ".join(shown), cfg.output)
-    return {"uri": cfg.output, "metrics": headline}
 
 
 def _baseline(cfg: EvaluateConfig) -> dict | None:

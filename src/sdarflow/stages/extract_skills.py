@@ -126,18 +126,9 @@ def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> d
     return bandit.update(previous, rows)
 
 
-@once("skills")
-def run(cfg: ExtractSkillsConfig) -> dict:
-    require("extract-skills", input=cfg.input, output=cfg.output)
-    table = storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA)
-    cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success"]
-    cols.append("prompt_messages")  # the goal, so skills can spell out each recipe direction
-    episodes = episodes_from_rows(table.select(cols).to_pylist())
-    previous_dir = local_artifact(cfg.previous, "skills", cfg.allow_unpublished)
-    previous = SkillLibrary.load(previous_dir) if previous_dir else None
-    stats = _updated_stats(cfg, previous)
-    if previous is not None:
-        previous = reevaluate(previous, episodes, follow_share=cfg.follow_share)
+def _new_skills(cfg: ExtractSkillsConfig, episodes) -> tuple[SkillLibrary, dict[str, str]]:
+    """This round's skills (rule-mined, or written by the LLM extractor with a rule-mined general skill) and the
+    LLM-written ones rejected, with why."""
     new = extract_skills(
         episodes,
         min_support=cfg.min_support,
@@ -161,6 +152,22 @@ def run(cfg: ExtractSkillsConfig) -> dict:
         if new.general:  # the general skill stays rule-mined: it needs every task type's successes
             written.skills[GENERAL] = new.general
         new = written
+    return new, rejected
+
+
+@once("skills")
+def run(cfg: ExtractSkillsConfig) -> dict:
+    require("extract-skills", input=cfg.input, output=cfg.output)
+    table = storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success"]
+    cols.append("prompt_messages")  # the goal, so skills can spell out each recipe direction
+    episodes = episodes_from_rows(table.select(cols).to_pylist())
+    previous_dir = local_artifact(cfg.previous, "skills", cfg.allow_unpublished)
+    previous = SkillLibrary.load(previous_dir) if previous_dir else None
+    stats = _updated_stats(cfg, previous)
+    if previous is not None:
+        previous = reevaluate(previous, episodes, follow_share=cfg.follow_share)
+    new, rejected = _new_skills(cfg, episodes)
     lib = merge(previous, new, cfg.dedupe_threshold)
     lib.stats = bandit.carry_over(stats, lib)
     with tempfile.TemporaryDirectory() as tmp:

@@ -183,8 +183,8 @@ def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher import guards
-    from sdarflow.teacher.report import render_html, render_markdown, summarize
-    from sdarflow.teacher.rescore import score, teacher_prompts
+    from sdarflow.teacher.report import summarize
+    from sdarflow.teacher.rescore import teacher_prompts
 
     require("rescore", input=cfg.input, skills=cfg.skills, model=cfg.model, output=cfg.output)
     table = _shard(
@@ -201,39 +201,19 @@ def run(cfg: RescoreConfig) -> dict:
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
     ).to_pylist()
     task_types = [r["task_type"] for r in rows]
-    responses = [r["response_token_ids"] for r in rows]
     strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
     teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens)
     overridden: list[str] = []
     settings = cfg.guard_settings()
     guards.check_retrieval(lib, teach.hits, task_types, settings, overridden)
 
-    t0 = time.perf_counter()
-    pad = policy.tokenizer.pad_token_id
-    kw = {"batching": cfg.batching, "pack_length": cfg.pack_length}
-    student_prompts = [r["prompt_token_ids"] for r in rows]
-    budget = cfg.batch_tokens(model_device(policy.model))
-    old = score(policy.model, student_prompts, responses, pad, budget, "rescore student", **kw)
-    teacher = score(policy.model, teach.prompts, responses, pad, budget, "rescore teacher", **kw)
-    ref = _reference_logprobs(cfg, policy, student_prompts, responses, old, budget, **kw)
-    seconds = time.perf_counter() - t0
+    old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
 
     summary = summarize(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
-    passes = [student_prompts, teach.prompts] + (
-        [student_prompts] if cfg.ref_logprobs and cfg.adapter else []
-    )
-    lengths = [len(p) + len(r) for prompts in passes for p, r in zip(prompts, responses, strict=True)]
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
-    summary.info = {
-        "retrieval": cfg.retrieval,
-        "skill place": f"{cfg.skill_place} (teacher prompt: last {cfg.max_prompt_tokens} tokens)",
-        "reference log-probs": _reference_info(cfg),
-        "skill library": f"{lib.version} ({len(lib.skills)} skills)",
-        "batching": cfg.batching,
-        "guards overridden": ", ".join(overridden) or "none",
-    }
+    summary.info = _info(cfg, lib, overridden)
     new_cols = {
         "old_logprobs": old,
         "teacher_logprobs": teacher,
@@ -241,25 +221,7 @@ def run(cfg: RescoreConfig) -> dict:
         "skill_ids": teach.skill_ids,
         "skill_hit": teach.hits,
     }
-    types = {f.name: f.type for f in RESCORE_FIELDS}
-    for name, values in new_cols.items():
-        table = table.append_column(pa.field(name, types[name]), pa.array(values, type=types[name]))
-    storage.write_table(
-        table,
-        cfg.output,
-        kind="rescored",
-        schema=RESCORED_SCHEMA,
-        config_hash=cfg.config_hash(),
-        inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
-        overwrite=cfg.overwrite,
-        attachments={
-            "report.md": render_markdown(summary).encode(),
-            "report.html": render_html(summary).encode(),
-        },
-        metrics=summary.metrics,
-        skill_library=lib.version,
-        guards_overridden=overridden,
-    )
+    table = _write(cfg, table, new_cols, summary, lib.version, overridden)
     log.info(
         "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",
         table.num_rows,
@@ -274,3 +236,63 @@ def run(cfg: RescoreConfig) -> dict:
         "metrics": summary.metrics,
         "skill_library": lib.version,
     }
+
+
+def _score_passes(cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts: list[list[int]]):
+    """(student, teacher, reference or None) log-probs of every row's response, the seconds they took, the token
+    budget of a batch and the tokens of every scored sequence."""
+    from sdarflow.teacher.rescore import score
+
+    t0 = time.perf_counter()
+    pad = policy.tokenizer.pad_token_id
+    kw = {"batching": cfg.batching, "pack_length": cfg.pack_length}
+    prompts = [r["prompt_token_ids"] for r in rows]
+    responses = [r["response_token_ids"] for r in rows]
+    budget = cfg.batch_tokens(model_device(policy.model))
+    old = score(policy.model, prompts, responses, pad, budget, "rescore student", **kw)
+    teacher = score(policy.model, teacher_prompts, responses, pad, budget, "rescore teacher", **kw)
+    ref = _reference_logprobs(cfg, policy, prompts, responses, old, budget, **kw)
+    passes = [prompts, teacher_prompts] + ([prompts] if cfg.ref_logprobs and cfg.adapter else [])
+    lengths = [len(p) + len(r) for pass_ in passes for p, r in zip(pass_, responses, strict=True)]
+    return old, teacher, ref, time.perf_counter() - t0, budget, lengths
+
+
+def _info(cfg: RescoreConfig, lib, overridden: list[str]) -> dict[str, str]:
+    """The settings the report shows beside its numbers."""
+    return {
+        "retrieval": cfg.retrieval,
+        "skill place": f"{cfg.skill_place} (teacher prompt: last {cfg.max_prompt_tokens} tokens)",
+        "reference log-probs": _reference_info(cfg),
+        "skill library": f"{lib.version} ({len(lib.skills)} skills)",
+        "batching": cfg.batching,
+        "guards overridden": ", ".join(overridden) or "none",
+    }
+
+
+def _write(
+    cfg: RescoreConfig, table: pa.Table, new_cols: dict, summary, library_version: str, overridden: list[str]
+) -> pa.Table:
+    """Publish the trajectories with the rescored columns added, and the report beside them; return the table."""
+    from sdarflow.teacher.report import render_html, render_markdown
+
+    types = {f.name: f.type for f in RESCORE_FIELDS}
+    for name, values in new_cols.items():
+        table = table.append_column(pa.field(name, types[name]), pa.array(values, type=types[name]))
+
+    storage.write_table(
+        table,
+        cfg.output,
+        kind="rescored",
+        schema=RESCORED_SCHEMA,
+        config_hash=cfg.config_hash(),
+        inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
+        overwrite=cfg.overwrite,
+        attachments={
+            "report.md": render_markdown(summary).encode(),
+            "report.html": render_html(summary).encode(),
+        },
+        metrics=summary.metrics,
+        skill_library=library_version,
+        guards_overridden=overridden,
+    )
+    return table
