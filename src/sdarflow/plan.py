@@ -146,33 +146,24 @@ def estimate(w: Workload, c: Constants) -> dict:
     }
 
 
-def calibrate(model: str, env: str = "textworld-cooking", device: str = "auto", batch: int = 64) -> Constants:
-    """Measure the constants on this machine with ``model`` (an HF folder): prefill and decode through the hf
-    engine, a teacher-forced forward, one training step, and ``env``'s resets and turns. About a minute."""
-    import torch
-
-    from sdarflow.envs import get_suite
-    from sdarflow.models.forward import make_batch, response_logprobs
-    from sdarflow.rollout.engine import load_engine
+def _time_env(suite, tokenizer) -> tuple[float, float, list[list[int]]]:
+    """(seconds per reset, seconds per turn including its prompt, the prompts) over a few scripted turns of 8
+    train tasks."""
     from sdarflow.rollout.prompt import build_messages, encode_prompt
 
-    engine = load_engine("hf", model, batch_size=batch, device=device)
-    params = sum(p.numel() for p in engine.model.parameters())
-    suite = get_suite(env)
-    tasks = suite.tasks("train", 8)
     resets, turns, seconds_reset, seconds_turn, prompts = 0, 0, 0.0, 0.0, []
-    for task in tasks:
-        env_ = suite.make(task)
+    for task in suite.tasks("train", 8):
+        env = suite.make(task)
         t0 = time.perf_counter()
-        reset = env_.reset()
+        reset = env.reset()
         seconds_reset += time.perf_counter() - t0
         resets += 1
         actions: list[str] = []
         observation = reset.observation
         for action in ("look", "inventory", "examine counter", "go north", "look"):
             t0 = time.perf_counter()
-            prompt = encode_prompt(engine.tokenizer, build_messages(reset.instruction, actions, observation))
-            step = env_.step(action)
+            prompt = encode_prompt(tokenizer, build_messages(reset.instruction, actions, observation))
+            step = env.step(action)
             seconds_turn += time.perf_counter() - t0
             turns += 1
             prompts.append(prompt)
@@ -180,23 +171,26 @@ def calibrate(model: str, env: str = "textworld-cooking", device: str = "auto", 
             observation = step.observation
             if step.done:
                 break
-        env_.close()
-    batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
-    prompt_tokens = sum(len(p) for p in batch_prompts)
+        env.close()
+    return seconds_reset / resets, seconds_turn / turns, prompts
 
-    def generate(new: int) -> float:
+
+def _time_model(engine, prompts: list[list[int]], new: int = 16) -> dict[str, float]:
+    """Seconds of a prefill, of ``new`` decode steps, of a teacher-forced forward and of a forward + backward on
+    ``prompts`` (one batch), after a warm-up."""
+    import torch
+
+    from sdarflow.models.forward import make_batch, response_logprobs
+
+    def generate(tokens: int) -> float:
         t0 = time.perf_counter()
-        engine.generate(
-            batch_prompts, list(range(batch)), max_new_tokens=new, min_new_tokens=new, temperature=1.0
-        )
+        seeds = list(range(len(prompts)))
+        engine.generate(prompts, seeds, max_new_tokens=tokens, min_new_tokens=tokens, temperature=1.0)
         return time.perf_counter() - t0
 
     generate(2)  # warm-up
-    new = 16
     t_prefill, t_full = generate(1), generate(new)
-    decode_tokens = batch * (new - 1)
-    responses = [[engine.eos_id] * 8 for _ in batch_prompts]
-    data = make_batch(batch_prompts, responses, engine.pad_id)
+    data = make_batch(prompts, [[engine.eos_id] * 8 for _ in prompts], engine.pad_id)
     model = engine.model
     with torch.inference_mode():
         response_logprobs(model, data)
@@ -209,26 +203,44 @@ def calibrate(model: str, env: str = "textworld-cooking", device: str = "auto", 
     logp.sum().backward()
     t_train = time.perf_counter() - t0
     model.eval()
-    seq_tokens = prompt_tokens + 8 * batch
-    # What a model task imports before its work, in a fresh interpreter (the runner's own bookkeeping not included).
+    return {
+        "prefill": t_prefill,
+        "decode": max(t_full - t_prefill, 1e-9),
+        "forward": t_forward,
+        "train": t_train,
+    }
+
+
+def _task_start_seconds() -> float:
+    """What a model task imports before its work, in a fresh interpreter (the runner's own bookkeeping aside)."""
     t0 = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import kfp.dsl.executor_main, sdarflow.stages.train, peft, transformers.modeling_utils",
-        ],
-        check=True,
-    )
-    task_start = time.perf_counter() - t0
+    code = "import kfp.dsl.executor_main, sdarflow.stages.train, peft, transformers.modeling_utils"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - t0
+
+
+def calibrate(model: str, env: str = "textworld-cooking", device: str = "auto", batch: int = 64) -> Constants:
+    """Measure the constants on this machine with ``model`` (an HF folder): prefill and decode through the hf
+    engine, a teacher-forced forward, one training step, and ``env``'s resets and turns. About a minute."""
+    from sdarflow.envs import get_suite
+    from sdarflow.rollout.engine import load_engine
+
+    engine = load_engine("hf", model, batch_size=batch, device=device)
+    params = sum(p.numel() for p in engine.model.parameters())
+    env_reset_s, env_turn_s, prompts = _time_env(get_suite(env), engine.tokenizer)
+    batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+    prompt_tokens = sum(len(p) for p in batch_prompts)
+    new = 16
+    t = _time_model(engine, batch_prompts, new)
+    seq_tokens = prompt_tokens + 8 * batch
     return Constants(
-        prefill_flops=2 * params * prompt_tokens / t_prefill,
-        decode_flops=2 * params * decode_tokens / max(t_full - t_prefill, 1e-9),
-        forward_flops=2 * params * seq_tokens / t_forward,
-        train_flops=6 * params * seq_tokens / t_train,
-        env_turn_s=seconds_turn / turns,
-        env_reset_s=seconds_reset / resets,
-        task_start_s=task_start,
+        prefill_flops=2 * params * prompt_tokens / t["prefill"],
+        decode_flops=2 * params * batch * (new - 1) / t["decode"],
+        forward_flops=2 * params * seq_tokens / t["forward"],
+        train_flops=6 * params * seq_tokens / t["train"],
+        env_turn_s=env_turn_s,
+        env_reset_s=env_reset_s,
+        task_start_s=_task_start_seconds(),
         source=f"sdarflow plan --calibrate {model} on this machine ({params / 1e6:.2f}M parameters, batch {batch})",
     )
 

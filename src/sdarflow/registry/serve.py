@@ -81,6 +81,49 @@ def vllm_args(base_model: str, adapters: list[dict[str, Any]], port: int = 8000)
     ]
 
 
+def _fetch_container(
+    registry_uri: str, adapters: list[dict[str, Any]], image: str, secret: str, mount: dict
+) -> dict:
+    """The initContainer that fetches (sha256-verified) every adapter version into the shared volume."""
+    fetch = " && ".join(
+        shlex.join(
+            ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--name", a["name"]]
+            + ["--version", str(a["version"]), "--dest", a["path"]]
+        )
+        for a in adapters
+    )
+    return {
+        "name": "fetch-adapters",
+        "image": image,
+        "command": ["sh", "-c", fetch],
+        # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
+        "envFrom": [{"secretRef": {"name": secret}}],
+        "volumeMounts": [mount],
+    }
+
+
+def _vllm_container(args: list[str], image: str, port: int, mount: dict) -> dict:
+    return {
+        "name": "vllm",
+        "image": image,
+        "command": args,
+        "ports": [{"name": "http", "containerPort": port}],
+        # Requests so the scheduler reserves the host memory vLLM needs to load the model and its CPU for
+        # tokenization; limit = request for memory (no eviction surprises).
+        "resources": {
+            "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
+            "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
+        },
+        "volumeMounts": [{**mount, "readOnly": True}],
+        # Model load takes minutes: readiness, not liveness, gates traffic.
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 10,
+        },
+    }
+
+
 def kubernetes_manifests(
     *,
     registry_uri: str,
@@ -95,70 +138,30 @@ def kubernetes_manifests(
     namespace: str | None,
 ) -> list[dict[str, Any]]:
     """A Deployment (initContainer fetches adapters, vLLM container on one GPU) and a ClusterIP Service."""
-    fetch = " && ".join(
-        shlex.join(
-            ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--name", a["name"]]
-            + ["--version", str(a["version"]), "--dest", a["path"]]
-        )
-        for a in adapters
-    )
     labels = {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "sdarflow"}
     metadata: dict[str, Any] = {"name": app, "labels": labels}
     if namespace:
         metadata["namespace"] = namespace
-    volume_mount = {"name": "adapters", "mountPath": adapter_root}
+    mount = {"name": "adapters", "mountPath": adapter_root}
+    pod = {
+        "initContainers": [_fetch_container(registry_uri, adapters, fetch_image, secret, mount)],
+        "containers": [_vllm_container(args, image, port, mount)],
+        "volumes": [{"name": "adapters", "emptyDir": {}}],
+    }
+    annotations = {
+        "sdarflow.io/registry": registry_uri,
+        "sdarflow.io/adapters": ",".join(f"{a['name']}:{a['version']}" for a in adapters),
+    }
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            **metadata,
-            "annotations": {
-                "sdarflow.io/registry": registry_uri,
-                "sdarflow.io/adapters": ",".join(f"{a['name']}:{a['version']}" for a in adapters),
-            },
-        },
+        "metadata": {**metadata, "annotations": annotations},
         "spec": {
             "replicas": 1,
             # The base model's volume is ReadWriteOnce: a rolling update's second pod could never mount it.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "initContainers": [
-                        {
-                            "name": "fetch-adapters",
-                            "image": fetch_image,
-                            "command": ["sh", "-c", fetch],
-                            # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
-                            "envFrom": [{"secretRef": {"name": secret}}],
-                            "volumeMounts": [volume_mount],
-                        }
-                    ],
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": image,
-                            "command": args,
-                            "ports": [{"name": "http", "containerPort": port}],
-                            # Requests so the scheduler reserves the host memory vLLM needs to load the model
-                            # and its CPU for tokenization; limit = request for memory (no eviction surprises).
-                            "resources": {
-                                "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
-                                "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
-                            },
-                            "volumeMounts": [{**volume_mount, "readOnly": True}],
-                            # Model load takes minutes: readiness, not liveness, gates traffic.
-                            "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": "http"},
-                                "initialDelaySeconds": 30,
-                                "periodSeconds": 10,
-                            },
-                        }
-                    ],
-                    "volumes": [{"name": "adapters", "emptyDir": {}}],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
     service = {
