@@ -191,6 +191,25 @@ def run_base(s: StudySettings, base: str) -> dict:
     return cell
 
 
+def _round_record(r: int, m_gen: dict, m_rs: dict, m_tr: dict) -> dict:
+    """What the study report shows of one round: rollout success, GRPO's signal, the teacher and the gate."""
+    return {
+        "round": r,
+        "train_success": m_gen["rollout/success"],
+        "zero_adv_group_share": m_tr.get("adv/zero_group_share"),
+        "adv_std": m_tr.get("adv/std"),
+        "format_error_rate": m_gen.get("rollout/format_error_rate"),
+        "teacher_gap_mean": m_rs["rescore/gap_mean"],
+        "teacher_gap_positive_share": m_rs["rescore/gap_positive_share"],
+        "retrieval_hit_rate": m_rs["rescore/retrieval_hit_rate"],
+        "gate_mean": m_tr.get("sdar/gate_mean"),
+        "gate_active_ratio": m_tr.get("sdar/gate_active_ratio"),
+        "entropy": m_tr.get("actor/entropy"),
+        "kl_loss": m_tr.get("actor/kl_loss"),
+        "clipfrac": m_tr.get("actor/clipfrac"),
+    }
+
+
 def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
     """Train one (method, seed) cell for ``s.rounds`` rounds and evaluate it; a finished cell is read back."""
     from sdarflow.pipeline_config import stage_config
@@ -225,24 +244,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
             seconds, "train", train.run, stage_config(pc, "train", r, input=[rs["uri"]], adapter=adapter)
         )
         adapter, skills, previous_rescored = tr["uri"], sk["uri"], rs["uri"]
-        m_gen, m_rs, m_tr = gen["metrics"], rs["metrics"], tr["metrics"]
-        rounds.append(
-            {
-                "round": r,
-                "train_success": m_gen["rollout/success"],
-                "zero_adv_group_share": m_tr.get("adv/zero_group_share"),
-                "adv_std": m_tr.get("adv/std"),
-                "format_error_rate": m_gen.get("rollout/format_error_rate"),
-                "teacher_gap_mean": m_rs["rescore/gap_mean"],
-                "teacher_gap_positive_share": m_rs["rescore/gap_positive_share"],
-                "retrieval_hit_rate": m_rs["rescore/retrieval_hit_rate"],
-                "gate_mean": m_tr.get("sdar/gate_mean"),
-                "gate_active_ratio": m_tr.get("sdar/gate_active_ratio"),
-                "entropy": m_tr.get("actor/entropy"),
-                "kl_loss": m_tr.get("actor/kl_loss"),
-                "clipfrac": m_tr.get("actor/clipfrac"),
-            }
-        )
+        rounds.append(_round_record(r, gen["metrics"], rs["metrics"], tr["metrics"]))
         log.info(
             "study: %s round %d/%d | train success %.3f | gap %.3f | gate %.3f | %.0f s so far",
             name,

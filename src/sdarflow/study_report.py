@@ -91,6 +91,37 @@ def _curve(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, list]:
     }
 
 
+def _method_result(runs: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any]:
+    """One method's curves, pooled pass@1/pass@k/OOD pass@1 over its seeds, and its mean stage seconds."""
+    evals = [c["eval"] for c in runs]
+    return {
+        "curves": {key: _curve(runs, key) for key in CURVE_KEYS},
+        "test_pass@1": pooled(evals, "test", 1),
+        "test_pass@k": pooled(evals, "test", k),
+        "ood_pass@1": pooled(evals, "ood", 1),
+        "train_seconds": float(np.mean([sum(c["seconds"].values()) for c in runs])),
+        "stage_seconds": {
+            st: float(np.mean([c["seconds"].get(st, 0.0) for c in runs])) for st in runs[0]["seconds"]
+        },
+    }
+
+
+def _comparison(method: str, r: Mapping[str, Any], grpo: Mapping[str, Any]) -> dict[str, Any]:
+    """A method's row of the comparison table, relative to GRPO's results."""
+    ratio = _ratio(r["test_pass@k"]["value"], r["test_pass@1"]["value"])
+    return {
+        "method": method,
+        "relative_pass@1": _ratio(r["test_pass@1"]["value"], grpo["test_pass@1"]["value"]),
+        "relative_pass@k": _ratio(r["test_pass@k"]["value"], grpo["test_pass@k"]["value"]),
+        "relative_ood_pass@1": _ratio(r["ood_pass@1"]["value"], grpo["ood_pass@1"]["value"]),
+        "training_overhead": _ratio(r["train_seconds"], grpo["train_seconds"]),
+        "pass@k_over_pass@1": ratio,
+        "relative_pass@k_over_pass@1": _ratio(
+            ratio, _ratio(grpo["test_pass@k"]["value"], grpo["test_pass@1"]["value"])
+        ),
+    }
+
+
 def analyze(
     settings: Mapping[str, Any], base_cell: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]
 ) -> dict:
@@ -105,36 +136,8 @@ def analyze(
     }
     k = min(_largest_k(c["eval"]["test"]) for c in cells)
     grpo_evals = [c["eval"] for c in by_method[BASELINE]]
-    methods: dict[str, Any] = {}
-    for m, runs in by_method.items():
-        evals = [c["eval"] for c in runs]
-        methods[m] = {
-            "curves": {key: _curve(runs, key) for key in CURVE_KEYS},
-            "test_pass@1": pooled(evals, "test", 1),
-            "test_pass@k": pooled(evals, "test", k),
-            "ood_pass@1": pooled(evals, "ood", 1),
-            "train_seconds": float(np.mean([sum(c["seconds"].values()) for c in runs])),
-            "stage_seconds": {
-                st: float(np.mean([c["seconds"].get(st, 0.0) for c in runs])) for st in runs[0]["seconds"]
-            },
-        }
-    grpo = methods[BASELINE]
-    table = []
-    for m, r in methods.items():
-        ratio = _ratio(r["test_pass@k"]["value"], r["test_pass@1"]["value"])
-        table.append(
-            {
-                "method": m,
-                "relative_pass@1": _ratio(r["test_pass@1"]["value"], grpo["test_pass@1"]["value"]),
-                "relative_pass@k": _ratio(r["test_pass@k"]["value"], grpo["test_pass@k"]["value"]),
-                "relative_ood_pass@1": _ratio(r["ood_pass@1"]["value"], grpo["ood_pass@1"]["value"]),
-                "training_overhead": _ratio(r["train_seconds"], grpo["train_seconds"]),
-                "pass@k_over_pass@1": ratio,
-                "relative_pass@k_over_pass@1": _ratio(
-                    ratio, _ratio(grpo["test_pass@k"]["value"], grpo["test_pass@1"]["value"])
-                ),
-            }
-        )
+    methods = {m: _method_result(runs, k) for m, runs in by_method.items()}
+    table = [_comparison(m, r, methods[BASELINE]) for m, r in methods.items()]
     base_evals = [base_cell["eval"]] * len(seeds)
     paired_diffs = {
         m: {f"{split}_pass@{kk}": paired([c["eval"] for c in by_method[m]], grpo_evals, split, kk)
@@ -181,7 +184,7 @@ def _abs(r: Mapping[str, Any]) -> str:
     return f"{_f(r['value'])} [{_f(lo)}, {_f(hi)}]"
 
 
-def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
+def _comparison_table(study: Mapping[str, Any]) -> Table:
     k = study["k"]
     methods, rows = study["methods"], []
     for t in study["table"]:
@@ -194,11 +197,28 @@ def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
     counts = (
         f"{len(study['settings']['seeds'])} seeds x tasks x samples = {any_run['trials']} episodes per split"
     )
-    comparison = (
+    return (
         ["method", "relative pass@1", f"relative pass@{k}", "relative OOD pass@1", "training overhead",
          f"pass@1 [95% CI] ({counts})", f"pass@{k} [95% CI]", "OOD pass@1 [95% CI]"],
         rows,
     )  # fmt: skip
+
+
+def _runs_table(study: Mapping[str, Any]) -> Table:
+    return (
+        ["method", "seed", "train success by round", "test pass@1", "OOD pass@1", "seconds (loop)"],
+        [
+            [c["method"], str(c["seed"]), " ".join(_f(r["train_success"], 2) for r in c["rounds"]),
+             _f(c["eval"]["test"]["pass_at_k"]["1"]), _f(c["eval"]["ood"]["pass_at_k"]["1"]),
+             f"{sum(c['seconds'].values()):.0f}"]
+            for c in study["runs"]
+        ],
+    )  # fmt: skip
+
+
+def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
+    k = study["k"]
+    comparison = _comparison_table(study)
     diff_rows = []
     for m, d in study["paired"].items():
         for key, v in d.items():
@@ -230,22 +250,13 @@ def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
         ["model", "test pass@1 [95% CI]", "OOD pass@1 [95% CI]"],
         [["base", _abs(base["test_pass@1"]), _abs(base["ood_pass@1"])]],
     )
-    runs = (
-        ["method", "seed", "train success by round", "test pass@1", "OOD pass@1", "seconds (loop)"],
-        [
-            [c["method"], str(c["seed"]), " ".join(_f(r["train_success"], 2) for r in c["rounds"]),
-             _f(c["eval"]["test"]["pass_at_k"]["1"]), _f(c["eval"]["ood"]["pass_at_k"]["1"]),
-             f"{sum(c['seconds'].values()):.0f}"]
-            for c in study["runs"]
-        ],
-    )  # fmt: skip
     return [
         ("Comparison (relative to GRPO = 1.00)", comparison),
         ("Paired differences against GRPO (same seeds, same tasks)", diffs),
         ("The pass@k trade-off", tradeoff),
         ("Promotion gate: each method's final adapter against the GRPO run's", gate),
         ("Base model", base_table),
-        ("Runs", runs),
+        ("Runs", _runs_table(study)),
     ]
 
 

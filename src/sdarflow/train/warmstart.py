@@ -134,25 +134,9 @@ def _sft_prompt(
     return teacher_prompt_ids(tokenizer, ids, messages, skills, place, student_text=text)
 
 
-def build_base_model(
-    out_dir: str | Path,
-    spec: BaseModelSpec = BaseModelSpec(),
-    force: bool = False,
-    time_limit_s: float | None = None,
-    device: str = "auto",
-) -> Path:
-    """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there).
-
-    Deterministic: the SFT always runs ``spec.sft_steps`` steps, so the same spec and seed give the same model on
-    any machine of the same device type (``device``, ``models.device``; a GPU's kernels give other bits than a
-    CPU's). ``time_limit_s``
-    (not part of the spec: it cannot change the result) fails the build instead.
-    """
-    out_dir = Path(out_dir)
-    if not force and is_built(out_dir, spec):
-        log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
-        return out_dir
-    t0 = time.perf_counter()
+def _sft_data(spec: BaseModelSpec) -> tuple:
+    """(tokenizer trained on the walkthroughs, SFT pairs, seed skill library) for ``spec``: each decision point of
+    the expert walkthroughs is a pair; a ``skill_share`` of them get the teacher's prompt with skills."""
     steps, episodes = expert_steps(spec.env, spec.tasks)
     solved = sum(e.success for e in episodes)
     log.info("walkthroughs: %d games, %d solved, %d decision points", len(episodes), solved, len(steps))
@@ -177,7 +161,29 @@ def build_base_model(
     log.info(
         "SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs)
     )
+    return tokenizer, pairs, seed_lib
 
+
+def build_base_model(
+    out_dir: str | Path,
+    spec: BaseModelSpec = BaseModelSpec(),
+    force: bool = False,
+    time_limit_s: float | None = None,
+    device: str = "auto",
+) -> Path:
+    """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there).
+
+    Deterministic: the SFT always runs ``spec.sft_steps`` steps, so the same spec and seed give the same model on
+    any machine of the same device type (``device``, ``models.device``; a GPU's kernels give other bits than a
+    CPU's). ``time_limit_s``
+    (not part of the spec: it cannot change the result) fails the build instead.
+    """
+    out_dir = Path(out_dir)
+    if not force and is_built(out_dir, spec):
+        log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
+        return out_dir
+    t0 = time.perf_counter()
+    tokenizer, pairs, seed_lib = _sft_data(spec)
     place = resolve_device(device)
     model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed).to(place)
     history = sft(
