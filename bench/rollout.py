@@ -26,7 +26,7 @@ from sdarflow.rollout.envhost import in_worker
 from sdarflow.rollout.loop import run_rollout
 from sdarflow.rollout.prompt import build_messages, encode_prompt
 from sdarflow.sizes import SIZES
-from sdarflow.stages.generate import sampling_params
+from sdarflow.stages.generate import rollout_params
 
 TARGET = 0.8
 FIXED_TOKENS = 16
@@ -88,7 +88,7 @@ def _loop(engine, cfg, suite, envs: str) -> dict:
         suite,
         tasks,
         cfg.group_size,
-        sampling_params(dataclasses.replace(cfg, envs=envs), suite, engine),
+        rollout_params(dataclasses.replace(cfg, envs=envs), suite, engine),
         engine.tokenizer,
         run_id="bench",
         round_=0,

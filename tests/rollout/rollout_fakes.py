@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 
 from sdarflow.envs import Reset, Step, Task
+from sdarflow.rollout.episode import RolloutParams
 from sdarflow.rollout.generation import Sample
-from sdarflow.rollout.loop import SamplingParams, run_rollout
+from sdarflow.rollout.loop import run_rollout
 
 
 class CharTokenizer:
@@ -117,7 +118,7 @@ def run(suite, engine=None, n_tasks=3, group_size=2, **params):
         suite,
         suite.tasks("train", n_tasks),
         group_size,
-        SamplingParams(**settings),
+        RolloutParams(**settings),
         engine.tokenizer,
         run_id="t",
         round_=0,

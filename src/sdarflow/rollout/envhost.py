@@ -138,7 +138,7 @@ class ProcessEnvs:
         return EnvError(
             f"the env worker exited (code {self._proc.exitcode}); fix: see its traceback above. A script that runs "
             f'rollouts must guard its entry point with `if __name__ == "__main__":` (the worker imports the main '
-            f"module); or run envs in this process (--envs local, SamplingParams.env_process=False)"
+            f"module); or run envs in this process (--envs local, RolloutParams.env_process=False)"
         )
 
     def shutdown(self) -> None:

@@ -99,7 +99,7 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report
     from sdarflow.rollout.engine import action_tokens, load_engine
-    from sdarflow.rollout.loop import SamplingParams
+    from sdarflow.rollout.episode import RolloutParams
 
     require("evaluate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)
@@ -112,7 +112,7 @@ def run(cfg: EvaluateConfig) -> dict:
         device=cfg.device,
     )
     max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
-    params = SamplingParams(
+    params = RolloutParams(
         max_turns=cfg.max_turns or 1000,
         max_new_tokens=max_new_tokens,
         temperature=cfg.temperature,

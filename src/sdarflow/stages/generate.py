@@ -24,7 +24,7 @@ from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
 
 if TYPE_CHECKING:
-    from sdarflow.rollout.loop import RolloutResult, SamplingParams
+    from sdarflow.rollout.episode import RolloutParams, RolloutResult
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,10 @@ def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
     return tasks[shard::num_shards]
 
 
-def sampling_params(cfg: GenerateConfig, suite, engine) -> SamplingParams:
+def rollout_params(cfg: GenerateConfig, suite, engine) -> RolloutParams:
     """The rollout loop's settings for ``cfg`` on ``engine`` (its context bounds the prompts)."""
     from sdarflow.rollout.engine import action_tokens
-    from sdarflow.rollout.loop import SamplingParams
+    from sdarflow.rollout.episode import RolloutParams
 
     max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
     if engine.max_context and engine.max_context <= max_new_tokens:
@@ -113,7 +113,7 @@ def sampling_params(cfg: GenerateConfig, suite, engine) -> SamplingParams:
             f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
             f"({engine.max_context}); fix: lower --max-new-tokens"
         )
-    return SamplingParams(
+    return RolloutParams(
         max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit
         max_new_tokens=max_new_tokens,
         temperature=cfg.temperature,
@@ -150,7 +150,7 @@ def run(cfg: GenerateConfig) -> dict:
         vllm_options=vllm_options,
         device=cfg.device,
     )
-    params = sampling_params(cfg, suite, engine)
+    params = rollout_params(cfg, suite, engine)
     tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks, start=cfg.first_task), cfg.shard, cfg.num_shards)
     try:
         result = run_rollout(
