@@ -8,6 +8,7 @@ from kfp import dsl
 from components.promote import promote
 from pipelines.kube import KubeOptions, wire
 from sdarflow.registry.gate import GATE
+from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 
 PIPELINE_NAME = "sdar-promotion"
 
@@ -24,7 +25,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
     def sdar_promotion(
         registry: str,
         version: str,
-        name: str = "sdar-policy",
+        name: str = DEFAULT_POLICY_NAME,
         stage: str = "production",
         force: bool = False,
         reason: str = "",

@@ -21,6 +21,7 @@ from components.train import train
 from pipelines.kube import KubeOptions, wire
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE
+from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 
 PIPELINE_NAME = "sdar-training"
 
@@ -82,7 +83,7 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
         registry: str = "",
         seed_skills: str = "",
         start_adapter: str = "",
-        policy_name: str = "sdar-policy",
+        policy_name: str = DEFAULT_POLICY_NAME,
         env: str = "textworld-cooking",
         tasks: int = 8,
         group_size: int = 4,

@@ -151,9 +151,9 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
         return _coerce(stage, name, value, inner[0])
     if origin is list:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
+            value = [value]  # one item: never split, a URI may hold a comma (S3 keys do)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{stage}: {name} = {value!r} is not a list; fix: a list, e.g. [a, b], or a,b")
+            raise ConfigError(f"{stage}: {name} = {value!r} is not a list; fix: a list, e.g. [a, b]")
         return [_coerce(stage, name, v, args[0]) for v in value]
     if origin is Literal:
         return value

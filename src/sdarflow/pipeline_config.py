@@ -23,7 +23,7 @@ from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE
-from sdarflow.registry.layout import RELEASE_STAGES
+from sdarflow.registry.layout import DEFAULT_POLICY_NAME, RELEASE_STAGES
 from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class PipelineConfig(StageConfig):
         "starts a new LoRA); or an adapter URI",
         io=True,
     )
-    policy_name: str = opt("sdar-policy", "policy name in the registry")
+    policy_name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry")
     env: str = opt("textworld-cooking", "environment suite")
     tasks: int = opt(8, "train tasks per round")
     group_size: int = opt(4, "GRPO group size G")

@@ -190,7 +190,8 @@ def test_ucb_statistics_of_another_shape_are_refused(tmp_path, stats):
 
 def test_what_kfp_and_python_callers_pass_is_still_accepted():
     """The strict coercion keeps the values real callers send: KFP's dict parameters carry numbers as floats
-    (8.0, and a bool 1 as 1.0), Python callers pass tuples, the CLI comma lists."""
+    (8.0, and a bool 1 as 1.0), Python callers pass tuples, YAML a lone string for a one-item list (never split
+    at commas: an S3 key may hold one)."""
     from sdarflow.stages.train import TrainConfig
 
     cfg = TrainConfig.from_dict(
@@ -198,8 +199,8 @@ def test_what_kfp_and_python_callers_pass_is_still_accepted():
             "micro_batch_tokens": 8.0,
             "deterministic": 1.0,
             "lora_targets": ("q_proj", "v_proj"),
-            "input": "a,b",
+            "input": "s3://bucket/runs/a,b",
         }
     )
     assert cfg.micro_batch_tokens == 8 and cfg.deterministic is True
-    assert cfg.lora_targets == ["q_proj", "v_proj"] and cfg.input == ["a", "b"]
+    assert cfg.lora_targets == ["q_proj", "v_proj"] and cfg.input == ["s3://bucket/runs/a,b"]

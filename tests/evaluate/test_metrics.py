@@ -13,7 +13,7 @@ from sdarflow.evaluate.metrics import (
     ks_for,
     pass_at_k,
     pass_at_k_interval,
-    summarize,
+    split_results,
     wilson_interval,
 )
 
@@ -131,7 +131,7 @@ def test_pass_at_1_interval_covers_the_spread_between_tasks() -> None:
 
 
 def test_summarize_hand_checked() -> None:
-    splits = summarize(hand_built())
+    splits = split_results(hand_built())
     assert list(splits) == ["test", "ood"]
 
     test = splits["test"]
@@ -167,10 +167,10 @@ def test_summarize_hand_checked() -> None:
 
 
 def test_summarize_explicit_ks() -> None:
-    splits = summarize(hand_built(), ks=[4, 1, 1])
+    splits = split_results(hand_built(), ks=[4, 1, 1])
     assert list(splits["test"]["pass_at_k"]) == ["1", "4"]
     with pytest.raises(ValueError, match=r"ks \[8\] exceed the 4 samples"):
-        summarize(hand_built(), ks=[1, 8])
+        split_results(hand_built(), ks=[1, 8])
 
 
 def test_summarize_unequal_samples_names_the_task() -> None:
@@ -179,20 +179,20 @@ def test_summarize_unequal_samples_names_the_task() -> None:
         ep for ep in episodes if ep["task_id"] == "t3"
     ][:3]
     with pytest.raises(ValueError, match="task 't3' has 3 episodes"):
-        summarize(short)
+        split_results(short)
 
 
 def test_summarize_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="got none"):
-        summarize([])
+        split_results([])
     episode = dict(hand_built()[0])
     del episode["actions"]
     with pytest.raises(ValueError, match=r"episode 0 lacks keys \['actions'\]"):
-        summarize([episode])
+        split_results([episode])
     mixed = hand_built()
     mixed[1] = {**mixed[1], "task_type": "cut"}
     with pytest.raises(ValueError, match="task 't1' has task_type 'cook' and 'cut'"):
-        summarize(mixed)
+        split_results(mixed)
 
 
 def test_build_report_shape() -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sdarflow.train.history import summarize
+from sdarflow.train.history import run_summary
 
 
 def test_the_summary_averages_losses_and_totals_time_and_tokens():
@@ -17,7 +17,7 @@ def test_the_summary_averages_losses_and_totals_time_and_tokens():
         {"step": 3, "kind": "rl", "loss/total": math.nan, "lr": 3e-4, "seconds": 1.0, "tokens": 50,
          "tokens_per_s": 50.0, "skipped": True, "sdar/gate_mean": 0.25},
     ]  # fmt: skip
-    s = summarize(history)
+    s = run_summary(history)
     assert s["loss/total"] == pytest.approx(2.0)  # the NaN step is left out
     assert s["sdar/gate_mean"] == pytest.approx(0.25)
     assert s["train/seconds"] == 4.0 and s["train/tokens"] == 200.0
@@ -28,7 +28,7 @@ def test_the_summary_averages_losses_and_totals_time_and_tokens():
 
 
 def test_an_empty_history_has_zero_totals_and_no_rate():
-    s = summarize([])
+    s = run_summary([])
     assert s == {
         "train/seconds": 0.0,
         "train/tokens": 0.0,

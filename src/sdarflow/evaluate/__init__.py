@@ -7,7 +7,7 @@ from sdarflow.evaluate.metrics import (
     ks_for,
     pass_at_k,
     pass_at_k_interval,
-    summarize,
+    split_results,
     wilson_interval,
 )
 from sdarflow.evaluate.report import PLOT_KEYS, plots, render_html, render_markdown
@@ -22,6 +22,6 @@ __all__ = [
     "plots",
     "render_html",
     "render_markdown",
-    "summarize",
+    "split_results",
     "wilson_interval",
 ]

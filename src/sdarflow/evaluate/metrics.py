@@ -196,7 +196,7 @@ def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequ
     }
 
 
-def summarize(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> dict[str, dict]:
+def split_results(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> dict[str, dict]:
     """Per-split summary of episode results: the ``splits`` part of the report.
 
     For each split (in order of first appearance): ``n_tasks``, ``samples_per_task`` (n, equal for all tasks),
@@ -208,7 +208,9 @@ def summarize(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = 
     ``ks`` defaults to :func:`ks_for` of each split's n.
     """
     if not episodes:
-        raise ValueError("summarize needs episode results, got none; did the evaluate stage run any task?")
+        raise ValueError(
+            "split_results needs episode results, got none; did the evaluate stage run any task?"
+        )
     by_split: dict[str, list[Mapping[str, Any]]] = {}
     for i, ep in enumerate(episodes):
         _check_episode(i, ep)
@@ -224,10 +226,10 @@ def build_report(
     ks: Sequence[int] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The evaluation report: ``{"adapter", "base_model", "splits": summarize(episodes, ks), **extra}``.
+    """The evaluation report: ``{"adapter", "base_model", "splits": split_results(episodes, ks), **extra}``.
 
     ``extra`` carries lineage such as ``config_hash`` and ``inputs``; it may not override the fixed keys.
     """
     if "splits" in extra:
         raise ValueError("build_report computes 'splits' itself; do not pass it as an extra field")
-    return {"adapter": adapter, "base_model": base_model, "splits": summarize(episodes, ks), **extra}
+    return {"adapter": adapter, "base_model": base_model, "splits": split_results(episodes, ks), **extra}

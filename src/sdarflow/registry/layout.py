@@ -25,6 +25,7 @@ _NAME_RE = re.compile(NAME_PATTERN)
 
 Stage = Literal["production", "staging"]
 RELEASE_STAGES: tuple[str, ...] = ("production", "staging")
+DEFAULT_POLICY_NAME = "sdar-policy"  # the name a pipeline registers its adapters under unless told
 
 VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"

@@ -164,7 +164,7 @@ class EngineChat:
         return sample.text
 
 
-def build_messages(
+def extraction_messages(
     task_type: str, wins: list[EpisodeActions], losses: list[EpisodeActions], max_actions: int = 16
 ) -> list[dict]:
     """The request: successful and failed action sequences of one task type, and the required reply format."""
@@ -225,7 +225,7 @@ def _fitting(backend: ChatBackend, task_type, wins, losses, max_tokens) -> list[
     """The largest request (dropping episodes, failures first when they outnumber successes) that fits."""
     wins, losses = list(wins), list(losses)
     while wins:
-        messages = build_messages(task_type, wins, losses)
+        messages = extraction_messages(task_type, wins, losses)
         if backend.fits(messages, max_tokens):
             return messages
         if losses and len(losses) >= len(wins):

@@ -15,6 +15,7 @@ from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt, resolve_device
+from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 from sdarflow.rollout.engine import ENGINE_CHOICES
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
@@ -39,7 +40,7 @@ class EvaluateConfig(StageConfig):
     registry: str = opt(
         "", "registry whose production adapter is the baseline when --baseline is empty", io=True
     )
-    policy_name: str = opt("sdar-policy", "policy name in --registry")
+    policy_name: str = opt(DEFAULT_POLICY_NAME, "policy name in --registry")
     engine: str = opt(
         "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINE_CHOICES
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
+from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 from sdarflow.stages.common import require
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 class RegisterConfig(StageConfig):
     stage = "register"
     registry: str = opt("", "registry root URI (local folder or s3://)", io=True)
-    name: str = opt("sdar-policy", "policy name in the registry ([a-z0-9._-])")
+    name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry ([a-z0-9._-])")
     adapter: str = opt("", "adapter to register (published URI)", io=True)
     eval_report: str = opt("", "evaluate output URI for this adapter", io=True)
     model: str = opt("", "base model the adapter belongs to", io=True)

@@ -183,7 +183,7 @@ def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher import guards
-    from sdarflow.teacher.report import summarize
+    from sdarflow.teacher.report import rescore_summary
     from sdarflow.teacher.rescore import teacher_prompts
 
     require("rescore", input=cfg.input, skills=cfg.skills, model=cfg.model, output=cfg.output)
@@ -211,7 +211,7 @@ def run(cfg: RescoreConfig) -> dict:
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
 
-    summary = summarize(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
+    summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
     summary.info = _info(cfg, lib, overridden)
     new_cols = {

@@ -32,7 +32,7 @@ from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, 
 from sdarflow.train import presets
 from sdarflow.train.checkpoint import Checkpoints
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
-from sdarflow.train.history import jsonl_writer, summarize
+from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
 from sdarflow.train.schedule import WarmupConstant
@@ -307,7 +307,7 @@ def _train(cfg: TrainConfig) -> dict:
             on_step=writer,
             on_checkpoint=save_checkpoint,
         )
-        summary = summarize(state.history)
+        summary = run_summary(state.history)
         if cfg.mode == "rl":
             summary.update(advantage_stats(rows, advantages))
         objective = objective_record(cfg, rl_step)

@@ -25,7 +25,7 @@ def _gap_stats(gaps: list[float]) -> tuple[float, float]:
     return sum(gaps) / len(gaps), sum(g > 0 for g in gaps) / len(gaps)
 
 
-def summarize(
+def rescore_summary(
     old: list[list[float]],
     teacher: list[list[float]],
     task_types: list[str],

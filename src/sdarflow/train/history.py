@@ -42,12 +42,12 @@ def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dic
     return write
 
 
-# Per-step quantities a mean does not summarize: the run's totals, its overall rate and its final learning rate.
+# Per-step quantities a mean does not run_summary: the run's totals, its overall rate and its final learning rate.
 _TOTALS = ("seconds", "tokens")
 _NOT_AVERAGED = ("step", "epoch", "position", "lr", "tokens_per_s", *_TOTALS)
 
 
-def summarize(history: list[dict]) -> dict[str, float]:
+def run_summary(history: list[dict]) -> dict[str, float]:
     """The run's summary: each loss/diagnostic metric's mean over the steps that have a finite value; total
     ``seconds`` and ``tokens``, their ratio ``tokens_per_s``, the final ``lr``; step, skipped and SFT counts."""
     values: dict[str, list[float]] = {}
