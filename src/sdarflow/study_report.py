@@ -10,8 +10,6 @@ method's final adapter with the GRPO run of the same seed.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -19,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from sdarflow import storage
+from sdarflow import report, storage
 from sdarflow.evaluate.metrics import bootstrap_interval, pass_at_k, pass_at_k_interval
-from sdarflow.evaluate.report import CSS, Table, html_table, md_table, png_bytes
+from sdarflow.report import Report, Section, Table
 
 BASELINE = "grpo"
 SPLITS = ("test", "ood")
@@ -283,7 +281,7 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
         ax.set_xlabel("round (rollouts of the policy trained through the round before)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=8)
-    return png_bytes(fig)
+    return report.png(fig)
 
 
 def _title(study: Mapping[str, Any]) -> str:
@@ -291,43 +289,30 @@ def _title(study: Mapping[str, Any]) -> str:
     return f"Method study: {', '.join(s['methods'])} on {s['env']}, {len(s['seeds'])} seed(s) x {s['rounds']} round(s)"
 
 
-def render_markdown(study: Mapping[str, Any], image: str = "curves.png") -> str:
+def study_report(study: Mapping[str, Any], curves: bytes) -> Report:
+    """The study's report: what every cell ran with, the tables, then the learning curves and diagnostics."""
     s = study["settings"]
-    lines = [
-        f"# {_title(study)}",
-        "",
-        f"Base model `{s['base_model']}`; sizes {json.dumps(s['sizes'], sort_keys=True)}; stage settings "
-        f"{json.dumps(s['stage_settings'], sort_keys=True)}.",
-        "",
-    ]
-    for title, table in _tables(study):
-        lines += [f"## {title}", "", *md_table(table), ""]
-    lines += ["## Learning curves and diagnostics", "", f"![learning curves]({image})", ""]
-    return "\n".join(lines)
-
-
-def render_html(study: Mapping[str, Any], png: bytes) -> str:
-    title = html.escape(_title(study))
-    parts = [
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{title}</title><style>{CSS}</style></head><body><h1>{title}</h1>",
-    ]
-    parts += [f"<h2>{html.escape(t)}</h2>{html_table(table)}" for t, table in _tables(study)]
-    parts.append("<h2>Learning curves and diagnostics</h2>")
-    parts.append(
-        f'<img alt="learning curves" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+    ran_with = (
+        f"Base model {s['base_model']}; sizes {json.dumps(s['sizes'], sort_keys=True)}; stage settings "
+        f"{json.dumps(s['stage_settings'], sort_keys=True)}."
     )
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    return Report(
+        title=_title(study),
+        subtitle=ran_with,
+        sections=[Section(title, table=table) for title, table in _tables(study)]
+        + [Section("Learning curves and diagnostics", images=("curves",))],
+        images={"curves": ("learning curves", curves)},
+    )
 
 
 def write_reports(out: str, study: Mapping[str, Any]) -> None:
     """The reports, then study.json, into the folder or object-storage prefix ``out`` (each written whole)."""
     png = curves_png(study)
+    doc = study_report(study, png)
     files = {
         "curves.png": png,
-        "report.md": render_markdown(study).encode(),
-        "report.html": render_html(study, png).encode(),
+        "report.md": report.markdown(doc, {"curves": "curves.png"}).encode(),
+        "report.html": report.html(doc).encode(),
         # last: study.json is the study's result, the reports above belong to it
         "study.json": (json.dumps(study, indent=2, sort_keys=True, default=str) + "\n").encode(),
     }

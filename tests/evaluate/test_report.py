@@ -8,7 +8,8 @@ import re
 import pytest
 
 from sdarflow.evaluate.metrics import build_report
-from sdarflow.evaluate.report import PLOT_KEYS, plots, render_html, render_markdown
+from sdarflow.evaluate.report import PLOT_KEYS, evaluation_report, plots
+from sdarflow.report import html, markdown
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -47,7 +48,7 @@ def candidate_plots(report: dict, baseline: dict) -> dict[str, bytes]:
 
 
 def test_render_markdown_tables(report: dict) -> None:
-    md = render_markdown(report)
+    md = markdown(evaluation_report(report, None, {}))
     assert md.startswith("# Evaluation: cand-v3")
     assert "| 1 | 0.417 | 0.000 – 1.000 |" in md  # test pass@1 = 5/12
     assert "| 4 | 0.500 |" in md  # ood pass@4
@@ -58,7 +59,9 @@ def test_render_markdown_tables(report: dict) -> None:
 
 
 def test_render_markdown_images_and_deltas(report: dict, baseline: dict) -> None:
-    md = render_markdown(report, baseline, image_names={"pass_at_k": "pass_at_k.png"})
+    md = markdown(
+        evaluation_report(report, baseline, plots(report, baseline)), {"pass_at_k": "pass_at_k.png"}
+    )
     assert "![pass@k by split](<pass_at_k.png>)" in md
     assert "baseline: prod-v2" in md
     assert "| 1 | 0.417 | 0.000 – 1.000 | 3 × 4 | 0.250 | +0.167 |" in md
@@ -67,7 +70,7 @@ def test_render_markdown_images_and_deltas(report: dict, baseline: dict) -> None
 
 
 def test_render_html_self_contained(report: dict, baseline: dict, candidate_plots: dict[str, bytes]) -> None:
-    page = render_html(report, baseline, images=candidate_plots)
+    page = html(evaluation_report(report, baseline, candidate_plots))
     assert page.startswith("<!DOCTYPE html>")
     for value in (
         "0.417",
@@ -90,16 +93,18 @@ def test_render_html_self_contained(report: dict, baseline: dict, candidate_plot
 def test_render_html_draws_plots_and_escapes_task_types() -> None:
     evil = "<script>alert('x')</script> $\\frac$"
     hostile = build_report(episodes(cut_type=evil), adapter="a<b>", base_model="m", inputs={"x": "</li>"})
-    page = render_html(hostile)
+    page = html(evaluation_report(hostile, None, plots(hostile)))
     assert "<script>" not in page and "<b>" not in page and '</li>"' not in page
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
     assert "data:image/png;base64," in page
-    md = render_markdown(hostile)
+    md = markdown(evaluation_report(hostile, None, {}))
     assert "<script>" not in md and "\\<script\\>" in md
 
 
 def test_rendering_is_deterministic(report: dict, baseline: dict) -> None:
-    assert render_markdown(report, baseline) == render_markdown(report, baseline)
+    assert html(evaluation_report(report, baseline, plots(report, baseline))) == html(
+        evaluation_report(report, baseline, plots(report, baseline))
+    )
     assert plots(report) == plots(report)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sdarflow.study_report import analyze, render_markdown
+from sdarflow.report import markdown
+from sdarflow.study_report import analyze, study_report
 
 
 def _split(successes: dict[str, int], n: int = 4) -> dict:
@@ -70,7 +71,7 @@ def test_pooled_relative_and_paired_values_by_hand():
 
 
 def test_markdown_has_the_comparison_table():
-    md = render_markdown(analyze(SETTINGS, BASE, CELLS))
+    md = markdown(study_report(analyze(SETTINGS, BASE, CELLS), b""))
     assert "| method | relative pass@1 | relative pass@4 | relative OOD pass@1 | training overhead |" in md
     assert "| grpo | 1.00 | 1.00 | 1.00 | 1.00 |" in md
     assert "| sdar | 1.67 | 2.00 | 0.00 | 1.50 |" in md

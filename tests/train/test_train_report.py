@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import re
 
-from sdarflow.train.report import MAX_TABLE_ROWS, render_html, render_markdown, write_reports
+from sdarflow.report import html, markdown
+from sdarflow.train.report import MAX_TABLE_ROWS, training_report, write_reports
 
 
 def history(n: int = 6) -> list[dict]:
@@ -33,7 +34,7 @@ def history(n: int = 6) -> list[dict]:
 def test_html_is_self_contained_with_a_png(tmp_path):
     write_reports(tmp_path, history(), {"loss/total": 0.4, "train/steps": 6.0}, "train: sdar")
     page = (tmp_path / "report.html").read_text()
-    m = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    m = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert m and base64.b64decode(m.group(1)).startswith(b"\x89PNG")
     assert "http" not in page.replace("http-equiv", "")  # nothing fetched from elsewhere
     md = (tmp_path / "report.md").read_text()
@@ -43,11 +44,32 @@ def test_html_is_self_contained_with_a_png(tmp_path):
 
 def test_rendering_is_deterministic_and_tables_stay_short():
     h = history(200)
-    assert render_html(h, {}, "t") == render_html(h, {}, "t")
-    rows = [line for line in render_markdown(h, {}, "t").splitlines() if re.match(r"\| \d+ \|", line)]
+    assert html(training_report(h, {}, "t")) == html(training_report(h, {}, "t"))
+    rows = [
+        line for line in markdown(training_report(h, {}, "t")).splitlines() if re.match(r"\| \d+ \|", line)
+    ]
     assert len(rows) <= MAX_TABLE_ROWS + 1 and rows[-1].startswith("| 200 |")
 
 
 def test_empty_history_still_renders():
-    assert "no data" not in render_markdown([], {}, "t")
-    assert "<img" in render_html([], {}, "t")
+    assert "no data" not in markdown(training_report([], {}, "t"))
+    assert "<img" in html(training_report([], {}, "t"))
+
+
+def test_a_flat_panel_gets_a_readable_range():
+    """One step (or a constant metric) draws a flat line: its axis spans the value's size, not matplotlib's +-4%
+    (a 0.96-1.04 axis reads as movement)."""
+    from matplotlib.figure import Figure
+
+    from sdarflow.train.report import _single_value_limits
+
+    for values, limits in (([1.0], (0.0, 2.0)), ([-0.5, -0.5], (-1.0, 0.0)), ([0.0], (-1.0, 1.0))):
+        ax = Figure().subplots()
+        ax.plot(range(len(values)), values)
+        _single_value_limits(ax, values)
+        assert ax.get_ylim() == limits
+    ax = Figure().subplots()
+    ax.plot([1, 2], [1.0, 2.0])
+    before = ax.get_ylim()
+    _single_value_limits(ax, [1.0, 2.0])  # a line that moves keeps matplotlib's range
+    assert ax.get_ylim() == before

@@ -10,18 +10,17 @@ from sdarflow.evaluate.metrics import (
     split_results,
     wilson_interval,
 )
-from sdarflow.evaluate.report import PLOT_KEYS, plots, render_html, render_markdown
+from sdarflow.evaluate.report import PLOT_KEYS, evaluation_report, plots
 
 __all__ = [
     "PLOT_KEYS",
     "bootstrap_interval",
     "build_report",
+    "evaluation_report",
     "ks_for",
     "pass_at_k",
     "pass_at_k_interval",
     "plots",
-    "render_html",
-    "render_markdown",
     "split_results",
     "wilson_interval",
 ]

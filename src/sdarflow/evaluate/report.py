@@ -1,5 +1,6 @@
-"""Rendering of evaluation reports (from :func:`sdarflow.evaluate.metrics.build_report`): Markdown for a KFP
-``Output[Markdown]``, one self-contained HTML page for a KFP ``Output[HTML]``, and the PNG plots both show.
+"""Evaluation reports (from :func:`sdarflow.evaluate.metrics.build_report`) as a :class:`sdarflow.report.Report`
+(rendered as Markdown for a KFP ``Output[Markdown]`` and one self-contained HTML page for ``Output[HTML]``), and
+the PNG plots both show.
 
 A ``baseline`` is another report of the same shape (for example the production adapter's); when given, tables
 gain baseline and delta (candidate - baseline) columns and plots draw it dashed or hatched. Rendering is
@@ -8,20 +9,16 @@ deterministic: the same reports give the same bytes (no timestamps unless they a
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
+
+from sdarflow.report import Report, Section, Table, png
 
 PLOT_KEYS: tuple[str, ...] = ("pass_at_k", "task_type_pass1")
 PLOT_TITLES: dict[str, str] = {"pass_at_k": "pass@k by split", "task_type_pass1": "pass@1 by task type"}
 _FIXED_KEYS = ("adapter", "base_model", "splits")
 _NA = "n/a"
-
-Table = tuple[list[str], list[list[str]]]
 
 
 def _fmt(x: float | None) -> str:
@@ -114,103 +111,28 @@ def _subtitle(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> 
     return text + (f"; baseline: {baseline['adapter']}" if baseline is not None else "")
 
 
-# CommonMark lets a backslash escape any ASCII punctuation; these are the ones that change rendering.
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!])")
-
-
-def _md(text: str) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
-
-
-def md_table(table: Table) -> list[str]:
-    header, rows = table
-    lines = ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def render_markdown(
-    report: Mapping[str, Any],
-    baseline: Mapping[str, Any] | None = None,
-    image_names: Mapping[str, str] | None = None,
-) -> str:
-    """Markdown report: overview, pass@k with CI per split, pass@1 by task type, lineage.
-
-    ``image_names`` maps a plot key (:data:`PLOT_KEYS`) to the file name the PNG is stored under next to the
-    Markdown; without it no images are referenced, since a Markdown artifact cannot embed them.
-    """
-    lines = [f"# Evaluation: {_md(report['adapter'])}", "", _md(_subtitle(report, baseline)), ""]
-    for title, table in _sections(report, baseline):
-        lines += [f"## {_md(title)}", "", *md_table(table), ""]
-    if image_names:
-        lines += ["## Plots", ""]
-        for key, name in image_names.items():
-            # Angle brackets let the file name hold spaces and parentheses.
-            lines += [f"![{_md(PLOT_TITLES.get(key, key))}](<{name}>)", ""]
+def evaluation_report(
+    report: Mapping[str, Any], baseline: Mapping[str, Any] | None, images: Mapping[str, bytes]
+) -> Report:
+    """The report to render: overview, pass@k with CI per split, pass@1 by task type, the ``images`` (from
+    :func:`plots`), lineage. With a ``baseline`` the tables gain baseline and delta columns."""
+    sections = [Section(title, table=table) for title, table in _sections(report, baseline)]
+    sections.append(Section("Plots", images=tuple(images)))
     extras = _extras(report)
     if extras:
-        lines += ["## Lineage", ""] + [f"- {_md(k)}: {_md(v)}" for k, v in extras] + [""]
-    return "\n".join(lines)
-
-
-CSS = (
-    "body{font-family:sans-serif;margin:2em;color:#222}"
-    "table{border-collapse:collapse;margin:0 0 1.5em}"
-    "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-    "th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}"
-    "img{max-width:100%;display:block;margin:0 0 1em}"
-)
-
-
-def html_table(table: Table) -> str:
-    header, rows = table
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def render_html(
-    report: Mapping[str, Any],
-    baseline: Mapping[str, Any] | None = None,
-    images: Mapping[str, bytes] | None = None,
-) -> str:
-    """One self-contained HTML page: the Markdown's tables plus the plots as base64 ``data:`` URIs.
-
-    ``images`` reuses PNGs already made by :func:`plots` (for example ones also written as files); by default
-    they are drawn here.
-    """
-    pngs = plots(report, baseline) if images is None else images
-    title = html.escape(f"Evaluation: {report['adapter']}")
-    parts = [
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{title}</title><style>{CSS}</style></head><body>",
-        f"<h1>{title}</h1><p>{html.escape(_subtitle(report, baseline))}</p>",
-    ]
-    for section, table in _sections(report, baseline):
-        parts.append(f"<h2>{html.escape(section)}</h2>{html_table(table)}")
-    if pngs:
-        parts.append("<h2>Plots</h2>")
-    for key, png in pngs.items():
-        alt = html.escape(PLOT_TITLES.get(key, key))
-        parts.append(f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">')
-    extras = _extras(report)
-    if extras:
-        items = "".join(f"<li>{html.escape(k)}: <code>{html.escape(v)}</code></li>" for k, v in extras)
-        parts.append(f"<h2>Lineage</h2><ul>{items}</ul>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+        sections.append(Section("Lineage", items=extras))
+    return Report(
+        title=f"Evaluation: {report['adapter']}",
+        subtitle=_subtitle(report, baseline),
+        sections=sections,
+        images={key: (PLOT_TITLES.get(key, key), data) for key, data in images.items()},
+    )
 
 
 def _label(text: str, limit: int = 24) -> str:
     """Plot-safe text: '$' would switch matplotlib to mathtext (and can fail to parse), long names overlap."""
     text = text if len(text) <= limit else text[: limit - 1] + "…"
     return text.replace("$", r"\$")
-
-
-def png_bytes(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
 
 
 def _split_axes(report: Mapping[str, Any], width: float) -> tuple[Any, list[Any]]:
@@ -289,6 +211,6 @@ def plots(report: Mapping[str, Any], baseline: Mapping[str, Any] | None = None) 
     """PNG plots keyed by :data:`PLOT_KEYS`: ``pass_at_k`` (curve per split with its 95% CI band; baseline
     dashed) and ``task_type_pass1`` (pass@1 bars per task type per split; baseline hatched beside)."""
     return {
-        "pass_at_k": png_bytes(_pass_at_k_figure(report, baseline)),
-        "task_type_pass1": png_bytes(_task_type_figure(report, baseline)),
+        "pass_at_k": png(_pass_at_k_figure(report, baseline)),
+        "task_type_pass1": png(_task_type_figure(report, baseline)),
     }

@@ -148,16 +148,18 @@ def run(cfg: EvaluateConfig) -> dict:
 
 def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None) -> None:
     """The report as JSON, Markdown and HTML with its plots, published at ``cfg.output``."""
-    from sdarflow.evaluate import plots, render_html, render_markdown
+    from sdarflow import report as render
+    from sdarflow.evaluate import evaluation_report, plots
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         images = plots(report, baseline)
         for key, png in images.items():
             (out / f"{key}.png").write_bytes(png)
+        doc = evaluation_report(report, baseline, images)
         (out / REPORT).write_text(json.dumps(report, indent=2, sort_keys=True))
-        (out / "report.md").write_text(render_markdown(report, baseline, {k: f"{k}.png" for k in images}))
-        (out / "report.html").write_text(render_html(report, baseline, images))
+        (out / "report.md").write_text(render.markdown(doc, {k: f"{k}.png" for k in images}))
+        (out / "report.html").write_text(render.html(doc))
         storage.publish_dir(
             out,
             cfg.output,

@@ -273,8 +273,10 @@ def _write(
     cfg: RescoreConfig, table: pa.Table, new_cols: dict, summary, library_version: str, overridden: list[str]
 ) -> pa.Table:
     """Publish the trajectories with the rescored columns added, and the report beside them; return the table."""
-    from sdarflow.teacher.report import render_html, render_markdown
+    from sdarflow import report
+    from sdarflow.teacher.report import rescore_report
 
+    doc = rescore_report(summary)
     types = {f.name: f.type for f in RESCORE_FIELDS}
     for name, values in new_cols.items():
         table = table.append_column(pa.field(name, types[name]), pa.array(values, type=types[name]))
@@ -288,8 +290,8 @@ def _write(
         inputs=[*cfg.input, cfg.skills, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
         overwrite=cfg.overwrite,
         attachments={
-            "report.md": render_markdown(summary).encode(),
-            "report.html": render_html(summary).encode(),
+            "report.md": report.markdown(doc).encode(),
+            "report.html": report.html(doc).encode(),
         },
         metrics=summary.metrics,
         skill_library=library_version,

@@ -1,13 +1,12 @@
 """Rescore metrics (teacher - student gap distribution overall and per task type, retrieval, skills used,
-throughput) and the stage's Markdown/HTML summary with a gap histogram, for the KFP UI."""
+throughput) and the stage's report with a gap histogram, for the KFP UI."""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+
+from sdarflow.report import Report, Section, png
 
 
 @dataclass
@@ -91,9 +90,7 @@ def histogram_png(gaps: list[float], bins: int = 40) -> bytes:
     ax.set_xlabel("teacher - student log-prob per token")
     ax.set_ylabel("tokens")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return png(fig)
 
 
 def _rows(summary: RescoreSummary) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
@@ -126,46 +123,18 @@ TYPE_HEADER = ["task type", "rows", "tokens", "gap mean", "gap > 0", "hit rate"]
 SKILL_HEADER = ["skill", "rows", "gap mean"]
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def render_markdown(summary: RescoreSummary) -> str:
+def rescore_report(summary: RescoreSummary) -> Report:
+    """The stage's report: headline metrics and settings, the per-token gap histogram, per task type, skills."""
     headline, types, skills = _rows(summary)
-    return (
-        "\n\n".join(
-            [
-                "# Rescore",
-                _md_table(["metric", "value"], headline),
-                "## Per task type",
-                _md_table(TYPE_HEADER, types),
-                "## Skills used",
-                _md_table(SKILL_HEADER, skills) if skills else "No skills were retrieved.",
-            ]
-        )
-        + "\n"
-    )
-
-
-def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def render_html(summary: RescoreSummary) -> str:
-    """Self-contained page: inline CSS, the histogram as a base64 data URI."""
-    headline, types, skills = _rows(summary)
-    png = base64.b64encode(histogram_png(summary.gaps)).decode()
-    style = (
-        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#eee}"
-    )
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Rescore</title><style>{style}</style></head>"
-        f"<body><h1>Rescore</h1>{_html_table(['metric', 'value'], headline)}"
-        f"<h2>Gap per token</h2><img alt='gap histogram' src='data:image/png;base64,{png}'>"
-        f"<h2>Per task type</h2>{_html_table(TYPE_HEADER, types)}"
-        f"<h2>Skills used</h2>{_html_table(SKILL_HEADER, skills)}</body></html>\n"
+    return Report(
+        title="Rescore",
+        sections=[
+            Section("Summary", table=(["metric", "value"], headline)),
+            Section("Gap per token", images=("gaps",)),
+            Section("Per task type", table=(TYPE_HEADER, types)),
+            Section("Skills used", table=(SKILL_HEADER, skills))
+            if skills
+            else Section("Skills used", text="No skills were retrieved."),
+        ],  # fmt: skip
+        images={"gaps": ("gap histogram", histogram_png(summary.gaps))},
     )

@@ -7,13 +7,12 @@ The KFP pipeline copies both files from the train stage's output into the run's 
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from sdarflow.report import Report, Section, html, markdown, png
 
 # (metric key, panel title)
 PANELS: tuple[tuple[str, str], ...] = (
@@ -36,6 +35,9 @@ TABLE_KEYS: tuple[str, ...] = (
     "lr",
 )
 MAX_TABLE_ROWS = 40
+SUMMARY_NOTE = (
+    "Means over the steps, except seconds and tokens (totals), tokens_per_s (their ratio), lr (final)."
+)
 
 
 def _finite(v: Any) -> bool:
@@ -59,60 +61,55 @@ def _rows(history: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return picked if picked[-1] is history[-1] else [*picked, history[-1]]
 
 
+def _single_value_limits(ax, values: list[float]) -> None:
+    """A panel whose points all share one value gets a readable range around it (matplotlib's default for a flat
+    line is +-4%: a 0.96-1.04 axis that suggests a change where there is none)."""
+    if values and min(values) == max(values):
+        v = values[0]
+        pad = abs(v) if v else 1.0
+        ax.set_ylim(v - pad, v + pad)
+
+
 def plot_png(history: Sequence[Mapping[str, Any]]) -> bytes:
     """2x2 panels of PANELS over steps (SFT steps marked with x); empty panels say 'no data'."""
     from matplotlib.figure import Figure  # lazy: slow to import, and only the report needs it
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(10, 6), layout="constrained")
     for ax, (key, title) in zip(fig.subplots(2, 2).flat, PANELS):
+        values = []
         for kind, marker in (("rl", "o"), ("sft", "x")):
             pts = [
                 (h["step"], h[key]) for h in history if h.get("kind", "rl") == kind and _finite(h.get(key))
             ]
             if pts:
                 xs, ys = zip(*pts)
+                values += ys
                 ax.plot(xs, ys, marker=marker, markersize=3, linewidth=1, label=kind)
         if not ax.lines:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         elif len(ax.lines) > 1:
             ax.legend(fontsize=8)
+        _single_value_limits(ax, values)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
-    return buf.getvalue()
+    return png(fig, dpi=90)
 
 
-def render_markdown(history: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], title: str) -> str:
-    lines = [f"# {title}", "", "| metric | mean over steps |", "|---|---|"]
-    lines += [f"| {k} | {_cell(v)} |" for k, v in sorted(summary.items())]
-    lines += ["", "## Steps", "", "| " + " | ".join(TABLE_KEYS) + " |", "|" + "---|" * len(TABLE_KEYS)]
-    lines += ["| " + " | ".join(_cell(h.get(k)) for k in TABLE_KEYS) + " |" for h in _rows(history)]
-    return "\n".join(lines) + "\n"
-
-
-def render_html(history: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], title: str) -> str:
-    png = base64.b64encode(plot_png(history)).decode("ascii")
-    esc = html.escape
-    summary_rows = "".join(
-        f"<tr><td>{esc(k)}</td><td>{esc(_cell(v))}</td></tr>" for k, v in sorted(summary.items())
-    )
-    head = "".join(f"<th>{esc(k)}</th>" for k in TABLE_KEYS)
-    steps = "".join(
-        "<tr>" + "".join(f"<td>{esc(_cell(h.get(k)))}</td>" for k in TABLE_KEYS) + "</tr>"
-        for h in _rows(history)
-    )
-    style = (
-        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-    )
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
-        f"<style>{style}</style></head><body><h1>{esc(title)}</h1>"
-        f"<img alt='training curves' src='data:image/png;base64,{png}'>"
-        f"<h2>Summary</h2><table><tr><th>metric</th><th>mean over steps</th></tr>{summary_rows}</table>"
-        f"<h2>Steps</h2><table><tr>{head}</tr>{steps}</table></body></html>\n"
+def training_report(history: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], title: str) -> Report:
+    """The train stage's report: the curves, the run summary and (at most MAX_TABLE_ROWS of) the steps."""
+    summary_rows = [[k, _cell(v)] for k, v in sorted(summary.items())]
+    steps = [[_cell(h.get(k)) for k in TABLE_KEYS] for h in _rows(history)]
+    return Report(
+        title=title,
+        sections=[
+            Section("Training curves", images=("curves",)),
+            Section("Summary", text=SUMMARY_NOTE, table=(["metric", "value"], summary_rows)),
+            Section("Steps", table=(list(TABLE_KEYS), steps)),
+        ],
+        images={"curves": ("training curves", plot_png(history))},
     )
 
 
@@ -121,5 +118,6 @@ def write_reports(
 ) -> None:
     """Write ``report.md`` and ``report.html`` into ``out_dir``."""
     out = Path(out_dir)
-    (out / "report.md").write_text(render_markdown(history, summary, title))
-    (out / "report.html").write_text(render_html(history, summary, title))
+    doc = training_report(history, summary, title)
+    (out / "report.md").write_text(markdown(doc))
+    (out / "report.html").write_text(html(doc))

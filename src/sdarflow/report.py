@@ -1,0 +1,145 @@
+"""One way to write a report, for every stage that writes one (rescore, train, evaluate) and the method study.
+
+A :class:`Report` is a title, a subtitle and sections, each with any of a paragraph, a table, bullet items and
+plots. :func:`markdown` renders it for a KFP ``Output[Markdown]`` (every value escaped, so a task type or a path
+never turns into markup); :func:`html` renders one self-contained page for a KFP ``Output[HTML]`` (Jinja2 with
+autoescape, the plots inline as base64 ``data:`` URIs, nothing fetched from outside). :func:`png` turns a
+matplotlib figure into PNG bytes. Rendering is deterministic: the same report gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+# (header, rows); every cell already formatted as text
+Table = tuple[Sequence[str], Sequence[Sequence[str]]]
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    text: str = ""
+    table: Table | None = None
+    items: Sequence[tuple[str, str]] = ()  # "key: value" bullets
+    images: Sequence[str] = ()  # keys of Report.images
+
+
+@dataclass
+class Report:
+    title: str
+    subtitle: str = ""
+    sections: list[Section] = field(default_factory=list)
+    images: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # key -> (alt text, PNG bytes)
+
+
+CSS = (
+    "body{font-family:sans-serif;margin:2em;color:#222}"
+    "table{border-collapse:collapse;margin:0 0 1.5em}"
+    "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}"
+    "img{max-width:100%;display:block;margin:0 0 1em}"
+)
+
+_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ r.title }}</title><style>{{ css }}</style></head><body>
+<h1>{{ r.title }}</h1>
+{% if r.subtitle %}<p>{{ r.subtitle }}</p>
+{% endif %}
+{% for s in r.sections %}
+<h2>{{ s.title }}</h2>
+{% if s.text %}<p>{{ s.text }}</p>
+{% endif %}
+{% if s.table %}<table><thead><tr>{% for h in s.table[0] %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>
+{% for row in s.table[1] %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+{% endif %}
+{% if s.items %}<ul>{% for k, v in s.items %}<li>{{ k }}: <code>{{ v }}</code></li>{% endfor %}</ul>
+{% endif %}
+{% for key in s.images %}<img alt="{{ r.images[key][0] }}" src="data:image/png;base64,{{ r.images[key][1]|b64 }}">
+{% endfor %}
+{% endfor %}
+</body></html>
+"""
+
+_MARKDOWN = """# {{ r.title|md }}
+{% if r.subtitle %}
+
+{{ r.subtitle|md }}
+{% endif %}
+{% for s in sections %}
+
+## {{ s.title|md }}
+{% if s.text %}
+
+{{ s.text|md }}
+{% endif %}
+{% if s.table %}
+
+| {{ s.table[0]|map('md')|join(' | ') }} |
+|{{ '---|' * (s.table[0]|length) }}
+{% for row in s.table[1] %}
+| {{ row|map('md')|join(' | ') }} |
+{% endfor %}
+{% endif %}
+{% if s.items %}
+
+{% for k, v in s.items %}
+- {{ k|md }}: {{ v|md }}
+{% endfor %}
+{% endif %}
+{% for key in s.images if key in files %}
+
+![{{ r.images[key][0]|md }}](<{{ files[key] }}>)
+{% endfor %}
+{% endfor %}
+"""
+
+# CommonMark lets a backslash escape any ASCII punctuation; these are the ones that change rendering.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!])")
+
+
+def md_escape(text: object) -> str:
+    """``text`` as literal Markdown on one line (a table cell or a bullet cannot span lines)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
+
+
+def _environment(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(
+        autoescape=autoescape, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+    )
+    env.filters["md"] = md_escape
+    env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
+    return env
+
+
+_HTML_TEMPLATE = _environment(autoescape=True).from_string(_HTML)
+_MARKDOWN_TEMPLATE = _environment(autoescape=False).from_string(_MARKDOWN)
+
+
+def html(report: Report) -> str:
+    """One self-contained HTML page: every value escaped, the plots inline."""
+    return _HTML_TEMPLATE.render(r=report, css=CSS)
+
+
+def markdown(report: Report, image_files: Mapping[str, str] | None = None) -> str:
+    """Markdown: every value escaped. A Markdown artifact cannot embed images, so a plot is referenced only when
+    ``image_files`` names the file it is stored under next to the Markdown; a section with nothing else to show
+    is left out."""
+    files = dict(image_files or {})
+    shown = [s for s in report.sections if s.text or s.table or s.items or any(k in files for k in s.images)]
+    return _MARKDOWN_TEMPLATE.render(r=report, sections=shown, files=files).rstrip("\n") + "\n"
+
+
+def png(fig: Any, dpi: int = 100) -> bytes:
+    """A matplotlib figure (object API: no pyplot state) as PNG bytes, without the version stamp that would make
+    the same plot differ between matplotlib releases."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    return buf.getvalue()

@@ -1,0 +1,59 @@
+"""The one report renderer: Markdown with every value escaped, a self-contained autoescaped HTML page, plots
+referenced (Markdown) or inlined (HTML), and the same bytes for the same report."""
+
+from __future__ import annotations
+
+import base64
+
+from sdarflow.report import Report, Section, html, markdown, md_escape
+
+PNG = b"\x89PNG\r\n\x1a\nfake"
+
+
+def hostile() -> Report:
+    return Report(
+        title="run <b>x</b> | *bold*",
+        subtitle="model /tmp/a_b",
+        sections=[
+            Section("Table", table=(["name", "value"], [["<script>", "1|2"], ["[link](http://x)", "# h"]])),
+            Section("Plots", images=("p",)),
+            Section("Lineage", items=[("uri", "s3://b/k`x`"), ("multi", "line\nbreak")]),
+            Section("Empty", text="nothing <here>"),
+        ],
+        images={"p": ("a <plot>", PNG)},
+    )
+
+
+def test_markdown_escapes_every_value_and_keeps_tables_one_line_per_row():
+    md = markdown(hostile())
+    assert md.startswith("# run \\<b\\>x\\</b\\> \\| \\*bold\\*\n")
+    assert "| \\<script\\> | 1\\|2 |" in md
+    assert "| \\[link\\](http://x) | \\# h |" in md
+    assert "- uri: s3://b/k\\`x\\`" in md and "- multi: line break" in md
+    assert "model /tmp/a\\_b" in md and "nothing \\<here\\>" in md
+    assert "## Plots" not in md  # a section of plots alone shows nothing without files for them
+    assert md.endswith("nothing \\<here\\>\n")
+
+
+def test_markdown_references_plots_by_file_name():
+    md = markdown(hostile(), {"p": "plot 1.png"})
+    assert "## Plots\n\n![a \\<plot\\>](<plot 1.png>)\n" in md
+
+
+def test_html_is_escaped_and_self_contained():
+    page = html(hostile())
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script>" not in page and "<b>" not in page
+    assert "<td>&lt;script&gt;</td><td>1|2</td>" in page
+    assert f'<img alt="a &lt;plot&gt;" src="data:image/png;base64,{base64.b64encode(PNG).decode()}">' in page
+    assert "<li>uri: <code>s3://b/k`x`</code></li>" in page
+    assert 'src="http' not in page and "href=" not in page
+
+
+def test_rendering_is_deterministic():
+    assert html(hostile()) == html(hostile()) and markdown(hostile()) == markdown(hostile())
+
+
+def test_md_escape():
+    assert md_escape("a_b*c|d\ne") == "a\\_b\\*c\\|d e"
+    assert md_escape(3) == "3"
