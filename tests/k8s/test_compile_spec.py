@@ -381,3 +381,28 @@ def test_the_pipelines_parameters_are_the_pipeline_configs():
     assert set(inputs) == set(fields) - {"shards"}
     defaults = {name: spec.default for name, spec in inputs.items() if name not in ("storage", "base_model")}
     assert defaults == {name: fields[name] for name in defaults}
+
+
+def test_the_pipelines_defaults_are_the_stages():
+    """A setting the pipeline passes on to a stage defaults to what the stage itself defaults to, so a run from the
+    KFP UI and `sdarflow <stage>` agree when nobody sets it."""
+    import dataclasses
+
+    from sdarflow.pipeline_config import _SHARED, PipelineConfig
+    from sdarflow.stages import config_class
+
+    def defaults(cls) -> dict:
+        return {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)
+        }
+
+    pipeline = defaults(PipelineConfig)
+    differ = [
+        f"{stage}.{dst}: stage {stage_defaults[dst]!r}, pipeline {src} {pipeline[src]!r}"
+        for stage, shared in _SHARED.items()
+        for stage_defaults in [defaults(config_class(stage))]
+        for src, dst in shared.items()
+        if stage_defaults[dst] != pipeline[src]
+    ]
+    assert differ == []
