@@ -83,12 +83,11 @@ def sft(
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: (
-            min(1.0, (s + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(s / steps * 3.14159)).item())
-        ),
+    from transformers import get_cosine_schedule_with_warmup  # lazy: a heavy import only the SFT needs
+
+    # 5% linear warmup, then cosine decay to 0 over the remaining steps
+    sched = get_cosine_schedule_with_warmup(
+        opt, num_warmup_steps=max(1, steps // 20), num_training_steps=steps
     )
     model.train()
     history = []
