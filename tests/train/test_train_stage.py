@@ -92,7 +92,6 @@ def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, cap
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--zero-stage", "1"], "zero_stage = 1 is not one of 2, 3"),
         (["--checkpoint-dir", "s3://bucket/ck"], "must be a local folder"),
         (["--sft-ratio", "-1"], "sft_ratio = -1.0 must be >= 0"),
         (["--clip-ratio-c", "0.5"], "clip_ratio_c \\(0.5\\) must be > 1"),
@@ -102,6 +101,18 @@ def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, cap
 def test_bad_settings_fail_with_the_fix(flags, message, capsys):
     assert train_cli("--input", "x", "--model", "m", "--output", "o", *flags) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_zero_stage_is_a_choice_of_numbers(capsys):
+    from sdarflow.errors import ConfigError
+    from sdarflow.stages.train import TrainConfig
+
+    with pytest.raises(SystemExit) as exit_:  # argparse refuses it before anything runs
+        train_cli("--input", "x", "--model", "m", "--output", "o", "--zero-stage", "1")
+    assert exit_.value.code == 2 and "invalid choice: 1 (choose from 2, 3)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="zero_stage = 1 is not one of 2, 3"):  # a YAML or KFP value
+        TrainConfig.from_dict({"zero_stage": 1})
+    assert TrainConfig.from_dict({"zero_stage": 3.0}).zero_stage == 3
 
 
 def _objective(out: str) -> dict:

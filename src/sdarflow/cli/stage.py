@@ -30,12 +30,15 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
             )
             continue
         list_type = typing.get_origin(hint) is list
+        choices = f.metadata.get("choices")
         parser.add_argument(
             flag,
             dest=name,
             default=None,
             action="append" if list_type else "store",
-            choices=f.metadata.get("choices"),
+            # numeric choices are compared as numbers (argparse compares the raw string otherwise)
+            type=type(choices[0]) if choices and not isinstance(choices[0], str) else None,
+            choices=choices,
             help=f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else ""),
         )
 

@@ -134,7 +134,9 @@ class TrainConfig(StageConfig):
         "when the node has more than one GPU or this is one of several launched workers, else torch",
         choices=("auto", *TRAIN_ENGINES),
     )
-    zero_stage: int = opt(2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)")
+    zero_stage: int = opt(
+        2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)", choices=ZERO_STAGES
+    )
     lr: float = opt(5e-4, "AdamW learning rate (after warmup)", gt=0)
     warmup_steps: int = opt(
         0, "linear learning-rate warmup over this many optimizer steps, then constant", ge=0
@@ -178,8 +180,6 @@ class TrainConfig(StageConfig):
             log.warning(
                 "train: lam %.3g > 0.1: distillation tends to dominate GRPO and degrade results", self.lam
             )
-        if self.zero_stage not in ZERO_STAGES:
-            raise ConfigError(f"train: zero_stage = {self.zero_stage} is not one of 2, 3; fix: pick 2 or 3")
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
             raise ConfigError(
                 f"train: checkpoint_dir '{self.checkpoint_dir}' must be a local folder (a volume), not a URI; "
