@@ -1,5 +1,5 @@
 """Start-up: ``sdarflow --help``, and each KFP component's start before real work (a fresh interpreter importing
-what the task runs before its stage's ``run``: KFP's executor, the component, ``sdarflow.pipeline_config`` and the
+what the task runs before its stage's ``run``: KFP's executor, the component, ``sdarflow.kfp_runtime`` and the
 stage module). Medians of 5 fresh processes."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _seconds(argv: list[str], repeats: int = 5) -> float:
 
 def _component_start(stage: str) -> float:
     component = "components." + stage.replace("-", "_")
-    code = f"import kfp.dsl.executor_main, {component}, sdarflow.pipeline_config, {module_name(stage)}"
+    code = f"import kfp.dsl.executor_main, {component}, sdarflow.kfp_runtime, {module_name(stage)}"
     return _seconds([sys.executable, "-c", code])
 
 

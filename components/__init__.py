@@ -1,4 +1,4 @@
-"""KFP lightweight components: thin wrappers that call ``sdarflow.pipeline_config`` for a stage.
+"""KFP lightweight components: thin wrappers that call ``sdarflow.kfp_runtime`` for a stage.
 
 Kubernetes wiring (GPUs, tolerations, secrets, retries, caching, display names, per-stage images) is applied in
 ``pipelines/``. Every image already has sdarflow and kfp installed, so components do not pip-install kfp at start

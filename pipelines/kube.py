@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from kfp import dsl, kubernetes
 
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
+from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
-from sdarflow.storage import S3_SECRET
+from sdarflow.model_cache import LOADS_MODEL
 
 GPU_STAGES = ("generate", "rescore", "train", "evaluate")
 # Which GPU image a stage uses: rollouts (generate, evaluate) want vLLM; log-probs and training want DeepSpeed.
@@ -60,7 +61,7 @@ DEFAULT_TIMEOUT_S = {
     "promote": 600,
 }
 # Stages that copy an s3:// base model to $SDARFLOW_CACHE (model_cache.local_model).
-MODEL_CACHE_STAGES = ("generate", "rescore", "train", "evaluate", "register")
+MODEL_CACHE_STAGES = LOADS_MODEL
 MODEL_CACHE_PATH = "/var/cache/sdarflow"
 TASKS = tuple(DEFAULT_CPU)
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")

@@ -7,8 +7,8 @@ from kfp import dsl
 
 from components.promote import promote
 from pipelines.kube import KubeOptions, wire
+from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.registry.gate import GATE
-from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 
 PIPELINE_NAME = "sdar-promotion"
 

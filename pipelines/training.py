@@ -19,9 +19,9 @@ from components.register import register
 from components.rescore import rescore
 from components.train import train
 from pipelines.kube import KubeOptions, wire
+from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE
-from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 
 PIPELINE_NAME = "sdar-training"
 

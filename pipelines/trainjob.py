@@ -19,8 +19,8 @@ from typing import Any
 
 from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration
 from sdarflow.config import StageConfig
+from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
-from sdarflow.storage import S3_SECRET
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"

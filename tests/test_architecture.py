@@ -5,6 +5,7 @@ or function over 60 lines in ``src/``."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ PACKAGES = {
 # Lowest first; a module may import its own layer or any layer below. The key is a module's first name under
 # sdarflow (its subpackage, or the module itself), or the top-level package for components and pipelines.
 LAYERS: list[set[str]] = [
-    {"sdarflow", "errors", "names", "progress", "report", "schema", "config", "storage"},
+    {"sdarflow", "defaults", "errors", "names", "progress", "report", "schema", "config", "storage"},
     {"algo", "envs"},
     {"models"},
     {"rollout"},
@@ -149,3 +150,11 @@ def test_module_and_function_sizes(path: Path):
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert long == []
+
+
+def test_every_package_ships():
+    """A non-editable install (the images' ``pip install .``) gets only the packages pyproject lists: a new
+    subpackage missing there would pass every test here and break the image."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert packages == listed

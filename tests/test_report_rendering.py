@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 
+import pytest
+
 from sdarflow.report import Report, Section, html, markdown, md_escape
 
 PNG = b"\x89PNG\r\n\x1a\nfake"
@@ -55,5 +57,24 @@ def test_rendering_is_deterministic():
 
 
 def test_md_escape():
-    assert md_escape("a_b*c|d\ne") == "a\\_b\\*c\\|d e"
+    assert md_escape("a_b*c|d\r\ne") == "a\\_b\\*c\\|d e"
+    assert md_escape("&lt;") == "\\&lt;"  # an entity would render as '<'
+    assert [md_escape(t) for t in ("- a", "+ b", "1. c", "12) d", "a-b")] == [
+        "\\- a",
+        "\\+ b",
+        "1\\. c",
+        "12\\) d",
+        "a-b",
+    ]  # a value that starts like a list item stays text
     assert md_escape(3) == "3"
+
+
+def test_a_report_refuses_a_plot_it_does_not_have():
+    with pytest.raises(ValueError, match="sections show images \\['q'\\]"):
+        Report("r", sections=[Section("Plots", images=("q",))])
+
+
+def test_sections_with_nothing_to_show_are_left_out():
+    r = Report("r", sections=[Section("no header", table=([], [["x"]])), Section("Plots", images=())])
+    assert markdown(r) == "# r\n"
+    assert "<h2>" not in html(r)

@@ -2,7 +2,8 @@
 as YAML next to the run's data; each stage task then reads its own stage config from it.
 
 Components pass only ``config_uri``, the round and upstream URIs, never twenty parameters. Output URIs follow the
-data layout ``<storage>/runs/<run_id>/round=<r>/<stage>`` (``.../generate/shard=<i>`` when generate is sharded).What the thin KFP components call is in :mod:`sdarflow.kfp_runtime`.
+data layout ``<storage>/runs/<run_id>/round=<r>/<stage>`` (``.../generate/shard=<i>`` when generate is sharded).
+What the thin KFP components call is in :mod:`sdarflow.kfp_runtime`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import yaml
 
 from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
+from sdarflow.defaults import DEFAULT_POLICY_NAME, RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE
-from sdarflow.registry.layout import DEFAULT_POLICY_NAME, RELEASE_STAGES
 from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger(__name__)

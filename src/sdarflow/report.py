@@ -10,13 +10,12 @@ matplotlib figure into PNG bytes. Rendering is deterministic: the same report gi
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import jinja2
 
 # (header, rows); every cell already formatted as text
 Table = tuple[Sequence[str], Sequence[Sequence[str]]]
@@ -38,6 +37,24 @@ class Report:
     sections: list[Section] = field(default_factory=list)
     images: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # key -> (alt text, PNG bytes)
 
+    def __post_init__(self) -> None:
+        # checked when the report is made, not when it is rendered after the stage's work
+        missing = sorted({k for s in self.sections for k in s.images} - self.images.keys())
+        if missing:
+            raise ValueError(f"report {self.title!r}: sections show images {missing} that it does not have")
+
+    def shown(self, image_files: Mapping[str, str] | None = None) -> list[Section]:
+        """The sections with something to show: with ``image_files`` (Markdown) a plot counts only if it has a
+        file; without (HTML) every plot counts."""
+
+        def has_image(key: str) -> bool:
+            return image_files is None or key in image_files
+
+        return [
+            s for s in self.sections
+            if s.text or (s.table and s.table[0]) or s.items or any(map(has_image, s.images))
+        ]  # fmt: skip
+
 
 CSS = (
     "body{font-family:sans-serif;margin:2em;color:#222}"
@@ -52,11 +69,11 @@ _HTML = """<!DOCTYPE html>
 <h1>{{ r.title }}</h1>
 {% if r.subtitle %}<p>{{ r.subtitle }}</p>
 {% endif %}
-{% for s in r.sections %}
+{% for s in sections %}
 <h2>{{ s.title }}</h2>
 {% if s.text %}<p>{{ s.text }}</p>
 {% endif %}
-{% if s.table %}<table><thead><tr>{% for h in s.table[0] %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>
+{% if s.table and s.table[0] %}<table><thead><tr>{% for h in s.table[0] %}<th>{{ h }}</th>{% endfor %}</tr></thead><tbody>
 {% for row in s.table[1] %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>
 {% endfor %}</tbody></table>
 {% endif %}
@@ -80,7 +97,7 @@ _MARKDOWN = """# {{ r.title|md }}
 
 {{ s.text|md }}
 {% endif %}
-{% if s.table %}
+{% if s.table and s.table[0] %}
 
 | {{ s.table[0]|map('md')|join(' | ') }} |
 |{{ '---|' * (s.table[0]|length) }}
@@ -101,31 +118,36 @@ _MARKDOWN = """# {{ r.title|md }}
 {% endfor %}
 """
 
-# CommonMark lets a backslash escape any ASCII punctuation; these are the ones that change rendering.
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!])")
+# CommonMark lets a backslash escape any ASCII punctuation; these are the ones that change rendering ('&' starts
+# an entity), and a line that starts like a list item would become one.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!&])")
+_LIST_START = re.compile(r"^(\s*(?:\d{1,9})?)([-+.)])(?=\s|$)")
 
 
 def md_escape(text: object) -> str:
     """``text`` as literal Markdown on one line (a table cell or a bullet cannot span lines)."""
-    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
+    one_line = " ".join(str(text).splitlines())
+    return _LIST_START.sub(r"\1\\\2", _MD_SPECIAL.sub(r"\\\1", one_line))
 
 
-def _environment(autoescape: bool) -> jinja2.Environment:
+@functools.cache
+def _template(kind: str):
+    """The compiled template (Jinja2 is imported on first use: a stage that writes no report never pays for it)."""
+    import jinja2
+
     env = jinja2.Environment(
-        autoescape=autoescape, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+        autoescape=kind == "html", trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
     )
     env.filters["md"] = md_escape
     env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
-    return env
-
-
-_HTML_TEMPLATE = _environment(autoescape=True).from_string(_HTML)
-_MARKDOWN_TEMPLATE = _environment(autoescape=False).from_string(_MARKDOWN)
+    return env.from_string(_HTML if kind == "html" else _MARKDOWN)
 
 
 def html(report: Report) -> str:
     """One self-contained HTML page: every value escaped, the plots inline."""
-    return _HTML_TEMPLATE.render(r=report, css=CSS)
+    from markupsafe import Markup
+
+    return _template("html").render(r=report, sections=report.shown(), css=Markup(CSS))
 
 
 def markdown(report: Report, image_files: Mapping[str, str] | None = None) -> str:
@@ -133,8 +155,8 @@ def markdown(report: Report, image_files: Mapping[str, str] | None = None) -> st
     ``image_files`` names the file it is stored under next to the Markdown; a section with nothing else to show
     is left out."""
     files = dict(image_files or {})
-    shown = [s for s in report.sections if s.text or s.table or s.items or any(k in files for k in s.images)]
-    return _MARKDOWN_TEMPLATE.render(r=report, sections=shown, files=files).rstrip("\n") + "\n"
+    text = _template("markdown").render(r=report, sections=report.shown(files), files=files)
+    return text.rstrip("\n") + "\n"
 
 
 def png(fig: Any, dpi: int = 100) -> bytes:

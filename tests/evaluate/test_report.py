@@ -1,4 +1,5 @@
-"""Tests for sdarflow.evaluate.report: Markdown/HTML tables, escaping, deltas vs a baseline, and PNG plots."""
+"""The evaluation report (rendered by sdarflow.report): Markdown/HTML tables, escaping, deltas vs a baseline, and
+PNG plots."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def candidate_plots(report: dict, baseline: dict) -> dict[str, bytes]:
     return plots(report, baseline)
 
 
-def test_render_markdown_tables(report: dict) -> None:
+def test_markdown_tables(report: dict) -> None:
     md = markdown(evaluation_report(report, None, {}))
     assert md.startswith("# Evaluation: cand-v3")
     assert "| 1 | 0.417 | 0.000 – 1.000 |" in md  # test pass@1 = 5/12
@@ -58,7 +59,7 @@ def test_render_markdown_tables(report: dict) -> None:
     assert "![" not in md and "Δ" not in md
 
 
-def test_render_markdown_images_and_deltas(report: dict, baseline: dict) -> None:
+def test_markdown_images_and_deltas(report: dict, baseline: dict) -> None:
     md = markdown(
         evaluation_report(report, baseline, plots(report, baseline)), {"pass_at_k": "pass_at_k.png"}
     )
@@ -69,7 +70,7 @@ def test_render_markdown_images_and_deltas(report: dict, baseline: dict) -> None
     assert "| 1 | 0.250 | 0.000 – 0.591 | 2 × 4 | 0.250 | +0.000 |" in md  # ood unchanged; Wilson 2/8
 
 
-def test_render_html_self_contained(report: dict, baseline: dict, candidate_plots: dict[str, bytes]) -> None:
+def test_html_self_contained(report: dict, baseline: dict, candidate_plots: dict[str, bytes]) -> None:
     page = html(evaluation_report(report, baseline, candidate_plots))
     assert page.startswith("<!DOCTYPE html>")
     for value in (
@@ -90,7 +91,7 @@ def test_render_html_self_contained(report: dict, baseline: dict, candidate_plot
     assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from outside
 
 
-def test_render_html_draws_plots_and_escapes_task_types() -> None:
+def test_html_draws_plots_and_escapes_task_types() -> None:
     evil = "<script>alert('x')</script> $\\frac$"
     hostile = build_report(episodes(cut_type=evil), adapter="a<b>", base_model="m", inputs={"x": "</li>"})
     page = html(evaluation_report(hostile, None, plots(hostile)))

@@ -6,7 +6,7 @@ policy gradient plus on-policy self-distillation toward a teacher that is the sa
 gated per token by ``sigmoid(beta * (q_t - s_t))`` so only tokens the teacher prefers are pulled. The methods at
 the bottom compose these losses as the SDAR reference code (ZJU-REAL/SDAR, a verl-agent fork) trains each
 baseline, and register under their config names; the trainer reaches them only through
-:func:`sdarflow.algo.registry.method_loss`, which also adds the KL term every reference script uses.
+:func:`sdarflow.algo.objective.method_loss`, which also adds the KL term every reference script uses.
 
 All tensors are (B, T) (one row per agent turn, T response tokens); every loss reduces through
 :func:`sdarflow.algo.agg.agg_loss` and returns ``(loss, metrics)`` with python-float, namespaced metrics.

@@ -8,7 +8,7 @@ them and schedule recurring runs on a KFP server, and write a multi-node Kubeflo
     sdarflow pipeline schedule --host http://localhost:8080 --pipeline sdar-training --cron '0 0 3 * * *' \\
         --param storage=s3://bucket/sdar --param base_model=s3://bucket/models/qwen
 
-Heavy imports (kfp, the pipelines package) happen inside the handlers so ``sdarflow pipeline --help`` stays fast.
+Heavy imports (kfp, the pipelines package) happen inside the handlers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from sdarflow.cli.common import emit, pairs, study_flags
+from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -231,8 +232,6 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         metavar="KEY[=VALUE][:EFFECT]",
         help="replaces the default nvidia.com/gpu:NoSchedule; 'none' for no tolerations [repeatable]",
     )
-    from sdarflow.storage import S3_SECRET
-
     p.add_argument("--s3-secret", default=S3_SECRET, help="Secret with AWS_* keys; '' = none (IRSA etc.)")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow.cli.common import emit
+from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
 from sdarflow.errors import ConfigError, ModelError
 
 
@@ -206,7 +207,6 @@ def _add_show(p: argparse.ArgumentParser) -> None:
 
 def _add_promote(p: argparse.ArgumentParser) -> None:
     from sdarflow.registry.gate import GATE
-    from sdarflow.registry.layout import RELEASE_STAGES
 
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
@@ -232,8 +232,6 @@ def _add_promote(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rollback(p: argparse.ArgumentParser) -> None:
-    from sdarflow.registry.layout import RELEASE_STAGES
-
     _common(p)
     p.add_argument("--stage", default="production", choices=RELEASE_STAGES)
     p.add_argument("--reason", help="why; written to the audit log")
@@ -254,7 +252,6 @@ def _add_fetch(p: argparse.ArgumentParser) -> None:
 
 def _add_serve_config(p: argparse.ArgumentParser) -> None:
     from sdarflow.registry.serve import DEFAULT_IMAGE
-    from sdarflow.storage import S3_SECRET
 
     _common(p, name=False)
     p.add_argument("--base-model", required=True, help="base model path or id the adapters were trained on")

@@ -1,5 +1,5 @@
 """Evaluation: the unbiased pass@k estimator, per-split and per-task-type summaries (test and OOD), and the
-Markdown/HTML/PNG report. Plotting imports matplotlib lazily, so importing this package stays cheap."""
+Markdown/HTML/PNG report. matplotlib and Jinja2 are imported on first use, so importing this package stays cheap."""
 
 from sdarflow.evaluate.metrics import (
     bootstrap_interval,

@@ -38,8 +38,9 @@ def move(layout: Layout, state: dict[str, Any], etag: str | None, stage: str, ev
         cas.cas_write(layout.aliases, json.dumps(state, indent=2, sort_keys=True).encode(), etag)
     except RegistryConflict as err:
         raise RegistryConflict(
-            f"{event['action']} of {layout.name} {stage} failed: someone else changed the aliases of "
-            f"'{layout.name}' at the same time; fix: check `sdarflow registry list --registry {layout.root} --name {layout.name}` and retry"
+            f"{event['action']} of {layout.name} v{event['version']} to {stage} failed: someone else changed the "
+            f"aliases of '{layout.name}' at the same time; fix: check `sdarflow registry list --registry "
+            f"{layout.root} --name {layout.name}` and retry"
         ) from err
     before = f"v{event['from']}" if event["from"] else "(none)"
     log.info("%s %s: %s -> v%d", layout.name, stage, before, event["version"])

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sdarflow import storage
+from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
 Stage = Literal["production", "staging"]
-RELEASE_STAGES: tuple[str, ...] = ("production", "staging")
-DEFAULT_POLICY_NAME = "sdar-policy"  # the name a pipeline registers its adapters under unless told
 
 VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import __version__
+from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ModelError
 from sdarflow.models.lora import max_lora_rank
 from sdarflow.registry.errors import RegistryError
 from sdarflow.registry.layout import validate_name
 from sdarflow.registry.store import Registry
-from sdarflow.storage import S3_SECRET
 
 log = logging.getLogger(__name__)
 

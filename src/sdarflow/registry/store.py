@@ -6,8 +6,8 @@ concurrent pipeline runs and people, so every shared write is conditional (:mod:
 - ``register`` claims the next version number by exclusively creating ``claims/<v>.json`` (retrying with v+1
   when another writer got there first), then publishes the version folder manifest-last with sha256 sums.
   Numbers are never reused, even when a publish fails half way.
-- ``promote`` / ``rollback`` read ``aliases.json`` with its etag and write it back only if it is unchanged; the
-  loser of a race gets :class:`RegistryConflict` and retries.
+- ``promote`` / ``rollback`` read ``aliases.json`` with its etag and write it back only if it is unchanged
+  (:mod:`sdarflow.registry.aliases`); the loser of a race gets :class:`RegistryConflict` and retries.
 - every change appends one audit object with a unique name, so appends never race.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import storage
+from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.lora import lora_rank
 from sdarflow.registry import aliases, cas, gate, intake
@@ -32,7 +33,6 @@ from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryErro
 from sdarflow.registry.layout import (
     EVAL_REPORT,
     LINEAGE,
-    RELEASE_STAGES,
     VERSION_KIND,
     Layout,
     parse_version,

@@ -199,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def open_vllm(
     model: str, adapter: str | None, *, batch_size: int, vllm_options: VLLMOptions | None, **_: object
 ) -> VLLMEngine:
     """The vLLM engine (it places itself); ``batch_size`` is its ``max_num_seqs`` unless options say."""
     return VLLMEngine(model, adapter, vllm_options or VLLMOptions(max_num_seqs=batch_size))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

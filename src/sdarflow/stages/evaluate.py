@@ -11,11 +11,11 @@ from pathlib import Path
 
 from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
+from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt, resolve_device
-from sdarflow.registry.layout import DEFAULT_POLICY_NAME
 from sdarflow.rollout.engine import ENGINE_CHOICES
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require

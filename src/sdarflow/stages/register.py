@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
-from sdarflow.registry.layout import DEFAULT_POLICY_NAME
+from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.stages.common import require
 
 log = logging.getLogger(__name__)

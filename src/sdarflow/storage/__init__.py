@@ -3,7 +3,6 @@
 last and lists every file with its sha256 (:mod:`sdarflow.storage.publish`). Callers use ``storage.<name>``."""
 
 from sdarflow.storage.files import (
-    S3_SECRET,
     Location,
     children,
     confined,
@@ -37,7 +36,6 @@ from sdarflow.storage.publish import (
 __all__ = [
     "GENERATION",
     "MANIFEST",
-    "S3_SECRET",
     "Location",
     "Target",
     "children",

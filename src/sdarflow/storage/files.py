@@ -23,9 +23,6 @@ from sdarflow.errors import SchemaError, StorageError
 
 log = logging.getLogger(__name__)
 
-# The Kubernetes Secret (k8s/base) whose AWS_* keys pods, jobs and servers get as environment variables.
-S3_SECRET = "sdarflow-s3"
-
 
 @dataclass(frozen=True)
 class Location:

@@ -42,7 +42,7 @@ def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dic
     return write
 
 
-# Per-step quantities a mean does not run_summary: the run's totals, its overall rate and its final learning rate.
+# Per-step quantities a mean does not summarize: the run's totals, its overall rate and its final learning rate.
 _TOTALS = ("seconds", "tokens")
 _NOT_AVERAGED = ("step", "epoch", "position", "lr", "tokens_per_s", *_TOTALS)
 

@@ -1,5 +1,6 @@
 """Process setup of the train stage: deterministic mode (bit-exact kill/resume on CPU), the single-process
-distributed environment DeepSpeed needs, and the multi-GPU path, where the stage re-launches itself through ``torchrun`` with one process per GPU.
+distributed environment DeepSpeed needs, and the multi-GPU path, where the stage re-launches itself through
+``torchrun`` with one process per GPU.
 
 The re-launch passes the stage's config as a YAML file (the KFP component calls ``run(config)`` in Python, so
 there is no command line to repeat). Every rank trains on its share of each mini-batch; rank 0 publishes; the

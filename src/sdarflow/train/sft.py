@@ -85,10 +85,9 @@ def sft(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     from transformers import get_cosine_schedule_with_warmup  # lazy: a heavy import only the SFT needs
 
-    # 5% linear warmup, then cosine decay to 0 over the remaining steps
-    sched = get_cosine_schedule_with_warmup(
-        opt, num_warmup_steps=max(1, steps // 20), num_training_steps=steps
-    )
+    # 5% linear warmup, then cosine decay to 0 over the remaining steps. Warmup starts at lr 0, so a run too short
+    # for 5% to be a whole step (under 20 steps) has none: its first step trains.
+    sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=steps // 20, num_training_steps=steps)
     model.train()
     history = []
     start = time.perf_counter()

@@ -1,5 +1,5 @@
-"""The training loop: rescored turn rows -> GRPO advantages -> mini-batches of token-budget micro-batches -> the
-configured method's loss (``sdarflow.algo.method_loss``), or the SFT loss on successful rows, on a LoRA adapter or
+"""The training loop: RL samples (rescored turn rows with their GRPO advantages, :mod:`sdarflow.train.samples`) ->
+mini-batches of token-budget micro-batches -> the configured method's loss (``sdarflow.algo.method_loss``), or the SFT loss on successful rows, on a LoRA adapter or
 the full model, through an engine (:mod:`sdarflow.train.engine`: torch or DeepSpeed).
 
 Micro-batch losses are scaled by their share of the mini-batch's tokens (sequences for ``seq-mean-*``), so gradient

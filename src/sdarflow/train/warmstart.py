@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 
 BUILD_FILE = "sdarflow_build.json"
 SEED_SKILLS = "seed_skills"  # the seed skill library inside the base model folder, published
-# Part of the settings hash: bump when the SFT data of an unchanged spec changes (prompt, observation or skill format).
-RECIPE_VERSION = 2
+# Part of the settings hash: bump when what an unchanged spec builds changes (the SFT data's prompt, observation or
+# skill format, or the training schedule), so a model built before is rebuilt. 3: transformers' cosine schedule.
+RECIPE_VERSION = 3
 
 
 @dataclass(frozen=True)
