@@ -14,8 +14,8 @@ from pathlib import Path
 
 from bench.common import demo_model, demo_round, demo_settings, write_result
 from sdarflow import plan, storage
-from sdarflow.demo import round_uri
 from sdarflow.models.identity import safetensors_shapes
+from sdarflow.pipeline_config import stage_uri
 from sdarflow.registry.intake import load_report
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
@@ -25,10 +25,10 @@ TARGET = 0.3
 
 def workload(root: str, run_id: str, sizes: dict) -> plan.Workload:
     """The round's workload as the planner takes it, from what the round published."""
-    gen = round_uri(root, run_id, 0, "generate")
+    gen = stage_uri(root, run_id, 0, "generate")
     table = storage.read_table(gen, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     metrics = storage.read_manifest(gen)["metrics"]
-    report = load_report(round_uri(root, run_id, 0, "evaluate"))
+    report = load_report(stage_uri(root, run_id, 0, "evaluate"))
     return plan.Workload(
         model_params=0,  # set by the caller
         gpus=0,

@@ -15,6 +15,7 @@ from pathlib import Path
 from sdarflow import storage
 from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
+from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_config, stage_uri
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
 from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
@@ -97,7 +98,6 @@ def run_demo(
     import kfp.local
 
     from pipelines.training import build_training_pipeline
-    from sdarflow.pipeline_config import new_run_id
 
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -145,16 +145,11 @@ def run_demo(
 
 def evaluate_base(settings: dict) -> str:
     """Evaluate the base model (no adapter) as the pipeline's rounds are evaluated; returns the report URI."""
-    from sdarflow.pipeline_config import PipelineConfig, stage_config
     from sdarflow.stages import evaluate
 
     cfg = stage_config(PipelineConfig.from_dict(settings), "evaluate", 0)
-    cfg.output = base_eval_uri(settings["storage"], settings["run_id"])
+    cfg.output = run_uri(settings["storage"], settings["run_id"], "base", "evaluate")
     return evaluate.run(cfg)["uri"]
-
-
-def base_eval_uri(storage_root: str, run_id: str) -> str:
-    return storage.join(storage_root, "runs", run_id, "base", "evaluate")
 
 
 def eval_figures(report_uri: str) -> dict:
@@ -170,14 +165,11 @@ def eval_figures(report_uri: str) -> dict:
     return out
 
 
-def round_uri(storage_root: str, run_id: str, round_: int, stage: str) -> str:
-    return storage.join(storage_root, "runs", run_id, f"round={round_}", stage)
-
-
 def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
     """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
-    uri = round_uri(storage_root, run_id, round_, "generate")
-    return [uri] if shards == 1 else [storage.join(uri, f"shard={i}") for i in range(shards)]
+    if shards == 1:
+        return [stage_uri(storage_root, run_id, round_, "generate")]
+    return [stage_uri(storage_root, run_id, round_, "generate", i) for i in range(shards)]
 
 
 def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str, shards: int = 1) -> dict:
@@ -186,7 +178,7 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
     With shards, ``trajectories`` is the list of the last round's shard URIs (readers take a list)."""
     last = rounds - 1
     uri = {
-        stage: round_uri(storage_root, run_id, last, stage)
+        stage: stage_uri(storage_root, run_id, last, stage)
         for stage in ("extract-skills", "rescore", "train", "evaluate")
     }
     gen_uris = generate_uris(storage_root, run_id, last, shards)
@@ -200,14 +192,14 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
     for r in range(rounds):
         gens = [storage.read_manifest(u)["metrics"] for u in generate_uris(storage_root, run_id, r, shards)]
         episodes = sum(g["rollout/episodes"] for g in gens)
-        trn = storage.read_manifest(round_uri(storage_root, run_id, r, "train"))["metrics"]
+        trn = storage.read_manifest(stage_uri(storage_root, run_id, r, "train"))["metrics"]
         per_round.append(
             {
                 "round": r,
                 "train_success": sum(g["rollout/success"] * g["rollout/episodes"] for g in gens)
                 / max(episodes, 1.0),
                 "gate_mean": trn.get("sdar/gate_mean"),
-                **eval_figures(round_uri(storage_root, run_id, r, "evaluate")),
+                **eval_figures(stage_uri(storage_root, run_id, r, "evaluate")),
             }
         )
     return {
@@ -220,6 +212,6 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
         "eval_report": uri["evaluate"],
         "registry": storage.join(storage_root, "registry"),
         "rounds": rounds,
-        "base": eval_figures(base_eval_uri(storage_root, run_id)),
+        "base": eval_figures(run_uri(storage_root, run_id, "base", "evaluate")),
         "per_round": per_round,
     }

@@ -137,6 +137,18 @@ _SHARED: dict[str, dict[str, str]] = {
 }
 
 
+def run_uri(storage_root: str, run_id: str, *parts: str) -> str:
+    """A run's folder, or something in it: ``<storage>/runs/<run_id>/<parts>`` (the one definition of the layout)."""
+    return storage.join(storage_root, "runs", run_id, *parts)
+
+
+def stage_uri(storage_root: str, run_id: str, round_: int, stage: str, shard: int | None = None) -> str:
+    """A stage's output in a round: ``.../round=<r>/<stage>``, and ``.../shard=<i>`` for one generate shard."""
+    return run_uri(
+        storage_root, run_id, f"round={round_}", stage, *([f"shard={shard}"] if shard is not None else [])
+    )
+
+
 def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> StageConfig:
     """The stage's config: shared pipeline settings, then per-stage overrides, then this task's I/O URIs."""
     cls = config_class(stage)
@@ -162,10 +174,8 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
                 f"numbers; fix: e.g. first_task 0, tasks 8"
             ) from err
     if "output" in names and stage != "register":
-        parts = ["runs", pc.run_id, f"round={round_}", stage]
-        if stage == "generate" and pc.shards > 1:
-            parts.append(f"shard={values.get('shard', 0)}")
-        values["output"] = storage.join(pc.storage, *parts)
+        shard = values.get("shard", 0) if stage == "generate" and pc.shards > 1 else None
+        values["output"] = stage_uri(pc.storage, pc.run_id, round_, stage, shard)
     # Every run has its own folder, so a retried task may replace its own partial or finished output.
     for key, value in (
         ("model", pc.base_model),
@@ -195,7 +205,7 @@ def prepare(pc: PipelineConfig) -> str:
     for stage in STAGES:
         stage_config(pc, stage, 0)  # raises ConfigError naming the stage and the key
     pc.start_adapter = resolve_start_adapter(pc)
-    uri = storage.join(pc.storage, "runs", pc.run_id, "pipeline.yaml")
+    uri = run_uri(pc.storage, pc.run_id, "pipeline.yaml")
     storage.write_bytes(uri, yaml.safe_dump(pc.to_dict(), sort_keys=True).encode())
     log.info("pipeline config %s (hash %s) -> %s", pc.run_id, pc.config_hash(), uri)
     return uri
@@ -220,7 +230,7 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
         )
         return ""
     version = registry.resolve(pc.policy_name, ref)
-    target = storage.join(pc.storage, "runs", pc.run_id, "start-adapter")
+    target = run_uri(pc.storage, pc.run_id, "start-adapter")
     with tempfile.TemporaryDirectory() as tmp:
         folder = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy
         for name in RESERVED_FILES:  # registry bookkeeping, not adapter files
