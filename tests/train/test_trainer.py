@@ -168,8 +168,11 @@ def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
     (g_one, loss_one), (g_split, loss_split) = grads
     if agg != "seq-mean-token-sum-norm":  # its metrics are averaged per sequence, not summed like its loss
         assert abs(loss_one - loss_split) < 1e-5
-    assert max(float((g_one[n] - g_split[n]).abs().max()) for n in g_one) < 1e-6
-    assert max(float(g.abs().max()) for g in g_one.values()) > 0
+    scale = max(float(g.abs().max()) for g in g_one.values())
+    assert scale > 0
+    # float32 sums in another order differ by a few ulps (seen: 9e-7 of the largest gradient); a wrong
+    # micro-batch weight is off by a whole fraction of it
+    assert max(float((g_one[n] - g_split[n]).abs().max()) for n in g_one) < 1e-5 * scale
 
 
 def test_sft_steps_interleave_and_every_line_has_the_required_metrics(tiny_model):
