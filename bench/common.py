@@ -122,7 +122,7 @@ def demo_trajectories():
 
 def demo_round(settings: dict) -> dict[str, float]:
     """Round 0 of the training pipeline with every stage called directly in this process: seconds per stage."""
-    from sdarflow.kfp_runtime import run_stage
+    from sdarflow.kfp_runtime import run_base_evaluation, run_stage
     from sdarflow.pipeline_config import PipelineConfig, prepare
 
     seconds: dict[str, float] = {}
@@ -134,6 +134,7 @@ def demo_round(settings: dict) -> dict[str, float]:
         return out
 
     cfg = timed("prepare", prepare, PipelineConfig.from_dict(settings))
+    base = timed("evaluate-base", run_base_evaluation, cfg)["uri"]
     gen = timed("generate", run_stage, "generate", cfg, 0, adapter="")["uri"]
     skills = timed(
         "extract-skills", run_stage, "extract-skills", cfg, 0, input=[gen], previous=settings["seed_skills"]
@@ -142,9 +143,10 @@ def demo_round(settings: dict) -> dict[str, float]:
         "uri"
     ]
     adapter = timed("train", run_stage, "train", cfg, 0, input=[rescored], adapter="")["uri"]
-    report = timed("evaluate", run_stage, "evaluate", cfg, 0, adapter=adapter)["uri"]
+    report = timed("evaluate", run_stage, "evaluate", cfg, 0, adapter=adapter, baseline=base)["uri"]
     data = [gen, skills["uri"], rescored]
-    timed("register", run_stage, "register", cfg, 0, adapter=adapter, eval_report=report, data=data)
+    io = {"adapter": adapter, "eval_report": report, "base_eval_report": base, "data": data}
+    timed("register", run_stage, "register", cfg, 0, **io)
     return seconds
 
 

@@ -1,5 +1,5 @@
-"""Component ``evaluate``: pass@k on test and OOD of the round's adapter, with the report in the KFP UI and as an
-artifact the register task reads."""
+"""Component ``evaluate``: pass@k on test and OOD of the round's adapter against the base model's (``baseline``),
+with the report in the KFP UI and as an artifact the register task reads."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Input, Markdown, Metrics, Model, Output
@@ -12,6 +12,7 @@ def evaluate(
     config_uri: str,
     rl_round: int,
     adapter: Input[Model],
+    baseline: Input[Artifact],
     metrics: Output[Metrics],
     report: Output[HTML],
     summary: Output[Markdown],
@@ -28,4 +29,5 @@ def evaluate(
         markdown=summary,
         output=evaluation,
         adapter=artifact_uri(adapter),
+        baseline=artifact_uri(baseline),
     )

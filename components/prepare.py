@@ -28,6 +28,7 @@ def prepare(
     gate_min_gain: float,
     gate_passk_tolerance: float,
     gate_ood_tolerance: float,
+    gate_floor: float,
     seed: int,
     shards: int,
     stage_settings: dict,

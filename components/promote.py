@@ -20,6 +20,7 @@ def promote(
     min_gain: float,
     passk_tolerance: float,
     ood_tolerance: float,
+    floor: float,
     kfp_run_id: str,
     summary: Output[Markdown],
 ) -> str:
@@ -35,6 +36,7 @@ def promote(
         min_gain=min_gain,
         passk_tolerance=passk_tolerance,
         ood_tolerance=ood_tolerance,
+        floor=floor,
         actor=kfp_actor(kfp_run_id),
         markdown=summary,
     )

@@ -1,4 +1,5 @@
-"""Component ``register``: the round's adapter with its eval report and lineage as a new registry version."""
+"""Component ``register``: the round's adapter with its eval report, the base model's, and lineage as a new
+registry version."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Model
@@ -12,6 +13,7 @@ def register(
     rl_round: int,
     adapter: Input[Model],
     evaluation: Input[Artifact],
+    base_evaluation: Input[Artifact],
     skills: Input[Dataset],
     rescored: Input[Dataset],
     trajectory_shards: list,
@@ -27,5 +29,6 @@ def register(
         actor=kfp_actor(kfp_run_id),
         adapter=artifact_uri(adapter),
         eval_report=artifact_uri(evaluation),
+        base_eval_report=artifact_uri(base_evaluation),
         data=[artifact_uri(trajectories), *trajectory_shards, artifact_uri(skills), artifact_uri(rescored)],
     )

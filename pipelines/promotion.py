@@ -19,7 +19,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
-        description="Promote an adapter version to a registry stage through the pass@1/pass@k/OOD gate",
+        description="Promote an adapter version to a registry stage through the gate (pass@1 gain, pass@k and OOD guards, task-paired bounds)",
         pipeline_root=root,
     )
     def sdar_promotion(
@@ -32,6 +32,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         min_gain: float = GATE.min_gain,
         passk_tolerance: float = GATE.passk_tolerance,
         ood_tolerance: float = GATE.ood_tolerance,
+        floor: float = GATE.floor,
     ) -> str:
         task = promote(
             registry=registry,
@@ -43,6 +44,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
             min_gain=min_gain,
             passk_tolerance=passk_tolerance,
             ood_tolerance=ood_tolerance,
+            floor=floor,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
         wire(task, "promote", kube, "promote")

@@ -1,5 +1,6 @@
-"""The SDAR training pipeline: ``prepare`` then, per round, generate -> extract-skills -> rescore -> train ->
-evaluate -> register; each round generates with the adapter the previous round trained. After the last round,
+"""The SDAR training pipeline: ``prepare`` and the base model's evaluation, then, per round, generate ->
+extract-skills -> rescore -> train -> evaluate -> register; each round generates with the adapter the previous
+round trained. After the last round,
 ``promote`` moves its version to production through the gate when the run asks for it (``promote_to``).
 
 Rounds and shards are unrolled at compile time (KFP has no dynamic loops). With ``shards > 1`` each round runs
@@ -11,6 +12,7 @@ Kubernetes settings come from ``pipelines.kube.KubeOptions`` and are applied her
 from kfp import dsl
 
 from components.evaluate import evaluate
+from components.evaluate_base import evaluate_base
 from components.extract_skills import extract_skills
 from components.generate import generate
 from components.prepare import prepare
@@ -98,6 +100,7 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
         gate_min_gain: float = GATE.min_gain,
         gate_passk_tolerance: float = GATE.passk_tolerance,
         gate_ood_tolerance: float = GATE.ood_tolerance,
+        gate_floor: float = GATE.floor,
         seed: int = 0,
         stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
     ) -> str:
@@ -123,12 +126,18 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
             gate_min_gain=gate_min_gain,
             gate_passk_tolerance=gate_passk_tolerance,
             gate_ood_tolerance=gate_ood_tolerance,
+            gate_floor=gate_floor,
             seed=seed,
             shards=shards,
             stage_settings=stage_settings,
         )
         wire(cfg, "prepare", kube, "prepare")
         config_uri = cfg.output
+        # the base model on the rounds' evaluation tasks, beside round 0: each round's report plots it, and the
+        # gate compares a first version with it
+        base = evaluate_base(config_uri=config_uri)
+        wire(base, "evaluate", kube, "evaluate (base model)")
+        base_evaluation = base.outputs["evaluation"]
         # Data flows as typed artifacts (Dataset, Model), so the UI shows each round's lineage. Round 0 has no
         # previous adapter (prepare's start_adapter, or a new LoRA, comes through the stage config), no previous
         # library (the seed skills, a URI parameter) and no previous teacher gaps.
@@ -145,12 +154,15 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
                 config_uri=config_uri, rl_round=r, **trajectories, skills=sk.outputs["library"], **adapter
             )
             tr = train(config_uri=config_uri, rl_round=r, rescored=rs.outputs["rescored"], **adapter)
-            ev = evaluate(config_uri=config_uri, rl_round=r, adapter=tr.outputs["trained"])
+            ev = evaluate(
+                config_uri=config_uri, rl_round=r, adapter=tr.outputs["trained"], baseline=base_evaluation
+            )
             rg = register(
                 config_uri=config_uri,
                 rl_round=r,
                 adapter=tr.outputs["trained"],
                 evaluation=ev.outputs["evaluation"],
+                base_evaluation=base_evaluation,
                 **trajectories,
                 skills=sk.outputs["library"],
                 rescored=rs.outputs["rescored"],

@@ -23,6 +23,9 @@ def check_summary(summary: dict) -> None:
     report = storage.read_json(storage.join(summary["eval_report"], "report.json"))
     assert set(report["splits"]) == {"test", "ood"}
     assert storage.exists(storage.join(summary["registry"], "sdar-policy", "versions", "1", "lineage.json"))
+    # the gate's reference for a first version: the base model's evaluation, kept with the version
+    base_report = storage.join(summary["registry"], "sdar-policy", "versions", "1", "base_eval_report.json")
+    assert storage.read_json(base_report)["adapter"] == "base"
     # the base model is evaluated on the rounds' tasks, with its interval and counts, and the rounds compare with it
     test = report["splits"]["test"]
     for figures in [summary["base"], *summary["per_round"]]:
@@ -114,27 +117,38 @@ def fake_adapter(folder, rank: int = 8):
     return folder
 
 
-def eval_report(test1: float, testk: float, ood1: float) -> dict:
-    split = {"n_tasks": 10, "samples_per_task": 4, "ci95": {}, "by_task_type": {}}
-    return {
-        "adapter": "file:///adapter",
-        "base_model": "tiny",
-        "splits": {
-            "test": {**split, "pass_at_k": {"1": test1, "4": testk}},
-            "ood": {**split, "pass_at_k": {"1": ood1, "4": ood1}},
-        },
-    }
+def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
+    """Successes of 4 samples per test task (ood: 2 of 4 on each of 10 tasks), as `sdarflow evaluate` reports."""
+
+    def split(counts: list[int]) -> dict:
+        pass_at_4 = sum(c > 0 for c in counts) / len(counts)  # with 4 samples: solved at least once
+        return {
+            "n_tasks": len(counts),
+            "samples_per_task": 4,
+            "ci95": {},
+            "by_task_type": {},
+            "pass_at_k": {"1": sum(counts) / (4 * len(counts)), "4": pass_at_4},
+            "task_successes": {f"t{i}": c for i, c in enumerate(counts)},
+        }
+
+    return {"adapter": adapter, "base_model": "tiny", "splits": {"test": split(test), "ood": split([2] * 10)}}
 
 
 @pytest.fixture
 def registry_with_production(tmp_path):
-    """v1 in production (0.50 / 0.70 / 0.40); v2 raised pass@1 but lost pass@4; v3 is better everywhere."""
+    """v1 (2 of 4 on each of 10 test tasks) in production, having beaten the base model (1 of 4); v2 raised
+    pass@1 but lost pass@4 (all or nothing per task); v3 gained on 9 tasks and lost none."""
     from sdarflow.registry import Registry
 
     registry = Registry(tmp_path / "registry")
-    for i, scores in enumerate([(0.5, 0.7, 0.4), (0.6, 0.6, 0.4), (0.6, 0.75, 0.45)], start=1):
+    base = eval_report([1] * 10, adapter="base")
+    for i, test in enumerate([[2] * 10, [4] * 7 + [0] * 3, [3] * 9 + [2]], start=1):
         registry.register(
-            "sdar-policy", fake_adapter(tmp_path / f"a{i}"), eval_report(*scores), {"run_id": "r"}
+            "sdar-policy",
+            fake_adapter(tmp_path / f"a{i}"),
+            eval_report(test),
+            {"run_id": "r"},
+            base_eval_report=base if i == 1 else None,
         )
     registry.promote("sdar-policy", 1)
     return registry
@@ -155,7 +169,7 @@ def test_promotion_pipeline_in_the_local_runner(registry_with_production, tmp_pa
     with pytest.raises(RuntimeError):  # the gate refuses v2: the task (and the run) fails
         pipeline(registry=uri, version="2")
     logs = capfd.readouterr()
-    assert "gate refused: test pass@4 0.60 < production v1 0.70 - tolerance 0.02" in logs.out + logs.err
+    assert "test pass@4 vs production v1: 0.70 - 1.00 = -0.30, lower bound -0.58" in logs.out + logs.err
     assert registry.aliases("sdar-policy")["production"] == 1
 
     task = pipeline(registry=uri, version="3")
@@ -261,7 +275,7 @@ def test_promote_candidate_reports_a_refusal_without_failing(registry_with_produ
     uri = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="production"))
     version_uri = storage.join(str(registry.uri), "sdar-policy", "versions")
     refused = promote_candidate(uri, f"{version_uri}/2", actor="test")
-    assert refused.startswith("refused: gate refused: test pass@4")
+    assert refused.startswith("refused: gate refused: ") and "test pass@4 vs production v1" in refused
     assert registry.aliases("sdar-policy")["production"] == 1
     assert promote_candidate(uri, f"{version_uri}/3", actor="test").endswith("-> v3 (gate: passed)")
     skipped = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="staging"))

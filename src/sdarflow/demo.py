@@ -15,7 +15,7 @@ from pathlib import Path
 from sdarflow import storage
 from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
-from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_config, stage_uri
+from sdarflow.pipeline_config import new_run_id, run_uri, stage_uri
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
 from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
@@ -120,16 +120,11 @@ def run_demo(
         "seed_skills": str(seed_skills) if seed_skills.is_dir() else "",
         **sizes["pipeline"],
     }
-    # The starting point, on the same tasks and sampling seeds as every round's evaluation; their reports plot it.
-    base_eval = evaluate_base(settings)
-    stage_settings = dict(settings.pop("stage_settings", {}))
-    stage_settings["evaluate"] = {**stage_settings.get("evaluate", {}), "baseline": base_eval}
-
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))
     pipeline = build_training_pipeline(rounds, shards)
     try:
         with quiet_runner():
-            pipeline(**settings, stage_settings=stage_settings)
+            pipeline(**settings)
     except RuntimeError as err:  # the KFP local runner reports a failed task this way; its log is above
         first = str(err).splitlines()[0]
         raise SdarflowError(
@@ -141,15 +136,6 @@ def run_demo(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     log.info("demo finished in %.0f s: %s", summary["seconds"], out / "summary.json")
     return summary
-
-
-def evaluate_base(settings: dict) -> str:
-    """Evaluate the base model (no adapter) as the pipeline's rounds are evaluated; returns the report URI."""
-    from sdarflow.stages import evaluate
-
-    cfg = stage_config(PipelineConfig.from_dict(settings), "evaluate", 0)
-    cfg.output = run_uri(settings["storage"], settings["run_id"], "base", "evaluate")
-    return evaluate.run(cfg)["uri"]
 
 
 def eval_figures(report_uri: str) -> dict:

@@ -12,7 +12,7 @@ from typing import Any
 from sdarflow import progress, storage
 from sdarflow.errors import ConfigError
 from sdarflow.model_cache import with_local_model
-from sdarflow.pipeline_config import load, stage_config
+from sdarflow.pipeline_config import base_eval_config, load, stage_config
 from sdarflow.registry.gate import GATE
 from sdarflow.registry.layout import VERSION_KIND
 from sdarflow.stages import STAGES
@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
     """Load the pipeline config, build the stage config, run the stage."""
     return STAGES.get(stage).run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
+
+
+def run_base_evaluation(config_uri: str) -> dict:
+    """Evaluate the run's base model on the rounds' evaluation tasks (``pipeline_config.base_eval_config``)."""
+    return STAGES.get("evaluate").run(with_local_model(base_eval_config(load(config_uri))))
 
 
 def setup_logging() -> None:
@@ -86,7 +91,16 @@ def run_component(
     setup_logging()
     if actor:
         os.environ["SDARFLOW_ACTOR"] = actor
-    result = run_stage(stage, config_uri, round_, **io)
+    return _fill_outputs(stage, run_stage(stage, config_uri, round_, **io), metrics, html, markdown, output)
+
+
+def run_base_component(config_uri: str, *, metrics=None, html=None, markdown=None, output=None) -> str:
+    """What the base-model evaluation component calls: :func:`run_base_evaluation`, outputs as ``run_component``."""
+    setup_logging()
+    return _fill_outputs("evaluate", run_base_evaluation(config_uri), metrics, html, markdown, output)
+
+
+def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> str:
     if output is not None:
         _point(output, str(result["uri"]))
     if metrics is not None:
@@ -109,6 +123,7 @@ def run_promotion(
     min_gain: float = GATE.min_gain,
     passk_tolerance: float = GATE.passk_tolerance,
     ood_tolerance: float = GATE.ood_tolerance,
+    floor: float = GATE.floor,
     actor: str | None = None,
     markdown=None,
 ) -> str:
@@ -117,7 +132,9 @@ def run_promotion(
     from sdarflow.registry import GatePolicy, Registry
 
     setup_logging()
-    policy = GatePolicy(min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance)
+    policy = GatePolicy(
+        min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance, floor=floor
+    )
     event = Registry(registry).promote(
         name, version, stage=stage, policy=policy, force=force, reason=reason, actor=actor
     )
@@ -155,6 +172,7 @@ def promote_candidate(config_uri: str, registered: str, actor: str | None = None
             min_gain=pc.gate_min_gain,
             passk_tolerance=pc.gate_passk_tolerance,
             ood_tolerance=pc.gate_ood_tolerance,
+            floor=pc.gate_floor,
             actor=actor,
             markdown=markdown,
         )

@@ -24,7 +24,7 @@ from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME, RELEASE_STAGES
 from sdarflow.errors import ConfigError
-from sdarflow.registry.gate import GATE
+from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,10 @@ class PipelineConfig(StageConfig):
         "the last round's version through the gate (a refusal is reported, the run still succeeds)",
         choices=PROMOTE_TO,
     )
-    gate_min_gain: float = opt(GATE.min_gain, "gate: test pass@1 must beat production by at least this")
-    gate_passk_tolerance: float = opt(GATE.passk_tolerance, "gate: allowed drop of test pass@k (largest k)")
-    gate_ood_tolerance: float = opt(GATE.ood_tolerance, "gate: allowed drop of ood pass@1")
+    gate_min_gain: float = opt(GATE.min_gain, GATE_HELP["min_gain"])
+    gate_passk_tolerance: float = opt(GATE.passk_tolerance, GATE_HELP["passk_tolerance"])
+    gate_ood_tolerance: float = opt(GATE.ood_tolerance, GATE_HELP["ood_tolerance"])
+    gate_floor: float = opt(GATE.floor, GATE_HELP["floor"])
     seed: int = opt(0, "base seed", ge=0, le=MAX_SEED)
     shards: int = opt(
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
@@ -111,6 +112,7 @@ class PipelineConfig(StageConfig):
             min_gain=self.gate_min_gain,
             passk_tolerance=self.gate_passk_tolerance,
             ood_tolerance=self.gate_ood_tolerance,
+            floor=self.gate_floor,
         )
 
 
@@ -187,6 +189,16 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
         if key in names:
             values[key] = value
     return cls.from_dict(values)
+
+
+def base_eval_config(pc: PipelineConfig) -> StageConfig:
+    """The evaluate config of the base model (no adapter) on the rounds' tasks, samples and seeds, at
+    ``<storage>/runs/<run_id>/base/evaluate``: the gate's reference for a first version, and the baseline every
+    round's report plots."""
+    cfg = stage_config(pc, "evaluate", 0)
+    cfg.adapter = cfg.baseline = cfg.registry = ""  # the base itself, compared with nothing
+    cfg.output = run_uri(pc.storage, pc.run_id, "base", "evaluate")
+    return cfg
 
 
 def new_run_id() -> str:

@@ -148,8 +148,8 @@ def analyze(
     gate = {
         m: {
             str(c["seed"]): check_gate(
-                {"splits": c["eval"]}, {"splits": g["eval"]}, candidate_label=m, production_label="grpo"
-            )
+                {"splits": c["eval"]}, {"grpo": {"splits": g["eval"]}}, candidate_label=m
+            ).failures
             for c, g in zip(by_method[m], by_method[BASELINE], strict=True)
         }
         for m in methods

@@ -13,7 +13,7 @@ import yaml
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.cli import main
 
-GPU = ("generate", "rescore", "train", "evaluate")
+GPU = ("generate", "rescore", "train", "evaluate", "evaluate-base")
 CPU = ("prepare", "extract-skills", "register", "promote-candidate")
 CANARY = "canary-secret-value-that-must-not-leak"
 
@@ -93,11 +93,14 @@ def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
     assert kinds[("comp-rescore", "rescored")] == "system.Dataset"
     assert kinds[("comp-train", "trained")] == "system.Model"
     assert kinds[("comp-evaluate", "evaluation")] == "system.Artifact"
+    assert kinds[("comp-evaluate-base", "evaluation")] == "system.Artifact"
     for suffix, before in (("", None), ("-2", "")):
         assert producer(f"extract-skills{suffix}", "trajectories") == (f"generate{suffix}", "trajectories")
         assert producer(f"rescore{suffix}", "skills") == (f"extract-skills{suffix}", "library")
         assert producer(f"train{suffix}", "rescored") == (f"rescore{suffix}", "rescored")
         assert producer(f"evaluate{suffix}", "adapter") == (f"train{suffix}", "trained")
+        # every round is compared with the base model, evaluated once per run on the same tasks
+        assert producer(f"evaluate{suffix}", "baseline") == ("evaluate-base", "evaluation")
         register = {
             name: producer(f"register{suffix}", name)
             for name in tasks[f"register{suffix}"]["inputs"]["artifacts"]
@@ -105,6 +108,7 @@ def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
         assert register == {
             "adapter": (f"train{suffix}", "trained"),
             "evaluation": (f"evaluate{suffix}", "evaluation"),
+            "base_evaluation": ("evaluate-base", "evaluation"),
             "skills": (f"extract-skills{suffix}", "library"),
             "rescored": (f"rescore{suffix}", "rescored"),
             "trajectories": (f"generate{suffix}", "trajectories"),
@@ -127,7 +131,7 @@ def test_gpu_stages_get_accelerators_images_and_gpu_pool(spec):
         accel = container["resources"]["accelerator"]
         assert accel["resourceType"] == "nvidia.com/gpu"
         assert accel["resourceCount"] == ("4" if name == "train" else "1")
-        expected = ROLLOUT_GPU_IMAGE if name in ("generate", "evaluate") else TRAIN_GPU_IMAGE
+        expected = ROLLOUT_GPU_IMAGE if name in ("generate", "evaluate", "evaluate-base") else TRAIN_GPU_IMAGE
         assert container["image"] == expected
         k8s = k8s_executor(pipeline, platform, tasks[name])
         assert k8s["nodeSelector"]["labels"] == {"sdarflow.io/pool": "gpu"}
@@ -193,7 +197,7 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     pipeline, platform, _ = spec
     tasks = pipeline["root"]["dag"]["tasks"]
     for name, task in tasks.items():
-        stage = "promote" if name == "promote-candidate" else name
+        stage = {"promote-candidate": "promote", "evaluate-base": "evaluate"}.get(name, name)
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == DEFAULT_TIMEOUT_S[stage], name
         shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
@@ -239,9 +243,9 @@ def test_ui_parameters_and_report_artifacts(spec):
     assert params["method"]["defaultValue"] == "sdar"
     for name in ("base_model", "env", "group_size", "retrieval", "registry", "policy_name", "start_adapter"):
         assert name in params
-    assert params["gate_passk_tolerance"]["defaultValue"] == 0.02
-    assert params["gate_ood_tolerance"]["defaultValue"] == 0.02
-    assert params["gate_min_gain"]["defaultValue"] == 0.0
+    assert params["gate_passk_tolerance"]["defaultValue"] == 0.05
+    assert params["gate_ood_tolerance"]["defaultValue"] == 0.05
+    assert params["gate_min_gain"]["defaultValue"] == 0.0 and params["gate_floor"]["defaultValue"] == 0.0
     assert "defaultValue" not in params["storage"] and "defaultValue" not in params["base_model"]
     for component in ("comp-train", "comp-rescore", "comp-evaluate"):
         artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]

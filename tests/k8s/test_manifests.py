@@ -175,7 +175,7 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
 
     registry = Registry(tmp_path / "registry")
     version = registry.register("sdar-policy", make_adapter(rank=8), report(0.5, 0.7, 0.4), {"run_id": "r"})
-    registry.promote("sdar-policy", version)
+    registry.promote("sdar-policy", version, force=True, reason="test setup")
     generated = serve_config(registry, "/models/base", "sdar-policy", secret="sdarflow-s3")["kubernetes"]
     gen_deploy, gen_service = generated
     deploy = yaml.safe_load((ROOT / "serving" / "deployment.yaml").read_text())

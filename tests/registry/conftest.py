@@ -4,6 +4,7 @@ eval reports."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,25 +57,59 @@ def make_adapter(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def eval_report(test1: float, testk: float, ood1: float | None = None, k: int = 4) -> dict:
-    """An eval report in the shape `sdarflow evaluate` writes; ``ood1=None`` leaves the ood split out."""
-    splits = {
-        "test": {
-            "n_tasks": 20,
-            "samples_per_task": k,
-            "pass_at_k": {"1": test1, "2": (test1 + testk) / 2, str(k): testk},
-            "ci95": {},
-            "by_task_type": {},
-        }
+def _pass_at(c: int, n: int, k: int) -> float:
+    return 1 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def task_split(counts: list[int], n: int = 4, ks: tuple[int, ...] = (1, 2, 4)) -> dict:
+    """A report split as `sdarflow evaluate` writes it, from each task's successes (of ``n`` samples)."""
+    ks = tuple(k for k in ks if k <= n)
+    return {
+        "n_tasks": len(counts),
+        "samples_per_task": n,
+        "pass_at_k": {str(k): sum(_pass_at(c, n, k) for c in counts) / len(counts) for k in ks},
+        "ci95": {},
+        "by_task_type": {},
+        "task_successes": {f"task-{i:03d}": c for i, c in enumerate(counts)},
     }
-    if ood1 is not None:
-        splits["ood"] = {"n_tasks": 10, "samples_per_task": k, "pass_at_k": {"1": ood1, str(k): ood1}}
-    return {"adapter": "file:///adapter", "base_model": "tiny-qwen2", "splits": splits}
+
+
+def task_report(
+    test: list[int], ood: list[int] | None = None, n: int = 4, adapter: str = "file:///a"
+) -> dict:
+    """An eval report from per-task success counts; ``ood=None`` leaves the ood split out."""
+    splits = {"test": task_split(test, n)} | ({} if ood is None else {"ood": task_split(ood, n)})
+    return {"adapter": adapter, "base_model": "tiny-qwen2", "splits": splits}
+
+
+def _spread(rate: float, reach: float, n: int) -> list[int]:
+    """Per-task successes with ``reach`` of the tasks solved at least once and ``rate`` of all samples solved,
+    spread as evenly as they go, on the fewest tasks (20, 50 or 100) that make both whole numbers."""
+    for tasks in (20, 50, 100):
+        solved, total = reach * tasks, rate * n * tasks
+        if abs(solved - round(solved)) < 1e-9 and abs(total - round(total)) < 1e-9:
+            solved, total = round(solved), round(total)
+            assert solved <= total <= solved * n, (rate, reach)
+            base, extra = divmod(total, solved) if solved else (0, 0)
+            return [base + (i < extra) for i in range(solved)] + [0] * (tasks - solved)
+    raise AssertionError(f"no task count fits pass@1 {rate} and pass@{n} {reach}")
+
+
+def eval_report(test1: float, testk: float, ood1: float | None = None, k: int = 4) -> dict:
+    """An eval report with test pass@1 ``test1`` and pass@k ``testk`` (and ood pass@1 ``ood1``, each ood task
+    solved by all or none of its samples; None leaves the ood split out), with per-task results that agree."""
+    ood = None if ood1 is None else _spread(ood1, ood1, k)
+    return task_report(_spread(test1, testk, k), ood, n=k)
 
 
 @pytest.fixture
 def report() -> Callable[..., dict]:
     return eval_report
+
+
+@pytest.fixture
+def tasks() -> Callable[..., dict]:
+    return task_report
 
 
 @pytest.fixture

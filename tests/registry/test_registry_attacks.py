@@ -30,7 +30,7 @@ def registry_with_versions(tmp_path, make_adapter, report, lineage) -> str:
     reg = Registry(tmp_path / "registry")
     reg.register("pol", make_adapter(), report(0.5, 0.7, 0.4), lineage)
     reg.register("pol", make_adapter(seed=1), report(0.3, 0.5, 0.3), lineage)
-    reg.promote("pol", 1)
+    reg.promote("pol", 1, force=True, reason="test setup")
     return str(tmp_path / "registry")
 
 

@@ -21,7 +21,7 @@ def run(argv: list[str]) -> int:
 
 
 @pytest.fixture
-def files(tmp_path, make_adapter, report, lineage):
+def files(tmp_path, make_adapter, tasks, lineage):
     def write(name: str, rep: dict) -> str:
         path = tmp_path / name
         path.write_text(json.dumps(rep))
@@ -33,9 +33,12 @@ def files(tmp_path, make_adapter, report, lineage):
     lineage_path.write_text(json.dumps(lineage))
     return {
         "adapter": published,
-        "base": write("base.json", report(0.50, 0.62, 0.40)),
-        "worse_passk": write("worse.json", report(0.55, 0.58, 0.40)),
-        "better": write("better.json", report(0.58, 0.66, 0.41)),
+        # n = 4 samples on 10 tasks; the base model solves 1 of 4 on each, v1 2 of 4
+        "base_model": write("base-model.json", tasks([1] * 10, [2] * 10, adapter="")),
+        "base": write("base.json", tasks([2] * 10, [2] * 10)),
+        # +0.05 on average (+.25, -.25, +.25, +.25, six ties): inside the noise
+        "noise": write("noise.json", tasks([3, 1, 3, 3, 2, 2, 2, 2, 2, 2], [2] * 10)),
+        "better": write("better.json", tasks([3] * 9 + [2], [2] * 10)),
         "lineage": str(lineage_path),
     }
 
@@ -51,6 +54,8 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
                 files["adapter"],
                 "--eval",
                 files["base"],
+                "--base-eval-report",
+                files["base_model"],
                 "--lineage",
                 files["lineage"],
             ]
@@ -67,7 +72,7 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
                 "--adapter",
                 files["adapter"],
                 "--eval",
-                files["worse_passk"],
+                files["noise"],
                 "--lineage",
                 inline,
             ]
@@ -78,15 +83,15 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     run(["register", *reg, "--adapter", files["adapter"], "--eval", files["better"]])
     assert capsys.readouterr().out == "3\n"
 
-    assert run(["promote", *reg, "--version", "1"]) == 0
-    assert capsys.readouterr().out == "agent production -> v1 (gate: not-applicable)\n"
+    assert run(["promote", *reg, "--version", "1"]) == 0  # beats the base model it was registered with
+    assert capsys.readouterr().out == "agent production -> v1 (gate: passed)\n"
 
     with pytest.raises(GateRefused) as err:
         run(["promote", *reg, "--version", "2"])
     assert err.value.exit_code == 3
-    assert "test pass@4 0.58 < production v1 0.62 - tolerance 0.02" in str(err.value)
-    # A looser policy from the flags lets it through.
-    assert run(["promote", *reg, "--version", "2", "--passk-tolerance", "0.2"]) == 0
+    assert "test pass@1 vs production v1: 0.55 - 0.50 = +0.05, lower bound -0.0417" in str(err.value)
+    # A looser policy from the flags lets it through: no worse than production beyond 0.1.
+    assert run(["promote", *reg, "--version", "2", "--min-gain", "-0.1"]) == 0
     capsys.readouterr()
     assert run(["rollback", *reg]) == 0
     assert capsys.readouterr().out == "agent production -> v1 (was v2)\n"
@@ -125,9 +130,11 @@ def test_cli_force_and_errors(local_registry, files, capsys):
     from sdarflow.errors import ConfigError
 
     reg = ["--registry", local_registry, "--name", "agent"]
-    for report_file in ("base", "worse_passk"):
+    for report_file in ("base", "noise"):
         run(["register", *reg, "--adapter", files["adapter"], "--eval", files[report_file]])
-    run(["promote", *reg, "--version", "1"])
+    with pytest.raises(GateRefused, match="nothing to compare the candidate v1 with"):
+        run(["promote", *reg, "--version", "1"])  # no base-model report, no production
+    run(["promote", *reg, "--version", "1", "--force", "--reason", "first version, evaluated by hand"])
     with pytest.raises(ConfigError, match="--force needs --reason"):
         run(["promote", *reg, "--version", "2", "--force"])
     assert run(["promote", *reg, "--version", "2", "--force", "--reason", "known eval flake"]) == 0
@@ -146,7 +153,7 @@ def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
 
     registry = Registry(local_registry)
     registry.register("agent", make_adapter(rank=rank), report(0.5, 0.7, 0.4), lineage)
-    registry.promote("agent", 1)
+    registry.promote("agent", 1, force=True, reason="test setup")
     rank_file = tmp_path / "max-lora-rank"
     argv = ["fetch", "--registry", local_registry, "--name", "agent", "--version", "production"]
     assert run([*argv, "--dest", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0

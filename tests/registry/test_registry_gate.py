@@ -1,4 +1,5 @@
-"""The promotion gate (pure check and through Registry.promote), forced overrides, staging, and rollback."""
+"""The promotion gate: task-paired lower bounds against production and the base model, hand-computed (pure check
+and through Registry.promote), the floor, forced overrides audited with their numbers, staging, and rollback."""
 
 from __future__ import annotations
 
@@ -7,41 +8,139 @@ import pytest
 from sdarflow.errors import ConfigError
 from sdarflow.registry import GatePolicy, GateRefused, Registry, RegistryError, check_gate
 
-
-def test_check_gate_passk_fell(report):
-    # pass@1 rose by 5 points, but pass@4 fell by 4: the sharpening failure mode.
-    failures = check_gate(report(0.55, 0.58, 0.40), report(0.50, 0.62, 0.40))
-    assert failures == ["test pass@4 0.58 < production 0.62 - tolerance 0.02"]
-
-
-def test_check_gate_ood_fell(report):
-    failures = check_gate(report(0.60, 0.70, 0.30), report(0.50, 0.70, 0.40))
-    assert failures == ["ood pass@1 0.30 < production 0.40 - tolerance 0.02"]
+# n = 4 samples per task, 10 tasks. Production: 2 of 4 on every task (pass@1 0.50, pass@4 1.00).
+PROD = [2] * 10
+# +.25, -.25, +.25, +.25 and six ties: mean +0.05, lower bound -0.04 (module docstring of test_compare)
+NOISE = [3, 1, 3, 3, 2, 2, 2, 2, 2, 2]
+# +.25 on nine tasks: mean +0.225, sd 0.0790569, se 0.025, lower 0.225 - 1.833113 * 0.025 = 0.179
+GAIN = [3] * 9 + [2]
 
 
-def test_check_gate_boundaries(report):
-    # Exactly at the tolerance passes despite float rounding (0.62 - 0.02 != 0.60 in binary).
-    assert check_gate(report(0.50, 0.60, 0.38), report(0.50, 0.62, 0.40)) == []
-    failures = check_gate(report(0.55, 0.70, 0.40), report(0.50, 0.70, 0.40), GatePolicy(min_gain=0.1))
-    assert failures == ["test pass@1 0.55 < production 0.50 + min_gain 0.10"]
-    failures = check_gate(report(0.6199, 0.70, 0.40), report(0.62, 0.70, 0.40))
-    assert failures == ["test pass@1 0.6199 < production 0.62 + min_gain 0.00"]
+def _refs(production=None, base=None) -> dict:
+    return {"production v1": production, "base model": base}
 
 
-def test_check_gate_uses_largest_common_k(report):
-    candidate = report(0.6, 0.7, 0.4, k=4)
-    production = report(0.5, 0.9, 0.4, k=8)
-    production["splits"]["test"]["pass_at_k"]["4"] = 0.71
-    assert check_gate(candidate, production) == []
+def test_a_better_mean_inside_the_noise_is_refused(tasks):
+    verdict = check_gate(tasks(NOISE, PROD), _refs(tasks(PROD, PROD)))
+    assert verdict.failures == [
+        "test pass@1 vs production v1: 0.55 - 0.50 = +0.05, lower bound -0.0417 (10 paired tasks) not above "
+        "min_gain 0.00"
+    ]
+    [pass1] = [c for c in verdict.checks if c["criterion"] == "min_gain"]
+    assert pass1["lower"] == pytest.approx(0.05 - 1.833113 * 0.05, abs=1e-5) and pass1["passed"] is False
 
 
-def test_check_gate_missing_split(report):
-    failures = check_gate(report(0.6, 0.7, None), report(0.5, 0.7, 0.4), candidate_label="candidate v2")
+def test_a_gain_beyond_the_noise_passes_with_its_numbers(tasks):
+    verdict = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)))
+    assert verdict.passed and verdict.failures == []
+    by_criterion = {c["criterion"]: c for c in verdict.checks}
+    assert by_criterion["min_gain"]["lower"] == pytest.approx(0.225 - 1.833113 * 0.025, abs=1e-5)
+    assert by_criterion["passk_tolerance"]["k"] == 4 and by_criterion["passk_tolerance"]["diff"] == 0
+    assert by_criterion["ood_tolerance"]["split"] == "ood"
+
+
+def test_a_pass_at_k_collapse_is_refused(tasks):
+    # sharpened: every sample of 7 tasks succeeds, none of 3: pass@4 0.70 against 1.00, lower bound
+    # -0.3 - 1.833113 * 0.152753 = -0.58
+    failures = check_gate(tasks([4] * 7 + [0] * 3, PROD), _refs(tasks(PROD, PROD))).failures
+    assert (
+        "test pass@4 vs production v1: 0.70 - 1.00 = -0.30, lower bound -0.58 (10 paired tasks) below "
+        "-passk_tolerance 0.05" in failures
+    )
+
+
+def test_an_ood_drop_is_refused(tasks):
+    failures = check_gate(tasks(GAIN, [1] * 10), _refs(tasks(PROD, PROD))).failures
+    assert failures == [
+        "ood pass@1 vs production v1: 0.25 - 0.50 = -0.25, lower bound -0.25 (10 paired tasks) below "
+        "-ood_tolerance 0.05"
+    ]
+
+
+def test_the_first_version_must_beat_the_base(tasks):
+    # every task +.25 over the base: sd 0, lower bound = mean
+    assert check_gate(tasks([2] * 10, [2] * 10), _refs(None, tasks([1] * 10, [2] * 10))).passed
+    failures = check_gate(tasks([1] * 10, [2] * 10), _refs(None, tasks([2] * 10, [2] * 10))).failures
+    assert failures == [
+        "test pass@1 vs base model: 0.25 - 0.50 = -0.25, lower bound -0.25 (10 paired tasks) not above "
+        "min_gain 0.00"
+    ]
+
+
+def test_nothing_to_compare_with_is_a_refusal(tasks):
+    failures = check_gate(tasks(GAIN, PROD), {"production": None, "base model": None}).failures
+    assert failures == [
+        "nothing to compare the candidate with: no production and no base model eval report (register "
+        "versions with the base model's eval report, --base-eval-report)"
+    ]
+
+
+def test_the_floor(tasks):
+    zero = tasks([0] * 10, [0] * 10)
+    failures = check_gate(zero, _refs(None, zero)).failures
+    assert "test pass@1 0.00 of the candidate is not above the floor 0.00" in failures
+    failures = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)), GatePolicy(floor=0.8)).failures
+    assert failures == ["test pass@1 0.725 of the candidate is not above the floor 0.80"]
+
+
+def test_both_references_are_compared(tasks):
+    # beats production by +0.225 but not the base it started from (all 3 of 4: 0.75 > 0.725)
+    failures = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD), tasks([3] * 10, PROD))).failures
+    assert len(failures) == 1 and failures[0].startswith("test pass@1 vs base model: 0.725 - 0.75 = -0.025")
+
+
+def test_one_task_cannot_tell(tasks):
+    failures = check_gate(tasks([4], [4]), _refs(tasks([0], [4]))).failures
+    assert (
+        failures[0]
+        == "test pass@1 vs production v1: 1.00 - 0.00 = +1.00, and 1 task(s) cannot bound the difference"
+    )
+    assert len(failures) == 3 and all("cannot bound" in f for f in failures)  # pass@4 and ood as well
+
+
+def test_min_gain_and_boundaries(tasks):
+    # lower bound 0.25 exactly at min_gain 0.25 is not above it; a bound exactly at -tolerance passes
+    cand, base = tasks([2] * 10, [2] * 10), tasks([1] * 10, [2] * 10)
+    assert (
+        check_gate(cand, _refs(None, base), GatePolicy(min_gain=0.25))
+        .failures[0]
+        .endswith("not above min_gain 0.25")
+    )
+    assert check_gate(cand, _refs(None, base), GatePolicy(min_gain=0.2499)).passed
+    # ood: every task -.25 against tolerance 0.25
+    assert check_gate(tasks([2] * 10, [1] * 10), _refs(None, base), GatePolicy(ood_tolerance=0.25)).passed
+
+
+def test_the_largest_common_k_is_compared(tasks):
+    cand = tasks(GAIN, PROD, n=4)
+    prod = tasks([4] * 5 + [0] * 5, [4] * 5 + [0] * 5, n=8)  # pass@8 0.5, but only k <= 4 is shared
+    [check] = [c for c in check_gate(cand, _refs(prod)).checks if c["criterion"] == "passk_tolerance"]
+    assert check["k"] == 4
+
+
+def test_missing_and_inconsistent_reports(tasks):
+    failures = check_gate(
+        tasks(GAIN, None), _refs(tasks(PROD, PROD)), candidate_label="candidate v2"
+    ).failures
     assert failures == ["ood split missing from the candidate v2 eval report"]
+    tampered = tasks(GAIN, PROD)
+    tampered["splits"]["test"]["pass_at_k"]["1"] = 0.9  # the headline, not what the tasks say
+    failures = check_gate(tampered, _refs(tasks(PROD, PROD))).failures
+    assert failures == [
+        "test pass@1 0.90 of the candidate eval report disagrees with its per-task results (0.725); fix: "
+        "evaluate it again"
+    ]
+    no_tasks = tasks(GAIN, PROD)
+    del no_tasks["splits"]["test"]["task_successes"]
+    [failure] = check_gate(no_tasks, _refs(tasks(PROD, PROD))).failures
+    assert failure.startswith("test of the candidate eval report has no valid per-task results")
+    bad_count = tasks(GAIN, PROD)
+    bad_count["splits"]["test"]["task_successes"]["task-000"] = 9  # more successes than samples
+    assert "no valid per-task results" in check_gate(bad_count, _refs(tasks(PROD, PROD))).failures[0]
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"passk_tolerance": -0.1}, {"ood_tolerance": float("nan")}, {"min_gain": 2.0}]
+    "kwargs", [{"passk_tolerance": -0.1}, {"ood_tolerance": float("nan")}, {"min_gain": 2.0}, {"floor": 1.5}]
 )
 def test_bad_policy(kwargs):
     with pytest.raises(ConfigError, match="fix:"):
@@ -49,11 +148,19 @@ def test_bad_policy(kwargs):
 
 
 @pytest.fixture
-def reg_with_production(local_registry, make_adapter, report, lineage):
-    """A registry whose 'agent' v1 (test pass@1 0.50, pass@4 0.62, ood 0.40) is in production."""
+def reg_with_production(local_registry, make_adapter, tasks, lineage):
+    """A registry whose 'agent' v1 (2 of 4 on each of 10 test and ood tasks) is in production: it beat the base
+    model (1 of 4 on each) it was registered with."""
     reg = Registry(local_registry)
-    reg.register("agent", make_adapter(), report(0.50, 0.62, 0.40), lineage)
-    reg.promote("agent", 1, actor="alice")  # first version: nothing to beat
+    reg.register(
+        "agent",
+        make_adapter(),
+        tasks(PROD, PROD),
+        lineage,
+        base_eval_report=tasks([1] * 10, PROD, adapter=""),
+    )
+    event = reg.promote("agent", 1, actor="alice")
+    assert event["gate"] == "passed"
     return reg
 
 
@@ -64,48 +171,65 @@ def _register(reg, make_adapter, lineage, rep) -> int:
 @pytest.mark.parametrize(
     ("candidate", "expected"),
     [
-        ((0.55, 0.58, 0.40), "gate refused: test pass@4 0.58 < production v1 0.62 - tolerance 0.02; fix:"),
-        ((0.60, 0.70, 0.30), "gate refused: ood pass@1 0.30 < production v1 0.40 - tolerance 0.02; fix:"),
+        (
+            (NOISE, PROD),
+            "gate refused: test pass@1 vs production v1: 0.55 - 0.50 = +0.05, lower bound -0.0417",
+        ),
+        ((GAIN, [1] * 10), "gate refused: ood pass@1 vs production v1: 0.25 - 0.50 = -0.25"),
     ],
 )
-def test_promote_refused(reg_with_production, make_adapter, lineage, report, candidate, expected):
+def test_promote_refused_and_audited(reg_with_production, make_adapter, lineage, tasks, candidate, expected):
     reg = reg_with_production
-    v = _register(reg, make_adapter, lineage, report(*candidate))
+    v = _register(reg, make_adapter, lineage, tasks(*candidate))
     with pytest.raises(GateRefused) as err:
-        reg.promote("agent", v)
+        reg.promote("agent", v, actor="bob")
     assert err.value.exit_code == 3
     assert str(err.value).startswith(expected)
-    assert "--force --reason" in str(err.value) and "\n" not in str(err.value)
+    assert "evaluate on more tasks" in str(err.value) and "--force --reason" in str(err.value)
+    assert "\n" not in str(err.value)
     assert reg.aliases("agent") == {"production": 1}
+    refused = reg.audit_log("agent")[-1]
+    assert refused["event"] == "promote-refused" and refused["version"] == v and refused["by"] == "bob"
+    assert refused["gate"] == "refused" and refused["gate_failures"] and refused["gate_checks"]
 
 
-def test_promote_refused_when_split_missing(reg_with_production, make_adapter, lineage, report):
+def test_first_version_without_a_base_report_is_refused(local_registry, make_adapter, lineage, tasks):
+    reg = Registry(local_registry)
+    reg.register("agent", make_adapter(), tasks(GAIN, PROD), lineage)
+    with pytest.raises(GateRefused, match="nothing to compare the candidate v1 with"):
+        reg.promote("agent", 1)
+    assert reg.aliases("agent") == {}
+
+
+def test_a_base_report_must_be_of_the_base_model(local_registry, make_adapter, lineage, tasks):
+    with pytest.raises(ConfigError, match="evaluates adapter 'file:///a', not the base model"):
+        Registry(local_registry).register(
+            "agent", make_adapter(), tasks(GAIN, PROD), lineage, base_eval_report=tasks(PROD, PROD)
+        )
+
+
+def test_promote_better_candidate(reg_with_production, make_adapter, lineage, tasks):
     reg = reg_with_production
-    v = _register(reg, make_adapter, lineage, report(0.9, 0.9, None))
-    with pytest.raises(GateRefused, match=f"ood split missing from the candidate v{v} eval report"):
-        reg.promote("agent", v)
-
-
-def test_promote_better_candidate(reg_with_production, make_adapter, lineage, report):
-    reg = reg_with_production
-    v = _register(reg, make_adapter, lineage, report(0.58, 0.66, 0.41))
+    v = _register(reg, make_adapter, lineage, tasks(GAIN, PROD))
     event = reg.promote("agent", v, actor="bob")
     assert event["gate"] == "passed" and event["from"] == 1
+    assert {c["against"] for c in event["gate_checks"]} == {"production v1"}  # v2 has no base report
     assert reg.aliases("agent") == {"production": v}
     assert reg.resolve("agent", "production") == v
     assert reg.list_versions("agent")[-1]["aliases"] == ["production"]
     assert reg.show("agent", "production")["aliases"] == ["production"]
+    assert reg.audit_log("agent")[-1]["gate_checks"] == event["gate_checks"]
 
 
-def test_force_needs_reason_and_is_audited(reg_with_production, make_adapter, lineage, report):
+def test_force_needs_reason_and_is_audited(reg_with_production, make_adapter, lineage, tasks):
     reg = reg_with_production
-    v = _register(reg, make_adapter, lineage, report(0.55, 0.58, 0.40))
+    v = _register(reg, make_adapter, lineage, tasks(NOISE, PROD))
     with pytest.raises(ConfigError, match="--force needs --reason"):
         reg.promote("agent", v, force=True)
     with pytest.raises(ConfigError, match="--force needs --reason"):
         reg.promote("agent", v, force=True, reason="   ")
     event = reg.promote("agent", v, force=True, reason="hotfix: v1 leaks tool tokens", actor="carol")
-    assert event["gate"] == "overridden"
+    assert event["gate"] == "overridden" and event["gate_failures"]
     assert reg.aliases("agent") == {"production": v}
     promotions = [e for e in reg.audit_log("agent") if e["event"] == "promote"]
     assert promotions[-1]["reason"] == "hotfix: v1 leaks tool tokens"
@@ -128,10 +252,10 @@ def test_promote_same_version_is_a_no_op(reg_with_production):
     assert len(reg_with_production.alias_history("agent")) == 1
 
 
-def test_rollback(reg_with_production, make_adapter, lineage, report):
+def test_rollback(reg_with_production, make_adapter, lineage, tasks):
     reg = reg_with_production
-    v2 = _register(reg, make_adapter, lineage, report(0.55, 0.66, 0.41))
-    v3 = _register(reg, make_adapter, lineage, report(0.60, 0.70, 0.42))
+    v2 = _register(reg, make_adapter, lineage, tasks(GAIN, PROD))
+    v3 = _register(reg, make_adapter, lineage, tasks([4] * 10, PROD))
     reg.promote("agent", v2)
     reg.promote("agent", v3)
     event = reg.rollback("agent", reason="regression in prod")
@@ -157,12 +281,12 @@ def test_check_gate_refuses_values_that_are_not_probabilities(report, bad):
     """NaN compares False with every threshold, so a NaN pass@1 once passed; now any non-probability refuses."""
     candidate = report(0.6, 0.7, 0.4)
     candidate["splits"]["test"]["pass_at_k"]["1"] = bad
-    failures = check_gate(candidate, report(0.5, 0.7, 0.4))
+    failures = check_gate(candidate, {"production": report(0.5, 0.7, 0.4)}).failures
     assert (
         failures
         and f"test pass@1 = {bad!r} in the candidate eval report is not a number in [0, 1]" in failures
     )
-    assert check_gate(report(0.6, 0.7, 0.4), candidate)  # a broken production report refuses too
+    assert check_gate(report(0.6, 0.7, 0.4), {"production": candidate}).failures  # a broken production too
 
 
 def _with(rep: dict, path: tuple, value) -> dict:
@@ -212,7 +336,12 @@ def test_first_production_needs_a_report_the_gate_can_trust(local_registry, make
 
     reg = Registry(local_registry)
     monkeypatch.setattr(intake, "load_report", dict)
-    v = reg.register("agent", make_adapter(), report(5.0, 5.0, 0.4), lineage)
+    v = reg.register(
+        "agent",
+        make_adapter(),
+        _with(report(0.5, 0.7, 0.4), ("splits", "test", "pass_at_k", "1"), 5.0),
+        lineage,
+    )
     monkeypatch.undo()
     with pytest.raises(
         ConfigError, match=f"eval report of agent v{v}: splits.test.pass_at_k.1: Input should be"

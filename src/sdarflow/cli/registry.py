@@ -54,7 +54,13 @@ def cmd_register(args: argparse.Namespace) -> int:
         # a published adapter is registered from a verified copy of its files (its manifest is the registry's)
         adapter = local_artifact(args.adapter, "adapter", args.allow_unpublished, dest=tmp)
         version = _registry(args).register(
-            args.name, adapter, args.eval, _lineage(args.lineage), base_model=args.model, actor=args.actor
+            args.name,
+            adapter,
+            args.eval,
+            _lineage(args.lineage),
+            base_model=args.model,
+            base_eval_report=args.base_eval_report,
+            actor=args.actor,
         )
     sys.stdout.write(f"{version}\n")
     return 0
@@ -95,7 +101,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from sdarflow.registry.gate import GatePolicy
 
     policy = GatePolicy(
-        min_gain=args.min_gain, passk_tolerance=args.passk_tolerance, ood_tolerance=args.ood_tolerance
+        min_gain=args.min_gain,
+        passk_tolerance=args.passk_tolerance,
+        ood_tolerance=args.ood_tolerance,
+        floor=args.floor,
     )
     event = _registry(args).promote(
         args.name,
@@ -187,6 +196,11 @@ def _add_register(p: argparse.ArgumentParser) -> None:
         help="base model folder the adapter was trained on: its fingerprint and every tensor shape are checked "
         "(default: the adapter's base_model_name_or_path when that is a local folder)",
     )
+    p.add_argument(
+        "--base-eval-report",
+        help="the base model's evaluate output on the same tasks (folder, URI or report.json): what the gate "
+        "compares the version with when nothing is in production, and besides production afterwards",
+    )
     p.add_argument("--lineage", help="lineage as inline JSON or a path/URI to a JSON file")
     p.add_argument("--actor", help="who registers (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_register)
@@ -206,7 +220,7 @@ def _add_show(p: argparse.ArgumentParser) -> None:
 
 
 def _add_promote(p: argparse.ArgumentParser) -> None:
-    from sdarflow.registry.gate import GATE
+    from sdarflow.registry.gate import GATE, GATE_HELP
 
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
@@ -215,18 +229,11 @@ def _add_promote(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reason", help="why (required with --force); written to the alias history and the audit log"
     )
-    p.add_argument(
-        "--min-gain", type=float, default=GATE.min_gain, help="test pass@1 must beat production by this"
-    )
-    p.add_argument(
-        "--passk-tolerance",
-        type=float,
-        default=GATE.passk_tolerance,
-        help="allowed drop of test pass@k (largest k)",
-    )
-    p.add_argument(
-        "--ood-tolerance", type=float, default=GATE.ood_tolerance, help="allowed drop of ood pass@1"
-    )
+    for name, help_text in GATE_HELP.items():
+        default = getattr(GATE, name)
+        p.add_argument(
+            f"--{name.replace('_', '-')}", type=float, default=default, help=f"{help_text} ({default})"
+        )
     p.add_argument("--actor", help="who promotes (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_promote)
 

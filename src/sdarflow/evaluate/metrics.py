@@ -21,6 +21,7 @@ import numpy as np
 # The evaluate stage publishes the report as this file of an artifact of this kind.
 REPORT = "report.json"
 REPORT_KIND = "eval-report"
+BASE_ADAPTER = "base"  # the adapter a report of the base model itself (no adapter) names
 
 # Two-sided 95% quantile of the standard normal.
 Z95 = 1.959963984540054

@@ -1,14 +1,21 @@
 """The promotion gate: may a candidate adapter replace production?
 
-Self-distillation can raise pass@1 while pass@k and out-of-distribution success collapse (the policy sharpens
-onto fewer solutions), so pass@1 alone is not enough. A candidate passes when, against the production adapter's
-eval report:
+A gate that compares means cannot tell: at 32 tasks x 4 samples, pass@1 moves by several points between two
+evaluations of the same adapter. This gate compares the candidate with each reference it has (the production
+version, and the base model the run started from) task by task on the same tasks, and asks of the one-sided 95%
+lower bound ``lower`` of each difference (:mod:`sdarflow.evaluate.compare`):
 
-- test pass@1  >= production + ``min_gain``
-- test pass@k  >= production - ``passk_tolerance``   (k = the largest k both reports have)
-- ood  pass@1  >= production - ``ood_tolerance``
+- test pass@1:  ``lower(candidate - reference) >  min_gain``          (a gain beyond the noise)
+- test pass@k:  ``lower(candidate - reference) >= -passk_tolerance``  (k = the largest k both reports have)
+- ood  pass@1:  ``lower(candidate - reference) >= -ood_tolerance``
 
-Eval reports are the JSON written by ``sdarflow evaluate``: ``{"splits": {"test": {"pass_at_k": {"1": ...}}}}``.
+and, whatever the references, candidate test pass@1 ``> floor``. Self-distillation can raise pass@1 while pass@k
+and out-of-distribution success collapse (the policy sharpens onto fewer solutions), hence the two guards. With
+no production version the candidate must beat the base model; with neither there is nothing to tell by, and the
+gate refuses.
+
+Reports are the JSON written by ``sdarflow evaluate``: ``{"splits": {"test": {"pass_at_k": {"1": ...},
+"samples_per_task": n, "task_successes": {task: c}}}}``; the per-task results must agree with the headline.
 """
 
 from __future__ import annotations
@@ -16,41 +23,72 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sdarflow.errors import ConfigError
+from sdarflow.evaluate.compare import Difference, difference
 
 log = logging.getLogger(__name__)
 
-# Slack for float comparisons: 0.60 must pass "0.62 - 0.02", which is 0.6000000000000001 in floating point.
+# Slack for float comparisons: a bound of exactly -0.05 must clear "-0.05", whatever the rounding.
 _EPS = 1e-9
+CONFIDENCE = 0.95  # of the one-sided lower bounds
 
 SPLITS = ("test", "ood")  # what the gate compares
 
-FORCE_HINT = "fix: improve or re-evaluate the candidate, or override with --force --reason TEXT"
+FORCE_HINT = (
+    "fix: improve the candidate, or evaluate on more tasks (eval_tasks) for a tighter bound, or override with "
+    "--force --reason TEXT"
+)
 
 
 @dataclass(frozen=True)
 class GatePolicy:
-    """Thresholds of the production gate, as fractions of tasks (0.02 = two percentage points).
+    """Thresholds of the production gate, as fractions of tasks (0.05 = five points), on one-sided 95% lower
+    bounds of paired task differences (see the module docstring).
 
-    min_gain: candidate test pass@1 must beat production by at least this (0 = not worse).
-    passk_tolerance: how far test pass@k (largest k) may fall below production.
-    ood_tolerance: how far ood pass@1 may fall below production.
+    min_gain: the bound of test pass@1's gain must be above this (0 = a gain the evaluation can tell).
+    passk_tolerance: how far the bound of test pass@k (largest k) may fall below 0.
+    ood_tolerance: how far the bound of ood pass@1 may fall below 0.
+    floor: the candidate's test pass@1 must be above this (an adapter that solves nothing never ships).
     """
 
     min_gain: float = 0.0
-    passk_tolerance: float = 0.02
-    ood_tolerance: float = 0.02
+    passk_tolerance: float = 0.05
+    ood_tolerance: float = 0.05
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.min_gain) or abs(self.min_gain) > 1:
             raise ConfigError(f"min_gain ({self.min_gain}) must be a finite number in [-1, 1]; fix: e.g. 0.0")
-        for field in ("passk_tolerance", "ood_tolerance"):
-            value = getattr(self, field)
+        for name in ("passk_tolerance", "ood_tolerance", "floor"):
+            value = getattr(self, name)
             if not math.isfinite(value) or not 0 <= value <= 1:
-                raise ConfigError(f"{field} ({value}) must be in [0, 1]; fix: e.g. 0.02 (two points)")
+                raise ConfigError(f"{name} ({value}) must be in [0, 1]; fix: e.g. 0.05 (five points)")
+
+
+GATE = GatePolicy()  # the defaults every entry point (CLI, pipelines, config) shows
+# What each threshold means, for every entry point's help (CLI flags, pipeline parameters)
+GATE_HELP = {
+    "min_gain": "gate: the 95% lower bound of test pass@1's gain over production and the base must be above this",
+    "passk_tolerance": "gate: how far the lower bound of test pass@k's change (largest k) may fall below 0",
+    "ood_tolerance": "gate: how far the lower bound of ood pass@1's change may fall below 0",
+    "floor": "gate: the candidate's test pass@1 must be above this",
+}
+
+
+@dataclass
+class GateVerdict:
+    """The gate's decision: every failed criterion as one message, and every comparison with its numbers (what
+    the audit log records)."""
+
+    failures: list[str] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
 
 
 def _fmt(x: float) -> str:
@@ -59,8 +97,17 @@ def _fmt(x: float) -> str:
     return short if abs(float(short) - x) < _EPS else f"{x:.4f}".rstrip("0")
 
 
-def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[dict[str, float] | None, str | None]:
-    """The split's pass_at_k as {k: value}, or a failure message saying what is missing."""
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "-") + _fmt(abs(x))
+
+
+def _is_probability(v: Any) -> bool:
+    # NaN compares False with everything: a value that is not a number in [0, 1] is a refusal, never a pass
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
+
+
+def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The split as the gate compares it (pass@k and per-task results that agree), or what is wrong with it."""
     splits = report.get("splits")
     entry = splits.get(split) if isinstance(splits, Mapping) else None
     if not isinstance(entry, Mapping):
@@ -68,59 +115,100 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[dict[str, f
     pass_at_k = entry.get("pass_at_k")
     if not isinstance(pass_at_k, Mapping) or "1" not in pass_at_k:
         return None, f"{split} pass@1 missing from the {who} eval report"
-    values = {}
     for k, v in pass_at_k.items():
-        # A value that is not a number in [0, 1] (NaN compares False with everything) is a refusal, never a pass.
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-        if not ok or not (str(k).isascii() and str(k).isdigit()):
+        if not _is_probability(v) or not (str(k).isascii() and str(k).isdigit() and int(k) >= 1):
             return None, f"{split} pass@{k} = {v!r} in the {who} eval report is not a number in [0, 1]"
-        values[str(k)] = float(v)
-    return values, None
+    n, successes = entry.get("samples_per_task"), entry.get("task_successes")
+    counts_ok = (
+        isinstance(successes, Mapping) and successes and isinstance(n, int) and not isinstance(n, bool)
+    )
+    if not counts_ok or not all(type(c) is int and 0 <= c <= n for c in successes.values()):
+        return None, (
+            f"{split} of the {who} eval report has no valid per-task results (samples_per_task, task_successes "
+            f"as counts), which the gate compares task by task; fix: evaluate it again with `sdarflow evaluate`"
+        )
+    if any(int(k) > n for k in pass_at_k):
+        return None, f"{split} of the {who} eval report has pass@k with k above its {n} samples per task"
+    per_task = sum(successes.values()) / (n * len(successes))
+    if abs(per_task - pass_at_k["1"]) > 1e-6:
+        return None, (
+            f"{split} pass@1 {_fmt(pass_at_k['1'])} of the {who} eval report disagrees with its per-task results "
+            f"({_fmt(per_task)}); fix: evaluate it again"
+        )
+    return entry, None
 
 
-GATE = GatePolicy()  # the defaults every entry point (CLI, pipelines, config) shows
+def _criterion(d: Difference, split: str, ref: str, threshold: float, strict: bool, name: str) -> dict:
+    """One comparison's record, with the failure message when its bound does not clear the threshold."""
+    ok = d.lower is not None and (d.lower > threshold + _EPS if strict else d.lower >= threshold - _EPS)
+    record = {"split": split, "against": ref, "criterion": name, "threshold": threshold, "passed": ok}
+    record |= d.to_dict()
+    if not ok:
+        what = f"{split} pass@{d.k} vs {ref}: {_fmt(d.candidate)} - {_fmt(d.reference)} = {_signed(d.diff)}"
+        if d.lower is None:
+            record["failure"] = f"{what}, and {d.tasks} task(s) cannot bound the difference"
+        else:
+            rule = f"not above {name} {_fmt(threshold)}" if strict else f"below -{name} {_fmt(-threshold)}"
+            pairs = f"{d.tasks} {'paired ' if d.paired else ''}tasks"
+            record["failure"] = f"{what}, lower bound {_signed(d.lower)} ({pairs}) {rule}"
+    return record
+
+
+def _compare(
+    candidate, reference, ref: str, policy: GatePolicy, cand_label: str, verdict: GateVerdict
+) -> None:
+    splits = {}
+    for split in SPLITS:
+        pair = (_split(candidate, split, cand_label), _split(reference, split, ref))
+        verdict.failures += [message for _, message in pair if message]
+        splits[split] = tuple(entry for entry, _ in pair)
+    checks = []
+    cand_test, ref_test = splits["test"]
+    if cand_test is not None and ref_test is not None:
+        checks.append(("test", 1, policy.min_gain, True, "min_gain"))
+        k = max(int(a) for a in cand_test["pass_at_k"].keys() & ref_test["pass_at_k"].keys())
+        if k == 1:
+            log.warning("gate: the eval reports share no k > 1, so the pass@k check compares pass@1")
+        checks.append(("test", k, -policy.passk_tolerance, False, "passk_tolerance"))
+    if None not in splits["ood"]:
+        checks.append(("ood", 1, -policy.ood_tolerance, False, "ood_tolerance"))
+    for split, k, threshold, strict, name in checks:
+        cand, refd = splits[split]
+        record = _criterion(difference(cand, refd, k, CONFIDENCE), split, ref, threshold, strict, name)
+        verdict.checks.append(record)
+        if "failure" in record:
+            verdict.failures.append(record["failure"])
 
 
 def check_gate(
     candidate: Mapping[str, Any],
-    production: Mapping[str, Any],
+    references: Mapping[str, Mapping[str, Any] | None],
     policy: GatePolicy | None = None,
     *,
     candidate_label: str = "candidate",
-    production_label: str = "production",
-) -> list[str]:
-    """Every failed criterion as one message with both numbers; an empty list means the candidate passes."""
-    policy = policy or GatePolicy()
-    failures: list[str] = []
-
-    cand_test, missing_c = _split(candidate, "test", candidate_label)
-    prod_test, missing_p = _split(production, "test", production_label)
-    failures += [m for m in (missing_c, missing_p) if m]
-    if cand_test is not None and prod_test is not None:
-        c1, p1 = cand_test["1"], prod_test["1"]
-        if c1 < p1 + policy.min_gain - _EPS:
-            failures.append(
-                f"test pass@1 {_fmt(c1)} < {production_label} {_fmt(p1)} + min_gain {_fmt(policy.min_gain)}"
-            )
-        k = max(int(key) for key in cand_test.keys() & prod_test.keys())
-        if k == 1:
-            log.warning("gate: the eval reports share no k > 1, so the pass@k check compares pass@1")
-        ck, pk = cand_test[str(k)], prod_test[str(k)]
-        if ck < pk - policy.passk_tolerance - _EPS:
-            failures.append(
-                f"test pass@{k} {_fmt(ck)} < {production_label} {_fmt(pk)} - tolerance {_fmt(policy.passk_tolerance)}"
-            )
-
-    cand_ood, missing_c = _split(candidate, "ood", candidate_label)
-    prod_ood, missing_p = _split(production, "ood", production_label)
-    failures += [m for m in (missing_c, missing_p) if m]
-    if cand_ood is not None and prod_ood is not None:
-        c1, p1 = cand_ood["1"], prod_ood["1"]
-        if c1 < p1 - policy.ood_tolerance - _EPS:
-            failures.append(
-                f"ood pass@1 {_fmt(c1)} < {production_label} {_fmt(p1)} - tolerance {_fmt(policy.ood_tolerance)}"
-            )
-    return failures
+) -> GateVerdict:
+    """The verdict on ``candidate`` against every report in ``references`` (label -> report; None = not
+    available, e.g. no production version yet): refused with a message per failed criterion, both numbers and
+    the bound in each."""
+    policy = policy or GATE
+    verdict = GateVerdict()
+    present = {label: report for label, report in references.items() if report is not None}
+    if not present:
+        verdict.failures.append(
+            f"nothing to compare the {candidate_label} with: no {' and no '.join(references)} eval report "
+            f"(register versions with the base model's eval report, --base-eval-report)"
+        )
+    for label, report in present.items():
+        _compare(candidate, report, label, policy, candidate_label, verdict)
+    test, _ = _split(candidate, "test", candidate_label)
+    if test is not None and not test["pass_at_k"]["1"] > policy.floor + _EPS:
+        verdict.failures.append(
+            f"test pass@1 {_fmt(test['pass_at_k']['1'])} of the {candidate_label} is not above the floor "
+            f"{_fmt(policy.floor)}"
+        )
+    # one message per problem, in order: a candidate's missing split is named once, not per reference
+    verdict.failures = list(dict.fromkeys(verdict.failures))
+    return verdict
 
 
 def refusal_message(failures: list[str]) -> str:
@@ -129,6 +217,9 @@ def refusal_message(failures: list[str]) -> str:
 
 
 def pass_at_1(report: Mapping[str, Any], split: str) -> float | None:
-    """A report's pass@1 on ``split``, or None when absent (for listings)."""
-    values, _ = _split(report, split, "")
-    return None if values is None else values["1"]
+    """A report's pass@1 on ``split``, or None when absent or not a probability (for listings)."""
+    splits = report.get("splits")
+    entry = splits.get(split) if isinstance(splits, Mapping) else None
+    pass_at_k = entry.get("pass_at_k") if isinstance(entry, Mapping) else None
+    value = pass_at_k.get("1") if isinstance(pass_at_k, Mapping) else None
+    return float(value) if _is_probability(value) else None

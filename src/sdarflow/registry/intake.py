@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError
-from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
+from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
 from sdarflow.models.lora import lora_rank
-from sdarflow.registry.layout import EVAL_REPORT, LINEAGE, RESERVED_FILES
+from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 
 log = logging.getLogger(__name__)
 
@@ -224,12 +224,30 @@ def _misfit(key: str, shape: list[int], base: Mapping[str, list[int]], transpose
     return None
 
 
+def load_base_report(base_report: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    """A validated eval report of the base model: one evaluated without an adapter."""
+    report = load_report(base_report)
+    if report.get("adapter") not in ("", BASE_ADAPTER):
+        raise ConfigError(
+            f"the base eval report evaluates adapter {report['adapter']!r}, not the base model; fix: pass an "
+            f"evaluate output made without --adapter"
+        )
+    return report
+
+
 def stage_version(
-    adapter_dir: Path, report: Mapping[str, Any], lineage: Mapping[str, Any], staged: Path
+    adapter_dir: Path,
+    report: Mapping[str, Any],
+    lineage: Mapping[str, Any],
+    staged: Path,
+    base_report: Mapping[str, Any] | None = None,
 ) -> None:
-    """Lay out a version folder at ``staged``: the adapter files plus eval_report.json and lineage.json."""
+    """Lay out a version folder at ``staged``: the adapter files plus eval_report.json, lineage.json and, when
+    given, base_eval_report.json."""
     shutil.copytree(adapter_dir, staged, copy_function=_link_or_copy)
     (staged / EVAL_REPORT).write_text(json.dumps(dict(report), indent=2, sort_keys=True))
+    if base_report is not None:
+        (staged / BASE_EVAL_REPORT).write_text(json.dumps(dict(base_report), indent=2, sort_keys=True))
     (staged / LINEAGE).write_text(json.dumps(dict(lineage), indent=2, sort_keys=True, default=str))
 
 

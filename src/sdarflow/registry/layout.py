@@ -4,7 +4,8 @@
 
     <registry>/<name>/claims/<v>.json          marker created exclusively to claim version number v
     <registry>/<name>/versions/<v>/            the immutable version: adapter files (PEFT), eval_report.json,
-                                               lineage.json, _manifest.json (sha256 of each, written last)
+                                               base_eval_report.json (when given), lineage.json,
+                                               _manifest.json (sha256 of each, written last)
     <registry>/<name>/aliases.json             stage -> version, with history (compare-and-swap updated)
     <registry>/<name>/audit/<utc>-<uuid>.json  one event per object: appends never race
 
@@ -28,10 +29,11 @@ Stage = Literal["production", "staging"]
 
 VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"
+BASE_EVAL_REPORT = "base_eval_report.json"  # the base model's evaluation on the same tasks, for the gate
 LINEAGE = "lineage.json"
 ALIASES = "aliases.json"
 # Files the registry writes into a version folder itself; an adapter folder must not bring its own.
-RESERVED_FILES: tuple[str, ...] = (EVAL_REPORT, LINEAGE, storage.MANIFEST)
+RESERVED_FILES: tuple[str, ...] = (EVAL_REPORT, BASE_EVAL_REPORT, LINEAGE, storage.MANIFEST)
 
 
 def validate_name(name: str) -> str:

@@ -31,6 +31,7 @@ from sdarflow.models.lora import lora_rank
 from sdarflow.registry import aliases, cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
+    BASE_EVAL_REPORT,
     EVAL_REPORT,
     LINEAGE,
     VERSION_KIND,
@@ -77,6 +78,7 @@ class Registry:
         lineage: Mapping[str, Any],
         *,
         base_model: str | Path | None = None,
+        base_eval_report: Mapping[str, Any] | str | Path | None = None,
         version: int | None = None,
         actor: str | None = None,
     ) -> int:
@@ -84,6 +86,8 @@ class Registry:
 
         The adapter is checked against ``base_model`` (a local HF folder; default: its config's
         ``base_model_name_or_path`` when that is a local folder): base fingerprint and every tensor's shape.
+        ``base_eval_report`` (the base model evaluated on the same tasks) is what the gate compares a version with
+        when there is no production version yet, and besides production afterwards.
         ``version`` asks for a specific number and fails if it exists; by default the next free one is claimed.
         """
         layout = self._layout(name)
@@ -91,6 +95,7 @@ class Registry:
         adapter_config = intake.check_adapter_dir(adapter_dir)
         base = intake.checked_base(adapter_dir, adapter_config, base_model)
         report = intake.load_report(eval_report)
+        base_report = None if base_eval_report is None else intake.load_base_report(base_eval_report)
         if not isinstance(lineage, Mapping):
             raise ConfigError(
                 f"lineage must be a JSON object, got {type(lineage).__name__}; fix: pass a dict"
@@ -99,7 +104,7 @@ class Registry:
 
         with tempfile.TemporaryDirectory(prefix="sdarflow-register-") as tmp:
             staged = Path(tmp) / "version"
-            intake.stage_version(adapter_dir, report, lineage, staged)
+            intake.stage_version(adapter_dir, report, lineage, staged, base_report)
             number = self._claim(layout, version, actor)
             storage.publish_dir(
                 staged,
@@ -193,6 +198,17 @@ class Registry:
         manifest never reaches the gate or a listing."""
         report = self._read_verified_json(layout, version, EVAL_REPORT)
         return intake.validate_report(report, f"eval report of {layout.name} v{version}")
+
+    def base_eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any] | None:
+        """The base model's eval report a version was registered with, or None (validated like its own)."""
+        layout = self._layout(name)
+        version = self.resolve(name, version_or_alias)
+        if BASE_EVAL_REPORT not in {
+            entry["path"] for entry in storage.members(self._manifest(layout, version))
+        }:
+            return None
+        report = self._read_verified_json(layout, version, BASE_EVAL_REPORT)
+        return intake.validate_report(report, f"base eval report of {layout.name} v{version}")
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)
@@ -321,44 +337,38 @@ class Registry:
             log.info("%s %s already points at v%d: nothing to do", name, stage, number)
             return {"event": "promote", "name": name, "stage": stage, "version": number, "changed": False}
 
-        gate_result = self._gate(layout, number, current, stage, policy, force, reason)
-        event = {"version": number, "action": "promote", "from": current, "gate": gate_result}
+        verdict = self._gate(layout, number, current, stage, policy, force)
+        event = {"version": number, "action": "promote", "from": current, "gate": verdict.pop("gate")}
+        if verdict.get("gate_failures") and not force:
+            self._audit(layout, "promote-refused", stage=stage, by=actor, **event, **verdict)
+            raise GateRefused(gate.refusal_message(verdict["gate_failures"]))
+        if event["gate"] == "overridden":
+            log.warning("gate overridden for %s v%d (%s): %s", name, number, reason, verdict["gate_failures"])
         aliases.move(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
-        return self._audit(layout, "promote", stage=stage, by=actor, reason=reason, forced=force, **event)
+        return self._audit(
+            layout, "promote", stage=stage, by=actor, reason=reason, forced=force, **event, **verdict
+        )
 
     def _gate(
-        self,
-        layout: Layout,
-        number: int,
-        current: int | None,
-        stage: str,
-        policy: gate.GatePolicy | None,
-        force: bool,
-        reason: str,
-    ) -> str:
-        """'passed', 'overridden' or 'not-applicable'; raises GateRefused when it fails and is not forced."""
+        self, layout: Layout, number: int, current: int | None, stage: str, policy, force: bool
+    ) -> dict[str, Any]:
+        """The gate's decision for the audit log: ``gate`` ('passed', 'overridden', 'refused' or
+        'not-applicable'), and for production every comparison's numbers and the failures."""
         if stage != "production":
-            return "not-applicable"  # staging is ungated
+            return {"gate": "not-applicable"}  # staging is ungated
         candidate = self._eval_report(layout, number)
-        if current is None or force:
-            # Unchecked by the gate (nothing to beat, or overridden), yet every later candidate is compared with it:
-            # its report must be one the gate can read (registered by an older sdarflow, or with one split only).
+        if force:
+            # Unchecked when overridden, yet every later candidate is compared with it: its report must be one the
+            # gate can read (registered by an older sdarflow, or with one split only).
             intake.validate_report(candidate, f"of {layout.name} v{number}", require=gate.SPLITS)
-        if current is None:
-            return "not-applicable"
-        failures = gate.check_gate(
-            candidate,
-            self._eval_report(layout, current),
-            policy,
-            candidate_label=f"candidate v{number}",
-            production_label=f"production v{current}",
-        )
-        if not failures:
-            return "passed"
-        if not force:
-            raise GateRefused(gate.refusal_message(failures))
-        log.warning("gate overridden for %s v%d (%s): %s", layout.name, number, reason, "; ".join(failures))
-        return "overridden"
+        production = None if current is None else self._eval_report(layout, current)
+        references = {
+            "production" if current is None else f"production v{current}": production,
+            "base model": self.base_eval_report(layout.name, number),
+        }
+        verdict = gate.check_gate(candidate, references, policy, candidate_label=f"candidate v{number}")
+        outcome = "passed" if verdict.passed else "overridden" if force else "refused"
+        return {"gate": outcome, "gate_checks": verdict.checks, "gate_failures": verdict.failures}
 
     def rollback(
         self, name: str, stage: str = "production", reason: str = "", actor: str | None = None

@@ -14,7 +14,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
-from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
+from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt, resolve_device
 from sdarflow.rollout.engine import ENGINE_CHOICES
 from sdarflow.rollout.envhost import envs_opt, in_worker
@@ -129,7 +129,7 @@ def run(cfg: EvaluateConfig) -> dict:
         engine.close()
     report = build_report(
         results,
-        adapter=cfg.adapter or "base",
+        adapter=cfg.adapter or BASE_ADAPTER,
         base_model=cfg.model,
         config_hash=cfg.config_hash(),
         env=cfg.env,

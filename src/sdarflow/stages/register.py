@@ -22,6 +22,11 @@ class RegisterConfig(StageConfig):
     name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry ([a-z0-9._-])")
     adapter: str = opt("", "adapter to register (published URI)", io=True)
     eval_report: str = opt("", "evaluate output URI for this adapter", io=True)
+    base_eval_report: str = opt(
+        "",
+        "evaluate output of the base model on the same tasks: the gate compares a first version with it",
+        io=True,
+    )
     model: str = opt("", "base model the adapter belongs to", io=True)
     data: list[str] = opt([], "data URIs that produced the adapter (trajectories, skills, rescored)", io=True)
     run_id: str = opt("local", "pipeline run id", io=True)
@@ -52,13 +57,21 @@ def run(cfg: RegisterConfig) -> dict:
         "train_config_hash": adapter_manifest.get("config_hash"),
         "method": adapter_manifest.get("method"),
         "eval_report_uri": cfg.eval_report,
+        "base_eval_report_uri": cfg.base_eval_report or None,
         "data": list(cfg.data),
         "skill_library_version": storage.read_manifest(skills[0]).get("version") if skills else None,
     }
     registry = Registry(cfg.registry)
     with tempfile.TemporaryDirectory() as tmp:
         adapter_dir = storage.fetch_dir(cfg.adapter, kind="adapter", dest=tmp)  # a verified copy, no manifest
-        version = registry.register(cfg.name, adapter_dir, report, lineage, base_model=cfg.model or None)
+        version = registry.register(
+            cfg.name,
+            adapter_dir,
+            report,
+            lineage,
+            base_model=cfg.model or None,
+            base_eval_report=cfg.base_eval_report or None,
+        )
     if cfg.promote_to:
         registry.promote(cfg.name, version, stage=cfg.promote_to)
     log.info("register: %s version %s in %s", cfg.name, version, cfg.registry)

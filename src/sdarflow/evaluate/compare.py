@@ -1,0 +1,117 @@
+"""Comparing two evaluations of the same tasks: the difference of their pass@k and a one-sided lower confidence
+bound on it, so a gate can tell a real gain from the noise of a few dozen tasks.
+
+The unit is the task (its samples are correlated), as in :func:`sdarflow.evaluate.metrics.bootstrap_interval`.
+Evaluations of the same tasks (the pipeline evaluates every round on the same tasks and sampling seeds) are
+compared *paired*: with ``d_t = pass@k_a(t) - pass@k_b(t)`` over the ``m`` tasks,
+
+    diff = mean_t d_t,    lower = diff - t_{conf, m-1} * sd(d) / sqrt(m)
+
+(Student's one-sided bound; ``sd`` with ``m - 1`` degrees of freedom). Task sets that differ are compared
+unpaired (Welch's standard error ``sqrt(sd_a^2 / m_a + sd_b^2 / m_b)``, with the conservative ``min(m_a, m_b) - 1``
+degrees of freedom). Fewer than two tasks on a side give no bound (None): one task cannot show a spread.
+
+Pure functions of a report's split (``samples_per_task`` and ``task_successes``, as ``split_results`` writes
+them), no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from sdarflow.evaluate.metrics import pass_at_k
+
+
+def student_t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with an integer number of degrees of freedom, in closed form (Abramowitz &
+    Stegun 26.7.3-4): with ``theta = atan(t / sqrt(dof))``, ``A = P(|T| < |t|)`` is
+    ``sin(theta) * sum_{j < dof/2} prod_{i <= j} (2i - 1) / (2i) cos^2(theta)`` for even ``dof`` and
+    ``(2 / pi) (theta + sin(theta) cos(theta) sum_{j <= (dof-3)/2} prod_{i <= j} 2i / (2i + 1) cos^2(theta))``
+    for odd ``dof``."""
+    if dof < 1:
+        raise ValueError(f"Student's t needs dof >= 1, got {dof}")
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    term, total = 1.0, 1.0
+    if dof % 2 == 0:
+        for j in range(1, dof // 2):
+            term *= c2 * (2 * j - 1) / (2 * j)
+            total += term
+        a = s * total
+    else:
+        for j in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * j) / (2 * j + 1)
+            total += term
+        a = (2 / math.pi) * (theta + (s * math.cos(theta) * total if dof > 1 else 0.0))
+    return 0.5 + math.copysign(a / 2, t)
+
+
+def student_t_quantile(p: float, dof: int) -> float:
+    """The ``p`` quantile of Student's t (``p`` in (0.5, 1)), by bisection on :func:`student_t_cdf`:
+    ``t_{0.95}`` is 6.314 at 1 degree of freedom, 2.920 at 2, 1.696 at 31 and tends to 1.645."""
+    if not 0.5 < p < 1:
+        raise ValueError(f"quantile p={p} must be in (0.5, 1)")
+    lo, hi = 0.0, 1.0
+    while student_t_cdf(hi, dof) < p:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if student_t_cdf(mid, dof) < p else (lo, mid)
+        if hi - lo < 1e-12:
+            break
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``candidate - reference`` on one split at one k, over ``tasks`` tasks (pairs, when ``paired``)."""
+
+    k: int
+    candidate: float
+    reference: float
+    diff: float
+    lower: float | None  # one-sided lower confidence bound of diff; None with fewer than two tasks
+    confidence: float
+    tasks: int
+    paired: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def task_pass_at_k(split: Mapping[str, Any], k: int) -> dict[str, float]:
+    """Each task's unbiased pass@k from a report split's ``task_successes`` (of ``samples_per_task``)."""
+    n = int(split["samples_per_task"])
+    return {str(t): pass_at_k(n, int(c), k) for t, c in split["task_successes"].items()}
+
+
+def difference(
+    candidate: Mapping[str, Any], reference: Mapping[str, Any], k: int, confidence: float = 0.95
+) -> Difference:
+    """The pass@k difference of two report splits with its one-sided lower bound (see the module docstring)."""
+    a, b = task_pass_at_k(candidate, k), task_pass_at_k(reference, k)
+    if not a or not b:
+        raise ValueError("difference needs at least one task on each side")
+    paired = a.keys() == b.keys()
+    if paired:
+        tasks = sorted(a)
+        d = np.array([a[t] - b[t] for t in tasks])
+        m, mean_a, mean_b = (
+            len(tasks),
+            float(np.mean([a[t] for t in tasks])),
+            float(np.mean([b[t] for t in tasks])),
+        )
+        se, dof = (float(d.std(ddof=1)) / math.sqrt(m), m - 1) if m > 1 else (None, 0)
+    else:
+        va, vb = np.array(list(a.values())), np.array(list(b.values()))
+        m, mean_a, mean_b = min(va.size, vb.size), float(va.mean()), float(vb.mean())
+        se = math.sqrt(va.var(ddof=1) / va.size + vb.var(ddof=1) / vb.size) if m > 1 else None
+        dof = m - 1
+    diff = mean_a - mean_b
+    lower = None if se is None else diff - student_t_quantile(confidence, dof) * se
+    return Difference(k, mean_a, mean_b, diff, lower, confidence, m, paired)
