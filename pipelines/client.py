@@ -46,19 +46,44 @@ class Source:
         return {"pipeline_id": self.pipeline_id, "version_id": self.version_id}
 
 
+class _NoRetryLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Retrying")
+
+
+_NO_RETRY_LINES = _NoRetryLines()
+
+
+def unreachable(host: str, reason: object) -> ConfigError:
+    """The one line for a KFP server that does not answer (``reason``'s last part: "[Errno 111] Connection
+    refused", not the connection object's repr)."""
+    return ConfigError(
+        f"the KFP server at {host} is unreachable ({str(reason).rsplit(': ', 1)[-1]}); fix: check --host and that the server runs (from "
+        f"outside the cluster: kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80, then --host "
+        f"http://localhost:8080)"
+    )
+
+
 def connect(host: str, namespace: str | None = None):
-    """A ``kfp.Client`` for ``host``; a bearer token comes from ``$KFP_TOKEN`` (never a flag: shell history)."""
+    """A ``kfp.Client`` for ``host``; a bearer token comes from ``$KFP_TOKEN`` (never a flag: shell history).
+    A server that does not answer is a ConfigError (one line), not urllib3's retries and traceback."""
     import kfp
+    import urllib3
 
     if not host:
         raise ConfigError("no KFP host; fix: pass --host http://HOST:PORT or set KF_PIPELINES_ENDPOINT")
     kwargs: dict[str, Any] = {"host": host, "existing_token": os.environ.get(TOKEN_ENV) or None}
     if namespace:
         kwargs["namespace"] = namespace
+    # urllib3 logs each retry of a refused connection as a warning; the error below says it once
+    logging.getLogger("urllib3.connectionpool").addFilter(_NO_RETRY_LINES)
     with warnings.catch_warnings():
         # "only works with KFP >= 2.0.0-beta.2": true of every server this targets; noise in every command.
         warnings.filterwarnings("ignore", "This client only works", FutureWarning)
-        return kfp.Client(**kwargs)
+        try:
+            return kfp.Client(**kwargs)  # asks the server's healthz
+        except urllib3.exceptions.HTTPError as err:
+            raise unreachable(host, getattr(err, "reason", None) or type(err).__name__) from None
 
 
 def check_backend(host: str) -> str | None:
@@ -73,8 +98,10 @@ def check_backend(host: str) -> str | None:
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             tag = str(json.loads(resp.read()).get("tag_name", ""))
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
-        tag = ""
+    except (urllib.error.HTTPError, ValueError, AttributeError):
+        tag = ""  # the server answered, but not with its version
+    except (urllib.error.URLError, OSError) as err:  # no answer at all
+        raise unreachable(host, getattr(err, "reason", err)) from None
     parts = tag.lstrip("v").split("-")[0].split(".")
     if len(parts) < 2 or not all(p.isascii() and p.isdigit() for p in parts):
         log.warning(

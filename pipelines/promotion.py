@@ -7,8 +7,9 @@ from kfp import dsl
 
 from components.promote import promote
 from pipelines.kube import KubeOptions, wire
+from pipelines.params import describe
 from sdarflow.defaults import DEFAULT_POLICY_NAME
-from sdarflow.registry.gate import GATE
+from sdarflow.registry.gate import GATE, GATE_HELP
 
 PIPELINE_NAME = "sdar-promotion"
 
@@ -17,11 +18,6 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
     """Return the ``@dsl.pipeline`` function; gate defaults are ``GatePolicy``'s."""
     root = kube.pipeline_root if kube and kube.pipeline_root else None
 
-    @dsl.pipeline(
-        name=PIPELINE_NAME,
-        description="Promote an adapter version to a registry stage through the gate (pass@1 gain, pass@k and OOD guards, task-paired bounds)",
-        pipeline_root=root,
-    )
     def sdar_promotion(
         registry: str,
         version: str,
@@ -50,4 +46,18 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         wire(task, "promote", kube, "promote")
         return task.outputs["Output"]
 
-    return sdar_promotion
+    description = (
+        "Promote an adapter version to a registry stage through the gate: a test pass@1 gain beyond the noise, "
+        "pass@k and OOD guards, task-paired 95% bounds against production and the base model"
+    )
+    helps = {
+        "registry": "adapter registry URI: local folder or s3://bucket/prefix",
+        "version": "version number, latest, or staging",
+        "name": "policy name in the registry",
+        "stage": "production (gated) or staging (ungated)",
+        "force": "override a gate refusal (needs a reason; audited)",
+        "reason": "why; written to the alias history and the audit log (required with force)",
+        **GATE_HELP,
+    }
+    describe(sdar_promotion, description, helps)
+    return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(sdar_promotion)

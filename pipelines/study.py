@@ -12,6 +12,7 @@ from kfp import dsl
 
 from components.study import study_base, study_cell, study_report, study_settings
 from pipelines.kube import KubeOptions, wire
+from pipelines.params import describe
 from sdarflow.study import StudySettings
 
 PIPELINE_NAME = "sdar-study"
@@ -32,11 +33,6 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
             wire(run, "train", kube, "study: cell")
         return dsl.Collected(run.output)
 
-    @dsl.pipeline(
-        name=PIPELINE_NAME,
-        description="Compare SDAR with its baselines: every method x seed from one base model, relative to GRPO",
-        pipeline_root=root,
-    )
     def sdar_study(
         out: str,
         base_model: str,
@@ -64,4 +60,14 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
         wire(rep, "register", kube, "study: report")
         return rep.outputs["Output"]
 
-    return sdar_study
+    description = "Compare SDAR with its baselines: every method x seed from one base model, relative to GRPO"
+    helps = {
+        "out": "where the study writes its cells, study.json and the report (folder or s3://)",
+        "base_model": "base model HF folder every cell starts from (empty: build the preset's demo model)",
+        "rounds": "RL rounds per cell",
+        "env": "environment suite of every cell",
+        "preset": "sizes of every cell: demo, smoke or gpu (sdarflow.sizes.SIZES)",
+        "stage_settings": 'per-stage settings on top of the preset\'s, e.g. {"train": {"lr": 0.002}}',
+    }
+    describe(sdar_study, f"{description}; methods {', '.join(methods)}, seeds {seeds}", helps)
+    return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(sdar_study)

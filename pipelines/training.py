@@ -9,6 +9,8 @@ shards' URIs (``dsl.Collected``); the next stages read their union. The KFP loca
 Kubernetes settings come from ``pipelines.kube.KubeOptions`` and are applied here, never in components.
 """
 
+import dataclasses
+
 from kfp import dsl
 
 from components.evaluate import evaluate
@@ -19,11 +21,14 @@ from components.prepare import prepare
 from components.promote_candidate import promote_candidate
 from components.register import register
 from components.rescore import rescore
+from components.run_report import run_report
 from components.train import train
 from pipelines.kube import KubeOptions, wire
-from sdarflow.defaults import DEFAULT_POLICY_NAME
+from pipelines.params import describe, with_defaults
 from sdarflow.errors import ConfigError
-from sdarflow.registry.gate import GATE
+from sdarflow.pipeline_config import PipelineConfig
+
+D = PipelineConfig()  # the parameters' defaults: the config's own
 
 PIPELINE_NAME = "sdar-training"
 
@@ -63,45 +68,58 @@ def _generate_round(config_uri, r: int, trained, shards: int, kube, fan_out) -> 
     return {"trajectory_shards": gen.output}
 
 
-def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions | None = None):
+def build_training_pipeline(
+    rounds: int = 2, shards: int = 1, kube: KubeOptions | None = None, preset: str | None = None
+):
     """Return the ``@dsl.pipeline`` function for ``rounds`` chained RL rounds with ``shards`` generate tasks
-    per round. ``kube`` None leaves out the Kubernetes settings (the local runner ignores them either way)."""
+    per round. ``kube`` None leaves out the Kubernetes settings (the local runner ignores them either way).
+    ``preset`` (``sdarflow.sizes.PIPELINE_PRESETS``: demo, production, ...) sets the parameters' defaults; none
+    keeps PipelineConfig's."""
     if rounds < 1:
         raise ConfigError(f"rounds ({rounds}) must be >= 1; fix: --rounds 1 or more")
     if shards < 1:
         raise ConfigError(f"shards ({shards}) must be >= 1; fix: --shards 1 or more")
+    if preset is not None:
+        from sdarflow.sizes import (
+            PIPELINE_PRESETS,  # imports torch (the demo model's recipe): only when asked
+        )
+
+        if preset not in PIPELINE_PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; allowed: {', '.join(PIPELINE_PRESETS)}")
     root = kube.pipeline_root if kube and kube.pipeline_root else None
     fan_out = sharded_generate(shards, kube) if shards > 1 else None
 
-    @dsl.pipeline(
-        name=PIPELINE_NAME,
-        description=f"SDAR: GRPO + gated self-distillation, {rounds} round(s), {shards} generate shard(s)",
-        pipeline_root=root,
-    )
     def sdar_training(
         storage: str,
         base_model: str,
-        run_id: str = "",
-        registry: str = "",
-        seed_skills: str = "",
-        start_adapter: str = "",
-        policy_name: str = DEFAULT_POLICY_NAME,
-        env: str = "textworld-cooking",
-        tasks: int = 8,
-        group_size: int = 4,
-        max_turns: int = 0,
-        method: str = "sdar",
-        lam: float = 0.01,
-        beta: float = 5.0,
-        retrieval: str = "keyword",
-        eval_tasks: int = 4,
-        eval_samples: int = 4,
-        promote_to: str = "",
-        gate_min_gain: float = GATE.min_gain,
-        gate_passk_tolerance: float = GATE.passk_tolerance,
-        gate_ood_tolerance: float = GATE.ood_tolerance,
-        gate_floor: float = GATE.floor,
-        seed: int = 0,
+        run_id: str = D.run_id,
+        registry: str = D.registry,
+        seed_skills: str = D.seed_skills,
+        start_adapter: str = D.start_adapter,
+        policy_name: str = D.policy_name,
+        env: str = D.env,
+        tasks: int = D.tasks,
+        group_size: int = D.group_size,
+        max_turns: int = D.max_turns,
+        method: str = D.method,
+        lam: float = D.lam,
+        beta: float = D.beta,
+        lr: float = D.lr,
+        lora_rank: int = D.lora_rank,
+        train_steps: int = D.train_steps,
+        kl_coef: float = D.kl_coef,
+        entropy_coef: float = D.entropy_coef,
+        rollout_engine: str = D.rollout_engine,
+        train_engine: str = D.train_engine,
+        retrieval: str = D.retrieval,
+        eval_tasks: int = D.eval_tasks,
+        eval_samples: int = D.eval_samples,
+        promote_to: str = D.promote_to,
+        gate_min_gain: float = D.gate_min_gain,
+        gate_passk_tolerance: float = D.gate_passk_tolerance,
+        gate_ood_tolerance: float = D.gate_ood_tolerance,
+        gate_floor: float = D.gate_floor,
+        seed: int = D.seed,
         stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
     ) -> str:
         cfg = prepare(
@@ -119,6 +137,13 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
             method=method,
             lam=lam,
             beta=beta,
+            lr=lr,
+            lora_rank=lora_rank,
+            train_steps=train_steps,
+            kl_coef=kl_coef,
+            entropy_coef=entropy_coef,
+            rollout_engine=rollout_engine,
+            train_engine=train_engine,
             retrieval=retrieval,
             eval_tasks=eval_tasks,
             eval_samples=eval_samples,
@@ -186,6 +211,17 @@ def build_training_pipeline(rounds: int = 2, shards: int = 1, kube: KubeOptions 
             config_uri=config_uri, registered=version, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
         )
         wire(pr, "promote", kube, "promote (gated)")
+        rep = run_report(config_uri=config_uri, registered=version, rounds=rounds, shards=shards)
+        wire(rep, "promote", kube, "run report")
         return version
 
-    return sdar_training
+    description = f"SDAR: GRPO + gated self-distillation, {rounds} round(s), {shards} generate shard(s)"
+    describe(sdar_training, description, parameter_help())
+    if preset is not None:
+        with_defaults(sdar_training, {"stage_settings": {}, **PIPELINE_PRESETS[preset]})
+    return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(sdar_training)
+
+
+def parameter_help() -> dict[str, str]:
+    """Each pipeline parameter's description: PipelineConfig's field help (the one definition of the settings)."""
+    return {f.name: f.metadata["help"] for f in dataclasses.fields(PipelineConfig) if f.name != "shards"}

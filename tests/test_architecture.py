@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"teacher", "train", "evaluate"},
     {"registry"},
     {"stages"},
-    {"sizes", "model_cache", "pipeline_config", "kfp_runtime", "plan", "study", "study_report"},
+    {"sizes", "model_cache", "pipeline_config", "kfp_runtime", "plan", "study", "study_report", "run_report"},
     {"components"},
     {"pipelines"},
     {"demo", "cli"},

@@ -27,7 +27,9 @@ def _imported_after(argv: list[str] | None) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [None, ["--help"], ["-v", "demo", "--help"], ["env"], ["envs", "list"]])
+@pytest.mark.parametrize(
+    "argv", [None, ["--help"], ["--version"], ["-v", "demo", "--help"], ["env"], ["envs", "list"]]
+)
 def test_cli_start_imports_no_torch_or_pyarrow(argv):
     assert _imported_after(argv) == []
 
@@ -55,3 +57,12 @@ def test_the_interpreter_freezes_its_objects_at_exit_only():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out[:2] == ["running", "0"] and out[2:4] == ["at", "exit"] and int(out[4]) > 1000
+
+
+def test_version(capsys):
+    from sdarflow import __version__
+    from sdarflow.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"sdarflow {__version__}\n"

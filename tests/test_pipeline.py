@@ -33,11 +33,22 @@ def check_summary(summary: dict) -> None:
         assert 0.0 <= lo <= figures["test_pass@1"] <= hi <= 1.0 and hi > 0.0
         assert figures["test_tasks_x_samples"] == f"{test['n_tasks']} x {test['samples_per_task']}"
     assert "Δ vs baseline" in storage.read_bytes(storage.join(summary["eval_report"], "report.md")).decode()
+    # the run report: every round, the base model, three transcripts, in HTML and JSON
+    data = json.loads(storage.read_member(summary["run_report"], "run_report.json"))
+    assert [r["round"] for r in data["rounds"]] == list(range(summary["rounds"]))
+    assert set(data["transcripts"]) == {"best", "median", "worst"}
+    assert data["rounds"][-1]["eval"]["test"]["vs_base"]["tasks"] == test["n_tasks"]
+    page = storage.read_member(summary["run_report"], "report.html").decode()
+    assert "How to read this" in page and "Transcript: best episode of the last round" in page
+    # every registered version's README.md is its model card, not PEFT's template
+    card = storage.read_bytes(storage.join(summary["registry"], "sdar-policy", "versions", "1", "README.md"))
+    assert card.decode().split("---\n", 2)[2].lstrip().startswith("# sdar-policy v1")
 
 
 @pytest.mark.slow
 def test_demo_dag_on_local_storage(tiny_model, tmp_path):
     summary = run_demo(tmp_path / "demo", rounds=2, preset="smoke", base_model=str(tiny_model))
+    assert (tmp_path / "demo" / "run_report.html").read_text().startswith("<!DOCTYPE html>")
     assert json.loads((tmp_path / "demo" / "summary.json").read_text())["rounds"] == 2
     assert summary["trajectories"].startswith(str(tmp_path / "demo" / "store"))
     check_summary(summary)

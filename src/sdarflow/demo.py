@@ -16,6 +16,7 @@ from sdarflow import storage
 from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
 from sdarflow.pipeline_config import new_run_id, run_uri, stage_uri
+from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
 from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
@@ -132,6 +133,8 @@ def run_demo(
         ) from err
 
     summary = collect_summary(storage_root, run_id, rounds, str(base), shards)
+    # the run report the pipeline's last task published, also as a file beside summary.json
+    (out / "run_report.html").write_bytes(storage.read_member(summary["run_report"], "report.html"))
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     log.info("demo finished in %.0f s: %s", summary["seconds"], out / "summary.json")
@@ -149,13 +152,6 @@ def eval_figures(report_uri: str) -> dict:
         out[f"{split}_pass@1_ci95"] = d["ci95"]["1"]
         out[f"{split}_tasks_x_samples"] = f"{d['n_tasks']} x {d['samples_per_task']}"
     return out
-
-
-def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
-    """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
-    if shards == 1:
-        return [stage_uri(storage_root, run_id, round_, "generate")]
-    return [stage_uri(storage_root, run_id, round_, "generate", i) for i in range(shards)]
 
 
 def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str, shards: int = 1) -> dict:
@@ -200,4 +196,5 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
         "rounds": rounds,
         "base": eval_figures(run_uri(storage_root, run_id, "base", "evaluate")),
         "per_round": per_round,
+        "run_report": run_uri(storage_root, run_id, "report"),
     }

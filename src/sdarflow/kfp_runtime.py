@@ -112,6 +112,20 @@ def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> 
     return str(result["uri"])
 
 
+def run_report_component(config_uri: str, rounds: int, shards: int, *, html=None, markdown=None) -> str:
+    """The training pipeline's run report (``sdarflow.run_report``), also shown in the KFP UI."""
+    from sdarflow.run_report import publish_run_report
+
+    setup_logging()
+    pc = load(config_uri)
+    uri = publish_run_report(pc.storage, pc.run_id, rounds, shards)
+    for artifact, name in ((html, "report.html"), (markdown, "report.md")):
+        if artifact is not None:
+            _write_report(artifact, uri, name, "run-report")
+    log.info("run report -> %s", uri)
+    return uri
+
+
 def run_promotion(
     registry: str,
     name: str,

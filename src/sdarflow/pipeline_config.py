@@ -30,6 +30,9 @@ from sdarflow.stages import STAGES, config_class
 log = logging.getLogger(__name__)
 
 PROMOTE_TO = ("", "staging", "production")
+KL_FROM_ENV = (
+    -1.0
+)  # kl_coef: the train stage's env preset (a KFP parameter cannot be None, the stage's "unset")
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = (*RELEASE_STAGES, "latest")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -55,14 +58,36 @@ class PipelineConfig(StageConfig):
         io=True,
     )
     policy_name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry")
-    env: str = opt("textworld-cooking", "environment suite")
+    env: str = opt(
+        "textworld-cooking",
+        "environment suite (`sdarflow envs list`): textworld-cooking, tool-use, search-qa",
+    )
     tasks: int = opt(8, "train tasks per round")
     group_size: int = opt(4, "GRPO group size G")
     max_turns: int = opt(0, "turn limit per episode; 0 = the env's default")
-    method: str = opt("sdar", "training objective")
+    method: str = opt(
+        "sdar", "training objective: sdar, grpo, opsd, grpo_opsd, rlsd, skill_sd (README Training)"
+    )
     lam: float = opt(0.01, "distillation weight lambda (paper 0.01)")
     beta: float = opt(5.0, "gate sharpness beta (paper 5)")
-    retrieval: str = opt("keyword", "skill retrieval strategy")
+    lr: float = opt(
+        5e-4,
+        "learning rate (AdamW): the SDAR reference's 7B LoRA trains at 3e-6, the tiny demo model at 2e-3",
+        gt=0,
+    )
+    lora_rank: int = opt(8, "LoRA rank (8-64 for RL); 0 = full fine-tune", ge=0)
+    train_steps: int = opt(4, "optimizer steps per round: the round's rows in this many mini-batches", ge=1)
+    kl_coef: float = opt(
+        KL_FROM_ENV,
+        "KL loss to the base policy; -1 = the env's reference setting (0.01 alfworld/webshop, 0.001 search)",
+        ge=KL_FROM_ENV,
+    )
+    entropy_coef: float = opt(0.001, "entropy bonus (reference 0.001); 0 = off", ge=0)
+    rollout_engine: str = opt(
+        "auto", "generation engine of generate and evaluate: hf, vllm; auto = vllm on a GPU when installed"
+    )
+    train_engine: str = opt("auto", "torch, deepspeed; auto = deepspeed on more than one GPU, else torch")
+    retrieval: str = opt("keyword", "skill retrieval strategy of the teacher: keyword, ucb, random, full")
     eval_tasks: int = opt(4, "evaluation tasks per split")
     eval_samples: int = opt(4, "evaluation samples per task (n of pass@k)")
     promote_to: str = opt(
@@ -80,7 +105,13 @@ class PipelineConfig(StageConfig):
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
     )
     stage_settings: dict[str, dict[str, Any]] = field(
-        default_factory=dict, metadata={"help": "per-stage overrides: {stage: {key: value}}", "io": False}
+        default_factory=dict,
+        metadata={
+            "help": "per-stage settings beyond these parameters, {stage: {field: value}}, e.g. "
+            '{"train": {"lora_alpha": 64}}: a stage\'s fields are its `sdarflow <stage> --help` flags, and they '
+            "win over the parameters above",
+            "io": False,
+        },
     )
 
     def validate(self) -> None:
@@ -124,16 +155,29 @@ _SHARED: dict[str, dict[str, str]] = {
         "group_size": "group_size",
         "max_turns": "max_turns",
         "seed": "seed",
+        "rollout_engine": "engine",
     },
     "extract-skills": {},
     "rescore": {"retrieval": "retrieval"},
-    "train": {"method": "method", "lam": "lam", "beta": "beta", "seed": "seed"},
+    "train": {
+        "method": "method",
+        "lam": "lam",
+        "beta": "beta",
+        "seed": "seed",
+        "lr": "lr",
+        "lora_rank": "lora_rank",
+        "train_steps": "mini_batches",
+        "kl_coef": "kl_coef",
+        "entropy_coef": "entropy_coef",
+        "train_engine": "engine",
+    },
     "evaluate": {
         "env": "env",
         "eval_tasks": "tasks",
         "eval_samples": "samples",
         "max_turns": "max_turns",
         "policy_name": "policy_name",
+        "rollout_engine": "engine",
     },
     "register": {"policy_name": "name", "promote_to": "promote_to"},
 }
@@ -156,6 +200,8 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     cls = config_class(stage)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {dst: getattr(pc, src) for src, dst in _SHARED[stage].items()}
+    if values.get("kl_coef") == KL_FROM_ENV:
+        del values["kl_coef"]  # the stage's own default: the env preset's
     if values.get("promote_to") == "production":
         values["promote_to"] = ""  # production goes through the gated promote task, never through register
     values.update(pc.stage_settings.get(stage, {}))
@@ -181,6 +227,7 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     # Every run has its own folder, so a retried task may replace its own partial or finished output.
     for key, value in (
         ("model", pc.base_model),
+        ("base_model_uri", pc.base_model),  # stays the URI when `model` becomes a pod's local copy
         ("run_id", pc.run_id),
         ("round", round_),
         ("registry", pc.registry),
@@ -227,7 +274,7 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
     """The adapter URI round 0 starts from. A registry reference is resolved now (so a scheduled run continues
     from whatever is in production when it starts) and copied into the run folder as a published adapter."""
     from sdarflow.registry import Registry
-    from sdarflow.registry.layout import RESERVED_FILES, parse_version
+    from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES, parse_version
 
     ref = pc.start_adapter.strip()
     if ref not in REGISTRY_REFS and parse_version(ref) is None:
@@ -245,7 +292,7 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
     target = run_uri(pc.storage, pc.run_id, "start-adapter")
     with tempfile.TemporaryDirectory() as tmp:
         folder = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy
-        for name in RESERVED_FILES:  # registry bookkeeping, not adapter files
+        for name in (*RESERVED_FILES, MODEL_CARD):  # registry bookkeeping, not adapter files
             (Path(folder) / name).unlink(missing_ok=True)
         storage.publish_dir(
             folder,

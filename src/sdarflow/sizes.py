@@ -1,5 +1,7 @@
 """The run sizes ``--preset`` picks for ``sdarflow demo`` and ``sdarflow study`` (and the tests and benchmarks): the
-tiny base model's recipe and the pipeline's tasks, samples and per-stage settings."""
+tiny base model's recipe and the pipeline's tasks, samples and per-stage settings; and the parameter defaults
+``sdarflow pipeline compile --preset`` writes into the KFP UI (``PIPELINE_PRESETS``: those sizes, and
+``production``)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ _DEMO_MODEL = BaseModelSpec()
 _RL_SETTINGS = {
     # RL plays games the SFT never saw, so a gain is one that carries over to new games
     "generate": {"first_task": _DEMO_MODEL.tasks},
-    # the tiny from-scratch model needs a larger step than a pretrained LLM's LoRA (5e-4 left the sampled tokens
-    # unchanged; 5e-3 x 16 steps per round lowered held-out pass@1)
-    "train": {"lr": 2e-3, "mini_batches": 8},
 }
+# the tiny from-scratch model needs a larger step than a pretrained LLM's LoRA (5e-4 left the sampled tokens
+# unchanged; 5e-3 x 16 steps per round lowered held-out pass@1)
+_RL_TRAIN = {"lr": 2e-3, "train_steps": 8}
 
 # `demo` fits ~15 minutes on 2 cores; `smoke` exercises every stage in about a minute (tests); `gpu` is for
 # one GPU machine with `sdarflow[gpu]` installed (vLLM generates and evaluates on the GPU, train runs on CUDA).
@@ -30,6 +32,7 @@ SIZES: dict[str, dict] = {
             # 32 tasks x 4 samples per split: pass@1's 95% interval is about +-0.08 at 0.15 (4 x 4 gave +-0.2).
             "eval_tasks": 32,
             "eval_samples": 4,
+            **_RL_TRAIN,
             "stage_settings": _RL_SETTINGS,
         },
     },
@@ -43,11 +46,9 @@ SIZES: dict[str, dict] = {
             "max_turns": 0,
             "eval_tasks": 128,
             "eval_samples": 8,
-            "stage_settings": {
-                **_RL_SETTINGS,
-                "generate": {**_RL_SETTINGS["generate"], "engine": "vllm"},
-                "evaluate": {"engine": "vllm"},
-            },
+            **_RL_TRAIN,
+            "rollout_engine": "vllm",
+            "stage_settings": _RL_SETTINGS,
         },
     },
     "smoke": {
@@ -59,7 +60,31 @@ SIZES: dict[str, dict] = {
             "max_turns": 3,
             "eval_tasks": 1,
             "eval_samples": 2,
-            "stage_settings": {"train": {"mini_batches": 1}},
+            "train_steps": 1,
+            "stage_settings": {},
         },
+    },
+}
+
+# The training pipeline's parameter defaults per `pipeline compile --preset`. `production`: a 7B instruct model's
+# LoRA on 8 GPUs (vLLM rollouts, DeepSpeed training), as the SDAR reference trains ALFWorld
+# (examples/grpo_trainer/run_alfworld_7b.sh: 16 tasks x group 8 per step on 8 GPUs; its LoRA run,
+# examples/gigpo_trainer/run_alfworld_lora.sh: rank 64, alpha 64, lr 3e-6): a round plays 128 tasks x 8, eight of
+# the reference's steps, with one optimizer step per 16 tasks' groups. Evaluation on 256 tasks x 8 samples: the
+# gate's paired bound narrows with the square root of the tasks: 8x the demo's 32 narrows it sqrt(8) = 2.8 times.
+PIPELINE_PRESETS: dict[str, dict] = {
+    **{name: size["pipeline"] for name, size in SIZES.items()},
+    "production": {
+        "tasks": 128,
+        "group_size": 8,
+        "max_turns": 0,
+        "eval_tasks": 256,
+        "eval_samples": 8,
+        "lr": 3e-6,
+        "lora_rank": 64,
+        "train_steps": 8,
+        "rollout_engine": "vllm",
+        "train_engine": "deepspeed",
+        "stage_settings": {"train": {"lora_alpha": 64}},
     },
 }

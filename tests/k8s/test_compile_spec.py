@@ -14,7 +14,7 @@ from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.cli import main
 
 GPU = ("generate", "rescore", "train", "evaluate", "evaluate-base")
-CPU = ("prepare", "extract-skills", "register", "promote-candidate")
+CPU = ("prepare", "extract-skills", "register", "promote-candidate", "run-report")
 CANARY = "canary-secret-value-that-must-not-leak"
 
 
@@ -197,7 +197,7 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     pipeline, platform, _ = spec
     tasks = pipeline["root"]["dag"]["tasks"]
     for name, task in tasks.items():
-        stage = {"promote-candidate": "promote", "evaluate-base": "evaluate"}.get(name, name)
+        stage = {"promote-candidate": "promote", "run-report": "promote", "evaluate-base": "evaluate"}.get(name, name)
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == DEFAULT_TIMEOUT_S[stage], name
         shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
@@ -392,7 +392,7 @@ def test_the_pipelines_defaults_are_the_stages():
     KFP UI and `sdarflow <stage>` agree when nobody sets it."""
     import dataclasses
 
-    from sdarflow.pipeline_config import _SHARED, PipelineConfig
+    from sdarflow.pipeline_config import _SHARED, KL_FROM_ENV, PipelineConfig
     from sdarflow.stages import config_class
 
     def defaults(cls) -> dict:
@@ -402,11 +402,76 @@ def test_the_pipelines_defaults_are_the_stages():
         }
 
     pipeline = defaults(PipelineConfig)
+    # a KFP parameter cannot be None: the pipeline's kl_coef -1 is the train stage's unset (its env preset's)
+    assert pipeline["kl_coef"] == KL_FROM_ENV and defaults(config_class("train"))["kl_coef"] is None
     differ = [
         f"{stage}.{dst}: stage {stage_defaults[dst]!r}, pipeline {src} {pipeline[src]!r}"
         for stage, shared in _SHARED.items()
         for stage_defaults in [defaults(config_class(stage))]
         for src, dst in shared.items()
-        if stage_defaults[dst] != pipeline[src]
+        if stage_defaults[dst] != pipeline[src] and src != "kl_coef"
     ]
     assert differ == []
+
+
+def test_the_training_knobs_reach_the_stages(tmp_path):
+    from sdarflow.pipeline_config import PipelineConfig, stage_config
+
+    knobs = {"lr": 3e-5, "lora_rank": 16, "train_steps": 6, "kl_coef": 0.02, "entropy_coef": 0.0}
+    pc = PipelineConfig(
+        storage=str(tmp_path), base_model="m", run_id="r", rollout_engine="hf", train_engine="torch", **knobs
+    )
+    train = stage_config(pc, "train", 0)
+    assert (train.lr, train.lora_rank, train.mini_batches, train.kl_coef, train.entropy_coef) == (
+        3e-5,
+        16,
+        6,
+        0.02,
+        0.0,
+    )
+    assert train.engine == "torch"
+    assert stage_config(pc, "generate", 0).engine == "hf" and stage_config(pc, "evaluate", 0).engine == "hf"
+    assert stage_config(PipelineConfig(storage="s", base_model="m"), "train", 0).kl_coef is None  # the env's
+    # stage_settings win over the first-class parameters
+    pc.stage_settings = {"train": {"lr": 1e-4}}
+    assert stage_config(pc, "train", 0).lr == 1e-4
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--preset", "production"), ("--preset", "demo"), ("--pipeline", "promote"), ("--pipeline", "study")],
+)
+def test_every_ui_parameter_has_a_description(tmp_path, flags):
+    spec, _, _ = compile_spec(tmp_path, *flags)
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert len(params) >= 6
+    assert [name for name, p in params.items() if not p.get("description", "").strip()] == []
+    assert spec["pipelineInfo"].get("description")
+
+
+def test_presets_set_the_ui_defaults(tmp_path):
+    def defaults(preset: str) -> dict:
+        spec, _, _ = compile_spec(tmp_path / preset, "--preset", preset)
+        return {k: p.get("defaultValue") for k, p in spec["root"]["inputDefinitions"]["parameters"].items()}
+
+    production = defaults("production")  # a 7B model's LoRA on 8 GPUs, as the SDAR reference's ALFWorld runs
+    assert (
+        production["tasks"],
+        production["group_size"],
+        production["eval_tasks"],
+        production["eval_samples"],
+    ) == (128, 8, 256, 8)
+    assert (production["lr"], production["lora_rank"]) == (3e-6, 64)
+    assert (production["rollout_engine"], production["train_engine"]) == ("vllm", "deepspeed")
+    assert production["stage_settings"] == {"train": {"lora_alpha": 64}}
+    demo = defaults("demo")  # what `make demo` runs
+    assert (demo["tasks"], demo["group_size"], demo["eval_tasks"], demo["lr"], demo["train_steps"]) == (
+        24,
+        8,
+        32,
+        2e-3,
+        8,
+    )
+    assert demo["method"] == production["method"] == "sdar"  # what no preset sets stays PipelineConfig's
+    with pytest.raises(SystemExit):
+        compile_spec(tmp_path / "bad", "--preset", "huge")

@@ -317,3 +317,21 @@ def test_package_must_exist(kfp_server, capsys, tmp_path):
     url, _ = kfp_server
     code, _, err = run_cli(capsys, "upload", "--host", url, "--package", str(Path(tmp_path) / "missing.yaml"))
     assert code == 2 and "sdarflow pipeline compile" in err
+
+
+@pytest.mark.parametrize("command", ["upload", "run"])
+def test_an_unreachable_server_is_one_line(package, capsys, command):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    extra = REQUIRED if command == "run" else ()
+    code, _, err = run_cli(
+        capsys, command, "--host", f"http://127.0.0.1:{port}", "--package", package, *extra
+    )
+    assert code == 2 and err.count("\n") == 1
+    assert (
+        f"the KFP server at http://127.0.0.1:{port} is unreachable (" in err and "Connection refused" in err
+    )
+    assert "--host" in err and "Traceback" not in err

@@ -158,3 +158,34 @@ def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
     argv = ["fetch", "--registry", local_registry, "--name", "agent", "--version", "production"]
     assert run([*argv, "--dest", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0
     assert rank_file.read_text() == f"{vllm_rank}\n" and (tmp_path / "a" / "adapter_config.json").is_file()
+
+
+def test_listing_a_registry_that_is_not_there_is_an_error(tmp_path, capsys, local_registry, files):
+    from sdarflow.cli import main
+
+    assert main(["registry", "list", "--registry", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: registry '{tmp_path / 'typo'}' does not exist; fix:") and err.count("\n") == 1
+    )
+    (tmp_path / "empty").mkdir()
+    assert main(["registry", "list", "--registry", str(tmp_path / "empty"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [] and "holds no adapters yet" in err
+    run(
+        [
+            "register",
+            "--registry",
+            local_registry,
+            "--name",
+            "agent",
+            "--adapter",
+            files["adapter"],
+            "--eval",
+            files["base"],
+        ]
+    )
+    capsys.readouterr()
+    assert main(["registry", "list", "--registry", local_registry, "--name", "agnet"]) == 2
+    err = capsys.readouterr().err
+    assert "no adapter named 'agnet'" in err and "fix: one of agent" in err

@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from sdarflow import progress
+from sdarflow import __version__, progress
 from sdarflow.cli import local, pipeline, plan, registry, stage
 from sdarflow.cli.common import PRESET_NAMES
 from sdarflow.errors import SdarflowError
@@ -57,6 +57,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="debug logging, and the full traceback of an unexpected error",
     )
+    parser.add_argument("--version", action="version", version=f"sdarflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     # The top level has no option that takes a value, so the first bare word is the command.
     wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")

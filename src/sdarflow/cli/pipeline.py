@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from sdarflow.cli.common import emit, pairs, study_flags
+from sdarflow.cli.common import PRESET_NAMES, emit, pairs, study_flags
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
 
@@ -81,8 +81,10 @@ def compile_pipeline(
     kube=None,
     methods: list[str] | None = None,
     seeds: list[int] | None = None,
+    preset: str | None = "production",
 ) -> Path:
-    """Write the KFP IR YAML of the training, promotion or study pipeline to ``out``."""
+    """Write the KFP IR YAML of the training, promotion or study pipeline to ``out``; ``preset`` sets the
+    training pipeline's parameter defaults (``sdarflow.sizes.PIPELINE_PRESETS``)."""
     from kfp import compiler
 
     from pipelines.kube import KubeOptions
@@ -91,7 +93,7 @@ def compile_pipeline(
     if pipeline == "training":
         from pipelines.training import build_training_pipeline
 
-        func = build_training_pipeline(rounds, shards, kube)
+        func = build_training_pipeline(rounds, shards, kube, preset)
     elif pipeline == "promote":
         from pipelines.promotion import build_promotion_pipeline
 
@@ -110,7 +112,10 @@ def compile_pipeline(
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     kube = kube_options(args)
-    print(compile_pipeline(args.out, args.pipeline, args.rounds, args.shards, kube, args.methods, args.seeds))
+    path = compile_pipeline(
+        args.out, args.pipeline, args.rounds, args.shards, kube, args.methods, args.seeds, args.preset
+    )
+    print(path)
     return 0
 
 
@@ -258,6 +263,14 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
     c.add_argument("--pipeline", default="training", choices=PIPELINES)
     c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
     c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
+    c.add_argument(
+        "--preset",
+        default="production",
+        choices=("production", *PRESET_NAMES),
+        help="the training pipeline's parameter defaults in the KFP UI: production (a 7B model's LoRA on 8 "
+        "GPUs, vLLM and DeepSpeed: 128 tasks x 8 a round, 256 x 8 evaluated) or a demo size (default "
+        "production)",
+    )
     study_flags(c, "--pipeline study: ")
     c.add_argument("--image", help="CPU image (default: components.IMAGE)")
     c.add_argument("--train-image", help="GPU image of rescore and train (default: the -train-gpu image)")

@@ -67,7 +67,24 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from sdarflow.errors import StorageError
+
     registry = _registry(args)
+    names = registry.list_names()
+    if not names:
+        # a mistyped --registry must not look like an empty one: nothing there at all is an error
+        from sdarflow import storage
+
+        if not storage.exists(registry.uri):
+            raise StorageError(
+                f"registry '{registry.uri}' does not exist; fix: check --registry (the training pipeline's is "
+                f"<storage>/registry), or register a version first with `sdarflow registry register`"
+            )
+        sys.stderr.write(f"registry {registry.uri} holds no adapters yet\n")
+    if args.name and args.name not in names:
+        raise StorageError(
+            f"no adapter named '{args.name}' in registry '{registry.uri}'; fix: one of {', '.join(names) or '(none)'}"
+        )
     if args.name:
         rows = registry.list_versions(args.name)
         if args.json:
@@ -82,7 +99,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 f"v{row['version']}\t{row['created_at']}\ttest@1 {test}\tood@1 {ood}\t{aliases}\n"
             )
         return 0
-    rows = [{"name": n, "aliases": registry.aliases(n)} for n in registry.list_names()]
+    rows = [{"name": n, "aliases": registry.aliases(n)} for n in names]
     if args.json:
         emit(rows)
         return 0

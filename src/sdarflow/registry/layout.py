@@ -31,6 +31,7 @@ VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"
 BASE_EVAL_REPORT = "base_eval_report.json"  # the base model's evaluation on the same tasks, for the gate
 LINEAGE = "lineage.json"
+MODEL_CARD = "README.md"  # written by the registry from lineage and evaluation (registry.card)
 ALIASES = "aliases.json"
 # Files the registry writes into a version folder itself; an adapter folder must not bring its own.
 RESERVED_FILES: tuple[str, ...] = (EVAL_REPORT, BASE_EVAL_REPORT, LINEAGE, storage.MANIFEST)

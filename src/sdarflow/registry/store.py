@@ -14,7 +14,6 @@ concurrent pipeline runs and people, so every shared write is conditional (:mod:
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import socket
@@ -28,12 +27,14 @@ from sdarflow import storage
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.lora import lora_rank
-from sdarflow.registry import aliases, cas, gate, intake
-from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
+from sdarflow.registry import aliases, claims, gate, intake
+from sdarflow.registry.card import model_card
+from sdarflow.registry.errors import GateRefused, RegistryError
 from sdarflow.registry.layout import (
     BASE_EVAL_REPORT,
     EVAL_REPORT,
     LINEAGE,
+    MODEL_CARD,
     VERSION_KIND,
     Layout,
     parse_version,
@@ -41,9 +42,6 @@ from sdarflow.registry.layout import (
 )
 
 log = logging.getLogger(__name__)
-
-# Bounds the claim loop: more than this many writers racing for one name means something is wrong.
-_MAX_CLAIM_ATTEMPTS = 1000
 
 
 def default_actor() -> str:
@@ -105,7 +103,12 @@ class Registry:
         with tempfile.TemporaryDirectory(prefix="sdarflow-register-") as tmp:
             staged = Path(tmp) / "version"
             intake.stage_version(adapter_dir, report, lineage, staged, base_report)
-            number = self._claim(layout, version, actor)
+            number = claims.claim(layout, version, actor)
+            card = staged / MODEL_CARD
+            card.unlink(
+                missing_ok=True
+            )  # a hard link to the adapter's own file (PEFT's template): never edit it
+            card.write_text(model_card(name, number, report, lineage, adapter_config, base_report, actor))
             storage.publish_dir(
                 staged,
                 layout.version(number),
@@ -121,36 +124,6 @@ class Registry:
         self._audit(layout, "register", version=number, by=actor)
         log.info("registered %s v%d in %s", name, number, self.uri)
         return number
-
-    def _claim(self, layout: Layout, version: int | None, actor: str) -> int:
-        """Reserve a version number by exclusively creating its claim marker."""
-        marker = {"by": actor, "at": _now().isoformat(timespec="seconds"), "claim": uuid.uuid4().hex}
-        data = json.dumps(marker).encode()
-        if version is not None:
-            number = parse_version(version)
-            if number is None:
-                raise ConfigError(
-                    f"bad version {version!r}: versions are integers >= 1; fix: e.g. --version 3"
-                )
-            if not cas.create_exclusive(layout.claim(number), data):
-                raise RegistryError(
-                    f"version {number} of '{layout.name}' already exists and versions are immutable; "
-                    f"fix: register without an explicit version to get the next free number"
-                )
-            return number
-        number = self._highest(layout) + 1
-        for _ in range(_MAX_CLAIM_ATTEMPTS):
-            if cas.create_exclusive(layout.claim(number), data):
-                return number
-            number += 1  # someone else claimed it between our listing and our create: try the next
-        raise RegistryConflict(
-            f"could not claim a version of '{layout.name}' after {_MAX_CLAIM_ATTEMPTS} attempts; fix: retry"
-        )
-
-    def _highest(self, layout: Layout) -> int:
-        claimed = [parse_version(Path(n).stem) for n in storage.children(layout.claims)]
-        published = [parse_version(n) for n in storage.children(layout.versions)]
-        return max([v for v in claimed + published if v is not None], default=0)
 
     # ------------------------------------------------------------------------------------------------ reading
 

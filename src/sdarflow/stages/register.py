@@ -28,6 +28,11 @@ class RegisterConfig(StageConfig):
         io=True,
     )
     model: str = opt("", "base model the adapter belongs to", io=True)
+    base_model_uri: str = opt(
+        "",
+        "the base model as the run names it, for lineage (an s3:// URI; --model is its local copy)",
+        io=True,
+    )
     data: list[str] = opt([], "data URIs that produced the adapter (trajectories, skills, rescored)", io=True)
     run_id: str = opt("local", "pipeline run id", io=True)
     round: int = opt(0, "RL round", io=True, ge=0)
@@ -52,7 +57,7 @@ def run(cfg: RegisterConfig) -> dict:
     lineage = {
         "run_id": cfg.run_id,
         "round": cfg.round,
-        "base_model": cfg.model,
+        "base_model": cfg.base_model_uri or cfg.model,
         "adapter_uri": cfg.adapter,
         "train_config_hash": adapter_manifest.get("config_hash"),
         "method": adapter_manifest.get("method"),

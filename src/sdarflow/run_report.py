@@ -1,0 +1,267 @@
+"""The run report: one page for a whole training run, read before promoting its adapter.
+
+Per round it puts side by side what the stages published: rollout success, return, format errors and
+truncations (generate); GRPO's signal, the share of groups with zero advantage, the teacher's gap and gate,
+entropy, KL and clipping (train); held-out pass@k with 95% intervals and the task-paired difference from the base
+model with its one-sided lower bound, the promotion gate's statistic (evaluate). Three transcripts of the last
+round (its best, median and worst episode) show what the numbers are made of. Published as ``report.html``,
+``report.md`` and ``run_report.json`` at ``<storage>/runs/<run_id>/report``; the training pipeline's last task
+shows it in the KFP UI and ``sdarflow demo`` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sdarflow import storage
+from sdarflow.evaluate.compare import difference
+from sdarflow.pipeline_config import run_uri, stage_uri
+from sdarflow.report import Report, Section, html, markdown, png
+
+REPORT_KIND = "run-report"
+
+HOW_TO_READ = (
+    "Train success is on the round's own (new) training tasks, before its update; held-out pass@1 is after it. A "
+    "round learns only from groups whose samples disagree: a zero-advantage share near 1 means nothing to learn "
+    "from (all fail or all succeed; more samples or easier tasks help). The teacher gap (teacher minus student "
+    "log-prob per token, nats) must be positive for distillation to help: negative means the skills do not make "
+    "the teacher better, and the gate (sigmoid of beta times the gap) hovers near or below 0.5. Entropy falling "
+    "towards 0 means the policy stops exploring; KL is the distance from the base policy; clip is the share of "
+    "tokens whose ratio was clipped. Against the base model, a round is better only where the lower bound of the "
+    "paired difference is above 0: that is the promotion gate's test."
+)
+
+
+def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
+    """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
+    if shards == 1:
+        return [stage_uri(storage_root, run_id, round_, "generate")]
+    return [stage_uri(storage_root, run_id, round_, "generate", i) for i in range(shards)]
+
+
+def _read_report(uri: str) -> dict[str, Any]:
+    from sdarflow.registry.intake import load_report
+
+    return load_report(uri)
+
+
+def _episodes(table_rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    by_episode: dict[str, list[Mapping[str, Any]]] = {}
+    for row in table_rows:
+        by_episode.setdefault(str(row["traj_id"]), []).append(row)
+    return [sorted(turns, key=lambda r: r["turn"]) for _, turns in sorted(by_episode.items())]
+
+
+def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[dict, list]:
+    """The round's rollout figures (weighted over shards) and its episodes."""
+    from sdarflow.schema import TRAJECTORY_SCHEMA
+
+    uris = generate_uris(storage_root, run_id, round_, shards)
+    metrics = [storage.read_manifest(u)["metrics"] for u in uris]
+    n = sum(m["rollout/episodes"] for m in metrics) or 1.0
+
+    def weighted(key: str) -> float:
+        return sum(m.get(key, 0.0) * m["rollout/episodes"] for m in metrics) / n
+
+    episodes = _episodes(storage.read_table(uris, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist())
+    figures = {
+        "episodes": int(n),
+        "success": weighted("rollout/success"),
+        "mean_return": statistics.fmean(float(ep[0]["episode_return"]) for ep in episodes)
+        if episodes
+        else 0.0,
+        "format_error_rate": weighted("rollout/format_error_rate"),
+        "truncated": sum(m.get("rollout/context_exceeded", 0.0) for m in metrics) / n,
+        "identical_groups": sum(m.get("rollout/identical_groups", 0.0) for m in metrics),
+    }
+    return figures, episodes
+
+
+def _vs(report: Mapping[str, Any], base: Mapping[str, Any] | None, split: str, k: str) -> dict | None:
+    try:
+        d = difference(report["splits"][split], base["splits"][split], int(k))  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None  # no base report, or reports without per-task results
+    return {"diff": d.diff, "lower": d.lower, "tasks": d.tasks}
+
+
+def _round(
+    storage_root: str, run_id: str, r: int, shards: int, base: Mapping[str, Any] | None
+) -> tuple[dict, list]:
+    rollout, episodes = _rollout(storage_root, run_id, r, shards)
+    train = storage.read_manifest(stage_uri(storage_root, run_id, r, "train")).get("metrics", {})
+    rescore = storage.read_manifest(stage_uri(storage_root, run_id, r, "rescore")).get("metrics", {})
+    report = _read_report(stage_uri(storage_root, run_id, r, "evaluate"))
+    keys = ("adv/zero_group_share", "adv/std", "sdar/gate_mean", "sdar/teacher_gap_mean", "actor/entropy",
+            "actor/kl_loss", "actor/clipfrac", "loss/total")  # fmt: skip
+    evaluation = {}
+    for split, s in report["splits"].items():
+        k = max(s["pass_at_k"], key=int)
+        evaluation[split] = {
+            "pass@1": s["pass_at_k"]["1"], "pass@1_ci95": s["ci95"].get("1"), "k": k,
+            f"pass@{k}": s["pass_at_k"][k], "format_error_rate": s.get("format_error_rate"),
+            "vs_base": _vs(report, base, split, "1"),
+        }  # fmt: skip
+    row = {
+        "round": r,
+        "rollout": rollout,
+        "train": {key: train.get(key) for key in keys},
+        "teacher_gap_positive_share": rescore.get("rescore/gap_positive_share"),
+        "eval": evaluation,
+    }
+    return row, episodes
+
+
+def collect(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> dict[str, Any]:
+    """Everything the report shows, as JSON (``run_report.json``)."""
+    base_uri = run_uri(storage_root, run_id, "base", "evaluate")
+    base = _read_report(base_uri) if storage.is_published(base_uri) else None
+    per_round, episodes = [], []
+    for r in range(rounds):
+        row, episodes = _round(storage_root, run_id, r, shards, base)
+        per_round.append(row)
+    ranked = sorted(episodes, key=lambda ep: (float(ep[0]["episode_return"]), ep[0]["traj_id"]))
+    picks = {"best": ranked[-1], "median": ranked[len(ranked) // 2], "worst": ranked[0]} if ranked else {}
+    base_figures = {
+        split: {"pass@1": s["pass_at_k"]["1"], "pass@1_ci95": s["ci95"].get("1")}
+        for split, s in (base or {}).get("splits", {}).items()
+    }
+    return {
+        "run_id": run_id,
+        "rounds": per_round,
+        "base": base_figures,
+        "transcripts": {name: _transcript(ep) for name, ep in picks.items()},
+    }
+
+
+def _observation(row: Mapping[str, Any]) -> str:
+    messages = json.loads(row["prompt_messages"]) if row.get("prompt_messages") else []
+    user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    text = user.rsplit("Observation:", 1)[-1].strip()
+    return text if len(text) <= 240 else text[:239] + "…"
+
+
+def _transcript(turns: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    first = turns[0]
+    return {
+        "task_id": first["task_id"],
+        "task_type": first["task_type"],
+        "return": float(first["episode_return"]),
+        "success": bool(first["success"]),
+        "turns": [{"observation": _observation(t), "action": t["response_text"], "format_ok": bool(t["format_ok"])}
+                  for t in turns],
+    }  # fmt: skip
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _ci(value: float | None, ci: Sequence[float] | None) -> str:
+    return _fmt(value) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def _tables(data: Mapping[str, Any]) -> list[Section]:
+    rounds = data["rounds"]
+    rollout = (["round", "episodes", "train success", "mean return", "format errors", "truncated", "identical groups"],
+               [[str(r["round"]), str(r["rollout"]["episodes"]), *(_fmt(r["rollout"][k]) for k in
+                 ("success", "mean_return", "format_error_rate", "truncated")), _fmt(r["rollout"]["identical_groups"], 0)]
+                for r in rounds])  # fmt: skip
+    keys = list(rounds[0]["train"]) if rounds else []
+    train = (["round", *keys, "teacher gap > 0"],
+             [[str(r["round"]), *(_fmt(r["train"][k]) for k in keys), _fmt(r["teacher_gap_positive_share"])]
+              for r in rounds])  # fmt: skip
+    held_out = []
+    for split in sorted({s for r in rounds for s in r["eval"]}, key=lambda s: (s != "test", s)):
+        b = data["base"].get(split, {})
+        held_out.append(["base model", split, _ci(b.get("pass@1"), b.get("pass@1_ci95")), "-", "-", "-"])
+        for r in rounds:
+            e = r["eval"].get(split)
+            vs = (e or {}).get("vs_base") or {}
+            if e:
+                held_out.append([f"round {r['round']}", split, _ci(e["pass@1"], e["pass@1_ci95"]),
+                                 f"{_fmt(e['pass@' + e['k']])} (k={e['k']})", _fmt(e["format_error_rate"]),
+                                 "-" if not vs else f"{vs['diff']:+.3f} (lower {_fmt(vs['lower'])}, {vs['tasks']} tasks)"])  # fmt: skip
+    header = [
+        "model",
+        "split",
+        "pass@1 [95% CI]",
+        "pass@k",
+        "format errors",
+        "vs base (paired, one-sided 95%)",
+    ]
+    return [
+        Section("Rollouts (generate)", table=rollout),
+        Section("Learning signal (rescore, train)", table=train),
+        Section("Held-out evaluation", table=(header, held_out)),
+    ]
+
+
+def _plot(data: Mapping[str, Any]) -> bytes:
+    from matplotlib.figure import Figure  # lazy: matplotlib is slow to import
+
+    fig = Figure(figsize=(7, 3.2))
+    ax_eval, ax_train = fig.subplots(1, 2)
+    rounds = [r["round"] for r in data["rounds"]]
+    for split, color in (("test", "C0"), ("ood", "C1")):
+        values = [r["eval"].get(split, {}).get("pass@1") for r in data["rounds"]]
+        if all(v is not None for v in values):
+            ax_eval.plot(rounds, values, marker="o", color=color, label=f"{split} pass@1")
+            if split in data["base"]:
+                ax_eval.axhline(
+                    data["base"][split]["pass@1"], color=color, linestyle="--", label=f"{split} base"
+                )
+    ax_eval.set(xlabel="round", title="held-out pass@1", ylim=(0, 1))
+    ax_eval.legend(fontsize=7)
+    ax_train.plot(
+        rounds, [r["rollout"]["success"] for r in data["rounds"]], marker="o", label="train success"
+    )
+    zero = [r["train"].get("adv/zero_group_share") for r in data["rounds"]]
+    if all(v is not None for v in zero):
+        ax_train.plot(rounds, zero, marker="s", label="zero-advantage groups")
+    ax_train.set(xlabel="round", title="training rounds", ylim=(0, 1))
+    ax_train.legend(fontsize=7)
+    for ax in (ax_eval, ax_train):
+        ax.set_xticks(rounds)
+    fig.tight_layout()
+    return png(fig)
+
+
+def build(data: Mapping[str, Any]) -> Report:
+    """The report to render from :func:`collect`'s data."""
+    sections = [
+        Section("How to read this", text=HOW_TO_READ),
+        *_tables(data),
+        Section("Plots", images=("rounds",)),
+    ]
+    for name, t in data["transcripts"].items():
+        rows = [[str(i), turn["observation"], turn["action"], "" if turn["format_ok"] else "unparsed"]
+                for i, turn in enumerate(t["turns"])]  # fmt: skip
+        title = f"Transcript: {name} episode of the last round ({t['task_id']}, {t['task_type']}, return {t['return']:.2f})"
+        sections.append(Section(title, table=(["turn", "observation", "action", ""], rows)))
+    return Report(
+        title=f"Training run {data['run_id']}",
+        subtitle=f"{len(data['rounds'])} round(s); every figure as the stages published it",
+        sections=sections,
+        images={"rounds": ("held-out pass@1 and training signal per round", _plot(data))},
+    )
+
+
+def publish_run_report(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> str:
+    """Collect, render and publish the run report at ``<storage>/runs/<run_id>/report``; its URI."""
+    data = collect(storage_root, run_id, rounds, shards)
+    doc = build(data)
+    uri = run_uri(storage_root, run_id, "report")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        (out / "run_report.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+        (out / "rounds.png").write_bytes(doc.images["rounds"][1])
+        (out / "report.md").write_text(markdown(doc, {"rounds": "rounds.png"}))
+        (out / "report.html").write_text(html(doc))
+        storage.publish_dir(out, uri, kind=REPORT_KIND, overwrite=True, run_id=run_id, rounds=rounds)
+    return uri
