@@ -1,11 +1,14 @@
 """Shared fixtures: a moto S3 server over HTTP on 127.0.0.1, a private game cache, the tiny base model and a LoRA
-adapter for it."""
+adapter for it, and pip installs into a user's environment."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import subprocess
+import sys
+import sysconfig
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +92,35 @@ def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     model.save_pretrained(out)
     (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(str(tiny_model))}))
     return out
+
+
+@pytest.fixture(scope="session")
+def pip_install_into_a_user_env():
+    """``install(venv, *paths)``: a fresh venv that sees this one's packages (a ``.pth`` file, as an existing
+    environment would have them; ``extra_paths`` too) gets ``paths`` pip-installed, offline (``--no-index``) and
+    without build isolation, so every requirement must be met by what is already there."""
+
+    def install(venv: Path, *paths: str, extra_paths: tuple[str, ...] = ()) -> Path:
+        # no pip or setuptools of its own: this environment's (newer) ones come through the .pth file
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next(venv.glob("lib/python*/site-packages"))
+        (site / "existing-environment.pth").write_text(
+            "\n".join([sysconfig.get_paths()["purelib"], *extra_paths])
+        )
+        pip = [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-index",
+        ]
+        done = subprocess.run(
+            [*pip, "--no-build-isolation", *paths], capture_output=True, text=True, cwd=venv
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return venv
+
+    return install

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -46,29 +44,11 @@ def test_the_version_is_the_packages():
 
 
 @pytest.mark.slow
-def test_pip_install_into_a_fresh_venv_resolves_and_runs(tmp_path):
+def test_pip_install_into_a_fresh_venv_resolves_and_runs(tmp_path, pip_install_into_a_user_env):
     """A new venv that sees this environment's packages (a .pth file, as an existing environment would have them):
     ``pip install .`` (no index, no build isolation) must find every requirement satisfied by the ranges, build the
     wheel and give a working ``sdarflow``."""
-    venv = tmp_path / "venv"
-    # no pip or setuptools of its own: this environment's (newer) ones come through the .pth file
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next(venv.glob("lib/python*/site-packages"))
-    (site / "existing-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    pip = [
-        sys.executable,
-        "-m",
-        "pip",
-        "--python",
-        str(venv / "bin" / "python"),
-        "install",
-        "-q",
-        "--no-index",
-    ]
-    done = subprocess.run(
-        [*pip, "--no-build-isolation", str(ROOT)], capture_output=True, text=True, cwd=tmp_path
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    venv = pip_install_into_a_user_env(tmp_path / "venv", str(ROOT))
     version = subprocess.run([str(venv / "bin" / "sdarflow"), "--version"], capture_output=True, text=True)
     assert version.stdout.strip() == f"sdarflow {PROJECT['version']}"
     # the installed package, not the checkout: components and pipelines ship in the same wheel

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -19,25 +17,10 @@ EXAMPLE = ROOT / "examples" / "guess-env"
 
 
 @pytest.fixture(scope="module")
-def user_env(tmp_path_factory) -> Path:
-    """A fresh venv that sees this one's packages (sdarflow included), with the example pip-installed into it."""
+def user_env(tmp_path_factory, pip_install_into_a_user_env) -> Path:
+    """A user's environment with sdarflow (this checkout's source) and the example pip-installed into it."""
     venv = tmp_path_factory.mktemp("user") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next(venv.glob("lib/python*/site-packages"))
-    (site / "sdarflow-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n" + str(ROOT / "src") + "\n")
-    pip = [
-        sys.executable,
-        "-m",
-        "pip",
-        "--python",
-        str(venv / "bin" / "python"),
-        "install",
-        "-q",
-        "--no-index",
-    ]
-    done = subprocess.run([*pip, "--no-build-isolation", str(EXAMPLE)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return venv
+    return pip_install_into_a_user_env(venv, str(EXAMPLE), extra_paths=(str(ROOT / "src"),))
 
 
 def _python(venv: Path, code: str) -> str:

@@ -197,7 +197,9 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     pipeline, platform, _ = spec
     tasks = pipeline["root"]["dag"]["tasks"]
     for name, task in tasks.items():
-        stage = {"promote-candidate": "promote", "run-report": "promote", "evaluate-base": "evaluate"}.get(name, name)
+        stage = {"promote-candidate": "promote", "run-report": "promote", "evaluate-base": "evaluate"}.get(
+            name, name
+        )
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == DEFAULT_TIMEOUT_S[stage], name
         shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
