@@ -164,9 +164,36 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_build_model)
 
 
+def _cmd_tool_server(args: argparse.Namespace) -> int:
+    from sdarflow.envs.tool_server import ENDPOINT_ENV, make_server
+
+    server = make_server(args.host, args.port)
+    host, port = server.server_address[:2]
+    print(
+        f"tool server on http://{host}:{port} (export {ENDPOINT_ENV}=http://{host}:{port}); Ctrl-C stops it"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def add_envs(p: argparse.ArgumentParser) -> None:
+    from sdarflow.envs.tool_server import DEFAULT_PORT
+
     sub = p.add_subparsers(dest="envs_command", required=True)
     sub.add_parser("list", help="registered environment names").set_defaults(func=_cmd_envs)
+    serve = sub.add_parser(
+        "tool-server", help="serve the tool-use tools over HTTP (the tool-use-http env's reference server)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)"
+    )
+    serve.set_defaults(func=_cmd_tool_server)
 
 
 def add_env(p: argparse.ArgumentParser) -> None:

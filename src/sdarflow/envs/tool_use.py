@@ -194,8 +194,12 @@ class ToolUseEnv:
         self.goal = _run_plan(self.start, self.plan).to_json()
         self.api: ToolAPI | None = None
 
+    def new_api(self) -> ToolAPI:
+        """The episode's tools, at the task's starting state (in-process here; over HTTP in ``tool_server``)."""
+        return ToolAPI(self.start)
+
     def reset(self) -> Reset:
-        self.api = ToolAPI(self.start)
+        self.api = self.new_api()
         self.turns = self.malformed = self.tool_errors = 0
         self.executed: set[str] = set()
         self.done = False
