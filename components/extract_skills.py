@@ -2,7 +2,7 @@
 union of shards."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Output
 
 from components import IMAGE
 
@@ -14,6 +14,8 @@ def extract_skills(
     trajectory_shards: list,
     previous_uri: str,
     library: Output[Dataset],
+    report: Output[HTML],
+    summary: Output[Markdown],
     trajectories: Input[Dataset] = None,
     previous: Input[Dataset] = None,
     rescored: Input[Dataset] = None,
@@ -27,6 +29,8 @@ def extract_skills(
         config_uri,
         rl_round,
         output=library,
+        html=report,
+        markdown=summary,
         input=[artifact_uri(trajectories), *trajectory_shards],
         previous=artifact_uri(previous) or previous_uri,
         rescored=[artifact_uri(rescored)],

@@ -1,7 +1,7 @@
 """Component ``generate``: multi-turn rollouts for one round (or one shard of it), published as a ``Dataset``."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components import IMAGE
 
@@ -13,6 +13,8 @@ def generate(
     shard: int,
     metrics: Output[Metrics],
     trajectories: Output[Dataset],
+    report: Output[HTML],
+    summary: Output[Markdown],
     adapter: Input[Model] = None,
     adapter_uri: str = "",
 ) -> str:
@@ -25,6 +27,8 @@ def generate(
         config_uri,
         rl_round,
         metrics=metrics,
+        html=report,
+        markdown=summary,
         output=trajectories,
         adapter=artifact_uri(adapter) or adapter_uri,
         shard=shard,

@@ -37,6 +37,7 @@ def prepare(
     gate_ood_tolerance: float,
     gate_floor: float,
     seed: int,
+    tracking_uri: str,
     shards: int,
     stage_settings: dict,
 ) -> str:

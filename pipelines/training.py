@@ -120,6 +120,7 @@ def build_training_pipeline(
         gate_ood_tolerance: float = D.gate_ood_tolerance,
         gate_floor: float = D.gate_floor,
         seed: int = D.seed,
+        tracking_uri: str = D.tracking_uri,
         stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
     ) -> str:
         cfg = prepare(
@@ -153,6 +154,7 @@ def build_training_pipeline(
             gate_ood_tolerance=gate_ood_tolerance,
             gate_floor=gate_floor,
             seed=seed,
+            tracking_uri=tracking_uri,
             shards=shards,
             stage_settings=stage_settings,
         )

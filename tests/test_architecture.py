@@ -20,7 +20,18 @@ PACKAGES = {
 # Lowest first; a module may import its own layer or any layer below. The key is a module's first name under
 # sdarflow (its subpackage, or the module itself), or the top-level package for components and pipelines.
 LAYERS: list[set[str]] = [
-    {"sdarflow", "defaults", "errors", "names", "progress", "report", "schema", "config", "storage"},
+    {
+        "sdarflow",
+        "defaults",
+        "errors",
+        "names",
+        "progress",
+        "report",
+        "schema",
+        "config",
+        "storage",
+        "tracking",
+    },
     {"algo", "envs"},
     {"models"},
     {"rollout"},

@@ -26,6 +26,7 @@ from sdarflow.defaults import DEFAULT_POLICY_NAME, RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
+from sdarflow.tracking import tracking_opt
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class PipelineConfig(StageConfig):
     gate_ood_tolerance: float = opt(GATE.ood_tolerance, GATE_HELP["ood_tolerance"])
     gate_floor: float = opt(GATE.floor, GATE_HELP["floor"])
     seed: int = opt(0, "base seed", ge=0, le=MAX_SEED)
+    tracking_uri: str = tracking_opt()
     shards: int = opt(
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
     )
@@ -170,6 +172,7 @@ _SHARED: dict[str, dict[str, str]] = {
         "kl_coef": "kl_coef",
         "entropy_coef": "entropy_coef",
         "train_engine": "engine",
+        "tracking_uri": "tracking_uri",
     },
     "evaluate": {
         "env": "env",
@@ -178,6 +181,7 @@ _SHARED: dict[str, dict[str, str]] = {
         "max_turns": "max_turns",
         "policy_name": "policy_name",
         "rollout_engine": "engine",
+        "tracking_uri": "tracking_uri",
     },
     "register": {"policy_name": "name", "promote_to": "promote_to"},
 }

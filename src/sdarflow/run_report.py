@@ -22,6 +22,7 @@ from sdarflow import storage
 from sdarflow.evaluate.compare import difference
 from sdarflow.pipeline_config import run_uri, stage_uri
 from sdarflow.report import Report, Section, html, markdown, png
+from sdarflow.rollout.report import group_episodes, transcript, transcript_section
 
 REPORT_KIND = "run-report"
 
@@ -50,13 +51,6 @@ def _read_report(uri: str) -> dict[str, Any]:
     return load_report(uri)
 
 
-def _episodes(table_rows: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    by_episode: dict[str, list[Mapping[str, Any]]] = {}
-    for row in table_rows:
-        by_episode.setdefault(str(row["traj_id"]), []).append(row)
-    return [sorted(turns, key=lambda r: r["turn"]) for _, turns in sorted(by_episode.items())]
-
-
 def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[dict, list]:
     """The round's rollout figures (weighted over shards) and its episodes."""
     from sdarflow.schema import TRAJECTORY_SCHEMA
@@ -68,7 +62,9 @@ def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[
     def weighted(key: str) -> float:
         return sum(m.get(key, 0.0) * m["rollout/episodes"] for m in metrics) / n
 
-    episodes = _episodes(storage.read_table(uris, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist())
+    episodes = group_episodes(
+        storage.read_table(uris, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
+    )
     figures = {
         "episodes": int(n),
         "success": weighted("rollout/success"),
@@ -135,27 +131,8 @@ def collect(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> dic
         "run_id": run_id,
         "rounds": per_round,
         "base": base_figures,
-        "transcripts": {name: _transcript(ep) for name, ep in picks.items()},
+        "transcripts": {name: transcript(ep) for name, ep in picks.items()},
     }
-
-
-def _observation(row: Mapping[str, Any]) -> str:
-    messages = json.loads(row["prompt_messages"]) if row.get("prompt_messages") else []
-    user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-    text = user.rsplit("Observation:", 1)[-1].strip()
-    return text if len(text) <= 240 else text[:239] + "…"
-
-
-def _transcript(turns: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    first = turns[0]
-    return {
-        "task_id": first["task_id"],
-        "task_type": first["task_type"],
-        "return": float(first["episode_return"]),
-        "success": bool(first["success"]),
-        "turns": [{"observation": _observation(t), "action": t["response_text"], "format_ok": bool(t["format_ok"])}
-                  for t in turns],
-    }  # fmt: skip
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -240,10 +217,7 @@ def build(data: Mapping[str, Any]) -> Report:
         Section("Plots", images=("rounds",)),
     ]
     for name, t in data["transcripts"].items():
-        rows = [[str(i), turn["observation"], turn["action"], "" if turn["format_ok"] else "unparsed"]
-                for i, turn in enumerate(t["turns"])]  # fmt: skip
-        title = f"Transcript: {name} episode of the last round ({t['task_id']}, {t['task_type']}, return {t['return']:.2f})"
-        sections.append(Section(title, table=(["turn", "observation", "action", ""], rows)))
+        sections.append(transcript_section(f"Transcript: {name} episode of the last round", t))
     return Report(
         title=f"Training run {data['run_id']}",
         subtitle=f"{len(data['rounds'])} round(s); every figure as the stages published it",

@@ -249,10 +249,13 @@ def test_ui_parameters_and_report_artifacts(spec):
     assert params["gate_ood_tolerance"]["defaultValue"] == 0.05
     assert params["gate_min_gain"]["defaultValue"] == 0.0 and params["gate_floor"]["defaultValue"] == 0.0
     assert "defaultValue" not in params["storage"] and "defaultValue" not in params["base_model"]
-    for component in ("comp-train", "comp-rescore", "comp-evaluate"):
+    for component in ("comp-generate", "comp-train", "comp-rescore", "comp-evaluate", "comp-evaluate-base"):
         artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]
         kinds = {a["artifactType"]["schemaTitle"] for a in artifacts.values()}
         assert {"system.HTML", "system.Markdown", "system.Metrics"} <= kinds, component
+    for component in ("comp-extract-skills", "comp-run-report"):  # a report, no metrics
+        artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]
+        assert {"system.HTML", "system.Markdown"} <= {a["artifactType"]["schemaTitle"] for a in artifacts.values()}
 
 
 def test_cpu_only_stage_and_no_secret(tmp_path):

@@ -101,6 +101,11 @@ def test_generate_writes_groups_of_turn_rows(chain):
     for r in t:
         assert len(r["rollout_logprobs"]) == len(r["response_token_ids"]) > 0
         assert all(lp <= 0 for lp in r["rollout_logprobs"])
+    # the report beside the rows: overview, success by task type, a transcript
+    md = storage.read_member(chain["generate"], "report.md").decode()
+    assert "## By task type" in md and "| episodes | 4 |" in md
+    assert "episode (tw-cooking-train-100" in md  # a transcript
+    assert storage.read_member(chain["generate"], "report.html").startswith(b"<!DOCTYPE html>")
 
 
 def test_skills_are_a_versioned_library(chain):
@@ -108,6 +113,8 @@ def test_skills_are_a_versioned_library(chain):
     assert len(manifest["version"]) == 12
     files = {f["path"] for f in manifest["files"]}
     assert "skill_mapping.json" in files and "general_skills.md" in files
+    md = storage.read_member(chain["skills"], "report.md").decode()
+    assert "## Skills" in md and "general\_skills" in md and "Skill: general\_skills" in md
 
 
 def test_rescore_adds_teacher_and_student_logprobs(chain):

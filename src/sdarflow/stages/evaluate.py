@@ -19,6 +19,7 @@ from sdarflow.models.device import device_opt, resolve_device
 from sdarflow.rollout.engine import ENGINE_CHOICES
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
+from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class EvaluateConfig(StageConfig):
     )
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing report at --output", io=True)
+    tracking_uri: str = tracking_opt()
 
     def validate(self) -> None:
         bad = [s for s in self.splits if s not in SPLITS]
@@ -103,6 +105,7 @@ def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.rollout.episode import RolloutParams
 
     require("evaluate", model=cfg.model, output=cfg.output)
+    check_available(cfg.tracking_uri)
     suite = get_suite(cfg.env)
     baseline = _baseline(cfg)  # a bad baseline report fails here, before any episode
     engine = load_engine(
@@ -134,8 +137,8 @@ def run(cfg: EvaluateConfig) -> dict:
         config_hash=cfg.config_hash(),
         env=cfg.env,
     )
-    _publish(cfg, report, baseline)
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
+    _publish(cfg, report, baseline, headline)
     shown = [
         f"{split}/pass@{k} {v:.3f} [{d['ci95'][k][0]:.3f}, {d['ci95'][k][1]:.3f}] "
         f"({d['n_tasks']} tasks x {d['samples_per_task']})"
@@ -146,8 +149,9 @@ def run(cfg: EvaluateConfig) -> dict:
     return {"uri": cfg.output, "metrics": headline}
 
 
-def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None) -> None:
-    """The report as JSON, Markdown and HTML with its plots, published at ``cfg.output``."""
+def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None, headline: dict[str, float]) -> None:
+    """The report as JSON, Markdown and HTML with its plots, published at ``cfg.output`` (and, with
+    ``--tracking-uri``, logged to MLflow with the ``headline`` metrics)."""
     from sdarflow import report as render
     from sdarflow.evaluate import evaluation_report, plots
 
@@ -168,6 +172,8 @@ def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None) -> None:
             config_hash=cfg.config_hash(),
             inputs=[cfg.model] + ([cfg.adapter] if cfg.adapter else []),
         )
+        tags = {"sdarflow.output": cfg.output, "sdarflow.config_hash": cfg.config_hash()}
+        log_stage_run(cfg.tracking_uri, "evaluate", cfg.to_dict(), headline, artifacts=out, tags=tags)
 
 
 def _baseline(cfg: EvaluateConfig) -> dict | None:

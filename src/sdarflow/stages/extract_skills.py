@@ -155,6 +155,17 @@ def _new_skills(cfg: ExtractSkillsConfig, episodes) -> tuple[SkillLibrary, dict[
     return new, rejected
 
 
+def _write_report(folder: str, lib, previous, new, rejected: dict, cfg: ExtractSkillsConfig) -> None:
+    from pathlib import Path
+
+    from sdarflow import report
+    from sdarflow.skills.report import library_report
+
+    doc = library_report(lib, previous, sorted(new.skills), rejected, f"extract-skills ({cfg.extractor})")
+    (Path(folder) / "report.md").write_text(report.markdown(doc))
+    (Path(folder) / "report.html").write_text(report.html(doc))
+
+
 @once("skills")
 def run(cfg: ExtractSkillsConfig) -> dict:
     require("extract-skills", input=cfg.input, output=cfg.output)
@@ -172,6 +183,7 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     lib.stats = bandit.carry_over(stats, lib)
     with tempfile.TemporaryDirectory() as tmp:
         lib.save(tmp)
+        _write_report(tmp, lib, previous, new, rejected, cfg)
         storage.publish_dir(
             tmp,
             cfg.output,

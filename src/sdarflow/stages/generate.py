@@ -180,7 +180,11 @@ def run(cfg: GenerateConfig) -> dict:
 
 
 def _write(cfg: GenerateConfig, result: RolloutResult, metrics: dict[str, float]) -> None:
+    from sdarflow import report
+    from sdarflow.rollout.report import rollout_report
+
     table = pa.Table.from_pylist(result.rows, schema=TRAJECTORY_SCHEMA)
+    doc = rollout_report(result.rows, metrics, f"generate: {cfg.env}/{cfg.split}, round {cfg.round}")
     storage.write_table(
         table,
         cfg.output,
@@ -192,4 +196,5 @@ def _write(cfg: GenerateConfig, result: RolloutResult, metrics: dict[str, float]
         run_id=cfg.run_id,
         round=cfg.round,
         metrics=metrics,
+        attachments={"report.md": report.markdown(doc).encode(), "report.html": report.html(doc).encode()},
     )

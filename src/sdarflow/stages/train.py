@@ -29,6 +29,7 @@ from sdarflow.errors import ConfigError
 from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
+from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 from sdarflow.train import presets
 from sdarflow.train.checkpoint import Checkpoints
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
@@ -169,6 +170,7 @@ class TrainConfig(StageConfig):
     keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir", ge=1)
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing adapter at --output", io=True)
+    tracking_uri: str = tracking_opt()
 
     def validate(self) -> None:
         if 0 < self.clip_ratio_c <= 1:
@@ -231,6 +233,7 @@ def run(cfg: TrainConfig) -> dict:
     from sdarflow.train.launch import relaunch, resolve_engine, should_relaunch
 
     require("train", input=cfg.input, model=cfg.model, output=cfg.output)
+    check_available(cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, engine=resolve_engine(cfg.engine, torch.cuda.device_count()))
     if should_relaunch(cfg.engine, torch.cuda.device_count()):
         return relaunch(cfg.to_dict(), cfg.output, torch.cuda.device_count())
@@ -385,4 +388,8 @@ def _publish(
         inputs=[*cfg.input, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
         method="sft" if cfg.mode == "sft" else cfg.method,
         metrics=summary,
+    )
+    tags = {"sdarflow.output": cfg.output, "sdarflow.config_hash": cfg.config_hash()}
+    log_stage_run(
+        cfg.tracking_uri, "train", cfg.to_dict(), summary, history=history, artifacts=out, tags=tags
     )
