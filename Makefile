@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/sdarflow demo --out demo-output
+	$(BIN)/sdarflow demo --output demo-output
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

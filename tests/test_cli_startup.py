@@ -66,3 +66,28 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"sdarflow {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["demo"], ["study"], ["build-model"], ["plan"], ["pipeline", "compile"], ["pipeline", "trainjob"],
+     ["registry", "serve-config"]],
+)  # fmt: skip
+def test_one_spelling_of_the_output_flag_and_the_old_one_as_an_alias(command, capsys):
+    from sdarflow.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser(command).parse_args([*command, "--help"])
+    assert "--output PATH, --out PATH" in capsys.readouterr().out
+    required = ["--registry", "r", "--base-model", "b"] if command[0] == "registry" else []
+    for spelling in ("--output", "--out"):
+        args, _ = build_parser(command).parse_known_args([*command, *required, spelling, "x"])
+        assert args.out == "x"
+
+
+def test_registry_commands_spell_the_name_as_the_pipeline_does():
+    from sdarflow.cli import build_parser
+
+    for spelling in ("--policy-name", "--name"):
+        argv = ["registry", "show", "--registry", "r", spelling, "agent", "--version", "1"]
+        assert build_parser(argv).parse_args(argv).name == "agent"

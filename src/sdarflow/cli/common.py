@@ -14,6 +14,23 @@ PRESET_NAMES = ("demo", "smoke", "gpu")
 PRESET_HELP = "sizes: demo (2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu])"
 
 
+def output_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
+    """The one spelling of "where this command writes" across commands: ``--output``, as the stages spell it.
+    ``--out``, the old spelling of demo, study, build-model, plan and the pipeline and registry commands, stays an
+    alias for this release (``dest`` is still ``out``)."""
+    default = kwargs.get("default")
+    shown = f"{help} (default {default})" if default else help
+    p.add_argument(
+        "--output", "--out", dest="out", metavar="PATH", help=f"{shown}; --out: the old spelling", **kwargs
+    )
+
+
+def policy_name_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
+    """``--policy-name``, as the pipeline and evaluate spell the registry's adapter name; ``--name``, the registry
+    commands' old spelling, stays an alias for this release (``dest`` is ``name``)."""
+    p.add_argument("--policy-name", "--name", dest="name", help=f"{help}; --name: the old spelling", **kwargs)
+
+
 def emit(obj: Any, as_json: bool = True) -> None:
     """A command's result on stdout (JSON, or YAML), so scripts can read it; logs go to stderr."""
     if as_json:

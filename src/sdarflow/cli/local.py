@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from sdarflow.cli.common import PRESET_HELP, PRESET_NAMES, emit, study_flags
+from sdarflow.cli.common import PRESET_HELP, PRESET_NAMES, emit, output_flag, study_flags
 from sdarflow.errors import ConfigError
 
 
@@ -103,7 +103,9 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def add_demo(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="demo-output")
+    output_flag(
+        p, "folder the demo writes (base model, store, summary.json, run_report.html)", default="demo-output"
+    )
     p.add_argument(
         "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
     )
@@ -121,9 +123,7 @@ def add_demo(p: argparse.ArgumentParser) -> None:
 def add_study(p: argparse.ArgumentParser) -> None:
     study_flags(p)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument(
-        "--out", required=True, help="study folder; a rerun skips the (method, seed) cells done there"
-    )
+    output_flag(p, "study folder; a rerun skips the (method, seed) cells done there", required=True)
     p.add_argument(
         "--base-model", default=None, help="HF model folder; default: build the preset's tiny model"
     )
@@ -141,7 +141,7 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
     from sdarflow.train.warmstart import BaseModelSpec
 
     spec = BaseModelSpec()
-    p.add_argument("--out", required=True)
+    output_flag(p, "the model folder to write (a normal HF folder)", required=True)
     p.add_argument("--env", default=spec.env)
     p.add_argument(
         "--tasks", type=int, default=spec.tasks, help="train games whose walkthroughs make the SFT data"

@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from sdarflow.cli.common import PRESET_NAMES, emit, pairs, study_flags
+from sdarflow.cli.common import PRESET_NAMES, emit, output_flag, pairs, study_flags
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
 
@@ -259,7 +259,7 @@ def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
 
 
 def _add_compile(c: argparse.ArgumentParser) -> None:
-    c.add_argument("--out", required=True)
+    output_flag(c, "the compiled KFP IR YAML", required=True)
     c.add_argument("--pipeline", default="training", choices=PIPELINES)
     c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
     c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
@@ -336,7 +336,7 @@ def _add_schedule(s: argparse.ArgumentParser) -> None:
 
 
 def _add_trainjob(t: argparse.ArgumentParser) -> None:
-    t.add_argument("--out", required=True)
+    output_flag(t, "the TrainJob manifest (YAML)", required=True)
     t.add_argument("--train-config", help="a train stage YAML (as for `sdarflow train --config`)")
     t.add_argument("--pipeline-config", help="or: a run's pipeline.yaml URI (from its prepare task)")
     t.add_argument("--round", type=int, default=0, help="with --pipeline-config: the RL round")

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from sdarflow.cli.common import output_flag
 from sdarflow.errors import ConfigError
 
 
@@ -85,6 +86,6 @@ def add_plan(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--env", default="textworld-cooking", help="--calibrate: the env whose turns are timed")
     p.add_argument("--device", default="auto", help="--calibrate: where the model runs")
-    p.add_argument("--out", help="--calibrate: write the constants here (JSON)")
+    output_flag(p, "--calibrate: write the constants here (JSON)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     p.set_defaults(func=_cmd_plan)

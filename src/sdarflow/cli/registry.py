@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdarflow.cli.common import emit
+from sdarflow.cli.common import emit, output_flag, policy_name_flag
 from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
 from sdarflow.errors import ConfigError, ModelError
 
@@ -192,7 +192,7 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
     p.add_argument("--registry", required=True, help="registry root: a folder or s3://bucket/prefix")
     if name:
-        p.add_argument("--name", required=True, help="adapter name, e.g. sdar-qwen-0.5b")
+        policy_name_flag(p, "adapter name in the registry, e.g. sdar-qwen-0.5b", required=True)
 
 
 def _add_register(p: argparse.ArgumentParser) -> None:
@@ -225,7 +225,7 @@ def _add_register(p: argparse.ArgumentParser) -> None:
 
 def _add_list(p: argparse.ArgumentParser) -> None:
     _common(p, name=False)
-    p.add_argument("--name", help="list this name's versions")
+    policy_name_flag(p, "list this name's versions")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
@@ -279,16 +279,14 @@ def _add_serve_config(p: argparse.ArgumentParser) -> None:
 
     _common(p, name=False)
     p.add_argument("--base-model", required=True, help="base model path or id the adapters were trained on")
-    p.add_argument("--name", help="only this adapter (default: every name with a production version)")
+    policy_name_flag(p, "only this adapter (default: every name with a production version)")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="vLLM serving image")
     p.add_argument(
         "--fetch-image", default=None, help="image with sdarflow for the adapter-fetch initContainer"
     )
     p.add_argument("--secret", default=S3_SECRET, help="Secret with AWS_* variables for the registry")
     p.add_argument("--namespace", help="Kubernetes namespace for the manifests")
-    p.add_argument(
-        "--out", help="write the manifests here (YAML; JSON if it ends in .json) and print the command"
-    )
+    output_flag(p, "write the manifests here (YAML; JSON if it ends in .json) and print the command")
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
     p.set_defaults(func=cmd_serve_config)
 
