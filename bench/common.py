@@ -123,7 +123,8 @@ def demo_trajectories():
 def demo_round(settings: dict) -> dict[str, float]:
     """Round 0 of the training pipeline with every stage called directly in this process: seconds per stage."""
     from sdarflow.kfp_runtime import run_base_evaluation, run_stage
-    from sdarflow.pipeline_config import PipelineConfig, prepare
+    from sdarflow.pipeline_config import PipelineConfig, load, prepare
+    from sdarflow.run_report import publish_run_report
 
     seconds: dict[str, float] = {}
 
@@ -147,6 +148,8 @@ def demo_round(settings: dict) -> dict[str, float]:
     data = [gen, skills["uri"], rescored]
     io = {"adapter": adapter, "eval_report": report, "base_eval_report": base, "data": data}
     timed("register", run_stage, "register", cfg, 0, **io)
+    pc = load(cfg)
+    timed("run-report", publish_run_report, pc.storage, pc.run_id, 1)
     return seconds
 
 
