@@ -12,6 +12,10 @@ from typing import Any
 from sdarflow.report import Report, Section, markdown
 
 
+def _targets(modules: object) -> str:
+    return ", ".join(sorted(map(str, modules))) if isinstance(modules, list | tuple | set) else str(modules)
+
+
 def _figure(split: Mapping[str, Any], k: str) -> str:
     value = split["pass_at_k"][k]
     ci = split.get("ci95", {}).get(k)
@@ -53,7 +57,7 @@ def model_card(
         ("base model", base or "not recorded"),
         ("method", method or "not recorded"),
         ("LoRA", f"rank {adapter_config.get('r')}, alpha {adapter_config.get('lora_alpha')}, "
-                 f"targets {adapter_config.get('target_modules')}"),
+                 f"targets {_targets(adapter_config.get('target_modules'))}"),
         ("run", f"{lineage.get('run_id', '?')}, round {lineage.get('round', '?')}"),
         ("registered by", registered_by or "?"),
     ]  # fmt: skip
