@@ -38,7 +38,7 @@ def setup_logging() -> None:
 def _write_report(artifact, uri: str, name: str, stage: str) -> None:
     """Copy the published file ``name`` of ``uri`` into a KFP UI artifact; a stage that publishes none gets a
     placeholder, because the KFP launcher fails a task whose declared output artifact file is missing."""
-    if any(entry["path"] == name for entry in storage.members(storage.read_manifest(uri))):
+    if storage.member_entry(storage.read_manifest(uri), name) is not None:
         data = storage.read_member(uri, name)
     else:
         log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)

@@ -255,7 +255,9 @@ def test_ui_parameters_and_report_artifacts(spec):
         assert {"system.HTML", "system.Markdown", "system.Metrics"} <= kinds, component
     for component in ("comp-extract-skills", "comp-run-report"):  # a report, no metrics
         artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]
-        assert {"system.HTML", "system.Markdown"} <= {a["artifactType"]["schemaTitle"] for a in artifacts.values()}
+        assert {"system.HTML", "system.Markdown"} <= {
+            a["artifactType"]["schemaTitle"] for a in artifacts.values()
+        }
 
 
 def test_cpu_only_stage_and_no_secret(tmp_path):

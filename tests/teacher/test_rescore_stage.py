@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from sdarflow import storage
@@ -44,7 +45,12 @@ def test_reference_library_is_used_and_reports_are_published(dataset, rescore, r
     assert m["rescore/retrieval_hit_rate"] == m["rescore/retrieval_match_rate"] == 1.0
     assert m["rescore/skill_uses/general"] == len(rows) and m["rescore/tokens_per_s"] > 0
     manifest = storage.read_manifest(out, "rescored")
-    assert [a["path"] for a in manifest["attachments"]] == ["report.html", "report.md"]
+    # under _attachments/: a Parquet reader of the folder (pyarrow, pandas) skips it and sees only the parts
+    assert [a["path"] for a in manifest["attachments"]] == [
+        "_attachments/report.html",
+        "_attachments/report.md",
+    ]
+    assert pq.read_table(out).num_rows == len(rows)
     page = storage.read_member(out, "report.html").decode()
     assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page and "cutting" in page
     assert "| cut |" in storage.read_member(out, "report.md").decode()

@@ -17,11 +17,13 @@ from sdarflow.storage.files import (
     write_json,
 )
 from sdarflow.storage.publish import (
+    ATTACHMENTS,
     GENERATION,
     MANIFEST,
     Target,
     fetch_dir,
     is_published,
+    member_entry,
     members,
     publish_dir,
     publishing,
@@ -34,6 +36,7 @@ from sdarflow.storage.publish import (
 )
 
 __all__ = [
+    "ATTACHMENTS",
     "GENERATION",
     "MANIFEST",
     "Location",
@@ -46,6 +49,7 @@ __all__ = [
     "inside",
     "is_published",
     "join",
+    "member_entry",
     "members",
     "publish_dir",
     "publishing",

@@ -44,6 +44,9 @@ from sdarflow.storage.files import (
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
+# A dataset's attachments (its reports) live here: Parquet readers of the folder (pyarrow, pandas, Spark) skip
+# paths that start with "_", so they see only the parts.
+ATTACHMENTS = "_attachments"
 
 
 def is_published(uri: str) -> bool:
@@ -244,7 +247,10 @@ def write_table(
         return target.manifest(
             kind,
             files,
-            attachments=[_write_file(target, rel, data) for rel, data in sorted((attachments or {}).items())],
+            attachments=[
+                _write_file(target, f"{ATTACHMENTS}/{rel}", data)
+                for rel, data in sorted((attachments or {}).items())
+            ],
             rows=table.num_rows,
             schema_fingerprint=fingerprint(schema),
             config_hash=config_hash,
@@ -336,16 +342,24 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     return target
 
 
+def member_entry(manifest: dict, name: str) -> dict | None:
+    """The manifest entry of the file ``name``: a listed file, or a dataset's attachment of that name."""
+    by_path = {e["path"]: e for e in members(manifest)}
+    return by_path.get(name) or by_path.get(f"{ATTACHMENTS}/{name}")
+
+
 def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
     """One file of a published artifact (a listed file or an attachment), verified against its manifest."""
     manifest = read_manifest(uri, kind)
-    entry = next((e for e in members(manifest) if e["path"] == name), None)
+    entry = member_entry(manifest, name)
     if entry is None:
         raise StorageError(
             f"'{resolve(uri).uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
         )
     loc = resolve(uri)
-    data = _read_location(loc, _member_location(loc, manifest, name, manifest.get("kind", "artifact")))
+    data = _read_location(
+        loc, _member_location(loc, manifest, entry["path"], manifest.get("kind", "artifact"))
+    )
     _verify(entry, data, loc.uri)
     return data
 
