@@ -31,9 +31,8 @@ from sdarflow.tracking import tracking_opt
 log = logging.getLogger(__name__)
 
 PROMOTE_TO = ("", "staging", "production")
-KL_FROM_ENV = (
-    -1.0
-)  # kl_coef: the train stage's env preset (a KFP parameter cannot be None, the stage's "unset")
+# kl_coef: the train stage's env preset (a KFP parameter cannot be None, which is the stage's "unset")
+KL_FROM_ENV = -1.0
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = (*RELEASE_STAGES, "latest")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -61,7 +60,7 @@ class PipelineConfig(StageConfig):
     policy_name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry")
     env: str = opt(
         "textworld-cooking",
-        "environment suite (`sdarflow envs list`): textworld-cooking, tool-use, search-qa",
+        "environment suite (`sdarflow envs list`): textworld-cooking, tool-use, tool-use-http, search-qa",
     )
     tasks: int = opt(8, "train tasks per round")
     group_size: int = opt(4, "GRPO group size G")

@@ -105,9 +105,8 @@ class Registry:
             intake.stage_version(adapter_dir, report, lineage, staged, base_report)
             number = claims.claim(layout, version, actor)
             card = staged / MODEL_CARD
-            card.unlink(
-                missing_ok=True
-            )  # a hard link to the adapter's own file (PEFT's template): never edit it
+            # staging hard-links the adapter's own README.md (PEFT's template): replace the link, never edit it
+            card.unlink(missing_ok=True)
             card.write_text(model_card(name, number, report, lineage, adapter_config, base_report, actor))
             storage.publish_dir(
                 staged,
@@ -176,9 +175,7 @@ class Registry:
         """The base model's eval report a version was registered with, or None (validated like its own)."""
         layout = self._layout(name)
         version = self.resolve(name, version_or_alias)
-        if BASE_EVAL_REPORT not in {
-            entry["path"] for entry in storage.members(self._manifest(layout, version))
-        }:
+        if storage.member_entry(self._manifest(layout, version), BASE_EVAL_REPORT) is None:
             return None
         report = self._read_verified_json(layout, version, BASE_EVAL_REPORT)
         return intake.validate_report(report, f"base eval report of {layout.name} v{version}")
@@ -294,8 +291,9 @@ class Registry:
         reason: str = "",
         actor: str | None = None,
     ) -> dict[str, Any]:
-        """Point ``stage`` at ``version``. Production is gated against the current production version unless
-        ``force`` (with a ``reason``, recorded in history and audit). Returns the audit event."""
+        """Point ``stage`` at ``version``. Production is gated (:mod:`sdarflow.registry.gate`) against the current
+        production version and the base model's report the version was registered with, unless ``force`` (with a
+        ``reason``, recorded in history and audit). A refusal is audited too. Returns the audit event."""
         layout = self._layout(name)
         validate_stage(stage)
         if force and not reason.strip():
