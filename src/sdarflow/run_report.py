@@ -22,7 +22,7 @@ from sdarflow import storage
 from sdarflow.evaluate.compare import difference
 from sdarflow.pipeline_config import run_uri, stage_uri
 from sdarflow.report import Report, Section, html, markdown, png
-from sdarflow.rollout.report import group_episodes, transcript, transcript_section
+from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
 
 REPORT_KIND = "run-report"
 
@@ -62,9 +62,10 @@ def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[
     def weighted(key: str) -> float:
         return sum(m.get(key, 0.0) * m["rollout/episodes"] for m in metrics) / n
 
+    table = storage.read_table(uris, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     episodes = group_episodes(
-        storage.read_table(uris, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
-    )
+        table.select(TRANSCRIPT_COLUMNS).to_pylist()
+    )  # not the token ids: a round's are large
     figures = {
         "episodes": int(n),
         "success": weighted("rollout/success"),

@@ -14,6 +14,11 @@ from typing import Any
 from sdarflow.report import Report, Section
 
 OBSERVATION_CHARS = 240  # of each turn's observation in a transcript
+# the columns transcripts and the per-episode figures read
+TRANSCRIPT_COLUMNS = (
+    "traj_id", "turn", "task_id", "task_type", "episode_return", "success", "format_ok", "response_text",
+    "prompt_messages",
+)  # fmt: skip
 
 # metric key -> what the overview calls it
 OVERVIEW = {
