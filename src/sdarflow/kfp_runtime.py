@@ -106,10 +106,15 @@ def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> 
     if metrics is not None:
         for key, value in sorted(result.get("metrics", {}).items()):
             metrics.log_metric(key.replace("/", "_"), float(value))
+    _write_reports(html, markdown, str(result["uri"]), stage)
+    return str(result["uri"])
+
+
+def _write_reports(html, markdown, uri: str, stage: str) -> None:
+    """The published report.html / report.md of ``uri`` into the UI's HTML / Markdown artifacts (each optional)."""
     for artifact, name in ((html, "report.html"), (markdown, "report.md")):
         if artifact is not None:
-            _write_report(artifact, str(result["uri"]), name, stage)
-    return str(result["uri"])
+            _write_report(artifact, uri, name, stage)
 
 
 def run_report_component(config_uri: str, rounds: int, shards: int, *, html=None, markdown=None) -> str:
@@ -119,9 +124,7 @@ def run_report_component(config_uri: str, rounds: int, shards: int, *, html=None
     setup_logging()
     pc = load(config_uri)
     uri = publish_run_report(pc.storage, pc.run_id, rounds, shards)
-    for artifact, name in ((html, "report.html"), (markdown, "report.md")):
-        if artifact is not None:
-            _write_report(artifact, uri, name, "run-report")
+    _write_reports(html, markdown, uri, "run-report")
     log.info("run report -> %s", uri)
     return uri
 

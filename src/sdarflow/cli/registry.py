@@ -67,14 +67,13 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from sdarflow import storage
     from sdarflow.errors import StorageError
 
     registry = _registry(args)
     names = registry.list_names()
     if not names:
         # a mistyped --registry must not look like an empty one: nothing there at all is an error
-        from sdarflow import storage
-
         if not storage.exists(registry.uri):
             raise StorageError(
                 f"registry '{registry.uri}' does not exist; fix: check --registry (the training pipeline's is "
@@ -115,14 +114,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from sdarflow.registry.gate import GatePolicy
+    from sdarflow.registry.gate import GATE_HELP, GatePolicy
 
-    policy = GatePolicy(
-        min_gain=args.min_gain,
-        passk_tolerance=args.passk_tolerance,
-        ood_tolerance=args.ood_tolerance,
-        floor=args.floor,
-    )
+    policy = GatePolicy(**{name: getattr(args, name) for name in GATE_HELP})  # the flags _add_promote made
     event = _registry(args).promote(
         args.name,
         args.version,
