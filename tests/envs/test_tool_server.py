@@ -102,3 +102,16 @@ def test_generate_plays_against_the_tool_server(server_url, tiny_model, tmp_path
     assert main(argv) == 0
     rows = storage.read_table(str(out), kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
     assert {r["env"] for r in rows} == {"tool-use-http"} and len({r["traj_id"] for r in rows}) == 4
+
+
+def test_the_server_command_refuses_a_bad_or_busy_port(server_url, capsys):
+    assert main(["envs", "tool-server", "--port", "99999"]) == 2
+    assert "--port 99999 is not a TCP port; fix: 0 to 65535" in capsys.readouterr().err
+    busy = server_url.rsplit(":", 1)[1]  # the module's server holds it
+    assert main(["envs", "tool-server", "--port", busy]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"cannot listen on 127.0.0.1:{busy}" in err
+        and "fix: pick another --port" in err
+        and err.count("\n") == 1
+    )

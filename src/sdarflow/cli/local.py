@@ -165,9 +165,17 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_tool_server(args: argparse.Namespace) -> int:
+    from sdarflow.envs import EnvError
     from sdarflow.envs.tool_server import ENDPOINT_ENV, make_server
 
-    server = make_server(args.host, args.port)
+    if not 0 <= args.port <= 65535:
+        raise EnvError(f"--port {args.port} is not a TCP port; fix: 0 to 65535 (0 = any free one)")
+    try:
+        server = make_server(args.host, args.port)
+    except OSError as err:  # in use, or an address this machine does not have
+        raise EnvError(
+            f"cannot listen on {args.host}:{args.port} ({err.strerror or err}); fix: pick another --port or --host"
+        ) from None
     host, port = server.server_address[:2]
     print(
         f"tool server on http://{host}:{port} (export {ENDPOINT_ENV}=http://{host}:{port}); Ctrl-C stops it"
