@@ -29,6 +29,13 @@ log = logging.getLogger(__name__)
 CELL_FILE = "cell.json"
 SETTINGS_FILE = "study_settings.json"  # the study pipeline's checked settings, read by its other tasks
 DEFAULT_METHODS = ("grpo", "sdar")
+# Training options a study row may add to its method, as in `grpo+scpo` or `sdar+scpo+filter`: the train settings
+# each stands for. A row is relative to plain grpo like every method.
+OPTIONS: dict[str, dict[str, str]] = {
+    "scpo": {"credit": "scpo"},
+    "progress": {"advantage": "progress"},
+    "filter": {"filter": "negative-value"},
+}
 DEFAULT_SEEDS = (0, 1, 2)
 BASE_CELL = "base"
 
@@ -45,9 +52,8 @@ class StudySettings:
     stage_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # on top of the preset's
 
     def validate(self) -> None:
-        unknown = sorted(set(self.methods) - set(METHODS))
-        if unknown:
-            raise ConfigError(f"study: unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+        for name in self.methods:
+            split_method(name)
         if "grpo" not in self.methods:
             raise ConfigError("study: methods must include grpo, the baseline every figure is relative to")
         if self.rounds < 1:
@@ -69,6 +75,24 @@ class StudySettings:
             raise ConfigError(
                 f"study: stage settings name unknown stage(s) {unknown}; valid: {', '.join(STAGES)}"
             )
+
+
+def split_method(name: str) -> tuple[str, dict[str, str]]:
+    """A study row's name -> (method, the train settings of its options): ``grpo+scpo`` -> ("grpo", {"credit":
+    "scpo"}); ConfigError for an unknown method or option."""
+    method, *options = name.split("+")
+    if method not in METHODS:
+        raise ConfigError(f"study: unknown method {method!r} in {name!r}; choose from {', '.join(METHODS)}")
+    unknown = [o for o in options if o not in OPTIONS]
+    if unknown or len(set(options)) != len(options):
+        raise ConfigError(
+            f"study: {name!r} names unknown or repeated option(s) {unknown or options}; options: "
+            f"{', '.join(OPTIONS)} (e.g. grpo+scpo)"
+        )
+    settings: dict[str, str] = {}
+    for o in options:
+        settings.update(OPTIONS[o])
+    return method, settings
 
 
 def cell_name(method: str, seed: int) -> str:
@@ -99,6 +123,8 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
 
     sizes = preset_sizes(s)
     settings = stage_settings(s)
+    method, options = split_method(method)
+    settings["train"] = {**settings.get("train", {}), **options}
     return PipelineConfig.from_dict(
         {
             **sizes,

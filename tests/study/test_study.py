@@ -98,3 +98,25 @@ def test_the_settings_key_covers_the_base_models_content_not_only_its_path(tiny_
         {k: v + 0.01 * torch.ones_like(v) for k, v in weights.items()}, str(model / "model.safetensors")
     )
     assert settings_key(settings) != before
+
+
+def test_an_option_row_trains_its_method_with_the_options_train_settings(tiny_model, tmp_path):
+    from sdarflow.pipeline_config import stage_config
+    from sdarflow.study import StudySettings, pipeline_config
+
+    s = StudySettings(
+        methods=["grpo", "sdar+scpo+filter"], seeds=[0], rounds=1, out=str(tmp_path), preset="smoke"
+    )
+    s.validate()
+    pc = pipeline_config(s, str(tiny_model), "sdar+scpo+filter", 0, str(tmp_path / "store"))
+    train = stage_config(pc, "train", 0, input=["x"], adapter="")
+    assert (train.method, train.credit, train.filter, train.advantage) == (
+        "sdar",
+        "scpo",
+        "negative-value",
+        "outcome",
+    )
+    plain = stage_config(
+        pipeline_config(s, str(tiny_model), "grpo", 0, str(tmp_path / "g")), "train", 0, input=["x"]
+    )
+    assert (plain.method, plain.credit, plain.filter) == ("grpo", "outcome", "none")

@@ -234,3 +234,60 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tiny_model, tmp
     for key in ("kind", "lr", "loss/total", "grad_norm"):
         assert [x[key] for x in got] == pytest.approx([x[key] for x in want], abs=1e-6)
     assert torch.equal(torch.tensor([x["epoch"] for x in got]), torch.tensor([x["epoch"] for x in want]))
+
+
+def test_credit_progress_and_filter_options_train_and_are_recorded(tiny_model, rescored, tmp_path):
+    out = str(tmp_path / "shaped")
+    args = ["--input", rescored, "--model", str(tiny_model), "--output", out, "--max-steps", "2"]
+    assert train_cli(*args, "--credit", "scpo", "--advantage", "progress", "--filter", "negative-value") == 0
+    summary = json.loads(storage.read_member(out, "train_summary.json"))
+    objective = summary["objective"]
+    assert (objective["credit"], objective["advantage"], objective["filter"]) == (
+        "scpo",
+        "progress",
+        "negative-value",
+    )
+    # every turn has its own random prompt, so a failed episode's turns are states only failures reached: the
+    # filter drops them (half of the rows), and SCPO finds no shared prefix to credit
+    assert summary["filter/dropped_share"] == pytest.approx(0.5)
+    assert summary["format_error_rates"] == [0.0] and summary["format/error_rate"] == 0.0
+
+
+def _with_format_errors(share: float) -> pa.Table:
+    table = rescored_table()
+    bad = int(share * table.num_rows)
+    flags = pa.array([i >= bad for i in range(table.num_rows)], type=pa.bool_())
+    return table.set_column(table.schema.get_field_index("format_ok"), "format_ok", flags)
+
+
+def test_format_guard_fails_a_round_whose_format_errors_spike(tiny_model, rescored, tmp_path, capsys, caplog):
+    first = str(tmp_path / "round0")
+    base = ["--model", str(tiny_model), "--max-steps", "1"]
+    assert train_cli("--input", rescored, *base, "--output", first) == 0  # a clean round: rate 0
+    spiked = str(tmp_path / "spiked")
+    storage.write_table(
+        _with_format_errors(0.5), spiked, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[]
+    )
+    args = ["--input", spiked, *base, "--adapter", first]
+    assert train_cli(*args, "--format-guard", "fail", "--output", str(tmp_path / "a")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "format collapse: 50.0% of this round's turns did not parse, against 0.0%" in err
+    assert "fix:" in err and len(err.splitlines()) == 1
+    assert not storage.is_published(str(tmp_path / "a"))
+    # the default warns and trains; the lineage keeps both rounds' rates
+    assert train_cli(*args, "--output", str(tmp_path / "b")) == 0
+    assert "format collapse: 50.0%" in caplog.text and "--format-guard warn: training on it" in caplog.text
+    summary = json.loads(storage.read_member(str(tmp_path / "b"), "train_summary.json"))
+    assert summary["format_error_rates"] == [0.0, 0.5] and summary["format/spike_baseline"] == 0.0
+
+
+def test_progress_advantage_without_reference_logprobs_fails_with_the_fix(tiny_model, tmp_path, capsys):
+    data = str(tmp_path / "no-ref")
+    table = rescored_table(n_groups=1)
+    none = pa.array([None] * table.num_rows, type=pa.list_(pa.float32()))
+    table = table.set_column(table.schema.get_field_index("ref_logprobs"), "ref_logprobs", none)
+    storage.write_table(table, data, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
+    args = ["--input", data, "--model", str(tiny_model), "--max-steps", "1", "--kl-coef", "0"]
+    assert train_cli(*args, "--advantage", "progress", "--output", str(tmp_path / "a")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--advantage progress needs reference log-probs" in err and len(err.splitlines()) == 1

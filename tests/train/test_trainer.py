@@ -3,6 +3,7 @@ micro-batching never changes the gradient; SFT steps interleave at the ratio."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,7 @@ from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
 from sdarflow.train.engine import TorchEngine
-from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
+from sdarflow.train.samples import advantage_stats, make_samples, negative_value_rows, row_advantages
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import (
@@ -84,6 +85,45 @@ def test_row_advantages_by_hand():
     std_e = (2 * 0.55**2) ** 0.5
     per_episode = [(x - 0.45) / (std_e + 1e-6) for x in a] + [0.5 / (1 + 1e-6)] * 2
     assert row_advantages(rows, penalty=0.1, per_episode=True) == pytest.approx(per_episode, rel=1e-5)
+
+
+def _two_episodes() -> list[dict]:
+    """Group a: S succeeds in 2 turns; F fails in 2, its first turn identical to S's, its second not."""
+    turn = {"group_id": "a", "format_ok": True}
+    return [
+        {**turn, "traj_id": "S", "turn": 0, "success": True, "episode_return": 1.0,
+         "prompt_token_ids": [1, 2], "response_token_ids": [7]},
+        {**turn, "traj_id": "S", "turn": 1, "success": True, "episode_return": 1.0,
+         "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [8]},
+        {**turn, "traj_id": "F", "turn": 0, "success": False, "episode_return": 0.0,
+         "prompt_token_ids": [1, 2], "response_token_ids": [7]},
+        {**turn, "traj_id": "F", "turn": 1, "success": False, "episode_return": 0.0,
+         "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [9]},
+    ]  # fmt: skip
+
+
+def test_scpo_row_advantages_by_hand():
+    # scores 1, 1, 0, 0: mean 0.5, unbiased std sqrt(1/3), so A = +-0.5 / (sqrt(1/3) + 1e-6)
+    a = 0.5 / (3**-0.5 + 1e-6)
+    rows = _two_episodes()
+    assert row_advantages(rows) == pytest.approx([a, a, -a, -a], rel=1e-6)
+    # F's first turn is S's: S's credit; its second (the divergent one) keeps the failure's
+    assert row_advantages(rows, credit="scpo") == pytest.approx([a, a, a, -a], rel=1e-6)
+    rows[2]["response_token_ids"] = [6]  # the first turns differ now: no shared prefix
+    assert row_advantages(rows, credit="scpo") == pytest.approx([a, a, -a, -a], rel=1e-6)
+
+
+def test_negative_value_filter_drops_the_turns_after_a_divergence_that_failed():
+    # states: turn 0 [1, 2] shared (value (1 + 0) / 2 - 0.5 = 0); turn 1 [1, 2, 7, 3] is also shared (the
+    # same action led there), value 0: nothing dropped
+    assert negative_value_rows(_two_episodes()) == [False] * 4
+    rows = _two_episodes()
+    rows[3]["prompt_token_ids"] = [1, 2, 7, 4]  # F saw another observation: its own state, value 0 - 0.5
+    assert negative_value_rows(rows) == [False, False, False, True]
+    for r in rows:
+        r.update(old_logprobs=[-1.0], teacher_logprobs=[-1.0])
+    kept = make_samples(rows, dropped=negative_value_rows(rows))
+    assert [s.response for s in kept] == [[7], [8], [7]]
 
 
 def test_advantage_stats_by_hand():
@@ -226,3 +266,23 @@ def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
     want = {n: -0.01 * g for n, g in _grads(model).items()}
     assert max(float(want[n].abs().max()) for n in want) > 0
     assert max(float((got[n] - want[n]).abs().max()) for n in got) < 1e-7
+
+
+def test_progress_term_adds_coef_times_the_log_ratio_to_every_tokens_advantage(tiny_model):
+    model, pad = lora_model(tiny_model)
+    samples = make_samples(rescored_rows())
+    batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch, with_entropy=True)
+    width = logp.shape[1]
+    for i, s in enumerate(samples):  # old = the model's own log-probs: ratio 1, no clipping
+        s.old_logprobs = logp[i, width - len(s.response) :].tolist()
+        s.ref_logprobs = [x - 0.2 - 0.1 * (i % 2) for x in s.old_logprobs]  # old - ref = 0.2 or 0.3
+    hp = RLHyper(method="grpo", entropy_coef=0.0)
+    _, plain = micro_step(model, samples, hp, pad)
+    _, shaped = micro_step(model, samples, dataclasses.replace(hp, progress_coef=0.5), pad)
+    # grpo at ratio 1: loss/pg = -token-mean(A); the term adds 0.5 * (0.2 or 0.3) to A on each token
+    n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (0, 1)]
+    bonus = 0.5 * (0.2 * n[0] + 0.3 * n[1]) / sum(n)
+    assert shaped["loss/pg"] == pytest.approx(plain["loss/pg"] - bonus, rel=1e-4, abs=1e-6)
+    assert "actor/kl_loss" not in shaped  # the reference feeds the term, not a KL loss (kl_coef 0)

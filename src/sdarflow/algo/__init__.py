@@ -14,6 +14,12 @@ from sdarflow.algo.advantages import (
     rlsd_weights,
 )
 from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
+from sdarflow.algo.credit import (
+    progress_advantages,
+    scpo_advantages,
+    state_values,
+    turn_progress,
+)
 from sdarflow.algo.logprobs import (
     entropy_from_logits,
     linear_entropy,
@@ -53,13 +59,17 @@ __all__ = [
     "masked_mean_value",
     "method_loss",
     "penalized_scores",
+    "progress_advantages",
     "ppo_clip_loss",
     "register_method",
     "rlsd_advantages",
     "rlsd_lambda",
     "rlsd_weights",
     "sdar_gate",
+    "scpo_advantages",
     "sdar_loss",
     "skill_sd_loss",
+    "state_values",
     "token_logprobs",
+    "turn_progress",
 ]

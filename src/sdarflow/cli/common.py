@@ -54,13 +54,15 @@ def pairs(values: list[str] | None, flag: str) -> dict[str, str]:
 
 def study_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """--methods and --seeds, shared by ``sdarflow study`` and ``pipeline compile --pipeline study``."""
-    from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
+    from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS, OPTIONS
 
     p.add_argument(
         "--methods",
         nargs="+",
         default=list(DEFAULT_METHODS),
-        help=f"{prefix}must include grpo (the baseline)",
+        metavar="METHOD[+OPTION...]",
+        help=f"{prefix}must include grpo (the baseline); +OPTION adds a training option ({', '.join(OPTIONS)}), "
+        f"e.g. grpo+scpo",
     )
     p.add_argument(
         "--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), help=f"{prefix}seeds per method"

@@ -31,11 +31,14 @@ from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 from sdarflow.train import presets
-from sdarflow.train.checkpoint import Checkpoints
+from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
+from sdarflow.train.format_guard import GUARDS
+from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
-from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
+from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping
+from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, make_samples
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import RLHyper, TrainData, train
@@ -121,6 +124,29 @@ class TrainConfig(StageConfig):
     )
     skill_sd_coef: float = opt(
         HYPER.skill_sd_coef, "Skill-SD: weight of the self-distillation loss; reference 0.001", ge=0
+    )
+    credit: str = opt(
+        "outcome",
+        "turn credit: outcome (GRPO, every turn its episode's advantage) or scpo (a failed episode's turns shared "
+        "with a successful sibling take the sibling's advantage)",
+        choices=CREDITS,
+    )
+    advantage: str = opt(
+        "outcome",
+        "outcome (GRPO) or progress: + progress_coef * (old - reference log-prob) per token (needs ref_logprobs)",
+        choices=ADVANTAGES,
+    )
+    progress_coef: float = opt(0.1, "weight of the progress term (with --advantage progress)", ge=0)
+    filter: str = opt(
+        "none",
+        "negative-value: drop turns whose state's Monte-Carlo value in the group is below the group's mean",
+        choices=FILTERS,
+    )
+    format_guard: str = opt(
+        "warn",
+        "format-collapse guard: the round's format-error rate against its lineage's (a spike: warn, or fail the "
+        "round); off = not checked",
+        choices=GUARDS,
     )
     agg: str = opt(HYPER.agg, "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
@@ -246,52 +272,25 @@ def run(cfg: TrainConfig) -> dict:
         return _train(cfg)
 
 
-def resolve_objective(cfg: TrainConfig, rows: list[dict]) -> tuple[TrainConfig, int]:
-    """(cfg with --preset's KL and penalty filled in, RL step) for an RL run; the SFT mode uses neither.
-
-    The RL step is the reference's ``global_steps`` (1 for the first update): round r trains at step r + 1, so
-    RLSD's weight decays across a pipeline's rounds as it does across the reference's iterations.
-    """
-    if cfg.mode != "rl":
-        return dataclasses.replace(cfg, kl_coef=0.0, invalid_action_penalty=0.0), 0
-    preset = presets.PRESETS[presets.resolve(cfg.preset, {r["env"] for r in rows})]
-    kl_coef = preset.kl_coef if cfg.kl_coef is None else cfg.kl_coef
-    if kl_coef != 0:
-        missing = sum(r["ref_logprobs"] is None for r in rows if r["response_token_ids"])
-        if missing:
-            raise ConfigError(
-                f"train: kl_coef = {kl_coef} needs reference log-probs, but {missing} rescored row(s) have none "
-                f"(rescored with --no-ref-logprobs); fix: rescore with --ref-logprobs or pass --kl-coef 0"
-            )
-    penalty = (
-        preset.invalid_action_penalty if cfg.invalid_action_penalty is None else cfg.invalid_action_penalty
-    )
-    rl_step = max((int(r["round"]) for r in rows), default=0) + 1
-    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), rl_step
-
-
 def _train(cfg: TrainConfig) -> dict:
     rows = read_rows(cfg)
     cfg, rl_step = resolve_objective(cfg, rows)
-    advantages = (
-        row_advantages(rows, cfg.norm_by_std, cfg.invalid_action_penalty, cfg.adv_stats == "episode")
-        if cfg.mode == "rl"
-        else []
-    )
+    shaping = rl_shaping(cfg, rows) if cfg.mode == "rl" else None
     torch.manual_seed(cfg.seed)  # LoRA initialization
     policy, model = build_model(cfg)
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
     data = TrainData(
-        make_samples(rows, advantages) if cfg.mode == "rl" else [],
+        make_samples(rows, shaping.advantages, shaping.dropped) if shaping else [],
         sft_pairs_from_rows(rows),
         policy.tokenizer.pad_token_id,
     )
     hyper_fields = {f.name for f in dataclasses.fields(RLHyper)}
     hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields}, rl_step=rl_step)
+    hp.progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
-    state, save_checkpoint = _checkpointing(cfg, engine, hp, data, schedule)
+    state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule)
     resumed_from = state.step if state else 0
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
@@ -311,48 +310,19 @@ def _train(cfg: TrainConfig) -> dict:
             on_checkpoint=save_checkpoint,
         )
         summary = run_summary(state.history)
-        if cfg.mode == "rl":
-            summary.update(advantage_stats(rows, advantages))
+        if shaping:
+            summary.update(shaping.metrics)
         objective = objective_record(cfg, rl_step)
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()
             if engine.rank == 0:
-                _publish(cfg, policy, model, masters, out, state.history, summary, objective)
+                lineage = {FORMAT_RATES: shaping.format_rates} if shaping else {}
+                record = {**summary, "objective": objective, **lineage}
+                _publish(cfg, policy, model, masters, out, state.history, summary, record)
         engine.barrier()
     label = "sft" if cfg.mode == "sft" else cfg.method
     log.info("train: %s, %d steps (resumed at %d) -> %s", label, state.step, resumed_from, cfg.output)
     return {"uri": cfg.output, "steps": state.step, "resumed_from_step": resumed_from, "metrics": summary}
-
-
-def _checkpointing(cfg: TrainConfig, engine, hp: RLHyper, data: TrainData, schedule: WarmupConstant):
-    """(state restored from --checkpoint-dir or None, the on_checkpoint callback or None without a folder)."""
-    if not cfg.checkpoint_dir:
-        return None, None
-    checkpoints = Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
-
-    def save(state) -> None:
-        rl_batches, sft_batches = (
-            min(hp.mini_batches, len(data.samples)),
-            min(hp.mini_batches, len(data.sft_pairs)),
-        )
-        meta = {
-            "cursor": state.cursor(rl_batches, sft_batches),
-            "schedule": schedule.state_dict(),
-            "config_hash": cfg.config_hash(),
-        }
-        checkpoints.save(engine, state, meta)
-
-    return checkpoints.restore(engine), save
-
-
-def objective_record(cfg: TrainConfig, rl_step: int) -> dict:
-    """The objective's settings as the run used them (preset resolved), for train_summary.json."""
-    keys = (
-        "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
-        "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
-        "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode",
-    )  # fmt: skip
-    return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}
 
 
 def _publish(
@@ -363,7 +333,7 @@ def _publish(
     out: Path,
     history: list[dict],
     summary: dict,
-    objective: dict,
+    record: dict,
 ) -> None:
     from sdarflow.models.identity import BASE_FILE, base_fingerprint
     from sdarflow.train.report import write_reports
@@ -375,7 +345,6 @@ def _publish(
         policy.tokenizer.save_pretrained(out)  # a full model folder is usable as --model on its own
     else:
         (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(cfg.model)}))
-    record = {**summary, "objective": objective}
     (out / "train_summary.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     label = "sft warm start" if cfg.mode == "sft" else cfg.method
     write_reports(out, history, summary, f"train: {label}, {len(history)} steps")

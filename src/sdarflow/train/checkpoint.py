@@ -278,3 +278,25 @@ def _mismatches(folder: Path, sums: object):
             yield rel, "is missing"
         elif _sha256(path) != expected:
             yield rel, "does not match its sha256"
+
+
+def checkpointing(cfg, engine: TrainEngine, hp, data, schedule):
+    """(state restored from the train config's ``checkpoint_dir`` or None, the trainer's on_checkpoint callback or
+    None without a folder); ``hp``, ``data`` and ``schedule`` are the run's, for the saved cursor."""
+    if not cfg.checkpoint_dir:
+        return None, None
+    checkpoints = Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
+
+    def save(state) -> None:
+        rl_batches, sft_batches = (
+            min(hp.mini_batches, len(data.samples)),
+            min(hp.mini_batches, len(data.sft_pairs)),
+        )
+        meta = {
+            "cursor": state.cursor(rl_batches, sft_batches),
+            "schedule": schedule.state_dict(),
+            "config_hash": cfg.config_hash(),
+        }
+        checkpoints.save(engine, state, meta)
+
+    return checkpoints.restore(engine), save

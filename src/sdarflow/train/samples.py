@@ -1,5 +1,6 @@
-"""Rescored turn rows -> RL training samples: each row's GRPO advantage (as verl-agent computes it) and the
-sample the trainer takes (prompt, response, old/teacher/reference log-probs, advantage)."""
+"""Rescored turn rows -> RL training samples: each row's GRPO advantage (as verl-agent computes it), optionally
+re-credited (SCPO) or filtered (negative state value), and the sample the trainer takes (prompt, response,
+old/teacher/reference log-probs, advantage)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sdarflow.algo import grpo_advantages, penalized_scores
+from sdarflow.algo import grpo_advantages, penalized_scores, scpo_advantages, state_values
+
+CREDITS = ("outcome", "scpo")
+ADVANTAGES = ("outcome", "progress")
+FILTERS = ("none", "negative-value")
 
 
 @dataclass
@@ -20,20 +25,49 @@ class RLSample:
     ref_logprobs: list[float] | None = None
 
 
-def row_advantages(
-    rows: list[dict], norm_by_std: bool = True, penalty: float = 0.0, per_episode: bool = False
-) -> list[float]:
-    """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
-    ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
-    score each, with ``per_episode``)."""
-    scores = penalized_scores(
+def _scores(rows: list[dict], penalty: float) -> torch.Tensor:
+    return penalized_scores(
         torch.tensor([float(r["episode_return"]) for r in rows], dtype=torch.float32),
         torch.tensor([bool(r["format_ok"]) for r in rows]),
         penalty,
     )
+
+
+def _turn_key(r: dict) -> tuple:
+    # In a group (one task) an equal prompt at a turn means an equal history; with the action, the same turn.
+    return (tuple(r["prompt_token_ids"]), tuple(r["response_token_ids"]))
+
+
+def row_advantages(
+    rows: list[dict],
+    norm_by_std: bool = True,
+    penalty: float = 0.0,
+    per_episode: bool = False,
+    credit: str = "outcome",
+) -> list[float]:
+    """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
+    ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
+    score each, with ``per_episode``). ``credit="scpo"``: a failed episode's turns shared with a successful
+    sibling take that sibling's advantage (:func:`sdarflow.algo.scpo_advantages`)."""
     groups = [r["group_id"] for r in rows]
-    trajs = [r["traj_id"] for r in rows] if per_episode else None
-    return grpo_advantages(scores, groups, norm_by_std=norm_by_std, traj_ids=trajs).tolist()
+    trajs = [r["traj_id"] for r in rows]
+    adv = grpo_advantages(
+        _scores(rows, penalty), groups, norm_by_std=norm_by_std, traj_ids=trajs if per_episode else None
+    )
+    if credit == "scpo":
+        turns = [int(r["turn"]) for r in rows]
+        success = [bool(r["success"]) for r in rows]
+        adv = scpo_advantages(adv, groups, trajs, turns, [_turn_key(r) for r in rows], success)
+    return adv.tolist()
+
+
+def negative_value_rows(rows: list[dict], penalty: float = 0.0) -> list[bool]:
+    """Which rows the negative-value filter drops: those whose state (the turn's prompt, in its group) has a
+    negative Monte-Carlo value relative to the group (:func:`sdarflow.algo.state_values`): turns taken after the
+    episode already went wrong, whose negative advantage blames them for an earlier turn's mistake."""
+    keys = [(int(r["turn"]), tuple(r["prompt_token_ids"])) for r in rows]
+    values = state_values(_scores(rows, penalty).double(), [r["group_id"] for r in rows], keys)
+    return (values < -1e-9).tolist()
 
 
 def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, float]:
@@ -51,12 +85,15 @@ def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, floa
     }
 
 
-def make_samples(rows: list[dict], advantages: list[float] | None = None) -> list[RLSample]:
+def make_samples(
+    rows: list[dict], advantages: list[float] | None = None, dropped: list[bool] | None = None
+) -> list[RLSample]:
     """Training samples from rescored rows with their :func:`row_advantages` (default settings when None).
 
     Advantages use every row (a turn without a response still counts in its group's statistics, as in the
-    reference), but only rows with a response train."""
+    reference), but only rows with a response train, and none that ``dropped`` marks."""
     adv = row_advantages(rows) if advantages is None else advantages
+    drop = dropped or [False] * len(rows)
     return [
         RLSample(
             r["prompt_token_ids"],
@@ -66,6 +103,6 @@ def make_samples(rows: list[dict], advantages: list[float] | None = None) -> lis
             a,
             r.get("ref_logprobs"),
         )
-        for r, a in zip(rows, adv, strict=True)
-        if r["response_token_ids"]
+        for r, a, d in zip(rows, adv, drop, strict=True)
+        if r["response_token_ids"] and not d
     ]

@@ -25,6 +25,7 @@ from sdarflow.algo import (
     broadcast_advantages,
     masked_mean_value,
     method_loss,
+    progress_advantages,
     sdar_gate,
 )
 from sdarflow.errors import SdarflowError
@@ -79,6 +80,8 @@ class RLHyper:
     # The RL round being trained, 1-based (the reference's global step): RLSD's decay reads it.
     rl_step: int = 1
     skill_sd_coef: float = 0.001
+    # Progress advantage: coef * (old - ref log-prob) added per token to the outcome advantage; 0 = off.
+    progress_coef: float = 0.0
     agg: str = "token-mean"
     epochs: int = 1
     mini_batches: int = 4
@@ -112,9 +115,11 @@ def micro_step(
     old = _pad_right_aligned([s.old_logprobs for s in samples], width).to(device)
     teacher = _pad_right_aligned([s.teacher_logprobs for s in samples], width).to(device)
     ref = None
-    if hp.kl_coef != 0:  # make_samples' caller checked that every sample has reference log-probs
+    if hp.kl_coef != 0 or hp.progress_coef != 0:  # the stage checked that every sample has them
         ref = _pad_right_aligned([s.ref_logprobs for s in samples], width).to(device)
     adv = broadcast_advantages(torch.tensor([s.advantage for s in samples], device=device), batch.mask)
+    if hp.progress_coef != 0:
+        adv = progress_advantages(adv, old, ref, batch.mask, hp.progress_coef)
     loss, metrics = method_loss(
         hp.method,
         logprobs=logp,
@@ -132,7 +137,7 @@ def micro_step(
         rlsd_warmdown_steps=hp.rlsd_warmdown_steps,
         step=hp.rl_step,
         skill_sd_coef=hp.skill_sd_coef,
-        ref_logprobs=ref,
+        ref_logprobs=ref if hp.kl_coef != 0 else None,
         kl_coef=hp.kl_coef,
         kl_kind=hp.kl_kind,
         agg=hp.agg,

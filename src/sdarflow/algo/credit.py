@@ -1,0 +1,121 @@
+"""Step-level credit on top of GRPO's outcome advantage: SCPO's sibling credit, the progress term, and the
+per-state value estimate that FORCE-style filtering drops rollouts by.
+
+GRPO gives every turn of an episode the episode's advantage, so a failed rollout's first turns, identical to a
+successful sibling's, are pushed down while the sibling's same turns are pushed up. The functions here correct
+that from what the group already holds (no critic): SCPO (arXiv:2606.25852) hands the shared turns the
+successful sibling's credit; the state value compares the rollouts that reached the same state. Turn and state
+identity is given by hashable keys the caller builds (sdarflow uses a turn's prompt and response token ids: in a
+group, one task, equal prompts at a turn mean equal histories). Everything here carries no gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from sdarflow.algo.advantages import Ids, _codes
+
+
+def scpo_advantages(
+    advantages: Tensor,
+    group_ids: Ids,
+    traj_ids: Ids,
+    turns: Sequence[int],
+    turn_keys: Sequence[Hashable],
+    success: Sequence[bool],
+) -> Tensor:
+    """SCPO credit: a failed rollout's turns shared with a successful sibling take the sibling's advantage.
+
+    For each failed episode f of a group, ``k_s`` is the number of leading turns (0, 1, ...) whose keys equal
+    successful sibling s's turns, and s* the sibling with the largest ``k_s`` (first in row order on a tie). Then
+    ``A'_{f,t} = A_{s*,t}`` for ``t < k_{s*}`` and ``A'_{f,t} = A_{f,t}`` from the first divergent turn on.
+    Successful episodes, and failed ones with no successful sibling or none sharing their first turn, keep
+    their advantages.
+
+    Args:
+        advantages: (N,) per-row advantages (GRPO's), detached.
+        group_ids, traj_ids: (N,) group and episode of each row.
+        turns: (N,) turn index of each row within its episode.
+        turn_keys: (N,) identity of a turn (equal keys = the same prompt and the same action).
+        success: (N,) whether the row's episode succeeded.
+    Returns:
+        (N,) the credited advantages.
+    """
+    n = advantages.shape[0]
+    groups = _codes(group_ids, n, "group_ids")
+    trajs = _codes(traj_ids, n, "traj_ids")
+    for name, values in (("turns", turns), ("turn_keys", turn_keys), ("success", success)):
+        _codes(values, n, name)
+    episodes: dict[tuple, dict[int, int]] = {}  # (group, traj) -> turn -> row
+    for i, (g, tr, t) in enumerate(zip(groups, trajs, turns, strict=True)):
+        episodes.setdefault((g, tr), {})[int(t)] = i
+    a = advantages.detach()
+    out = a.clone()
+    for (g, _), f_rows in episodes.items():
+        if success[next(iter(f_rows.values()))]:
+            continue
+        best, best_len = None, 0
+        for (g2, _), s_rows in episodes.items():
+            if g2 != g or not success[next(iter(s_rows.values()))]:
+                continue
+            k = _shared_prefix(f_rows, s_rows, turn_keys)
+            if k > best_len:
+                best, best_len = s_rows, k
+        for t in range(best_len):
+            out[f_rows[t]] = a[best[t]]
+    return out
+
+
+def _shared_prefix(a: dict[int, int], b: dict[int, int], keys: Sequence[Hashable]) -> int:
+    """Leading turns 0, 1, ... present in both episodes with equal keys."""
+    k = 0
+    while k in a and k in b and keys[a[k]] == keys[b[k]]:
+        k += 1
+    return k
+
+
+def progress_advantages(
+    advantages: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, coef: float
+) -> Tensor:
+    """Outcome advantage plus the progress term: ``A'_t = A_t + coef * (log pi(y_t) - log pi_ref(y_t))``.
+
+    The log-ratio to the reference policy (the base model) says how far training has already moved each token;
+    as a step-level term it separates the tokens of one turn that GRPO weighs alike. All (B, T); the log-probs
+    are constants (sdarflow passes the rollout-time ones); 0 on masked tokens (``where``: padded log-probs may be
+    -inf).
+    """
+    a = advantages.detach() + coef * (logprobs.detach() - ref_logprobs.detach())
+    return torch.where(mask.bool(), a, torch.zeros_like(a))
+
+
+def turn_progress(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-turn progress, the turn's log-likelihood ratio ``sum_t m_t (log pi(y_t) - log pi_ref(y_t))``:
+    (B, T) -> (B,). Exported with the rescored rows, so a failure can be traced to the turns that moved most."""
+    diff = torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))
+    return diff.sum(dim=-1)
+
+
+def state_values(scores: Tensor, group_ids: Ids, state_keys: Sequence[Hashable]) -> Tensor:
+    """Monte-Carlo value of each row's state relative to its group: ``V(s_i) - mean_g``.
+
+    ``V(s_i)`` is the mean score of the group's rows with the same state key (the rollouts that reached that
+    state), ``mean_g`` the mean score of the group's rows. Negative: from this state the group did worse than
+    from the start. (N,) -> (N,).
+    """
+    n = scores.shape[0]
+    groups = _codes(group_ids, n, "group_ids")
+    _codes(state_keys, n, "state_keys")
+    s = scores.detach().to(torch.float64)
+    by_state: dict[tuple, list[int]] = {}
+    by_group: dict[Hashable, list[int]] = {}
+    for i, (g, key) in enumerate(zip(groups, state_keys, strict=True)):
+        by_state.setdefault((g, key), []).append(i)
+        by_group.setdefault(g, []).append(i)
+    group_mean = {g: float(s[rows].mean()) for g, rows in by_group.items()}
+    out = torch.empty(n, dtype=torch.float64)
+    for (g, _), rows in by_state.items():
+        out[rows] = float(s[rows].mean()) - group_mean[g]
+    return out.to(scores.dtype)

@@ -1,0 +1,77 @@
+"""What an RL round trains with, from the train config and its rows: the preset's KL and penalty resolved, each
+row's advantage with the chosen credit and filter, the format-collapse check, and the record of it all that
+``train_summary.json`` keeps. The SFT mode uses none of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from sdarflow.errors import ConfigError
+from sdarflow.train import presets
+from sdarflow.train.format_guard import check_round
+from sdarflow.train.samples import advantage_stats, negative_value_rows, row_advantages
+
+
+@dataclass
+class Shaping:
+    advantages: list[float]  # per row
+    dropped: list[bool]  # per row: left out of the update by the filter
+    format_rates: list[float]  # this lineage's format-error rate per round, this round's last
+    metrics: dict[str, float]
+
+
+def resolve_objective(cfg, rows: list[dict]):
+    """(cfg with --preset's KL and penalty filled in, RL step) for an RL run; the SFT mode uses neither.
+
+    The RL step is the reference's ``global_steps`` (1 for the first update): round r trains at step r + 1, so
+    RLSD's weight decays across a pipeline's rounds as it does across the reference's iterations.
+    """
+    if cfg.mode != "rl":
+        return dataclasses.replace(cfg, kl_coef=0.0, invalid_action_penalty=0.0), 0
+    preset = presets.PRESETS[presets.resolve(cfg.preset, {r["env"] for r in rows})]
+    kl_coef = preset.kl_coef if cfg.kl_coef is None else cfg.kl_coef
+    needs_ref = [f"kl_coef = {kl_coef}"] if kl_coef != 0 else []
+    needs_ref += ["--advantage progress"] if cfg.advantage == "progress" else []
+    missing = sum(r["ref_logprobs"] is None for r in rows if r["response_token_ids"])
+    if needs_ref and missing:
+        raise ConfigError(
+            f"train: {' and '.join(needs_ref)} need{'s' if len(needs_ref) == 1 else ''} reference log-probs, but "
+            f"{missing} rescored row(s) have "
+            f"none (rescored with --no-ref-logprobs); fix: rescore with --ref-logprobs, or pass --kl-coef 0 and "
+            f"--advantage outcome"
+        )
+    penalty = (
+        preset.invalid_action_penalty if cfg.invalid_action_penalty is None else cfg.invalid_action_penalty
+    )
+    rl_step = max((int(r["round"]) for r in rows), default=0) + 1
+    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), rl_step
+
+
+def rl_shaping(cfg, rows: list[dict]) -> Shaping:
+    """The round's advantages and dropped rows (cfg resolved by :func:`resolve_objective`); raises
+    :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``."""
+    rates, metrics = check_round(rows, cfg.adapter, cfg.format_guard)
+    penalty = cfg.invalid_action_penalty
+    advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit)
+    dropped = negative_value_rows(rows, penalty) if cfg.filter == "negative-value" else [False] * len(rows)
+    metrics.update(advantage_stats(rows, advantages))
+    if cfg.filter != "none":
+        metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
+    if all(d or not r["response_token_ids"] for r, d in zip(rows, dropped, strict=True)):
+        raise ConfigError(
+            f"train: --filter {cfg.filter} dropped every row of this round ({len(rows)}); fix: pass --filter "
+            f"none for it, or generate more rollouts per task (a larger group shares more states)"
+        )
+    return Shaping(advantages, dropped, rates, metrics)
+
+
+def objective_record(cfg, rl_step: int) -> dict:
+    """The objective's settings as the run used them (preset resolved), for train_summary.json."""
+    keys = (
+        "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
+        "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
+        "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode", "credit", "advantage", "progress_coef", "filter",
+        "format_guard",
+    )  # fmt: skip
+    return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}

@@ -1,0 +1,95 @@
+"""Step-level credit, against hand-computed values: SCPO's sibling credit on a hand-made group, the progress term
+from given log-probs, per-turn progress, and the per-state value the negative-value filter reads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sdarflow.algo import progress_advantages, scpo_advantages, state_values, turn_progress
+
+
+def _episodes(spec):
+    """Rows (group, traj, turn, key, success, advantage) from {(group, traj): (success, [(key, adv), ...])}."""
+    rows = []
+    for (group, traj), (won, turns) in spec.items():
+        for t, (key, adv) in enumerate(turns):
+            rows.append((group, traj, t, key, won, adv))
+    return rows
+
+
+def _scpo(rows):
+    g, tr, t, k, s, a = zip(*rows, strict=True)
+    return scpo_advantages(torch.tensor(a, dtype=torch.float64), list(g), list(tr), list(t), list(k), list(s))
+
+
+def test_scpo_gives_the_shared_turns_the_closest_successful_siblings_credit():
+    rows = _episodes(
+        {
+            ("g", "S1"): (True, [("a", 0.9), ("b", 1.1), ("c", 1.0)]),
+            ("g", "S2"): (True, [("a", 0.7), ("q", 0.8)]),
+            # shares a, b with S1 (2 turns) and a with S2 (1): S1's credit on turns 0-1, its own from turn 2
+            ("g", "F1"): (False, [("a", -0.5), ("b", -0.5), ("x", -0.5), ("y", -0.5)]),
+            # shares a, q with S2: S2's credit on turns 0-1
+            ("g", "F2"): (False, [("a", -0.6), ("q", -0.6), ("r", -0.6)]),
+            # diverges at turn 0: keeps its own advantages
+            ("g", "F3"): (False, [("z", -0.4), ("b", -0.4)]),
+            # a tie (1 turn with S1 and with S2): the first sibling in row order, S1
+            ("g", "F4"): (False, [("a", -0.3), ("w", -0.3)]),
+            # the same turns as S1, but in another group, which has no successful episode: unchanged
+            ("h", "F5"): (False, [("a", -0.2), ("b", -0.2), ("c", -0.2)]),
+        }
+    )
+    expected = [0.9, 1.1, 1.0, 0.7, 0.8] + [0.9, 1.1, -0.5, -0.5] + [0.7, 0.8, -0.6] + [-0.4, -0.4]
+    expected += [0.9, -0.3] + [-0.2, -0.2, -0.2]
+    assert _scpo(rows).tolist() == pytest.approx(expected)
+    # row order does not matter, only which sibling comes first among the successes
+    order = [5, 0, 13, 1, 9, 2, 15, 3, 10, 4, 6, 14, 7, 11, 8, 12, 16, 17, 18]
+    shuffled = _scpo([rows[i] for i in order])
+    assert shuffled.tolist() == pytest.approx([expected[i] for i in order])
+
+
+def test_scpo_matches_turns_by_position_from_the_first():
+    # the failure repeats S's second turn as its first: no shared prefix, so no credit
+    rows = _episodes({("g", "S"): (True, [("a", 1.0), ("b", 1.0)]), ("g", "F"): (False, [("b", -1.0)])})
+    assert _scpo(rows).tolist() == [1.0, 1.0, -1.0]
+
+
+def test_scpo_checks_lengths_and_carries_no_gradient():
+    adv = torch.tensor([1.0, -1.0], requires_grad=True)
+    out = scpo_advantages(adv, ["g", "g"], ["s", "f"], [0, 0], ["a", "a"], [True, False])
+    assert out.tolist() == [1.0, 1.0] and not out.requires_grad
+    with pytest.raises(ValueError, match="turn_keys must be"):
+        scpo_advantages(adv, ["g", "g"], ["s", "f"], [0, 0], ["a"], [True, False])
+
+
+def test_progress_advantage_by_hand():
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-0.5, -0.5, -0.5]])
+    logp = torch.tensor([[-1.0, -2.0, -math.inf], [-0.1, -3.0, -0.2]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -math.inf], [-0.1, -2.0, -0.7]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    out = progress_advantages(adv, logp, ref, mask, coef=0.1)
+    # 1 + 0.1 * 0.5, 1 + 0.1 * (-1), masked 0 (no NaN from -inf - -inf); -0.5 + 0.1 * (0, -1, 0.5)
+    torch.testing.assert_close(out, torch.tensor([[1.05, 0.9, 0.0], [-0.5, -0.6, -0.45]]))
+    assert not out.requires_grad
+    torch.testing.assert_close(progress_advantages(adv, logp, ref, mask, coef=0.0), adv * mask)
+
+
+def test_turn_progress_is_the_turns_log_likelihood_ratio():
+    logp = torch.tensor([[-1.0, -2.0, -math.inf], [-0.1, -3.0, -0.2]])
+    ref = torch.tensor([[-1.5, -1.0, -math.inf], [-0.1, -2.0, -0.7]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert turn_progress(logp, ref, mask).tolist() == pytest.approx([0.5 - 1.0, 0.0 - 1.0 + 0.5])
+
+
+def test_state_values_by_hand():
+    # group g: 4 rows in state A (scores 1, 1, 0, 0), one in B (1), two in C (0, 0); mean 3/7
+    # group h: every row in one state: value 0 whatever the scores
+    keys = ["A", "A", "A", "A", "B", "C", "C", "A", "A"]
+    groups = ["g"] * 7 + ["h", "h"]
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.3, -0.1])
+    v = state_values(scores, groups, keys)
+    a, b, c = 0.5 - 3 / 7, 1 - 3 / 7, -3 / 7
+    assert v.tolist() == pytest.approx([a, a, a, a, b, c, c, 0.0, 0.0], abs=1e-6)
