@@ -42,6 +42,9 @@ RESCORE_FIELDS: list[pa.Field] = [
     pa.field("teacher_logprobs", pa.list_(pa.float32())),
     # The reference policy (base model, adapter off, no skills) for the KL term; null where rescore skipped it.
     pa.field("ref_logprobs", pa.list_(pa.float32())),
+    # The turn's progress, sum_t (old_logprobs - ref_logprobs): how far training has moved this action from the
+    # base model (sdarflow.algo.turn_progress), for failure attribution; null without reference log-probs.
+    pa.field("progress", pa.float32()),
     pa.field("skill_ids", pa.list_(pa.string())),
     # False when only general skills were found for the row's task type (the silent retrieval failure mode).
     pa.field("skill_hit", pa.bool_()),

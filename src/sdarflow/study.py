@@ -29,12 +29,13 @@ log = logging.getLogger(__name__)
 CELL_FILE = "cell.json"
 SETTINGS_FILE = "study_settings.json"  # the study pipeline's checked settings, read by its other tasks
 DEFAULT_METHODS = ("grpo", "sdar")
-# Training options a study row may add to its method, as in `grpo+scpo` or `sdar+scpo+filter`: the train settings
+# Training options a study row may add to its method, as in `grpo+scpo` or `sdar+ema+filter`: the stage settings
 # each stands for. A row is relative to plain grpo like every method.
-OPTIONS: dict[str, dict[str, str]] = {
-    "scpo": {"credit": "scpo"},
-    "progress": {"advantage": "progress"},
-    "filter": {"filter": "negative-value"},
+OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "scpo": {"train": {"credit": "scpo"}},
+    "progress": {"train": {"advantage": "progress"}},
+    "filter": {"train": {"filter": "negative-value"}},
+    "ema": {"train": {"ema_decay": 0.99}, "rescore": {"teacher": "ema"}},
 }
 DEFAULT_SEEDS = (0, 1, 2)
 BASE_CELL = "base"
@@ -77,9 +78,9 @@ class StudySettings:
             )
 
 
-def split_method(name: str) -> tuple[str, dict[str, str]]:
-    """A study row's name -> (method, the train settings of its options): ``grpo+scpo`` -> ("grpo", {"credit":
-    "scpo"}); ConfigError for an unknown method or option."""
+def split_method(name: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """A study row's name -> (method, the stage settings of its options): ``grpo+scpo`` -> ("grpo", {"train":
+    {"credit": "scpo"}}); ConfigError for an unknown method or option."""
     method, *options = name.split("+")
     if method not in METHODS:
         raise ConfigError(f"study: unknown method {method!r} in {name!r}; choose from {', '.join(METHODS)}")
@@ -89,9 +90,10 @@ def split_method(name: str) -> tuple[str, dict[str, str]]:
             f"study: {name!r} names unknown or repeated option(s) {unknown or options}; options: "
             f"{', '.join(OPTIONS)} (e.g. grpo+scpo)"
         )
-    settings: dict[str, str] = {}
+    settings: dict[str, dict[str, Any]] = {}
     for o in options:
-        settings.update(OPTIONS[o])
+        for stage, values in OPTIONS[o].items():
+            settings[stage] = {**settings.get(stage, {}), **values}
     return method, settings
 
 
@@ -124,7 +126,8 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
     sizes = preset_sizes(s)
     settings = stage_settings(s)
     method, options = split_method(method)
-    settings["train"] = {**settings.get("train", {}), **options}
+    for stage, values in options.items():
+        settings[stage] = {**settings.get(stage, {}), **values}
     return PipelineConfig.from_dict(
         {
             **sizes,

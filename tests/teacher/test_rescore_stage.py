@@ -167,13 +167,17 @@ def test_reference_logprobs_are_the_base_model_without_the_adapter(
     assert max(abs(a - o) for a, _, o in flat) > 1e-3  # the adapter changes the policy
     kl = sum(o - a for a, _, o in flat) / len(flat)
     assert abs(result["metrics"]["rescore/ref_kl_mean"] - kl) < 1e-6
+    # each turn's progress: the sum of its tokens' old - reference log-probs
+    for r in rows:
+        assert r["progress"] == pytest.approx(sum(r["old_logprobs"]) - sum(r["ref_logprobs"]), abs=1e-4)
+    assert any(abs(r["progress"]) > 1e-3 for r in rows)
 
 
 def test_no_ref_logprobs_writes_nulls(dataset, rescore, reference_library, tmp_path, lora_adapter):
     out = str(tmp_path / "out")
     code, result = rescore(dataset(), reference_library, out, "--adapter", lora_adapter, "--no-ref-logprobs")
     assert code == 0, result
-    assert all(r["ref_logprobs"] is None for r in read(out))
+    assert all(r["ref_logprobs"] is None and r["progress"] is None for r in read(out))
     assert "rescore/ref_kl_mean" not in result["metrics"]
 
 
@@ -213,3 +217,54 @@ def test_message_places_run(dataset, rescore, reference_library, tmp_path, place
     assert code == 0, result
     rows = read(out)
     assert any(abs(a - b) > 1e-4 for r in rows for a, b in zip(r["old_logprobs"], r["teacher_logprobs"]))
+
+
+@pytest.fixture(scope="module")
+def adapter_with_ema(tiny_model, tmp_path_factory) -> str:
+    """A published LoRA whose student weights are random (B too) and whose ema/ is the same LoRA with B = 0,
+    the base model's function: an EMA teacher that has not moved from a new LoRA."""
+    import torch
+
+    from sdarflow.models.policy import load_policy, new_lora
+    from sdarflow.train.ema import EMA_DIR
+
+    model = new_lora(load_policy(str(tiny_model)).model, rank=4, alpha=8, targets=["q_proj", "v_proj"])
+    staged = tmp_path_factory.mktemp("ema-staged")
+    model.save_pretrained(str(staged / EMA_DIR))  # B = 0
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+    model.save_pretrained(str(staged))
+    out = str(tmp_path_factory.mktemp("ema-adapter") / "published")
+    storage.publish_dir(staged, out, kind="adapter")
+    return out
+
+
+def test_the_ema_teacher_scores_with_the_adapters_average(
+    dataset, rescore, reference_library, tmp_path, adapter_with_ema, lora_adapter
+):
+    traj = dataset()
+    runs = {}
+    for name, flags in {
+        "ema": ["--adapter", adapter_with_ema, "--teacher", "ema"],
+        "current": ["--adapter", adapter_with_ema],
+        "base": [],  # no adapter: teacher = the base model with skills, what an unmoved average is
+    }.items():
+        code, result = rescore(traj, reference_library, str(tmp_path / name), *flags)
+        assert code == 0, result
+        runs[name] = read(str(tmp_path / name))
+
+    def gap(a: str, b: str, column: str) -> float:
+        return max(abs(x - y) for ra, rb in zip(runs[a], runs[b]) for x, y in zip(ra[column], rb[column]))
+
+    assert gap("ema", "base", "teacher_logprobs") < 1e-5  # the teacher ran on the average's weights
+    assert gap("ema", "current", "old_logprobs") < 1e-6  # the student pass is the student's
+    assert gap("current", "base", "teacher_logprobs") > 1e-3  # and the adapter does change the policy
+    # an adapter without an average: one line with the fix
+    code, err = rescore(
+        traj, reference_library, str(tmp_path / "x"), "--adapter", lora_adapter, "--teacher", "ema"
+    )
+    assert code == 2 and "has no EMA teacher (ema/adapter_model.safetensors)" in err and "fix:" in err
+    assert not storage.exists(str(tmp_path / "x"))

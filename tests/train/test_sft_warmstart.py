@@ -1,5 +1,5 @@
-"""The warm start is deterministic: it always runs its steps (same seed, same weights), and a time limit fails the
-build loudly instead of shortening it."""
+"""The warm start is deterministic: it runs its steps (same seed, same weights) or stops where its loss says
+(--sft-stop-at-loss), and a time limit fails the build loudly instead of shortening it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from sdarflow.train.sft import SFTPair, SFTTimeLimitExceeded, sft
+from sdarflow.train.sft import STOP_WINDOW, SFTPair, SFTTimeLimitExceeded, reached, sft
 
 
 def _model() -> Qwen2ForCausalLM:
@@ -39,6 +39,27 @@ def test_same_seed_same_weights_and_every_step_runs():
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 
+def test_stop_at_loss_compares_the_mean_of_the_last_window_of_steps():
+    losses = [{"loss": 1.0}] * (STOP_WINDOW - 1)
+    assert not reached(losses, 2.0)  # fewer steps than the window: never
+    window = [{"loss": 0.5}] * (STOP_WINDOW // 2) + [{"loss": 0.3}] * (STOP_WINDOW // 2)
+    assert reached(
+        [{"loss": 9.0}, *window], 0.4
+    )  # mean 0.4 of the last 20; the older 9.0 is out of the window
+    assert not reached([{"loss": 9.0}, *window], 0.39)
+    assert reached([{"loss/total": 0.25}] * STOP_WINDOW, 0.25, key="loss/total")
+
+
+def test_an_early_stopped_sft_is_the_full_runs_prefix():
+    full = sft(_model(), _pairs(), pad_id=0, steps=60, batch_size=4, seed=3)
+    means = [sum(h["loss"] for h in full[i - STOP_WINDOW : i]) / STOP_WINDOW for i in range(STOP_WINDOW, 61)]
+    target = means[len(means) // 2]  # reached somewhere in the middle of the run
+    first = next(i for i, m in enumerate(means) if m <= target) + STOP_WINDOW
+    stopped = sft(_model(), _pairs(), pad_id=0, steps=60, batch_size=4, seed=3, stop_at_loss=target)
+    assert len(stopped) == first < 60
+    assert [h["loss"] for h in stopped] == [h["loss"] for h in full[:first]]
+
+
 def test_time_limit_fails_instead_of_stopping_early():
     with pytest.raises(SFTTimeLimitExceeded, match=r"1 of 5 steps took .* over the time limit.*fix: raise"):
         sft(_model(), _pairs(), pad_id=0, steps=5, batch_size=4, time_limit_s=1e-9)
@@ -54,12 +75,20 @@ def test_a_build_past_its_time_limit_leaves_no_model(tmp_path, game_cache):
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("flags", [["--tasks", "0"], ["--sft-steps", "0"]])
-def test_build_model_rejects_empty_sizes_in_one_line(tmp_path, capsys, flags):
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tasks", "0"], "must be >= 1; fix:"),
+        (["--sft-steps", "0"], "must be >= 1; fix:"),
+        (["--sft-stop-at-loss", "-1"], "must be a loss >= 0; fix:"),
+        (["--sft-stop-at-loss", "nan"], "must be a loss >= 0; fix:"),
+    ],
+)
+def test_build_model_rejects_bad_sizes_in_one_line(tmp_path, capsys, flags, message):
     from sdarflow.cli import main
 
     out = tmp_path / "model"
     assert main(["build-model", "--out", str(out), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "must be >= 1; fix:" in err[0]
+    assert len(err) == 1 and message in err[0]
     assert not out.exists()

@@ -78,6 +78,17 @@ def test_sft_mode_trains_on_successful_rows_only(tiny_model, rescored, tmp_path)
     assert storage.read_manifest(out)["method"] == "sft"
 
 
+def test_sft_mode_stops_at_the_loss_it_is_given(tiny_model, rescored, tmp_path):
+    from sdarflow.train.sft import STOP_WINDOW
+
+    base = ["--input", rescored, "--model", str(tiny_model), "--mode", "sft", "--max-steps", "30"]
+    assert train_cli(*base, "--output", str(tmp_path / "full")) == 0
+    losses = [x["loss/total"] for x in metrics_lines(str(tmp_path / "full"))]
+    target = sum(losses[:STOP_WINDOW]) / STOP_WINDOW  # the first window's mean: reached at step 20
+    assert train_cli(*base, "--sft-stop-at-loss", str(target + 1e-6), "--output", str(tmp_path / "es")) == 0
+    assert [x["loss/total"] for x in metrics_lines(str(tmp_path / "es"))] == losses[:STOP_WINDOW]
+
+
 def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, capsys):
     data = str(tmp_path / "failed")
     table = rescored_table(n_groups=1)

@@ -61,6 +61,7 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         sft_steps=args.sft_steps,
         seed=args.seed,
+        sft_stop_at_loss=args.sft_stop_at_loss,
     )
     print(
         build_base_model(
@@ -138,6 +139,7 @@ def add_study(p: argparse.ArgumentParser) -> None:
 
 
 def add_build_model(p: argparse.ArgumentParser) -> None:
+    from sdarflow.train.sft import STOP_WINDOW
     from sdarflow.train.warmstart import BaseModelSpec
 
     spec = BaseModelSpec()
@@ -147,6 +149,13 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
         "--tasks", type=int, default=spec.tasks, help="train games whose walkthroughs make the SFT data"
     )
     p.add_argument("--sft-steps", type=int, default=spec.sft_steps)
+    p.add_argument(
+        "--sft-stop-at-loss",
+        type=float,
+        default=spec.sft_stop_at_loss,
+        help=f"stop the SFT once its mean loss over {STOP_WINDOW} steps is at or below this (--sft-steps is then the "
+        f"most it takes); 0 = every step",
+    )
     p.add_argument(
         "--sft-time-limit",
         type=float,

@@ -8,6 +8,7 @@ Sanity guards (``sdarflow.teacher.guards``) fail the stage before anything is pu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -36,6 +37,12 @@ class RescoreConfig(StageConfig):
     adapter: str = opt("", "the adapter that generated the trajectories (the policy being trained)", io=True)
     output: str = opt("", "output rescored dataset URI", io=True)
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
+    teacher: str = opt(
+        "current",
+        "the teacher's weights: current (the student's, as SDAR) or ema (the adapter's moving average, from train "
+        "--ema-decay); either way with skills in its prompt",
+        choices=("current", "ema"),
+    )
     ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0", ge=0)
     seed: int = opt(0, "random retrieval: seed of the skill draws", ge=0, le=MAX_SEED)
     skill_place: str = opt(
@@ -207,7 +214,7 @@ def run(cfg: RescoreConfig) -> dict:
     settings = cfg.guard_settings()
     guards.check_retrieval(lib, teach.hits, task_types, settings, overridden)
 
-    old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts)
+    old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts, adapter)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
 
@@ -218,6 +225,7 @@ def run(cfg: RescoreConfig) -> dict:
         "old_logprobs": old,
         "teacher_logprobs": teacher,
         "ref_logprobs": ref if ref is not None else [None] * len(rows),
+        "progress": _progress(old, ref) if ref is not None else [None] * len(rows),
         "skill_ids": teach.skill_ids,
         "skill_hit": teach.hits,
     }
@@ -238,10 +246,27 @@ def run(cfg: RescoreConfig) -> dict:
     }
 
 
-def _score_passes(cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts: list[list[int]]):
+def _progress(old: list[list[float]], ref: list[list[float]]) -> list[float]:
+    """Each turn's progress (:func:`sdarflow.algo.turn_progress`), from its rescored log-probs."""
+    import torch
+
+    from sdarflow.algo import turn_progress
+
+    out = []
+    for o, r in zip(old, ref, strict=True):
+        ones = torch.ones(1, len(o))
+        out.append(float(turn_progress(torch.tensor([o]), torch.tensor([r]), ones)[0]) if o else 0.0)
+    return out
+
+
+def _score_passes(
+    cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts: list[list[int]], adapter: str | None
+):
     """(student, teacher, reference or None) log-probs of every row's response, the seconds they took, the token
-    budget of a batch and the tokens of every scored sequence."""
+    budget of a batch and the tokens of every scored sequence. The teacher is the student with skills in its
+    prompt, with the adapter's EMA weights under ``--teacher ema``."""
     from sdarflow.teacher.rescore import score
+    from sdarflow.train.ema import ema_teacher
 
     t0 = time.perf_counter()
     pad = policy.tokenizer.pad_token_id
@@ -250,7 +275,8 @@ def _score_passes(cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts:
     responses = [r["response_token_ids"] for r in rows]
     budget = cfg.batch_tokens(model_device(policy.model))
     old = score(policy.model, prompts, responses, pad, budget, "rescore student", **kw)
-    teacher = score(policy.model, teacher_prompts, responses, pad, budget, "rescore teacher", **kw)
+    with ema_teacher(policy.model, adapter) if cfg.teacher == "ema" else contextlib.nullcontext():
+        teacher = score(policy.model, teacher_prompts, responses, pad, budget, "rescore teacher", **kw)
     ref = _reference_logprobs(cfg, policy, prompts, responses, old, budget, **kw)
     passes = [prompts, teacher_prompts] + ([prompts] if cfg.ref_logprobs and cfg.adapter else [])
     lengths = [len(p) + len(r) for pass_ in passes for p, r in zip(pass_, responses, strict=True)]

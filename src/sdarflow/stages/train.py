@@ -32,6 +32,7 @@ from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, 
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 from sdarflow.train import presets
 from sdarflow.train.checkpoint import checkpointing
+from sdarflow.train.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
 from sdarflow.train.format_guard import GUARDS
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
@@ -40,7 +41,7 @@ from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping
 from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, make_samples
 from sdarflow.train.schedule import WarmupConstant
-from sdarflow.train.sft import sft_pairs_from_rows
+from sdarflow.train.sft import STOP_WINDOW, sft_pairs_from_rows
 from sdarflow.train.trainer import RLHyper, TrainData, train
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,13 @@ class TrainConfig(StageConfig):
         "negative-value: drop turns whose state's Monte-Carlo value in the group is below the group's mean",
         choices=FILTERS,
     )
+    ema_decay: float = opt(
+        0.0,
+        "EMA teacher: after every optimizer step the adapter's ema/ (the teacher of rescore --teacher ema) moves "
+        "to decay * ema + (1 - decay) * student; e.g. 0.99; 0 = off (LoRA only)",
+        ge=0,
+        le=1,
+    )
     format_guard: str = opt(
         "warn",
         "format-collapse guard: the round's format-error rate against its lineage's (a spike: warn, or fail the "
@@ -153,6 +161,12 @@ class TrainConfig(StageConfig):
     sft_ratio: float = opt(
         HYPER.sft_ratio,
         "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off",
+        ge=0,
+    )
+    sft_stop_at_loss: float = opt(
+        HYPER.sft_stop_at_loss,
+        f"mode sft: stop once the mean loss of the last {STOP_WINDOW} steps is at or below this (early-stopped warm "
+        f"start); 0 = every step",
         ge=0,
     )
     engine: str = opt(
@@ -208,6 +222,14 @@ class TrainConfig(StageConfig):
             log.warning(
                 "train: lam %.3g > 0.1: distillation tends to dominate GRPO and degrade results", self.lam
             )
+        if self.ema_decay and (
+            self.zero_stage == 3 and self.engine != "torch" or not (self.lora_rank or self.adapter)
+        ):
+            raise ConfigError(
+                "train: --ema-decay averages LoRA weights every step, which needs a LoRA adapter whose weights every "
+                "rank holds; fix: train a LoRA (--lora-rank > 0) with --engine torch or --zero-stage 2, or pass "
+                "--ema-decay 0"
+            )
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
             raise ConfigError(
                 f"train: checkpoint_dir '{self.checkpoint_dir}' must be a local folder (a volume), not a URI; "
@@ -240,7 +262,8 @@ def read_rows(cfg: TrainConfig) -> list[dict]:
 
 
 def build_model(cfg: TrainConfig):
-    """(policy, trainable model): the base with the given adapter, a new LoRA, or all weights (rank 0)."""
+    """(policy, trainable model, EMA teacher or None): the base with the given adapter, a new LoRA, or all weights
+    (rank 0); with ``--ema-decay``, the moving average the input adapter carries (or the start weights)."""
     from sdarflow.models import load_policy
     from sdarflow.models.policy import new_lora
 
@@ -251,7 +274,8 @@ def build_model(cfg: TrainConfig):
     if not cfg.adapter and cfg.lora_rank > 0:
         model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     model.train()
-    return policy, model
+    ema = EmaWeights(model, cfg.ema_decay, previous_average(adapter, model)) if cfg.ema_decay else None
+    return policy, model, ema
 
 
 @once(None)  # adapter, or model when fully fine-tuned
@@ -277,7 +301,7 @@ def _train(cfg: TrainConfig) -> dict:
     cfg, rl_step = resolve_objective(cfg, rows)
     shaping = rl_shaping(cfg, rows) if cfg.mode == "rl" else None
     torch.manual_seed(cfg.seed)  # LoRA initialization
-    policy, model = build_model(cfg)
+    policy, model, ema = build_model(cfg)
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
@@ -290,7 +314,7 @@ def _train(cfg: TrainConfig) -> dict:
     hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields}, rl_step=rl_step)
     hp.progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
-    state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule)
+    state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
     resumed_from = state.step if state else 0
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
@@ -306,7 +330,7 @@ def _train(cfg: TrainConfig) -> dict:
             hp,
             schedule,
             state=state,
-            on_step=writer,
+            on_step=with_ema_step(writer, ema),
             on_checkpoint=save_checkpoint,
         )
         summary = run_summary(state.history)
@@ -318,6 +342,8 @@ def _train(cfg: TrainConfig) -> dict:
             if engine.rank == 0:
                 lineage = {FORMAT_RATES: shaping.format_rates} if shaping else {}
                 record = {**summary, "objective": objective, **lineage}
+                if ema:
+                    ema.save(out / EMA_DIR)
                 _publish(cfg, policy, model, masters, out, state.history, summary, record)
         engine.barrier()
     label = "sft" if cfg.mode == "sft" else cfg.method

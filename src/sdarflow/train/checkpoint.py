@@ -32,6 +32,7 @@ from sdarflow.train.schedule import TrainState
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+EXTRA_FILE = "extra.pt"  # rank 0's extra tensors (the EMA teacher), when the run has them
 _NAME = re.compile(r"^step-(\d{8})$")
 
 
@@ -96,6 +97,7 @@ class Checkpoints:
         self.root = Path(root)
         self.fingerprint = fingerprint
         self.keep = max(1, keep)
+        self.restored_extra: dict[str, torch.Tensor] | None = None  # what restore() found beside the state
 
     def complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete checkpoint, oldest first."""
@@ -112,13 +114,16 @@ class Checkpoints:
         done = self.complete()
         return done[-1][1] if done else None
 
-    def save(self, engine: TrainEngine, state: TrainState, meta: dict) -> Path:
-        """Write the checkpoint of ``state.step`` (collective: every rank calls it). A failed write (a full disk)
-        removes the partial folder and raises CheckpointError: the checkpoints before it stay as they were."""
+    def save(
+        self, engine: TrainEngine, state: TrainState, meta: dict, extra: dict[str, torch.Tensor] | None = None
+    ) -> Path:
+        """Write the checkpoint of ``state.step`` (collective: every rank calls it), with rank 0's ``extra``
+        tensors (the EMA teacher) if given. A failed write (a full disk) removes the partial folder and raises
+        CheckpointError: the checkpoints before it stay as they were."""
         final = self.root / f"step-{state.step:08d}"
         tmp = final.with_name(final.name + ".tmp")
         try:
-            return self._save(engine, state, meta, final, tmp)
+            return self._save(engine, state, meta, final, tmp, extra)
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             if not isinstance(
@@ -131,7 +136,9 @@ class Checkpoints:
                 f"a --checkpoint-dir on a larger volume (the run resumes from the last complete checkpoint)"
             ) from err
 
-    def _save(self, engine: TrainEngine, state: TrainState, meta: dict, final: Path, tmp: Path) -> Path:
+    def _save(
+        self, engine: TrainEngine, state: TrainState, meta: dict, final: Path, tmp: Path, extra: dict | None
+    ) -> Path:
         def make_tmp() -> None:
             if engine.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -140,6 +147,8 @@ class Checkpoints:
         def write_parts() -> None:
             engine.save(tmp / "engine")
             torch.save(capture_rng(), tmp / f"rng-rank{engine.rank}.pt")
+            if extra is not None and engine.rank == 0:
+                torch.save(extra, tmp / EXTRA_FILE)
 
         def commit() -> None:
             if engine.rank != 0:
@@ -196,6 +205,9 @@ class Checkpoints:
         else:
             log.warning("checkpoint %s has no RNG state for rank %d (world size changed?)", path, engine.rank)
         state = TrainState.from_dict(body["state"])
+        self.restored_extra = (
+            torch.load(path / EXTRA_FILE, weights_only=True) if (path / EXTRA_FILE).is_file() else None
+        )
         log.info("resuming from %s at step %d", path, state.step)
         return state
 
@@ -280,9 +292,10 @@ def _mismatches(folder: Path, sums: object):
             yield rel, "does not match its sha256"
 
 
-def checkpointing(cfg, engine: TrainEngine, hp, data, schedule):
+def checkpointing(cfg, engine: TrainEngine, hp, data, schedule, ema=None):
     """(state restored from the train config's ``checkpoint_dir`` or None, the trainer's on_checkpoint callback or
-    None without a folder); ``hp``, ``data`` and ``schedule`` are the run's, for the saved cursor."""
+    None without a folder); ``hp``, ``data`` and ``schedule`` are the run's, for the saved cursor. ``ema``
+    (:class:`~sdarflow.train.ema.EmaWeights`) is saved with every checkpoint and restored with the state."""
     if not cfg.checkpoint_dir:
         return None, None
     checkpoints = Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
@@ -297,6 +310,9 @@ def checkpointing(cfg, engine: TrainEngine, hp, data, schedule):
             "schedule": schedule.state_dict(),
             "config_hash": cfg.config_hash(),
         }
-        checkpoints.save(engine, state, meta)
+        checkpoints.save(engine, state, meta, ema.average if ema else None)
 
-    return checkpoints.restore(engine), save
+    state = checkpoints.restore(engine)
+    if ema is not None and checkpoints.restored_extra is not None:
+        ema.average = checkpoints.restored_extra
+    return state, save

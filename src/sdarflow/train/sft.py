@@ -66,6 +66,16 @@ def sft_micro_step(
     return loss, metrics
 
 
+STOP_WINDOW = 20  # steps whose mean loss --sft-stop-at-loss compares (one step's loss is too noisy)
+
+
+def reached(history: list[dict], stop_at_loss: float, key: str = "loss") -> bool:
+    """Whether the mean ``key`` of the last :data:`STOP_WINDOW` records is at or below ``stop_at_loss`` (never
+    before there are that many)."""
+    recent = [h[key] for h in history[-STOP_WINDOW:] if h.get(key) is not None]
+    return len(recent) == STOP_WINDOW and sum(recent) / STOP_WINDOW <= stop_at_loss
+
+
 def sft(
     model,
     pairs: list[SFTPair],
@@ -76,9 +86,12 @@ def sft(
     lr: float = 3e-3,
     seed: int = 0,
     time_limit_s: float | None = None,
+    stop_at_loss: float = 0.0,
 ) -> list[dict]:
-    """``steps`` AdamW steps with linear warmup and cosine decay, every one of them: the result depends on the
-    seed alone. Past ``time_limit_s`` (None or 0: no limit) it raises :class:`SFTTimeLimitExceeded`."""
+    """``steps`` AdamW steps with linear warmup and cosine decay, every one of them unless ``stop_at_loss`` > 0:
+    then it stops once the mean loss of the last :data:`STOP_WINDOW` steps is at or below it (an early-stopped
+    warm start, less sharp for RL to explore from). The result depends on the seed alone. Past ``time_limit_s``
+    (None or 0: no limit) it raises :class:`SFTTimeLimitExceeded`."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -111,6 +124,9 @@ def sft(
             log.info(
                 "sft step %d | loss %.4f | %.0f s", step + 1, history[-1]["loss"], time.perf_counter() - start
             )
+        if stop_at_loss > 0 and reached(history, stop_at_loss):
+            log.info("sft: stopped at step %d of %d: mean loss <= %g", step + 1, steps, stop_at_loss)
+            break
         elapsed = time.perf_counter() - start
         if time_limit_s and elapsed > time_limit_s and step + 1 < steps:
             raise SFTTimeLimitExceeded(

@@ -34,7 +34,7 @@ from sdarflow.train.engine import TrainEngine
 from sdarflow.train.history import progress_line
 from sdarflow.train.samples import RLSample
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
-from sdarflow.train.sft import SFTPair, sft_micro_step
+from sdarflow.train.sft import SFTPair, reached, sft_micro_step
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class RLHyper:
     seed: int = 0
     mode: str = "rl"  # rl: method loss (+ SFT steps at sft_ratio); sft: SFT steps only
     sft_ratio: float = 0.0  # SFT steps per RL step, on the successful rows
+    sft_stop_at_loss: float = 0.0  # mode sft: stop once the mean loss of the last steps is at or below it
     max_steps: int = 0  # 0: epochs x mini_batches
     save_every: int = 50  # steps between checkpoints (when the caller checkpoints)
 
@@ -335,5 +336,14 @@ def train(
             _skipped(record["step"], state.nonfinite_in_row, hp.max_nonfinite_steps)
         if on_checkpoint and hp.save_every > 0 and state.step % hp.save_every == 0:
             on_checkpoint(state)
+        if (
+            hp.mode == "sft"
+            and hp.sft_stop_at_loss > 0
+            and reached(state.history, hp.sft_stop_at_loss, "loss/total")
+        ):
+            log.info(
+                "train: stopped at step %d of %d: mean loss <= %g", state.step, total, hp.sft_stop_at_loss
+            )
+            break
     bar.close()
     return state

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 import shutil
 import tempfile
@@ -62,6 +63,8 @@ class BaseModelSpec:
     history_turns: int = 4
     vocab_size: int = 2048
     seed: int = 0
+    # > 0: stop the SFT once its mean loss reaches this (train.sft.sft); sft_steps is then the most it takes
+    sft_stop_at_loss: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("tasks", "sft_steps", "sft_batch_size"):
@@ -70,6 +73,10 @@ class BaseModelSpec:
                 raise ConfigError(
                     f"build-model: {name} ({getattr(self, name)}) must be >= 1; fix: {flag} 1 or more"
                 )
+        if not (math.isfinite(self.sft_stop_at_loss) and self.sft_stop_at_loss >= 0):
+            raise ConfigError(
+                f"build-model: sft_stop_at_loss ({self.sft_stop_at_loss}) must be a loss >= 0; fix: 0 for every step"
+            )
         if not 0.0 <= self.skill_share <= 1.0:
             raise ConfigError(f"build-model: skill_share ({self.skill_share}) must be in [0, 1]")
         if not 0 <= self.seed <= MAX_SEED:
@@ -78,7 +85,12 @@ class BaseModelSpec:
             )
 
     def hash(self) -> str:
-        content = {**asdict(self), "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
+        spec = asdict(self)
+        if not self.sft_stop_at_loss:
+            del spec[
+                "sft_stop_at_loss"
+            ]  # off, the recipe before the field existed: models built then stay valid
+        content = {**spec, "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
         blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -174,10 +186,10 @@ def build_base_model(
 ) -> Path:
     """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there).
 
-    Deterministic: the SFT always runs ``spec.sft_steps`` steps, so the same spec and seed give the same model on
-    any machine of the same device type (``device``, ``models.device``; a GPU's kernels give other bits than a
-    CPU's). ``time_limit_s``
-    (not part of the spec: it cannot change the result) fails the build instead.
+    Deterministic: the SFT runs ``spec.sft_steps`` steps (or stops at ``spec.sft_stop_at_loss``, a function of the
+    same losses), so the same spec and seed give the same model on any machine of the same device type
+    (``device``, ``models.device``; a GPU's kernels give other bits than a CPU's). ``time_limit_s`` (not part of
+    the spec: it cannot change the result) fails the build instead.
     """
     out_dir = Path(out_dir)
     if not force and is_built(out_dir, spec):
@@ -196,6 +208,7 @@ def build_base_model(
         lr=spec.sft_lr,
         seed=spec.seed,
         time_limit_s=time_limit_s,
+        stop_at_loss=spec.sft_stop_at_loss,
     )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -209,6 +222,7 @@ def build_base_model(
         "spec_hash": spec.hash(),
         "sft_pairs": len(pairs),
         "sft_final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
+        "sft_steps_taken": len(history),
         "seed_skill_library": seed_lib.version,
         "seconds": round(time.perf_counter() - t0, 1),
         "device": str(place),
