@@ -302,3 +302,23 @@ def test_progress_advantage_without_reference_logprobs_fails_with_the_fix(tiny_m
     assert train_cli(*args, "--advantage", "progress", "--output", str(tmp_path / "a")) == 2
     err = capsys.readouterr().err.strip()
     assert "--advantage progress needs reference log-probs" in err and len(err.splitlines()) == 1
+
+
+def test_format_guard_repair_trains_the_malformed_turns_back_to_their_repaired_calls(tiny_model, tmp_path):
+    table = _with_format_errors(0.25)
+    call = '{"tool": "read_file", "args": {"path": "notes/a.txt"}}'
+    n = table.num_rows
+    texts = [call.replace('"tool"', '"tol"') if i < n // 4 else call for i in range(n)]
+    table = table.set_column(table.schema.get_field_index("response_text"), "response_text", pa.array(texts))
+    table = table.set_column(table.schema.get_field_index("env"), "env", pa.array(["tool-use"] * n))
+    data = str(tmp_path / "malformed")
+    storage.write_table(table, data, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
+    out = str(tmp_path / "repaired")
+    args = ["--input", data, "--model", str(tiny_model), "--output", out, "--max-steps", "3"]
+    assert train_cli(*args, "--format-guard", "repair", "--format-repair-every", "2") == 0
+    assert [x["kind"] for x in metrics_lines(out)] == ["rl", "rl", "sft"]
+    summary = json.loads(storage.read_member(out, "train_summary.json"))
+    assert summary["format/malformed_turns"] == summary["format/repaired_turns"] == n // 4
+    # without repair the same run takes RL steps only
+    assert train_cli(*args[:-4], "--output", str(tmp_path / "plain"), "--max-steps", "3") == 0
+    assert {x["kind"] for x in metrics_lines(str(tmp_path / "plain"))} == {"rl"}

@@ -92,6 +92,11 @@ class ActionFormat(Protocol):
         (``finished``: generation ended on its own rather than at the token limit). Must be pure and fast."""
         ...
 
+    def repair_action(self, text: str) -> str | None:
+        """The well-formed action a malformed response most likely meant, or None when it cannot be told: what
+        the train stage's ``--format-guard repair`` teaches back on the turns whose action did not parse."""
+        ...
+
 
 class EnvSuite(Protocol):
     """A named family of tasks with ``train``/``test``/``ood`` splits."""

@@ -9,6 +9,7 @@ searches. ``train``/``test`` use the same templates on disjoint people; ``ood`` 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import random
@@ -67,6 +68,7 @@ QA_SPLITS: dict[str, QASplit] = {
 }
 
 _ACTION = re.compile(r"^(search|answer)\[([^\[\]]{1,80})\]$")
+_LOOSE = re.compile(r"^(\w+)\s*[:\[({]\s*([^\[\](){}]{1,80}?)\s*[\])}]?$")  # verb, then a bracketed argument
 INSTRUCTIONS = "Use search[query] to find documents, then answer[text] with the exact name."
 
 
@@ -198,3 +200,13 @@ class SearchQASuite:
         if parsed is None:
             return normalize(text), False
         return f"{parsed[0]}[{parsed[1]}]", finished
+
+    def repair_action(self, text: str) -> str | None:
+        """``search[...]``/``answer[...]`` a malformed response meant: another bracket, a near verb (``serch``,
+        ``Answer:``), a missing closing bracket; None when it is not nearly an action."""
+        match = _LOOSE.match(normalize(text))
+        if not match:
+            return None
+        verb = difflib.get_close_matches(match[1], ("search", "answer"), n=1, cutoff=0.6)
+        repaired = f"{verb[0]}[{match[2].strip()}]" if verb else ""
+        return repaired if parse_qa_action(repaired) else None

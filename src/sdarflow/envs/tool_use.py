@@ -20,6 +20,7 @@ from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
 from sdarflow.envs.tool_api import FINISH, TOOLS, ToolAPI, ToolCallError, World, canonical, parse_call
 from sdarflow.envs.tool_api import result_text as _result_text
 from sdarflow.envs.tool_api import run_plan as _run_plan
+from sdarflow.envs.tool_repair import repair_call
 
 log = logging.getLogger(__name__)
 
@@ -277,3 +278,7 @@ class ToolUseSuite:
         except ToolCallError:
             return " ".join(text.split()), False
         return canonical(tool, args), finished
+
+    def repair_action(self, text: str) -> str | None:
+        """The well-formed call a malformed response most likely meant (:func:`repair_call`), or None."""
+        return repair_call(text)

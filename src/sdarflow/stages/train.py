@@ -38,11 +38,11 @@ from sdarflow.train.format_guard import GUARDS
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
-from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping
-from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, make_samples
+from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping, train_inputs
+from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS
 from sdarflow.train.schedule import WarmupConstant
-from sdarflow.train.sft import STOP_WINDOW, sft_pairs_from_rows
-from sdarflow.train.trainer import RLHyper, TrainData, train
+from sdarflow.train.sft import STOP_WINDOW
+from sdarflow.train.trainer import RLHyper, train
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,11 @@ class TrainConfig(StageConfig):
         "negative-value: drop turns whose state's Monte-Carlo value in the group is below the group's mean",
         choices=FILTERS,
     )
+    format_repair_every: int = opt(
+        4,
+        "--format-guard repair: one SFT step on the repaired malformed turns after every this many RL steps",
+        ge=1,
+    )
     ema_decay: float = opt(
         0.0,
         "EMA teacher: after every optimizer step the adapter's ema/ (the teacher of rescore --teacher ema) moves "
@@ -153,7 +158,7 @@ class TrainConfig(StageConfig):
     format_guard: str = opt(
         "warn",
         "format-collapse guard: the round's format-error rate against its lineage's (a spike: warn, or fail the "
-        "round); off = not checked",
+        "round); repair also trains the malformed turns back to their repaired calls; off = not checked",
         choices=GUARDS,
     )
     agg: str = opt(HYPER.agg, "loss aggregation", choices=AGG_MODES)
@@ -305,14 +310,7 @@ def _train(cfg: TrainConfig) -> dict:
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
-    data = TrainData(
-        make_samples(rows, shaping.advantages, shaping.dropped) if shaping else [],
-        sft_pairs_from_rows(rows),
-        policy.tokenizer.pad_token_id,
-    )
-    hyper_fields = {f.name for f in dataclasses.fields(RLHyper)}
-    hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in hyper_fields}, rl_step=rl_step)
-    hp.progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
+    data, hp = train_inputs(cfg, rows, shaping, policy, rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
     state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
     resumed_from = state.step if state else 0

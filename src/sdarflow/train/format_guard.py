@@ -1,10 +1,14 @@
-"""The tool-call format-collapse guard: a round's format-error rate against the rates of the rounds before it.
+"""The tool-call format-collapse guard: a round's format-error rate against the rates of the rounds before it, and
+the remedy, SFT on the malformed turns with their repaired calls as targets.
 
 RL on tool-using agents can collapse in one batch: the policy starts emitting one wrong token in the call wrapper,
 every call fails to parse, success drops from most episodes to few and does not recover. The train stage measures
 the share of its rows whose action did not parse, compares it with the moving baseline of its adapter's lineage
 (each adapter's ``train_summary.json`` carries the rates of the rounds that made it) and warns, or fails the round
-in one line, on a spike, before the update would train on the collapsed rollouts.
+in one line, on a spike, before the update would train on the collapsed rollouts. With ``repair`` it also
+prevents the collapse: every malformed turn whose response the env can repair (``repair_action``, kept only when
+the env's own parser accepts the repair) becomes an SFT pair, prompt -> repaired call, and the round takes one
+SFT step on them after every ``--format-repair-every`` RL steps.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from sdarflow.errors import SdarflowError
 
 log = logging.getLogger(__name__)
 
-GUARDS = ("off", "warn", "fail")
+GUARDS = ("off", "warn", "fail", "repair")
 SUMMARY_KEY = "format_error_rates"  # in train_summary.json: this lineage's per-round rates, oldest first
 WINDOW = 3  # rounds in the moving baseline
 FACTOR = 2.0  # a spike is at least this multiple of the baseline ...
@@ -75,5 +79,29 @@ def check_round(rows: list[dict], adapter: str, mode: str) -> tuple[list[float],
                 f"{message}; fix: retrain this round from an earlier adapter with a lower --lr, or pass "
                 f"--format-guard warn to train on it anyway"
             )
-        log.warning("train: %s (--format-guard warn: training on it)", message)
+        log.warning("train: %s (--format-guard %s: training on it)", message, mode)
     return [*history, rate], metrics
+
+
+def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[str, float]]:
+    """(SFT pairs prompt -> repaired call + eos for the malformed turns the env can repair, metrics).
+
+    A repair counts only when the env's ``parse_action`` accepts it; an env without ``repair_action`` repairs
+    nothing."""
+    from sdarflow.envs import get_suite
+    from sdarflow.train.sft import SFTPair
+
+    suites: dict[str, object] = {}
+    pairs, malformed = [], 0
+    for r in rows:
+        if r["format_ok"] or not r["response_token_ids"]:
+            continue
+        malformed += 1
+        suite = suites.setdefault(r["env"], get_suite(r["env"]))
+        repaired = suite.repair_action(r["response_text"]) if hasattr(suite, "repair_action") else None
+        if repaired is None or not suite.parse_action(repaired, True)[1]:
+            continue
+        target = tokenizer(repaired, add_special_tokens=False)["input_ids"] + [eos_id]
+        pairs.append(SFTPair(list(r["prompt_token_ids"]), target))
+    metrics = {"format/malformed_turns": float(malformed), "format/repaired_turns": float(len(pairs))}
+    return pairs, metrics

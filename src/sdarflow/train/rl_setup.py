@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 from sdarflow.errors import ConfigError
 from sdarflow.train import presets
-from sdarflow.train.format_guard import check_round
-from sdarflow.train.samples import advantage_stats, negative_value_rows, row_advantages
+from sdarflow.train.format_guard import check_round, repair_pairs
+from sdarflow.train.samples import advantage_stats, make_samples, negative_value_rows, row_advantages
+from sdarflow.train.sft import sft_pairs_from_rows
+from sdarflow.train.trainer import RLHyper, TrainData
 
 
 @dataclass
@@ -66,12 +68,32 @@ def rl_shaping(cfg, rows: list[dict]) -> Shaping:
     return Shaping(advantages, dropped, rates, metrics)
 
 
+def train_inputs(
+    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int
+) -> tuple[TrainData, RLHyper]:
+    """The trainer's data and settings. SFT steps train on the successful rows (``--sft-ratio``); with
+    ``--format-guard repair`` and repairable malformed turns, on those too, at least once every
+    ``--format-repair-every`` RL steps (only on them when ``--sft-ratio`` is 0)."""
+    fields = {f.name for f in dataclasses.fields(RLHyper)}
+    hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in fields}, rl_step=rl_step)
+    hp.progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
+    sft = sft_pairs_from_rows(rows)
+    if shaping and cfg.format_guard == "repair":
+        repaired, metrics = repair_pairs(rows, policy.tokenizer, policy.eos_id)
+        shaping.metrics.update(metrics)
+        if repaired:
+            sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired
+            hp.sft_ratio = max(cfg.sft_ratio, 1.0 / cfg.format_repair_every)
+    samples = make_samples(rows, shaping.advantages, shaping.dropped) if shaping else []
+    return TrainData(samples, sft, policy.tokenizer.pad_token_id), hp
+
+
 def objective_record(cfg, rl_step: int) -> dict:
     """The objective's settings as the run used them (preset resolved), for train_summary.json."""
     keys = (
         "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
         "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
         "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode", "credit", "advantage", "progress_coef", "filter",
-        "format_guard", "ema_decay",
+        "format_guard", "format_repair_every", "ema_decay",
     )  # fmt: skip
     return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}
