@@ -21,22 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import storage
-from sdarflow.algo import METHODS
 from sdarflow.errors import ConfigError
+from sdarflow.study_options import split_method
 
 log = logging.getLogger(__name__)
 
 CELL_FILE = "cell.json"
 SETTINGS_FILE = "study_settings.json"  # the study pipeline's checked settings, read by its other tasks
 DEFAULT_METHODS = ("grpo", "sdar")
-# Training options a study row may add to its method, as in `grpo+scpo` or `sdar+ema+filter`: the stage settings
-# each stands for. A row is relative to plain grpo like every method.
-OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "scpo": {"train": {"credit": "scpo"}},
-    "progress": {"train": {"advantage": "progress"}},
-    "filter": {"train": {"filter": "negative-value"}},
-    "ema": {"train": {"ema_decay": 0.99}, "rescore": {"teacher": "ema"}},
-}
 DEFAULT_SEEDS = (0, 1, 2)
 BASE_CELL = "base"
 
@@ -76,25 +68,6 @@ class StudySettings:
             raise ConfigError(
                 f"study: stage settings name unknown stage(s) {unknown}; valid: {', '.join(STAGES)}"
             )
-
-
-def split_method(name: str) -> tuple[str, dict[str, dict[str, Any]]]:
-    """A study row's name -> (method, the stage settings of its options): ``grpo+scpo`` -> ("grpo", {"train":
-    {"credit": "scpo"}}); ConfigError for an unknown method or option."""
-    method, *options = name.split("+")
-    if method not in METHODS:
-        raise ConfigError(f"study: unknown method {method!r} in {name!r}; choose from {', '.join(METHODS)}")
-    unknown = [o for o in options if o not in OPTIONS]
-    if unknown or len(set(options)) != len(options):
-        raise ConfigError(
-            f"study: {name!r} names unknown or repeated option(s) {unknown or options}; options: "
-            f"{', '.join(OPTIONS)} (e.g. grpo+scpo)"
-        )
-    settings: dict[str, dict[str, Any]] = {}
-    for o in options:
-        for stage, values in OPTIONS[o].items():
-            settings[stage] = {**settings.get(stage, {}), **values}
-    return method, settings
 
 
 def cell_name(method: str, seed: int) -> str:

@@ -8,7 +8,13 @@ import math
 import pytest
 import torch
 
-from sdarflow.algo import progress_advantages, scpo_advantages, state_values, turn_progress
+from sdarflow.algo import (
+    perplexity_delta,
+    progress_advantages,
+    scpo_advantages,
+    state_values,
+    turn_progress,
+)
 
 
 def _episodes(spec):
@@ -93,3 +99,8 @@ def test_state_values_by_hand():
     v = state_values(scores, groups, keys)
     a, b, c = 0.5 - 3 / 7, 1 - 3 / 7, -3 / 7
     assert v.tolist() == pytest.approx([a, a, a, a, b, c, c, 0.0, 0.0], abs=1e-6)
+
+
+def test_perplexity_delta_is_the_drop_in_mean_nll():
+    before, after = torch.tensor([2.0, 1.0, 0.5]), torch.tensor([1.5, 1.2, 0.5])
+    torch.testing.assert_close(perplexity_delta(before, after), torch.tensor([0.5, -0.2, 0.0]))

@@ -15,6 +15,7 @@ from sdarflow.algo.advantages import (
 )
 from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
 from sdarflow.algo.credit import (
+    perplexity_delta,
     progress_advantages,
     scpo_advantages,
     state_values,
@@ -59,6 +60,7 @@ __all__ = [
     "masked_mean_value",
     "method_loss",
     "penalized_scores",
+    "perplexity_delta",
     "progress_advantages",
     "ppo_clip_loss",
     "register_method",

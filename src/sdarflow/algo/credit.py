@@ -98,6 +98,14 @@ def turn_progress(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tenso
     return diff.sum(dim=-1)
 
 
+def perplexity_delta(nll_before: Tensor, nll_after: Tensor) -> Tensor:
+    """OPERA-style turn reward: the drop in the policy's log-perplexity on the task's reference continuation,
+    ``r_t = NLL(ref | context before turn t) - NLL(ref | context after turn t)``, each the mean per-token negative
+    log-likelihood. Positive: the turn (its action and what it observed) made the solution likelier. (N,) -> (N,).
+    """
+    return (nll_before - nll_after).detach()
+
+
 def state_values(scores: Tensor, group_ids: Ids, state_keys: Sequence[Hashable]) -> Tensor:
     """Monte-Carlo value of each row's state relative to its group: ``V(s_i) - mean_g``.
 

@@ -92,6 +92,11 @@ class ActionFormat(Protocol):
         (``finished``: generation ended on its own rather than at the token limit). Must be pure and fast."""
         ...
 
+    def reference_continuation(self, task_id: str) -> str | None:
+        """The action (as the agent would write it) that completes the task, or None: what rescore's
+        ``--ppl-delta`` measures each turn's progress towards, for envs whose intermediate turns get no reward."""
+        ...
+
     def repair_action(self, text: str) -> str | None:
         """The well-formed action a malformed response most likely meant, or None when it cannot be told: what
         the train stage's ``--format-guard repair`` teaches back on the turns whose action did not parse."""

@@ -68,6 +68,7 @@ QA_SPLITS: dict[str, QASplit] = {
 }
 
 _ACTION = re.compile(r"^(search|answer)\[([^\[\]]{1,80})\]$")
+_TASK_ID = re.compile(r"search-qa-(\w+)-(\d+)")
 _LOOSE = re.compile(r"^(\w+)\s*[:\[({]\s*([^\[\](){}]{1,80}?)\s*[\])}]?$")  # verb, then a bracketed argument
 INSTRUCTIONS = "Use search[query] to find documents, then answer[text] with the exact name."
 
@@ -200,6 +201,15 @@ class SearchQASuite:
         if parsed is None:
             return normalize(text), False
         return f"{parsed[0]}[{parsed[1]}]", finished
+
+    def reference_continuation(self, task_id: str) -> str | None:
+        """The action that completes ``task_id``: ``answer[gold]``, as the expert writes it; None for an id that
+        is not this suite's. The perplexity-delta reward scores each turn by how much it makes this likelier."""
+        match = _TASK_ID.fullmatch(task_id)
+        if not match or match[1] not in QA_SPLITS:
+            return None
+        task = self.tasks(match[1], n=1, start=int(match[2]))[0]
+        return f"answer[{self.world[json.loads(task.payload)['chain'][-1]].name.lower()}]"
 
     def repair_action(self, text: str) -> str | None:
         """``search[...]``/``answer[...]`` a malformed response meant: another bracket, a near verb (``serch``,

@@ -61,6 +61,11 @@ class RescoreConfig(StageConfig):
         "compute the reference policy's log-probs (base model, adapter disabled, no skills) for the trainer's KL "
         "term (--kl-coef); false saves a forward pass, then train needs --kl-coef 0",
     )
+    ppl_delta: bool = opt(
+        False,
+        "score each turn's perplexity-delta reward (column ppl_delta, for train --reward perplexity-delta): the "
+        "drop in the policy's log-perplexity on the env's reference continuation across the turn; search-qa",
+    )
     batching: str = opt(
         "packed", "packed (rows end to end, block-diagonal attention) or padded", choices=BATCHINGS
     )
@@ -214,6 +219,7 @@ def run(cfg: RescoreConfig) -> dict:
     settings = cfg.guard_settings()
     guards.check_retrieval(lib, teach.hits, task_types, settings, overridden)
 
+    ppl = _ppl_rows(cfg, table, policy)
     old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts, adapter)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
@@ -221,14 +227,7 @@ def run(cfg: RescoreConfig) -> dict:
     summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
     summary.info = _info(cfg, lib, overridden)
-    new_cols = {
-        "old_logprobs": old,
-        "teacher_logprobs": teacher,
-        "ref_logprobs": ref if ref is not None else [None] * len(rows),
-        "progress": _progress(old, ref) if ref is not None else [None] * len(rows),
-        "skill_ids": teach.skill_ids,
-        "skill_hit": teach.hits,
-    }
+    new_cols = _columns(old, teacher, ref, teach, _ppl_delta(cfg, ppl, policy, budget) if ppl else None)
     table = _write(cfg, table, new_cols, summary, lib.version, overridden)
     log.info(
         "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",
@@ -244,6 +243,45 @@ def run(cfg: RescoreConfig) -> dict:
         "metrics": summary.metrics,
         "skill_library": lib.version,
     }
+
+
+def _columns(old: list, teacher: list, ref: list | None, teach, ppl_delta: list | None) -> dict[str, list]:
+    """The columns rescore adds (:data:`sdarflow.schema.RESCORE_FIELDS`); null where a pass did not run."""
+    nulls = [None] * len(old)
+    return {
+        "old_logprobs": old,
+        "teacher_logprobs": teacher,
+        "ref_logprobs": ref if ref is not None else nulls,
+        "progress": _progress(old, ref) if ref is not None else nulls,
+        "ppl_delta": ppl_delta if ppl_delta is not None else nulls,
+        "skill_ids": teach.skill_ids,
+        "skill_hit": teach.hits,
+    }
+
+
+def _ppl_rows(cfg: RescoreConfig, table: pa.Table, policy) -> tuple[list[dict], dict] | None:
+    """With --ppl-delta: the rows' episode columns and each task's reference continuation, looked up before any
+    scoring pass so an env without one fails at once."""
+    from sdarflow.teacher.ppl_delta import references
+
+    if not cfg.ppl_delta:
+        return None
+    rows = table.select(["traj_id", "turn", "task_id", "env", "prompt_token_ids"]).to_pylist()
+    return rows, references(rows, policy.tokenizer, policy.eos_id)
+
+
+def _ppl_delta(cfg: RescoreConfig, ppl: tuple[list[dict], dict], policy, budget: int) -> list[float | None]:
+    """Each row's perplexity-delta reward (:mod:`sdarflow.teacher.ppl_delta`), scored by the student policy."""
+    from sdarflow.teacher.ppl_delta import ppl_delta_rewards
+    from sdarflow.teacher.rescore import score
+
+    rows, refs = ppl
+    pad, kw = policy.tokenizer.pad_token_id, {"batching": cfg.batching, "pack_length": cfg.pack_length}
+
+    def scorer(prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        return score(policy.model, prompts, responses, pad, budget, "rescore ppl-delta", **kw)
+
+    return ppl_delta_rewards(rows, refs, scorer)
 
 
 def _progress(old: list[list[float]], ref: list[list[float]]) -> list[float]:

@@ -39,7 +39,7 @@ from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping, train_inputs
-from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS
+from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, REWARDS
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import STOP_WINDOW
 from sdarflow.train.trainer import RLHyper, train
@@ -138,6 +138,13 @@ class TrainConfig(StageConfig):
         choices=ADVANTAGES,
     )
     progress_coef: float = opt(0.1, "weight of the progress term (with --advantage progress)", ge=0)
+    reward: str = opt(
+        "outcome",
+        "outcome (the episode's return) or perplexity-delta: + reward_coef * the turn's ppl_delta (rescore "
+        "--ppl-delta) in its GRPO score",
+        choices=REWARDS,
+    )
+    reward_coef: float = opt(1.0, "weight of the turn reward (with --reward perplexity-delta)", ge=0)
     filter: str = opt(
         "none",
         "negative-value: drop turns whose state's Monte-Carlo value in the group is below the group's mean",

@@ -54,9 +54,11 @@ def rl_shaping(cfg, rows: list[dict]) -> Shaping:
     """The round's advantages and dropped rows (cfg resolved by :func:`resolve_objective`); raises
     :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``."""
     rates, metrics = check_round(rows, cfg.adapter, cfg.format_guard)
-    penalty = cfg.invalid_action_penalty
-    advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit)
-    dropped = negative_value_rows(rows, penalty) if cfg.filter == "negative-value" else [False] * len(rows)
+    penalty, coef = cfg.invalid_action_penalty, _reward_coef(cfg, rows)
+    advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit, coef)
+    dropped = (
+        negative_value_rows(rows, penalty, coef) if cfg.filter == "negative-value" else [False] * len(rows)
+    )
     metrics.update(advantage_stats(rows, advantages))
     if cfg.filter != "none":
         metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
@@ -66,6 +68,18 @@ def rl_shaping(cfg, rows: list[dict]) -> Shaping:
             f"none for it, or generate more rollouts per task (a larger group shares more states)"
         )
     return Shaping(advantages, dropped, rates, metrics)
+
+
+def _reward_coef(cfg, rows: list[dict]) -> float:
+    """The turn reward's weight in the GRPO score: ``--reward-coef`` with ``--reward perplexity-delta``, else 0."""
+    if cfg.reward == "outcome":
+        return 0.0
+    if all(r["ppl_delta"] is None for r in rows):
+        raise ConfigError(
+            "train: --reward perplexity-delta needs the rescored ppl_delta column, but every row's is null; fix: "
+            "rescore with --ppl-delta, or pass --reward outcome"
+        )
+    return cfg.reward_coef
 
 
 def train_inputs(
@@ -94,6 +108,6 @@ def objective_record(cfg, rl_step: int) -> dict:
         "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
         "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
         "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode", "credit", "advantage", "progress_coef", "filter",
-        "format_guard", "format_repair_every", "ema_decay",
+        "format_guard", "format_repair_every", "ema_decay", "reward", "reward_coef",
     )  # fmt: skip
     return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}

@@ -12,6 +12,7 @@ from sdarflow.algo import grpo_advantages, penalized_scores, scpo_advantages, st
 
 CREDITS = ("outcome", "scpo")
 ADVANTAGES = ("outcome", "progress")
+REWARDS = ("outcome", "perplexity-delta")
 FILTERS = ("none", "negative-value")
 
 
@@ -25,12 +26,17 @@ class RLSample:
     ref_logprobs: list[float] | None = None
 
 
-def _scores(rows: list[dict], penalty: float) -> torch.Tensor:
-    return penalized_scores(
+def _scores(rows: list[dict], penalty: float, reward_coef: float = 0.0) -> torch.Tensor:
+    """Each row's GRPO score: its episode's return minus the invalid-action penalty, plus ``reward_coef`` times
+    its turn reward (``ppl_delta``; a null one counts 0)."""
+    scores = penalized_scores(
         torch.tensor([float(r["episode_return"]) for r in rows], dtype=torch.float32),
         torch.tensor([bool(r["format_ok"]) for r in rows]),
         penalty,
     )
+    if reward_coef:
+        scores = scores + reward_coef * torch.tensor([r.get("ppl_delta") or 0.0 for r in rows])
+    return scores
 
 
 def _turn_key(r: dict) -> tuple:
@@ -44,15 +50,20 @@ def row_advantages(
     penalty: float = 0.0,
     per_episode: bool = False,
     credit: str = "outcome",
+    reward_coef: float = 0.0,
 ) -> list[float]:
     """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
     ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
     score each, with ``per_episode``). ``credit="scpo"``: a failed episode's turns shared with a successful
-    sibling take that sibling's advantage (:func:`sdarflow.algo.scpo_advantages`)."""
+    sibling take that sibling's advantage (:func:`sdarflow.algo.scpo_advantages`). ``reward_coef`` adds each
+    turn's own reward to its score (``--reward perplexity-delta``)."""
     groups = [r["group_id"] for r in rows]
     trajs = [r["traj_id"] for r in rows]
     adv = grpo_advantages(
-        _scores(rows, penalty), groups, norm_by_std=norm_by_std, traj_ids=trajs if per_episode else None
+        _scores(rows, penalty, reward_coef),
+        groups,
+        norm_by_std=norm_by_std,
+        traj_ids=trajs if per_episode else None,
     )
     if credit == "scpo":
         turns = [int(r["turn"]) for r in rows]
@@ -61,12 +72,12 @@ def row_advantages(
     return adv.tolist()
 
 
-def negative_value_rows(rows: list[dict], penalty: float = 0.0) -> list[bool]:
+def negative_value_rows(rows: list[dict], penalty: float = 0.0, reward_coef: float = 0.0) -> list[bool]:
     """Which rows the negative-value filter drops: those whose state (the turn's prompt, in its group) has a
     negative Monte-Carlo value relative to the group (:func:`sdarflow.algo.state_values`): turns taken after the
     episode already went wrong, whose negative advantage blames them for an earlier turn's mistake."""
     keys = [(int(r["turn"]), tuple(r["prompt_token_ids"])) for r in rows]
-    values = state_values(_scores(rows, penalty).double(), [r["group_id"] for r in rows], keys)
+    values = state_values(_scores(rows, penalty, reward_coef).double(), [r["group_id"] for r in rows], keys)
     return (values < -1e-9).tolist()
 
 
