@@ -26,6 +26,8 @@ def prepare(
     train_steps: int,
     kl_coef: float,
     entropy_coef: float,
+    options: str,
+    format_guard: str,
     rollout_engine: str,
     train_engine: str,
     retrieval: str,

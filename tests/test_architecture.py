@@ -46,7 +46,7 @@ LAYERS: list[set[str]] = [
         "kfp_runtime",
         "plan",
         "study",
-        "study_options",
+        "training_options",
         "study_report",
         "run_report",
     },

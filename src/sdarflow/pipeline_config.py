@@ -27,6 +27,8 @@ from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
+from sdarflow.train.format_guard import GUARDS
+from sdarflow.training_options import option_settings
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,17 @@ class PipelineConfig(StageConfig):
         ge=KL_FROM_ENV,
     )
     entropy_coef: float = opt(0.001, "entropy bonus (reference 0.001); 0 = off", ge=0)
+    options: str = opt(
+        "",
+        "training options (README Beyond SDAR), '+'-separated: scpo, progress, filter, ema, ppl (search-qa); e.g. "
+        "scpo+ema; stage_settings win over them",
+    )
+    format_guard: str = opt(
+        "warn",
+        "format-collapse guard of train: warn, fail (a round whose format errors spike fails) or repair (also SFT "
+        "on the malformed turns' repaired calls); off",
+        choices=GUARDS,
+    )
     rollout_engine: str = opt(
         "auto", "generation engine of generate and evaluate: hf, vllm; auto = vllm on a GPU when installed"
     )
@@ -118,6 +131,9 @@ class PipelineConfig(StageConfig):
     def validate(self) -> None:
         from sdarflow.registry.layout import validate_name
 
+        option_settings(
+            self.options.split("+") if self.options else [], "pipeline: options"
+        )  # a bad name fails now
         # the run id is a folder name under <storage>/runs: one safe path component
         if self.run_id and (not _RUN_ID.fullmatch(self.run_id) or ".." in self.run_id):
             raise ConfigError(
@@ -170,6 +186,7 @@ _SHARED: dict[str, dict[str, str]] = {
         "train_steps": "mini_batches",
         "kl_coef": "kl_coef",
         "entropy_coef": "entropy_coef",
+        "format_guard": "format_guard",
         "train_engine": "engine",
         "tracking_uri": "tracking_uri",
     },
@@ -207,6 +224,7 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
         del values["kl_coef"]  # the stage's own default: the env preset's
     if values.get("promote_to") == "production":
         values["promote_to"] = ""  # production goes through the gated promote task, never through register
+    values.update(option_settings(pc.options.split("+") if pc.options else [], "options").get(stage, {}))
     values.update(pc.stage_settings.get(stage, {}))
     # A component passes its single-dataset input and its sharded inputs together; one of the two is empty.
     values.update({k: [u for u in v if u] if isinstance(v, list) else v for k, v in io.items() if k in names})

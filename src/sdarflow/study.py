@@ -22,7 +22,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError
-from sdarflow.study_options import split_method
+from sdarflow.training_options import split_method
 
 log = logging.getLogger(__name__)
 

@@ -444,6 +444,28 @@ def test_the_training_knobs_reach_the_stages(tmp_path):
     assert stage_config(pc, "train", 0).lr == 1e-4
 
 
+def test_training_options_and_the_format_guard_reach_the_stages(tmp_path):
+    from sdarflow.errors import ConfigError
+    from sdarflow.pipeline_config import PipelineConfig, stage_config
+
+    pc = PipelineConfig(storage=str(tmp_path), base_model="m", options="scpo+ema", format_guard="repair")
+    train, rescore = stage_config(pc, "train", 0), stage_config(pc, "rescore", 0)
+    assert (train.credit, train.ema_decay, train.format_guard, rescore.teacher) == (
+        "scpo",
+        0.99,
+        "repair",
+        "ema",
+    )
+    plain = stage_config(PipelineConfig(storage="s", base_model="m"), "train", 0)
+    assert (plain.credit, plain.ema_decay, plain.format_guard) == ("outcome", 0.0, "warn")
+    pc.stage_settings = {"train": {"ema_decay": 0.9}}  # stage_settings win over the options
+    assert stage_config(pc, "train", 0).ema_decay == 0.9
+    with pytest.raises(
+        ConfigError, match=r"pipeline: options names unknown or repeated option\(s\) \['scop'\]"
+    ):
+        PipelineConfig(storage="s", base_model="m", options="scop")
+
+
 @pytest.mark.parametrize(
     "flags",
     [("--preset", "production"), ("--preset", "demo"), ("--pipeline", "promote"), ("--pipeline", "study")],

@@ -86,7 +86,10 @@ def test_markdown_has_the_comparison_table():
     [
         (["--methods", "sdar"], "methods must include grpo"),
         (["--methods", "grpo", "sdra"], "unknown method 'sdra' in 'sdra'"),
-        (["--methods", "grpo", "grpo+scop"], "'grpo+scop' names unknown or repeated option(s) ['scop']"),
+        (
+            ["--methods", "grpo", "grpo+scop"],
+            "study: 'grpo+scop' names unknown or repeated option(s) ['scop']",
+        ),
         (["--methods", "grpo", "grpo+scpo+scpo"], "repeated option(s) ['scpo', 'scpo']"),
         (["--seeds", "0", "0"], "seeds [0, 0] must be distinct"),
         (["--rounds", "0"], "rounds (0) must be >= 1"),

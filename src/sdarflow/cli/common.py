@@ -55,7 +55,7 @@ def pairs(values: list[str] | None, flag: str) -> dict[str, str]:
 def study_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """--methods and --seeds, shared by ``sdarflow study`` and ``pipeline compile --pipeline study``."""
     from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
-    from sdarflow.study_options import OPTIONS
+    from sdarflow.training_options import OPTIONS
 
     p.add_argument(
         "--methods",
