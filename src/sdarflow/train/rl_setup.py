@@ -33,15 +33,15 @@ def resolve_objective(cfg, rows: list[dict]):
         return dataclasses.replace(cfg, kl_coef=0.0, invalid_action_penalty=0.0), 0
     preset = presets.PRESETS[presets.resolve(cfg.preset, {r["env"] for r in rows})]
     kl_coef = preset.kl_coef if cfg.kl_coef is None else cfg.kl_coef
-    needs_ref = [f"kl_coef = {kl_coef}"] if kl_coef != 0 else []
-    needs_ref += ["--advantage progress"] if cfg.advantage == "progress" else []
+    needs = {f"kl_coef = {kl_coef}": "--kl-coef 0"} if kl_coef != 0 else {}  # what needs them: its fix
+    if cfg.advantage == "progress":
+        needs["--advantage progress"] = "--advantage outcome"
     missing = sum(r["ref_logprobs"] is None for r in rows if r["response_token_ids"])
-    if needs_ref and missing:
+    if needs and missing:
         raise ConfigError(
-            f"train: {' and '.join(needs_ref)} need{'s' if len(needs_ref) == 1 else ''} reference log-probs, but "
-            f"{missing} rescored row(s) have "
-            f"none (rescored with --no-ref-logprobs); fix: rescore with --ref-logprobs, or pass --kl-coef 0 and "
-            f"--advantage outcome"
+            f"train: {' and '.join(needs)} need{'s' if len(needs) == 1 else ''} reference log-probs, but {missing} "
+            f"rescored row(s) have none (rescored with --no-ref-logprobs); fix: rescore with --ref-logprobs or "
+            f"pass {' and '.join(needs.values())}"
         )
     penalty = (
         preset.invalid_action_penalty if cfg.invalid_action_penalty is None else cfg.invalid_action_penalty
