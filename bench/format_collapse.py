@@ -2,8 +2,8 @@
 guard off and with ``--format-guard repair``.
 
 The drift is the failure mode seen in RL on tool-using agents: one wrong token in the call wrapper. Starting from
-the SFT base model on ``tool-use``, a LoRA is fine-tuned on the base's own solved turns with ``"tool"`` misspelled
-``"tol"`` in ``--drift-share`` of them, so the policy starts emitting malformed calls. From that adapter both arms
+the SFT base model on ``tool-use``, a LoRA is fine-tuned on the base's own well-formed calls with ``"tool"``
+misspelled ``"tol"`` in ``--drift-share`` of them, so the policy starts emitting malformed calls. From that adapter both arms
 train the same GRPO rounds (same seeds, same new tasks each round); the per-round rollouts' format-error rate and
 success are the curves. Results go to ``bench/results/format_collapse.json``. Not part of ``make bench``:
 
@@ -47,11 +47,13 @@ def _generate(model: str, adapter: str, out: str, r: int, args) -> dict:
 
 
 def drifted_dataset(gen_uri: str, out: str, tokenizer, eos_id: int, share: float, seed: int) -> str:
-    """The solved turns of ``gen_uri``, ``share`` of them with the call wrapper's key misspelled."""
-    rows = [r for r in storage.read_table(gen_uri, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()]
+    """The well-formed calls of ``gen_uri`` as SFT targets (marked solved: the SFT mode trains on solved rows),
+    ``share`` of them with the call wrapper's key misspelled."""
+    rows = storage.read_table(gen_uri, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
     rng = random.Random(seed)
     for r in rows:
-        if r["success"] and DRIFT[0] in r["response_text"] and rng.random() < share:
+        r["success"] = bool(r["format_ok"]) and DRIFT[0] in r["response_text"]
+        if r["success"] and rng.random() < share:
             r["response_text"] = r["response_text"].replace(*DRIFT)
             r["response_token_ids"] = tokenizer(r["response_text"], add_special_tokens=False)["input_ids"] + [
                 eos_id
