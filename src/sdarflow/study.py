@@ -92,15 +92,15 @@ def stage_settings(s: StudySettings) -> dict[str, dict[str, Any]]:
 
 
 def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage_root: str):
-    """The training pipeline's config for one cell: the preset's sizes, this method and seed, our storage."""
+    """The training pipeline's config for one cell: the preset's sizes, this method (its options as the pipeline's
+    ``options``, under the study's stage settings) and seed, our storage."""
     from sdarflow.pipeline_config import PipelineConfig
     from sdarflow.train.warmstart import SEED_SKILLS
 
     sizes = preset_sizes(s)
     settings = stage_settings(s)
-    method, options = split_method(method)
-    for stage, values in options.items():
-        settings[stage] = {**settings.get(stage, {}), **values}
+    split_method(method)  # a bad row fails here, with the study's words
+    method, _, options = method.partition("+")
     return PipelineConfig.from_dict(
         {
             **sizes,
@@ -110,6 +110,7 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
             "seed_skills": str(Path(base) / SEED_SKILLS),
             "env": s.env,
             "method": method,
+            "options": options,
             "seed": seed,
             "stage_settings": settings,
         }

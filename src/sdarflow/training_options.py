@@ -24,8 +24,8 @@ def option_settings(options: list[str], where: str) -> dict[str, dict[str, Any]]
     unknown = [o for o in options if o not in OPTIONS]
     if unknown or len(set(options)) != len(options):
         raise ConfigError(
-            f"{where} names unknown or repeated option(s) {unknown or options}; options: {', '.join(OPTIONS)} "
-            f"(e.g. scpo+ema)"
+            f"{where} names unknown or repeated option(s) {unknown or options}; fix: use each of "
+            f"{', '.join(OPTIONS)} at most once (e.g. scpo+ema)"
         )
     settings: dict[str, dict[str, Any]] = {}
     for o in options:
@@ -39,5 +39,7 @@ def split_method(name: str) -> tuple[str, dict[str, dict[str, Any]]]:
     {"credit": "scpo"}}); ConfigError for an unknown method or option."""
     method, *options = name.split("+")
     if method not in METHODS:
-        raise ConfigError(f"study: unknown method {method!r} in {name!r}; choose from {', '.join(METHODS)}")
+        raise ConfigError(
+            f"study: unknown method {method!r} in {name!r}; fix: start the row with one of {', '.join(METHODS)}"
+        )
     return method, option_settings(options, f"study: {name!r}")

@@ -90,15 +90,23 @@ def test_turn_progress_is_the_turns_log_likelihood_ratio():
     assert turn_progress(logp, ref, mask).tolist() == pytest.approx([0.5 - 1.0, 0.0 - 1.0 + 0.5])
 
 
-def test_state_values_by_hand():
-    # group g: 4 rows in state A (scores 1, 1, 0, 0), one in B (1), two in C (0, 0); mean 3/7
-    # group h: every row in one state: value 0 whatever the scores
-    keys = ["A", "A", "A", "A", "B", "C", "C", "A", "A"]
-    groups = ["g"] * 7 + ["h", "h"]
-    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.3, -0.1])
-    v = state_values(scores, groups, keys)
-    a, b, c = 0.5 - 3 / 7, 1 - 3 / 7, -3 / 7
-    assert v.tolist() == pytest.approx([a, a, a, a, b, c, c, 0.0, 0.0], abs=1e-6)
+def test_state_values_count_each_episode_once():
+    # group g: S1 wins in 3 turns (states A, B, B'), S2 wins in 1 (A), F1 and F2 fail in 2 (A then C); S_e is
+    # each episode's mean row score: 1, 1, 0, 0 (F2's second turn was penalized 0.2: S_F2 = (0 - 0.2) / 2)
+    rows = [  # (episode, state, score)
+        ("S1", "A", 1.0), ("S1", "B", 1.0), ("S1", "B2", 1.0), ("S2", "A", 1.0),
+        ("F1", "A", 0.0), ("F1", "C", 0.0), ("F2", "A", 0.0), ("F2", "C", -0.2),
+    ]  # fmt: skip
+    episodes, keys, scores = zip(*rows, strict=True)
+    v = state_values(torch.tensor(scores), ["g"] * 8, list(episodes), list(keys))
+    mean = (1 + 1 + 0 - 0.1) / 4  # each episode once, not S1's 3 rows 3 times
+    a, b, c = mean - mean, 1 - mean, -0.05 - mean  # A: every episode; B, B2: S1's; C: F1 and F2
+    assert v.tolist() == pytest.approx([a, b, b, a, a, c, a, c], abs=1e-6)
+    # the start state is shared by every episode: value 0 whatever the episodes' lengths
+    assert v[0] == pytest.approx(0.0, abs=1e-9)
+    # another group is independent: one state, value 0
+    h = state_values(torch.tensor([0.3, -0.1]), ["h", "h"], ["x", "y"], ["A", "A"])
+    assert h.tolist() == pytest.approx([0.0, 0.0], abs=1e-7)
 
 
 def test_perplexity_delta_is_the_drop_in_mean_nll():

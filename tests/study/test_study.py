@@ -120,3 +120,16 @@ def test_an_option_row_trains_its_method_with_the_options_train_settings(tiny_mo
         pipeline_config(s, str(tiny_model), "grpo", 0, str(tmp_path / "g")), "train", 0, input=["x"]
     )
     assert (plain.method, plain.credit, plain.filter) == ("grpo", "outcome", "none")
+
+
+def test_the_studys_stage_settings_win_over_a_rows_options(tiny_model, tmp_path):
+    from sdarflow.pipeline_config import stage_config
+    from sdarflow.study import StudySettings, pipeline_config
+
+    s = StudySettings(
+        methods=["grpo", "sdar+ema"], seeds=[0], rounds=1, out=str(tmp_path), preset="smoke",
+        stage_settings={"train": {"ema_decay": 0.9}},
+    )  # fmt: skip
+    pc = pipeline_config(s, str(tiny_model), "sdar+ema", 0, str(tmp_path / "store"))
+    assert stage_config(pc, "train", 0, input=["x"]).ema_decay == 0.9
+    assert stage_config(pc, "rescore", 0, input=["x"], skills="s").teacher == "ema"

@@ -314,11 +314,11 @@ def test_format_guard_repair_trains_the_malformed_turns_back_to_their_repaired_c
     data = str(tmp_path / "malformed")
     storage.write_table(table, data, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
     out = str(tmp_path / "repaired")
-    args = ["--input", data, "--model", str(tiny_model), "--output", out, "--max-steps", "3"]
-    assert train_cli(*args, "--format-guard", "repair", "--format-repair-every", "2") == 0
-    assert [x["kind"] for x in metrics_lines(out)] == ["rl", "rl", "sft"]
+    args = ["--input", data, "--model", str(tiny_model), "--output", out, "--max-steps", "4"]
+    assert train_cli(*args, "--format-guard", "repair", "--format-repair-every", "3") == 0
+    assert [x["kind"] for x in metrics_lines(out)] == ["rl", "rl", "rl", "sft"]  # exactly after every 3
     summary = json.loads(storage.read_member(out, "train_summary.json"))
     assert summary["format/malformed_turns"] == summary["format/repaired_turns"] == n // 4
     # without repair the same run takes RL steps only
-    assert train_cli(*args[:-4], "--output", str(tmp_path / "plain"), "--max-steps", "3") == 0
+    assert train_cli(*args[:-4], "--output", str(tmp_path / "plain"), "--max-steps", "4") == 0
     assert {x["kind"] for x in metrics_lines(str(tmp_path / "plain"))} == {"rl"}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sdarflow.algo import METHODS
+from sdarflow.errors import ConfigError
 from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
@@ -286,3 +287,28 @@ def test_progress_term_adds_coef_times_the_log_ratio_to_every_tokens_advantage(t
     bonus = 0.5 * (0.2 * n[0] + 0.3 * n[1]) / sum(n)
     assert shaped["loss/pg"] == pytest.approx(plain["loss/pg"] - bonus, rel=1e-4, abs=1e-6)
     assert "actor/kl_loss" not in shaped  # the reference feeds the term, not a KL loss (kl_coef 0)
+
+
+def _shaping(rows, **settings):
+    from sdarflow.stages.train import TrainConfig
+    from sdarflow.train.rl_setup import rl_shaping
+
+    return rl_shaping(TrainConfig(invalid_action_penalty=0.0, format_guard="off", **settings), rows)
+
+
+def test_the_stage_settings_reach_the_advantages():
+    a = 0.5 / (3**-0.5 + 1e-6)
+    rows = [{**r, "ppl_delta": None, "env": "test"} for r in _two_episodes()]
+    assert _shaping(rows).advantages == pytest.approx([a, a, -a, -a], rel=1e-6)
+    assert _shaping(rows, credit="scpo").advantages == pytest.approx([a, a, a, -a], rel=1e-6)
+    rows[3]["prompt_token_ids"] = [1, 2, 7, 4]
+    assert _shaping(rows, filter="negative-value").dropped == [False, False, False, True]
+    # the turn reward: every ppl_delta null is a run rescored without --ppl-delta
+    with pytest.raises(
+        ConfigError, match="needs the rescored ppl_delta column.*fix: rescore with --ppl-delta"
+    ):
+        _shaping(rows, reward="perplexity-delta")
+    rows[2]["ppl_delta"] = 2.0  # F's first turn made the answer likelier: scores 1, 1, 2, 0
+    shaped = _shaping(rows, reward="perplexity-delta", reward_coef=0.5).advantages  # 1, 1, 1, 0
+    b = 0.25 / ((3 * 0.25**2 + 0.75**2) / 3) ** 0.5
+    assert shaped == pytest.approx([b, b, b, -3 * b], rel=1e-5)

@@ -83,9 +83,10 @@ def progress_advantages(
     """Outcome advantage plus the progress term: ``A'_t = A_t + coef * (log pi(y_t) - log pi_ref(y_t))``.
 
     The log-ratio to the reference policy (the base model) says how far training has already moved each token;
-    as a step-level term it separates the tokens of one turn that GRPO weighs alike. All (B, T); the log-probs
-    are constants (sdarflow passes the rollout-time ones); 0 on masked tokens (``where``: padded log-probs may be
-    -inf).
+    as a step-level term it separates the tokens of one turn that GRPO weighs alike. It is the negative of a
+    KL-in-reward penalty (it rewards moving away from the reference, against a KL loss) and 0 while the policy is
+    the reference (round 0). All (B, T); the log-probs are constants (sdarflow passes the rescored ones of the
+    policy that generated the rows); 0 on masked tokens (``where``: padded log-probs may be -inf).
     """
     a = advantages.detach() + coef * (logprobs.detach() - ref_logprobs.detach())
     return torch.where(mask.bool(), a, torch.zeros_like(a))
@@ -106,24 +107,32 @@ def perplexity_delta(nll_before: Tensor, nll_after: Tensor) -> Tensor:
     return (nll_before - nll_after).detach()
 
 
-def state_values(scores: Tensor, group_ids: Ids, state_keys: Sequence[Hashable]) -> Tensor:
-    """Monte-Carlo value of each row's state relative to its group: ``V(s_i) - mean_g``.
+def state_values(scores: Tensor, group_ids: Ids, traj_ids: Ids, state_keys: Sequence[Hashable]) -> Tensor:
+    """Monte-Carlo value of each row's state relative to its group, one vote per episode:
+    ``V(s_i) - mean_g = mean_{e reached s_i} S_e - mean_{e in g} S_e``.
 
-    ``V(s_i)`` is the mean score of the group's rows with the same state key (the rollouts that reached that
-    state), ``mean_g`` the mean score of the group's rows. Negative: from this state the group did worse than
-    from the start. (N,) -> (N,).
+    ``S_e`` is episode e's score, the mean of its rows' scores; an episode counts once in its group's mean and
+    once in each state it reached, however many turns it took. Negative: the episodes that reached this state did
+    worse than the group's episodes on average. (N,) -> (N,).
     """
     n = scores.shape[0]
     groups = _codes(group_ids, n, "group_ids")
+    trajs = _codes(traj_ids, n, "traj_ids")
     _codes(state_keys, n, "state_keys")
     s = scores.detach().to(torch.float64)
-    by_state: dict[tuple, list[int]] = {}
-    by_group: dict[Hashable, list[int]] = {}
-    for i, (g, key) in enumerate(zip(groups, state_keys, strict=True)):
-        by_state.setdefault((g, key), []).append(i)
-        by_group.setdefault(g, []).append(i)
-    group_mean = {g: float(s[rows].mean()) for g, rows in by_group.items()}
-    out = torch.empty(n, dtype=torch.float64)
-    for (g, _), rows in by_state.items():
-        out[rows] = float(s[rows].mean()) - group_mean[g]
-    return out.to(scores.dtype)
+    rows_of: dict[tuple, list[int]] = {}  # (group, episode) -> its rows
+    for i, pair in enumerate(zip(groups, trajs, strict=True)):
+        rows_of.setdefault(pair, []).append(i)
+    episode = {pair: float(s[rows].mean()) for pair, rows in rows_of.items()}
+    reached: dict[tuple, set] = {}  # (group, state) -> the episodes that reached it
+    for g, tr, key in zip(groups, trajs, state_keys, strict=True):
+        reached.setdefault((g, key), set()).add(tr)
+    group_scores: dict[Hashable, list[float]] = {}
+    for (g, _), value in episode.items():
+        group_scores.setdefault(g, []).append(value)
+    mean = {g: sum(v) / len(v) for g, v in group_scores.items()}
+    values = [
+        sum(episode[(g, e)] for e in reached[(g, key)]) / len(reached[(g, key)]) - mean[g]
+        for g, key in zip(groups, state_keys, strict=True)
+    ]
+    return torch.tensor(values, dtype=scores.dtype)

@@ -28,7 +28,9 @@ def references(rows: list[dict], tokenizer, eos_id: int) -> dict[str, list[int]]
     for r in rows:
         if r["task_id"] in out:
             continue
-        suite = suites.setdefault(r["env"], get_suite(r["env"]))
+        if r["env"] not in suites:  # a suite may build an index: once per env
+            suites[r["env"]] = get_suite(r["env"])
+        suite = suites[r["env"]]
         text = (
             suite.reference_continuation(r["task_id"]) if hasattr(suite, "reference_continuation") else None
         )

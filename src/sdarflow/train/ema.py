@@ -11,11 +11,14 @@ resumed run continues the same average.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+log = logging.getLogger(__name__)
 
 EMA_DIR = "ema"  # inside a published adapter: the teacher's adapter folder
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -79,28 +82,39 @@ def previous_average(adapter_dir: str | None, model) -> dict[str, torch.Tensor] 
     if not adapter_dir or not (Path(adapter_dir) / EMA_DIR / PEFT_WEIGHTS).is_file():
         return None
     saved = load_file(str(Path(adapter_dir) / EMA_DIR / PEFT_WEIGHTS))
-    # PEFT saves "...q_proj.lora_A.weight"; the live model names it "...q_proj.lora_A.default.weight"
-    live = {n.replace(".default.", "."): n for n in _trainable(model)}
+    # PEFT saves a weight under its live name without the adapter's name (get_peft_model_state_dict removes
+    # ".default"): "...lora_A.default.weight" -> "...lora_A.weight", "...lora_embedding_A.default" -> "..._A"
+    name = f".{model.active_adapter}"
+    live = {n.replace(name, ""): n for n in _trainable(model)}
     return {live.get(k, k): v for k, v in saved.items()}
 
 
 @contextlib.contextmanager
 def ema_teacher(model, adapter_dir: str | None) -> Iterator[None]:
     """Inside, ``model`` (the student: a PEFT model with its adapter) runs with its adapter's EMA (``ema/``)
-    loaded as a second LoRA adapter instead; the student's adapter is active again on exit. Without an adapter
-    (round 0) the student is the base model, and so is its average: nothing changes."""
-    if not adapter_dir:
+    loaded as a second LoRA adapter instead; the student's adapter is active again on exit.
+
+    Without an adapter (round 0) the student is the base model, and so is its average. An adapter without an
+    average (trained with --ema-decay 0, or before it existed: a pipeline's start adapter) is where train starts
+    one, at the current weights, so the teacher is the student this round (a warning says so)."""
+    folder = Path(adapter_dir) / EMA_DIR if adapter_dir else None
+    if folder is None or not (folder / PEFT_WEIGHTS).is_file():
+        if folder is not None:
+            log.warning(
+                "rescore --teacher ema: %s has no %s/ yet; the teacher is the current student",
+                adapter_dir,
+                EMA_DIR,
+            )
         yield
         return
     from peft import PeftModel
 
     from sdarflow.errors import ModelError
 
-    folder = Path(adapter_dir) / EMA_DIR
-    if not (folder / PEFT_WEIGHTS).is_file() or not isinstance(model, PeftModel):
+    if not isinstance(model, PeftModel):
         raise ModelError(
-            f"rescore --teacher ema: the adapter {adapter_dir} has no EMA teacher ({EMA_DIR}/{PEFT_WEIGHTS}); fix: "
-            f"train it with --ema-decay (e.g. 0.99), or pass --teacher current"
+            f"rescore --teacher ema: the adapter {adapter_dir} was merged into the model's weights, so its EMA "
+            f"cannot run beside it; fix: pass the adapter as a PEFT folder (unmerged), or --teacher current"
         )
     student = model.active_adapter
     model.load_adapter(str(folder), adapter_name=EMA_ADAPTER)

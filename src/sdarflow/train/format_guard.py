@@ -97,7 +97,9 @@ def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[s
         if r["format_ok"] or not r["response_token_ids"]:
             continue
         malformed += 1
-        suite = suites.setdefault(r["env"], get_suite(r["env"]))
+        if r["env"] not in suites:  # a suite may build an index: once per env
+            suites[r["env"]] = get_suite(r["env"])
+        suite = suites[r["env"]]
         repaired = suite.repair_action(r["response_text"]) if hasattr(suite, "repair_action") else None
         if repaired is None or not suite.parse_action(repaired, True)[1]:
             continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from fractions import Fraction
 
 from sdarflow.errors import ConfigError
 from sdarflow.train import presets
@@ -62,7 +63,8 @@ def rl_shaping(cfg, rows: list[dict]) -> Shaping:
     metrics.update(advantage_stats(rows, advantages))
     if cfg.filter != "none":
         metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
-    if all(d or not r["response_token_ids"] for r, d in zip(rows, dropped, strict=True)):
+    kept = [r for r, d in zip(rows, dropped, strict=True) if r["response_token_ids"] and not d]
+    if cfg.filter != "none" and rows and not kept:
         raise ConfigError(
             f"train: --filter {cfg.filter} dropped every row of this round ({len(rows)}); fix: pass --filter "
             f"none for it, or generate more rollouts per task (a larger group shares more states)"
@@ -97,7 +99,8 @@ def train_inputs(
         shaping.metrics.update(metrics)
         if repaired:
             sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired
-            hp.sft_ratio = max(cfg.sft_ratio, 1.0 / cfg.format_repair_every)
+            # exact: step_kinds reads the ratio as a fraction, and 1/3 as a float would land a step late
+            hp.sft_ratio = max(Fraction(str(cfg.sft_ratio)), Fraction(1, cfg.format_repair_every))
     samples = make_samples(rows, shaping.advantages, shaping.dropped) if shaping else []
     return TrainData(samples, sft, policy.tokenizer.pad_token_id), hp
 

@@ -73,11 +73,13 @@ def row_advantages(
 
 
 def negative_value_rows(rows: list[dict], penalty: float = 0.0, reward_coef: float = 0.0) -> list[bool]:
-    """Which rows the negative-value filter drops: those whose state (the turn's prompt, in its group) has a
-    negative Monte-Carlo value relative to the group (:func:`sdarflow.algo.state_values`): turns taken after the
-    episode already went wrong, whose negative advantage blames them for an earlier turn's mistake."""
+    """Which rows the negative-value filter drops: those whose state (the turn's index and prompt, in its group)
+    has a negative Monte-Carlo value relative to the group (:func:`sdarflow.algo.state_values`): turns taken from
+    a state the group's episodes did worse from than on average, whose negative advantage mostly blames them for
+    the turns that led there."""
     keys = [(int(r["turn"]), tuple(r["prompt_token_ids"])) for r in rows]
-    values = state_values(_scores(rows, penalty, reward_coef).double(), [r["group_id"] for r in rows], keys)
+    scores = _scores(rows, penalty, reward_coef).double()
+    values = state_values(scores, [r["group_id"] for r in rows], [r["traj_id"] for r in rows], keys)
     return (values < -1e-9).tolist()
 
 
