@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.common import write_result
+from bench.common import rl_round, write_result
 from sdarflow import storage
 from sdarflow.schema import TRAJECTORY_SCHEMA
-from sdarflow.stages import extract_skills, generate, rescore, train
+from sdarflow.stages import generate, train
 from sdarflow.train.warmstart import BaseModelSpec, build_base_model
 
 DRIFT = ('"tool"', '"tol"')  # the one-token slip in the call wrapper
@@ -77,23 +77,11 @@ def arm(model: str, drifted: str, guard: str, root: str, args) -> list[dict]:
         logging.warning("%s round %d: success %.3f, format errors %.3f", guard, r, *curve[-1].values())
         if r == args.rounds:
             return curve
-        sk = extract_skills.run(
-            extract_skills.ExtractSkillsConfig(input=[gen["uri"]], previous=skills, output=f"{out}/skills")
-        )
-        rs = rescore.run(
-            rescore.RescoreConfig(
-                input=[gen["uri"]], skills=sk["uri"], model=model, adapter=adapter, output=f"{out}/rescored"
-            )
-        )
-        tr = train.run(
-            train.TrainConfig(
-                input=[rs["uri"]], model=model, adapter=adapter, output=f"{out}/adapter", method="grpo",
-                seed=args.seed, lr=args.lr, max_steps=args.steps, format_guard=guard,
-            )
-        )  # fmt: skip
+        train_kw = {"method": "grpo", "seed": args.seed, "lr": args.lr, "max_steps": args.steps}
+        tr, skills = rl_round(gen["uri"], model, adapter, skills, out, format_guard=guard, **train_kw)
         curve[-1]["train_sft_steps"] = tr["metrics"].get("train/sft_steps", 0.0)
         curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
-        adapter, skills = tr["uri"], sk["uri"]
+        adapter = tr["uri"]
     return curve
 
 

@@ -14,8 +14,8 @@ import logging
 import tempfile
 import time
 
-from bench.common import write_result
-from sdarflow.stages import extract_skills, generate, rescore, train
+from bench.common import rl_round, write_result
+from sdarflow.stages import generate
 
 
 def one_seed(
@@ -41,26 +41,8 @@ def one_seed(
         logging.warning("seed %d round %d (%s): train success %.3f", seed, r, method, curve[-1])
         if r == rounds:
             break
-        sk = extract_skills.run(
-            extract_skills.ExtractSkillsConfig(input=[gen["uri"]], previous=skills, output=f"{out}/skills")
-        )
-        rs = rescore.run(
-            rescore.RescoreConfig(
-                input=[gen["uri"]], skills=sk["uri"], model=model, adapter=adapter, output=f"{out}/rescored"
-            )
-        )
-        tr = train.run(
-            train.TrainConfig(
-                input=[rs["uri"]],
-                model=model,
-                adapter=adapter,
-                output=f"{out}/adapter",
-                method=method,
-                seed=seed,
-                **train_kw,
-            )
-        )
-        adapter, skills = tr["uri"], sk["uri"]
+        tr, skills = rl_round(gen["uri"], model, adapter, skills, out, method=method, seed=seed, **train_kw)
+        adapter = tr["uri"]
     return curve
 
 

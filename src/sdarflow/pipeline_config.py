@@ -27,7 +27,7 @@ from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
-from sdarflow.train.format_guard import GUARDS
+from sdarflow.train.format_guard import GUARD_HELP, GUARDS
 from sdarflow.training_options import option_settings
 
 log = logging.getLogger(__name__)
@@ -90,12 +90,7 @@ class PipelineConfig(StageConfig):
         "training options (README Beyond SDAR), '+'-separated: scpo, progress, filter, ema, ppl (search-qa); e.g. "
         "scpo+ema; stage_settings win over them",
     )
-    format_guard: str = opt(
-        "warn",
-        "format-collapse guard of train: warn, fail (a round whose format errors spike fails) or repair (also SFT "
-        "on the malformed turns' repaired calls); off",
-        choices=GUARDS,
-    )
+    format_guard: str = opt("warn", f"train's {GUARD_HELP}", choices=GUARDS)
     rollout_engine: str = opt(
         "auto", "generation engine of generate and evaluate: hf, vllm; auto = vllm on a GPU when installed"
     )

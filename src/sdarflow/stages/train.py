@@ -34,7 +34,7 @@ from sdarflow.train import presets
 from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
-from sdarflow.train.format_guard import GUARDS
+from sdarflow.train.format_guard import GUARD_HELP, GUARDS
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
@@ -162,12 +162,7 @@ class TrainConfig(StageConfig):
         ge=0,
         le=1,
     )
-    format_guard: str = opt(
-        "warn",
-        "format-collapse guard: the round's format-error rate against its lineage's (a spike: warn, or fail the "
-        "round); repair also trains the malformed turns back to their repaired calls; off = not checked",
-        choices=GUARDS,
-    )
+    format_guard: str = opt("warn", GUARD_HELP, choices=GUARDS)
     agg: str = opt(HYPER.agg, "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
     sft_ratio: float = opt(

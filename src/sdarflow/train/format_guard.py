@@ -22,6 +22,10 @@ from sdarflow.errors import SdarflowError
 log = logging.getLogger(__name__)
 
 GUARDS = ("off", "warn", "fail", "repair")
+GUARD_HELP = (
+    "format-collapse guard: the round's format-error rate against its lineage's (a spike: warn, or fail the round); "
+    "repair also trains the malformed turns back to their repaired calls; off = not checked"
+)
 SUMMARY_KEY = "format_error_rates"  # in train_summary.json: this lineage's per-round rates, oldest first
 WINDOW = 3  # rounds in the moving baseline
 FACTOR = 2.0  # a spike is at least this multiple of the baseline ...
