@@ -13,6 +13,8 @@ OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
     "scpo": {"train": {"credit": "scpo"}},
     "progress": {"train": {"advantage": "progress"}},
     "filter": {"train": {"filter": "negative-value"}},
+    # FORCE: the filter on a learned value head, fitted alone in the first round
+    "force": {"train": {"filter": "negative-value", "value_estimate": "head", "value_warmup_rounds": 1}},
     "ema": {"train": {"ema_decay": 0.99}, "rescore": {"teacher": "ema"}},
     "ppl": {"train": {"reward": "perplexity-delta"}, "rescore": {"ppl_delta": True}},  # envs with a reference
 }

@@ -1,5 +1,5 @@
 """Step-level credit, against hand-computed values: SCPO's sibling credit on a hand-made group, the progress term
-from given log-probs, per-turn progress, and the per-state value the negative-value filter reads."""
+from given log-probs, per-turn progress, the per-state value the negative-value filter reads, and the value head's ridge fit."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from sdarflow.algo import (
+    fit_value_head,
+    head_values,
     perplexity_delta,
     progress_advantages,
+    relative_to_start,
     scpo_advantages,
     state_values,
     turn_progress,
@@ -112,3 +115,43 @@ def test_state_values_count_each_episode_once():
 def test_perplexity_delta_is_the_drop_in_mean_nll():
     before, after = torch.tensor([2.0, 1.0, 0.5]), torch.tensor([1.5, 1.2, 0.5])
     torch.testing.assert_close(perplexity_delta(before, after), torch.tensor([0.5, -0.2, 0.0]))
+
+
+def test_value_head_ridge_fit_by_hand():
+    # x = [1], [2]; y = 1, 3; l2 = 0.5. X = [[1, 1], [2, 1]]: X^T X / 2 + 0.5 I = [[3, 1.5], [1.5, 1.5]],
+    # X^T y / 2 = [3.5, 2] -> w = [1, 1/3] (det 2.25). Anchored at w0 = [2, 0]: rhs [4.5, 2] -> [5/3, -1/3].
+    x, y = torch.tensor([[1.0], [2.0]]), torch.tensor([1.0, 3.0])
+    w = fit_value_head(x, y, l2=0.5)
+    assert w.tolist() == pytest.approx([1.0, 1 / 3])
+    anchored = fit_value_head(x, y, torch.tensor([2.0, 0.0]), l2=0.5)
+    assert anchored.tolist() == pytest.approx([5 / 3, -1 / 3])
+    assert head_values(x, w).tolist() == pytest.approx([4 / 3, 7 / 3])
+    # a strong anchor keeps the previous head
+    assert fit_value_head(x, y, torch.tensor([2.0, 0.0]), l2=1e6).tolist() == pytest.approx(
+        [2.0, 0.0], abs=1e-5
+    )
+
+
+def test_value_head_is_the_objectives_minimum():
+    torch.manual_seed(0)
+    x, y, w0 = torch.randn(7, 3), torch.randn(7), torch.randn(4)
+    w = fit_value_head(x, y, w0, l2=0.1).requires_grad_(True)
+    design = torch.cat([x.double(), torch.ones(7, 1, dtype=torch.float64)], dim=1)
+    objective = ((design @ w - y.double()) ** 2).mean() + 0.1 * ((w - w0.double()) ** 2).sum()
+    (grad,) = torch.autograd.grad(objective, w)
+    assert grad.abs().max() < 1e-10
+
+
+def test_value_head_rejects_bad_shapes_and_l2():
+    x, y = torch.zeros(2, 3), torch.zeros(2)
+    with pytest.raises(ValueError, match="prior must be"):
+        fit_value_head(x, y, torch.zeros(3))
+    with pytest.raises(ValueError, match="l2 must be > 0"):
+        fit_value_head(x, y, l2=0.0)
+
+
+def test_relative_to_start_subtracts_the_groups_first_turn_mean():
+    # group a starts at turn 0 with values 0.5 and 0.9 (mean 0.7); group b's rows start at turn 1 (0.4)
+    v = torch.tensor([0.5, 0.2, 0.9, 0.4, 0.1], dtype=torch.float64)
+    rel = relative_to_start(v, ["a", "a", "a", "b", "b"], [0, 1, 0, 1, 2])
+    assert rel.tolist() == pytest.approx([-0.2, -0.5, 0.2, 0.0, -0.3])

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sdarflow.cli import main
+from sdarflow.training_options import OPTIONS
 
 
 def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, capsys):
@@ -120,6 +123,21 @@ def test_an_option_row_trains_its_method_with_the_options_train_settings(tiny_mo
         pipeline_config(s, str(tiny_model), "grpo", 0, str(tmp_path / "g")), "train", 0, input=["x"]
     )
     assert (plain.method, plain.credit, plain.filter) == ("grpo", "outcome", "none")
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_every_option_is_valid_settings_of_its_stages(tiny_model, tmp_path, option):
+    from sdarflow.pipeline_config import stage_config
+    from sdarflow.study import StudySettings, pipeline_config
+
+    row = f"grpo+{option}"
+    s = StudySettings(methods=["grpo", row], seeds=[0], rounds=1, out=str(tmp_path), preset="smoke")
+    pc = pipeline_config(s, str(tiny_model), row, 0, str(tmp_path / "store"))
+    inputs = {"train": {"input": ["x"]}, "rescore": {"input": ["x"], "skills": "s"}}
+    for stage, values in OPTIONS[option].items():
+        cfg = stage_config(pc, stage, 0, **inputs[stage])
+        cfg.validate()
+        assert {k: getattr(cfg, k) for k in values} == values
 
 
 def test_the_studys_stage_settings_win_over_a_rows_options(tiny_model, tmp_path):

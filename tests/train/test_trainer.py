@@ -127,6 +127,14 @@ def test_negative_value_filter_drops_the_turns_after_a_divergence_that_failed():
     assert [s.response for s in kept] == [[7], [8], [7]]
 
 
+def test_negative_value_filter_with_head_values_compares_with_the_groups_first_turn():
+    # rows S0, S1, F0, F1 (turns 0, 1, 0, 1): the start's value is the mean of the turn-0 rows (one state, 0.5);
+    # S1 at 0.7 is above it, F1 at 0.45 below: only F1 is dropped, whatever the returns say
+    values = torch.tensor([0.5, 0.7, 0.5, 0.45], dtype=torch.float64)
+    assert negative_value_rows(_two_episodes(), values=values) == [False, False, False, True]
+    assert negative_value_rows(_two_episodes(), values=torch.full((4,), 0.3)) == [False] * 4
+
+
 def test_advantage_stats_by_hand():
     rows = [{"group_id": g} for g in ("a", "a", "b", "b", "c")]
     stats = advantage_stats(rows, [1.0, -1.0, 0.0, 0.0, 0.0])

@@ -15,8 +15,11 @@ from sdarflow.algo.advantages import (
 )
 from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
 from sdarflow.algo.credit import (
+    fit_value_head,
+    head_values,
     perplexity_delta,
     progress_advantages,
+    relative_to_start,
     scpo_advantages,
     state_values,
     turn_progress,
@@ -54,7 +57,9 @@ __all__ = [
     "entropy_from_logits",
     "linear_entropy",
     "linear_token_logprobs",
+    "fit_value_head",
     "grpo_advantages",
+    "head_values",
     "kl_penalty",
     "masked_mean",
     "masked_mean_value",
@@ -64,6 +69,7 @@ __all__ = [
     "progress_advantages",
     "ppo_clip_loss",
     "register_method",
+    "relative_to_start",
     "rlsd_advantages",
     "rlsd_lambda",
     "rlsd_weights",

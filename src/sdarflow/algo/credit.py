@@ -136,3 +136,49 @@ def state_values(scores: Tensor, group_ids: Ids, traj_ids: Ids, state_keys: Sequ
         for g, key in zip(groups, state_keys, strict=True)
     ]
     return torch.tensor(values, dtype=scores.dtype)
+
+
+def fit_value_head(
+    features: Tensor, targets: Tensor, prior: Tensor | None = None, l2: float = 1e-2
+) -> Tensor:
+    """A linear value head ``V(s) = [x_s, 1] . w`` fitted to Monte-Carlo returns by ridge regression anchored at
+    the previous head, so a warm-up's rounds accumulate what they saw (FORCE-style):
+
+        w* = argmin_w (1/n) sum_i ([x_i, 1] . w - y_i)^2 + l2 * ||w - w0||^2
+           = (X^T X / n + l2 I)^-1 (X^T y / n + l2 w0),    X = [features, 1],  w0 = prior (0 when None)
+
+    Solved in float64. ``features`` (N, H), ``targets`` (N,), ``prior`` (H + 1,) -> ``w`` (H + 1,), no gradient.
+    """
+    if l2 <= 0:
+        raise ValueError(f"l2 must be > 0 (it makes the system solvable for any N), got {l2}")
+    x = torch.cat([features.detach().double(), features.new_ones(features.shape[0], 1).double()], dim=1)
+    y = targets.detach().double()
+    n, d = x.shape
+    w0 = torch.zeros(d, dtype=torch.float64) if prior is None else prior.detach().double()
+    if w0.shape != (d,):
+        raise ValueError(f"prior must be (H + 1,) = ({d},) for features (N, {d - 1}), got {tuple(w0.shape)}")
+    lhs = x.T @ x / max(n, 1) + l2 * torch.eye(d, dtype=torch.float64)
+    return torch.linalg.solve(lhs, x.T @ y / max(n, 1) + l2 * w0)
+
+
+def head_values(features: Tensor, weights: Tensor) -> Tensor:
+    """The head's value of each state, ``[x_i, 1] . w``: (N, H), (H + 1,) -> (N,) float64."""
+    return features.detach().double() @ weights[:-1].double() + weights[-1].double()
+
+
+def relative_to_start(values: Tensor, group_ids: Ids, turns: Sequence[int]) -> Tensor:
+    """Each row's state value relative to its group's start: ``v_i - mean of v over group g's rows at its first
+    turn``. With Monte-Carlo values the start's is the group's mean return (:func:`state_values`); with a
+    learned head, negative says the head expects less from this state than from the task's first one. (N,) ->
+    (N,)."""
+    n = values.shape[0]
+    groups = _codes(group_ids, n, "group_ids")
+    first: dict[Hashable, int] = {}
+    for g, t in zip(groups, turns, strict=True):
+        first[g] = min(first.get(g, int(t)), int(t))
+    start: dict[Hashable, list[float]] = {}
+    for g, t, v in zip(groups, turns, values.tolist(), strict=True):
+        if int(t) == first[g]:
+            start.setdefault(g, []).append(v)
+    base = torch.tensor([sum(start[g]) / len(start[g]) for g in groups], dtype=values.dtype)
+    return values.detach() - base

@@ -89,6 +89,31 @@ def response_logprobs(
     return logp, ent
 
 
+@torch.no_grad()
+def prompt_states(
+    model, prompts: list[list[int]], pad_id: int, max_tokens: int, device: torch.device
+) -> torch.Tensor:
+    """The last layer's hidden state at each prompt's last token (the state a turn acts from): (N, H) float32.
+
+    Left-padded batches of at most ``max_tokens`` padded tokens; the LM head runs on one position only
+    (``logits_to_keep=1``). No gradient; the caller sets train or eval mode.
+    """
+    out: list[torch.Tensor | None] = [None] * len(prompts)
+    for idx in token_budget_batches([len(p) for p in prompts], max_tokens):
+        batch = to_device(make_batch([prompts[i] for i in idx], [[] for _ in idx], pad_id), device)
+        hidden = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=1,
+            output_hidden_states=True,
+            use_cache=False,
+        ).hidden_states[-1][:, -1, :]
+        for i, h in zip(idx, hidden.float().cpu(), strict=True):
+            out[i] = h
+    return torch.stack(out) if prompts else torch.zeros(0, 0)
+
+
 # Configs that transform logits after the head (scaling, soft-capping): the fused path would be wrong for them.
 _LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "final_logit_softcapping", "output_multiplier_scale")
 

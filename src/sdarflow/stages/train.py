@@ -27,7 +27,6 @@ from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.models.policy import DEFAULT_LORA_TARGETS
-from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 from sdarflow.train import presets
@@ -39,10 +38,11 @@ from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping, train_inputs
-from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, REWARDS
-from sdarflow.train.schedule import WarmupConstant
+from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, REWARDS, read_rows
+from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.sft import STOP_WINDOW
 from sdarflow.train.trainer import RLHyper, train
+from sdarflow.train.value_head import ESTIMATES, ValueHead, policy_states
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,19 @@ class TrainConfig(StageConfig):
     reward_coef: float = opt(1.0, "weight of the turn reward (with --reward perplexity-delta)", ge=0)
     filter: str = opt(
         "none",
-        "negative-value: drop turns whose state's Monte-Carlo value in the group is below the group's mean",
+        "negative-value: drop turns whose state's value (--value-estimate) is below the value of the group's start",
         choices=FILTERS,
+    )
+    value_estimate: str = opt(
+        "group",
+        "--filter negative-value: group (the Monte-Carlo return of the group's rollouts through the state) or head "
+        "(a linear value head on the policy's hidden state, refitted every round, carried in the adapter)",
+        choices=ESTIMATES,
+    )
+    value_warmup_rounds: int = opt(
+        0,
+        "--value-estimate head: the first this many rounds fit only the head (the policy is not updated)",
+        ge=0,
     )
     format_repair_every: int = opt(
         4,
@@ -237,6 +248,13 @@ class TrainConfig(StageConfig):
                 "rank holds; fix: train a LoRA (--lora-rank > 0) with --engine torch or --zero-stage 2, or pass "
                 "--ema-decay 0"
             )
+        if (self.value_estimate == "head" or self.value_warmup_rounds) and (
+            self.filter != "negative-value" or self.value_estimate != "head"
+        ):
+            raise ConfigError(
+                "train: --value-estimate head and --value-warmup-rounds fit the value head of the negative-value "
+                "filter; fix: pass --filter negative-value --value-estimate head, or leave both unset"
+            )
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
             raise ConfigError(
                 f"train: checkpoint_dir '{self.checkpoint_dir}' must be a local folder (a volume), not a URI; "
@@ -252,25 +270,10 @@ class TrainConfig(StageConfig):
 Config = TrainConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
-def read_rows(cfg: TrainConfig) -> list[dict]:
-    """RL needs rescored rows; SFT needs only prompts, responses and success, so trajectories work too."""
-    if cfg.mode == "rl":
-        return storage.read_table(cfg.input, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
-    rows: list[dict] = []
-    for uri in cfg.input:
-        kind = storage.read_manifest(uri).get("kind")
-        if kind not in SCHEMAS:
-            raise ConfigError(
-                f"train --mode sft: '{uri}' holds a {kind!r} artifact; fix: pass a trajectories or rescored dataset"
-            )
-        table = storage.read_table(uri, kind=kind, schema=SCHEMAS[kind])
-        rows += table.select(["prompt_token_ids", "response_token_ids", "success"]).to_pylist()
-    return rows
-
-
 def build_model(cfg: TrainConfig):
-    """(policy, trainable model, EMA teacher or None): the base with the given adapter, a new LoRA, or all weights
-    (rank 0); with ``--ema-decay``, the moving average the input adapter carries (or the start weights)."""
+    """(policy, trainable model, EMA teacher or None, value head or None): the base with the given adapter, a new
+    LoRA, or all weights (rank 0); with ``--ema-decay``, the moving average the input adapter carries (or the start
+    weights); with ``--value-estimate head``, the head it carries (or a new one)."""
     from sdarflow.models import load_policy
     from sdarflow.models.policy import new_lora
 
@@ -282,7 +285,8 @@ def build_model(cfg: TrainConfig):
         model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     model.train()
     ema = EmaWeights(model, cfg.ema_decay, previous_average(adapter, model)) if cfg.ema_decay else None
-    return policy, model, ema
+    head = ValueHead.load(adapter) if cfg.value_estimate == "head" else None
+    return policy, model, ema, head
 
 
 @once(None)  # adapter, or model when fully fine-tuned
@@ -304,14 +308,15 @@ def run(cfg: TrainConfig) -> dict:
 
 
 def _train(cfg: TrainConfig) -> dict:
-    rows = read_rows(cfg)
+    rows = read_rows(cfg.mode, cfg.input)
     cfg, rl_step = resolve_objective(cfg, rows)
-    shaping = rl_shaping(cfg, rows) if cfg.mode == "rl" else None
     torch.manual_seed(cfg.seed)  # LoRA initialization
-    policy, model, ema = build_model(cfg)
+    policy, model, ema, head = build_model(cfg)
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
+    states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens)
+    shaping = rl_shaping(cfg, rows, head, states) if cfg.mode == "rl" else None
     data, hp = train_inputs(cfg, rows, shaping, policy, rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
     state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
@@ -324,15 +329,18 @@ def _train(cfg: TrainConfig) -> dict:
             if engine.rank == 0
             else None
         )
-        state = train(
-            engine,
-            data,
-            hp,
-            schedule,
-            state=state,
-            on_step=with_ema_step(writer, ema),
-            on_checkpoint=save_checkpoint,
-        )
+        if shaping and shaping.warmup:  # only the value head learns this round
+            state = TrainState()
+        else:
+            state = train(
+                engine,
+                data,
+                hp,
+                schedule,
+                state=state,
+                on_step=with_ema_step(writer, ema),
+                on_checkpoint=save_checkpoint,
+            )
         summary = run_summary(state.history)
         if shaping:
             summary.update(shaping.metrics)
@@ -344,6 +352,8 @@ def _train(cfg: TrainConfig) -> dict:
                 record = {**summary, "objective": objective, **lineage}
                 if ema:
                     ema.save(out / EMA_DIR)
+                if head:
+                    head.save(out)
                 _publish(cfg, policy, model, masters, out, state.history, summary, record)
         engine.barrier()
     label = "sft" if cfg.mode == "sft" else cfg.method

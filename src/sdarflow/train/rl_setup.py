@@ -5,15 +5,25 @@ row's advantage with the chosen credit and filter, the format-collapse check, an
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from fractions import Fraction
 
 from sdarflow.errors import ConfigError
 from sdarflow.train import presets
 from sdarflow.train.format_guard import check_round, repair_pairs
-from sdarflow.train.samples import advantage_stats, make_samples, negative_value_rows, row_advantages
+from sdarflow.train.samples import (
+    advantage_stats,
+    make_samples,
+    negative_value_rows,
+    row_advantages,
+    row_scores,
+)
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import RLHyper, TrainData
+from sdarflow.train.value_head import States, ValueHead, warming_up
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +32,7 @@ class Shaping:
     dropped: list[bool]  # per row: left out of the update by the filter
     format_rates: list[float]  # this lineage's format-error rate per round, this round's last
     metrics: dict[str, float]
+    warmup: bool = False  # a --value-warmup-rounds round: the value head is fitted, the policy is not updated
 
 
 def resolve_objective(cfg, rows: list[dict]):
@@ -47,29 +58,48 @@ def resolve_objective(cfg, rows: list[dict]):
     penalty = (
         preset.invalid_action_penalty if cfg.invalid_action_penalty is None else cfg.invalid_action_penalty
     )
-    rl_step = max((int(r["round"]) for r in rows), default=0) + 1
-    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), rl_step
+    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), _rl_step(rows)
 
 
-def rl_shaping(cfg, rows: list[dict]) -> Shaping:
+def _rl_step(rows: list[dict]) -> int:
+    return max((int(r["round"]) for r in rows), default=0) + 1
+
+
+def rl_shaping(cfg, rows: list[dict], head: ValueHead | None = None, states: States | None = None) -> Shaping:
     """The round's advantages and dropped rows (cfg resolved by :func:`resolve_objective`); raises
-    :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``."""
+    :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``. With
+    ``--value-estimate head``, ``head`` is refitted on the rows' ``states`` first and its values drive the filter.
+    """
     rates, metrics = check_round(rows, cfg.adapter, cfg.format_guard)
     penalty, coef = cfg.invalid_action_penalty, _reward_coef(cfg, rows)
     advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit, coef)
+    values = None
+    if head is not None:
+        features = states([r["prompt_token_ids"] for r in rows])
+        values, fit_metrics = head.fit(features, row_scores(rows, penalty, coef))
+        metrics.update(fit_metrics)
     dropped = (
-        negative_value_rows(rows, penalty, coef) if cfg.filter == "negative-value" else [False] * len(rows)
+        negative_value_rows(rows, penalty, coef, values)
+        if cfg.filter == "negative-value"
+        else [False] * len(rows)
     )
     metrics.update(advantage_stats(rows, advantages))
     if cfg.filter != "none":
         metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
     kept = [r for r, d in zip(rows, dropped, strict=True) if r["response_token_ids"] and not d]
-    if cfg.filter != "none" and rows and not kept:
+    warm = head is not None and warming_up(cfg.value_warmup_rounds, _rl_step(rows))
+    if warm:
+        log.info(
+            "train: value warm-up round %d of %d: only the value head is fitted, the policy is not updated",
+            _rl_step(rows),
+            cfg.value_warmup_rounds,
+        )
+    elif cfg.filter != "none" and rows and not kept:
         raise ConfigError(
             f"train: --filter {cfg.filter} dropped every row of this round ({len(rows)}); fix: pass --filter "
             f"none for it, or generate more rollouts per task (a larger group shares more states)"
         )
-    return Shaping(advantages, dropped, rates, metrics)
+    return Shaping(advantages, dropped, rates, metrics, warm)
 
 
 def _reward_coef(cfg, rows: list[dict]) -> float:
@@ -111,6 +141,7 @@ def objective_record(cfg, rl_step: int) -> dict:
         "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
         "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
         "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode", "credit", "advantage", "progress_coef", "filter",
-        "format_guard", "format_repair_every", "ema_decay", "reward", "reward_coef",
+        "format_guard", "format_repair_every", "ema_decay", "reward", "reward_coef", "value_estimate",
+        "value_warmup_rounds",
     )  # fmt: skip
     return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}

@@ -1,4 +1,4 @@
-"""Rescored turn rows -> RL training samples: each row's GRPO advantage (as verl-agent computes it), optionally
+"""Rescored turn rows (read by :func:`read_rows`) -> RL training samples: each row's GRPO advantage (as verl-agent computes it), optionally
 re-credited (SCPO) or filtered (negative state value), and the sample the trainer takes (prompt, response,
 old/teacher/reference log-probs, advantage)."""
 
@@ -8,12 +8,32 @@ from dataclasses import dataclass
 
 import torch
 
-from sdarflow.algo import grpo_advantages, penalized_scores, scpo_advantages, state_values
+from sdarflow import storage
+from sdarflow.algo import grpo_advantages, penalized_scores, relative_to_start, scpo_advantages, state_values
+from sdarflow.errors import ConfigError
+from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 
 CREDITS = ("outcome", "scpo")
 ADVANTAGES = ("outcome", "progress")
 REWARDS = ("outcome", "perplexity-delta")
 FILTERS = ("none", "negative-value")
+
+
+def read_rows(mode: str, inputs: list[str]) -> list[dict]:
+    """The rows train reads from its ``inputs``: RL needs rescored rows; SFT needs only prompts, responses and
+    success, so trajectories work too."""
+    if mode == "rl":
+        return storage.read_table(inputs, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
+    rows: list[dict] = []
+    for uri in inputs:
+        kind = storage.read_manifest(uri).get("kind")
+        if kind not in SCHEMAS:
+            raise ConfigError(
+                f"train --mode sft: '{uri}' holds a {kind!r} artifact; fix: pass a trajectories or rescored dataset"
+            )
+        table = storage.read_table(uri, kind=kind, schema=SCHEMAS[kind])
+        rows += table.select(["prompt_token_ids", "response_token_ids", "success"]).to_pylist()
+    return rows
 
 
 @dataclass
@@ -26,7 +46,7 @@ class RLSample:
     ref_logprobs: list[float] | None = None
 
 
-def _scores(rows: list[dict], penalty: float, reward_coef: float = 0.0) -> torch.Tensor:
+def row_scores(rows: list[dict], penalty: float, reward_coef: float = 0.0) -> torch.Tensor:
     """Each row's GRPO score: its episode's return minus the invalid-action penalty, plus ``reward_coef`` times
     its turn reward (``ppl_delta``; a null one counts 0)."""
     scores = penalized_scores(
@@ -60,7 +80,7 @@ def row_advantages(
     groups = [r["group_id"] for r in rows]
     trajs = [r["traj_id"] for r in rows]
     adv = grpo_advantages(
-        _scores(rows, penalty, reward_coef),
+        row_scores(rows, penalty, reward_coef),
         groups,
         norm_by_std=norm_by_std,
         traj_ids=trajs if per_episode else None,
@@ -72,15 +92,24 @@ def row_advantages(
     return adv.tolist()
 
 
-def negative_value_rows(rows: list[dict], penalty: float = 0.0, reward_coef: float = 0.0) -> list[bool]:
+def negative_value_rows(
+    rows: list[dict], penalty: float = 0.0, reward_coef: float = 0.0, values: torch.Tensor | None = None
+) -> list[bool]:
     """Which rows the negative-value filter drops: those whose state (the turn's index and prompt, in its group)
-    has a negative Monte-Carlo value relative to the group (:func:`sdarflow.algo.state_values`): turns taken from
-    a state the group's episodes did worse from than on average, whose negative advantage mostly blames them for
-    the turns that led there."""
-    keys = [(int(r["turn"]), tuple(r["prompt_token_ids"])) for r in rows]
-    scores = _scores(rows, penalty, reward_coef).double()
-    values = state_values(scores, [r["group_id"] for r in rows], [r["traj_id"] for r in rows], keys)
-    return (values < -1e-9).tolist()
+    has a negative value relative to the group's start: turns taken from a state the rollouts did worse from than
+    from the task's first one, whose negative advantage mostly blames them for the turns that led there.
+
+    The value is the group's Monte-Carlo estimate (:func:`sdarflow.algo.state_values`), or, given ``values``
+    (each row's state value from a learned head, :mod:`sdarflow.train.value_head`), that head's value minus its
+    value at the group's first turn (:func:`sdarflow.algo.relative_to_start`)."""
+    groups = [r["group_id"] for r in rows]
+    if values is not None:
+        relative = relative_to_start(values, groups, [int(r["turn"]) for r in rows])
+    else:
+        keys = [(int(r["turn"]), tuple(r["prompt_token_ids"])) for r in rows]
+        scores = row_scores(rows, penalty, reward_coef).double()
+        relative = state_values(scores, groups, [r["traj_id"] for r in rows], keys)
+    return (relative < -1e-9).tolist()
 
 
 def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, float]:

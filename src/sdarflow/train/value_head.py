@@ -1,0 +1,88 @@
+"""The learned state value of the negative-value filter (``--value-estimate head``), FORCE-style: a linear head on
+the policy's hidden state at a turn's prompt, fitted each round to the turns' Monte-Carlo returns and carried in
+the adapter (``value_head.pt``), so it keeps what earlier rounds taught it (:func:`sdarflow.algo.fit_value_head`).
+
+The group estimate (``--value-estimate group``, the default) needs no model: it compares the rollouts of one group
+that reached the same state. The head generalizes across tasks and rounds, but must be fitted first: during the
+first ``--value-warmup-rounds`` rounds it is all that trains; the policy is not updated, and the round publishes
+its input adapter's weights (a new LoRA: the base model's behaviour) with the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sdarflow.algo import fit_value_head, head_values
+from sdarflow.errors import ModelError
+
+ESTIMATES = ("group", "head")
+VALUE_FILE = "value_head.pt"
+L2 = 1e-2  # ridge weight towards the previous round's head (features are unit vectors)
+
+States = Callable[[list[list[int]]], torch.Tensor]  # prompts -> (N, H) hidden states
+
+
+@dataclass
+class ValueHead:
+    weights: torch.Tensor | None = None  # (H + 1,) float64: None until a round fits it
+    rounds: int = 0  # rounds it was fitted on
+
+    @classmethod
+    def load(cls, adapter_dir: str | None) -> ValueHead:
+        """The head the input adapter carries; a new one without an adapter or when it has none."""
+        path = Path(adapter_dir) / VALUE_FILE if adapter_dir else None
+        if path is None or not path.is_file():
+            return cls()
+        saved = torch.load(path, weights_only=True)
+        return cls(saved["weights"], int(saved["rounds"]))
+
+    def save(self, folder: Path) -> None:
+        torch.save({"weights": self.weights, "rounds": self.rounds}, folder / VALUE_FILE)
+
+    def fit(self, features: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Refit on this round's (unit-normalized) states and returns; (each state's value after the fit, metrics).
+
+        ``value/prior_mse`` is the previous head's error on these states before the fit (an out-of-sample error:
+        it never saw this round), ``value/mse`` the fitted head's."""
+        x = torch.nn.functional.normalize(features.double(), dim=-1)
+        if self.weights is not None and self.weights.shape[0] != x.shape[1] + 1:
+            raise ModelError(
+                f"train --value-estimate head: the adapter's {VALUE_FILE} takes {self.weights.shape[0] - 1} "
+                f"features, but the model's hidden size is {x.shape[1]}; fix: start the lineage again (no "
+                f"--adapter), or pass --value-estimate group"
+            )
+        y = targets.double()
+        variance = float(y.var(unbiased=False)) if y.numel() else 0.0
+        metrics = {"value/target_var": variance}
+        if self.weights is not None:
+            metrics["value/prior_mse"] = float(((head_values(x, self.weights) - y) ** 2).mean())
+        self.weights = fit_value_head(x, y, self.weights, L2)
+        self.rounds += 1
+        values = head_values(x, self.weights)
+        metrics["value/mse"] = float(((values - y) ** 2).mean())
+        metrics["value/rounds"] = float(self.rounds)
+        return values, metrics
+
+
+def warming_up(warmup_rounds: int, rl_step: int) -> bool:
+    """Whether the round at ``rl_step`` (1-based) is one of the first ``warmup_rounds``: only the head trains."""
+    return rl_step <= warmup_rounds
+
+
+def policy_states(engine, pad_id: int, max_tokens: int) -> States:
+    """States from the engine's policy as it generated the rows (dropout off), for :meth:`ValueHead.fit`."""
+    from sdarflow.models.forward import prompt_states
+
+    def states(prompts: list[list[int]]) -> torch.Tensor:
+        was_training = engine.model.training
+        engine.model.eval()
+        try:
+            return prompt_states(engine.forward_model, prompts, pad_id, max_tokens, engine.device)
+        finally:
+            engine.model.train(was_training)
+
+    return states
