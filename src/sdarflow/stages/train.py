@@ -22,21 +22,22 @@ from pathlib import Path
 
 import torch
 
-from sdarflow import storage
 from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
-from sdarflow.tracking import check_available, log_stage_run, tracking_opt
+from sdarflow.tracking import check_available, tracking_opt
 from sdarflow.train import presets
 from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
 from sdarflow.train.format_guard import GUARD_HELP, GUARDS
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
+from sdarflow.train.format_probe import PROBES, round_probe, with_probe
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
+from sdarflow.train.output import publish_run
 from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping, train_inputs
 from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, REWARDS, read_rows
 from sdarflow.train.schedule import TrainState, WarmupConstant
@@ -174,6 +175,12 @@ class TrainConfig(StageConfig):
         le=1,
     )
     format_guard: str = opt("warn", GUARD_HELP, choices=GUARDS)
+    format_probe_every: int = opt(
+        0,
+        "--format-guard: also check within the round, before the first step and after every this many steps "
+        f"(greedy answers to {PROBES} of the round's prompts, parsed by the env); 0 = per round only",
+        ge=0,
+    )
     agg: str = opt(HYPER.agg, "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
     sft_ratio: float = opt(
@@ -321,24 +328,22 @@ def _train(cfg: TrainConfig) -> dict:
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
     state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
     resumed_from = state.step if state else 0
+    state = state or TrainState()
+    probe = round_probe(cfg, rows, policy, engine, data, hp, schedule) if shaping else None
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
         out = Path(tmp)
-        writer = (
-            jsonl_writer(out / "metrics.jsonl", state.history if state else None)
-            if engine.rank == 0
-            else None
-        )
-        if shaping and shaping.warmup:  # only the value head learns this round
-            state = TrainState()
-        else:
+        writer = jsonl_writer(out / "metrics.jsonl", state.history) if engine.rank == 0 else None
+        if not (shaping and shaping.warmup):  # a warm-up round fits only the value head
+            if probe:
+                probe.start(engine.model, state)
             state = train(
                 engine,
                 data,
                 hp,
                 schedule,
                 state=state,
-                on_step=with_ema_step(writer, ema),
+                on_step=with_probe(with_ema_step(writer, ema), probe, engine.model, state),
                 on_checkpoint=save_checkpoint,
             )
         summary = run_summary(state.history)
@@ -354,47 +359,8 @@ def _train(cfg: TrainConfig) -> dict:
                     ema.save(out / EMA_DIR)
                 if head:
                     head.save(out)
-                _publish(cfg, policy, model, masters, out, state.history, summary, record)
+                publish_run(cfg, policy, model, masters, out, state.history, summary, record)
         engine.barrier()
     label = "sft" if cfg.mode == "sft" else cfg.method
     log.info("train: %s, %d steps (resumed at %d) -> %s", label, state.step, resumed_from, cfg.output)
     return {"uri": cfg.output, "steps": state.step, "resumed_from_step": resumed_from, "metrics": summary}
-
-
-def _publish(
-    cfg: TrainConfig,
-    policy,
-    model,
-    masters: dict,
-    out: Path,
-    history: list[dict],
-    summary: dict,
-    record: dict,
-) -> None:
-    from sdarflow.models.identity import BASE_FILE, base_fingerprint
-    from sdarflow.train.report import write_reports
-
-    full = cfg.lora_rank == 0 and not cfg.adapter
-    # PEFT keeps only the adapter's keys of the state dict it is given; the masters replace bf16 module copies.
-    model.save_pretrained(out, state_dict={**model.state_dict(), **masters} if masters else None)
-    if full:
-        policy.tokenizer.save_pretrained(out)  # a full model folder is usable as --model on its own
-    else:
-        (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(cfg.model)}))
-    (out / "train_summary.json").write_text(json.dumps(record, indent=2, sort_keys=True))
-    label = "sft warm start" if cfg.mode == "sft" else cfg.method
-    write_reports(out, history, summary, f"train: {label}, {len(history)} steps")
-    storage.publish_dir(
-        out,
-        cfg.output,
-        kind="model" if full else "adapter",
-        overwrite=cfg.overwrite,
-        config_hash=cfg.config_hash(),
-        inputs=[*cfg.input, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
-        method="sft" if cfg.mode == "sft" else cfg.method,
-        metrics=summary,
-    )
-    tags = {"sdarflow.output": cfg.output, "sdarflow.config_hash": cfg.config_hash()}
-    log_stage_run(
-        cfg.tracking_uri, "train", cfg.to_dict(), summary, history=history, artifacts=out, tags=tags
-    )

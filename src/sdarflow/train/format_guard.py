@@ -87,27 +87,29 @@ def check_round(rows: list[dict], adapter: str, mode: str) -> tuple[list[float],
     return [*history, rate], metrics
 
 
+def suites_of(rows: list[dict]) -> dict[str, object]:
+    """The env suite of each env the rows come from, built once per env (a suite may build an index)."""
+    from sdarflow.envs import get_suite
+
+    return {env: get_suite(env) for env in sorted({r["env"] for r in rows})}
+
+
 def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[str, float]]:
     """(SFT pairs prompt -> repaired call + eos for the malformed turns the env can repair, metrics).
 
     A repair counts only when the env's ``parse_action`` accepts it; an env without ``repair_action`` repairs
     nothing."""
-    from sdarflow.envs import get_suite
     from sdarflow.train.sft import SFTPair
 
-    suites: dict[str, object] = {}
-    pairs, malformed = [], 0
-    for r in rows:
-        if r["format_ok"] or not r["response_token_ids"]:
-            continue
-        malformed += 1
-        if r["env"] not in suites:  # a suite may build an index: once per env
-            suites[r["env"]] = get_suite(r["env"])
+    malformed = [r for r in rows if not r["format_ok"] and r["response_token_ids"]]
+    suites = suites_of(malformed)
+    pairs = []
+    for r in malformed:
         suite = suites[r["env"]]
         repaired = suite.repair_action(r["response_text"]) if hasattr(suite, "repair_action") else None
         if repaired is None or not suite.parse_action(repaired, True)[1]:
             continue
         target = tokenizer(repaired, add_special_tokens=False)["input_ids"] + [eos_id]
         pairs.append(SFTPair(list(r["prompt_token_ids"]), target))
-    metrics = {"format/malformed_turns": float(malformed), "format/repaired_turns": float(len(pairs))}
+    metrics = {"format/malformed_turns": float(len(malformed)), "format/repaired_turns": float(len(pairs))}
     return pairs, metrics

@@ -86,6 +86,9 @@ class TrainState:
     sft_steps: int = 0
     nonfinite_in_row: int = 0
     history: list[dict] = field(default_factory=list)
+    probe_rates: list[float] = field(
+        default_factory=list
+    )  # the format probe's rates so far, the start's first
 
     def cursor(self, rl_mini: int, sft_mini: int) -> dict[str, int]:
         """The data cursor: epoch and position in the shuffled order of each stream, and the step."""
@@ -106,6 +109,7 @@ class TrainState:
             "sft_steps": self.sft_steps,
             "nonfinite_in_row": self.nonfinite_in_row,
             "history": self.history,
+            "probe_rates": self.probe_rates,
         }
 
     @classmethod
@@ -116,4 +120,5 @@ class TrainState:
             sft_steps=int(d["sft_steps"]),
             nonfinite_in_row=int(d["nonfinite_in_row"]),
             history=list(d.get("history", [])),
+            probe_rates=[float(x) for x in d.get("probe_rates", [])],
         )

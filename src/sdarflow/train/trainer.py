@@ -262,6 +262,15 @@ def _one_step(
     }
 
 
+def extra_sft_step(engine: TrainEngine, data: TrainData, hp: RLHyper, state: TrainState, lr: float) -> dict:
+    """One SFT step outside the run's schedule (the format guard's remedy, :mod:`sdarflow.train.format_probe`):
+    the next mini-batch of the SFT stream, counted in ``state.sft_steps`` (so the stream's later batches, and a
+    resumed run, stay in order) but not in ``state.step``. Returns the step's record."""
+    record = _one_step(engine, data, hp, state, "sft", lr)
+    state.sft_steps += 1
+    return record
+
+
 def _sft_ratio(data: TrainData, hp: RLHyper) -> float:
     """The SFT steps per RL step this run takes; NoTrainingData when the mode has nothing to train on."""
     if hp.mode == "sft" and not data.sft_pairs:

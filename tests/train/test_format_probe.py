@@ -1,0 +1,128 @@
+"""The format guard's per-step probe on a real model and real TextWorld prompts: the sample it answers, its rate
+before and after the weights break, what each guard mode does on the spike, and the train stage failing (or
+repairing) a round whose policy collapses between two steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pyarrow as pa
+import pytest
+import torch
+from train_data import metrics_lines, rescored_table
+
+from sdarflow import storage
+from sdarflow.cli import main
+from sdarflow.schema import RESCORED_SCHEMA
+from sdarflow.train.format_guard import FormatCollapse
+from sdarflow.train.format_probe import PROBE_KEY, PROBES, REMEDY_KEY, FormatProbe, probe_rows
+from sdarflow.train.schedule import TrainState
+
+
+@pytest.fixture(scope="module")
+def expert_prompts(tiny_model) -> list[list[int]]:
+    """The student prompts of the smoke games' walkthrough steps: the tiny model answers them well formed."""
+    from sdarflow.models import load_policy
+    from sdarflow.rollout.prompt import build_messages, encode_prompt
+    from sdarflow.train.warmstart import expert_steps
+
+    tokenizer = load_policy(str(tiny_model)).tokenizer
+    steps, _ = expert_steps("textworld-cooking", 3)
+    return [
+        encode_prompt(tokenizer, build_messages(s.instruction, s.actions, s.observation, 2)) for s in steps
+    ]
+
+
+def _rows(prompts: list[list[int]]) -> list[dict]:
+    return [
+        {"env": "textworld-cooking", "group_id": f"g{i % 2}", "traj_id": f"e{i}", "turn": i,
+         "prompt_token_ids": p, "response_token_ids": [5, 6]}
+        for i, p in enumerate(prompts)
+    ]  # fmt: skip
+
+
+def test_probe_rows_are_evenly_spaced_rows_with_a_response():
+    rows = [
+        {"group_id": "g", "traj_id": f"e{i:02d}", "turn": 0, "response_token_ids": [1]} for i in range(40)
+    ]
+    rows[3]["response_token_ids"] = []  # no response: never probed
+    picked = probe_rows(rows, n=4)
+    # 39 rows with a response, in (group, episode, turn) order: indices 0, 9, 19, 29 of them
+    assert [r["traj_id"] for r in picked] == ["e00", "e10", "e20", "e30"]
+    assert probe_rows(rows[:5], n=PROBES) == [r for r in rows[:5] if r["response_token_ids"]]
+
+
+def _broken(model) -> None:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+
+
+@pytest.mark.parametrize("mode", ["fail", "warn", "repair"])
+def test_a_spike_between_steps_fails_warns_or_takes_the_remedy(tiny_model, expert_prompts, mode, caplog):
+    from sdarflow.models import load_policy
+
+    policy = load_policy(str(tiny_model))
+    policy.model.train()  # as the trainer has it
+    taken = []
+
+    def remedy(state) -> dict:
+        taken.append(state.step)
+        return {"loss/total": 1.5}
+
+    probe = FormatProbe(_rows(expert_prompts), policy.tokenizer, policy.eos_id, mode, every=2, remedy=remedy)
+    state = TrainState(step=2)
+    probe.start(policy.model, state)
+    assert state.probe_rates == [0.0]  # the smoke model answers its walkthrough prompts well formed
+    record = {"step": 1}
+    probe.after_step(policy.model, state, record)  # not a probe step
+    assert PROBE_KEY not in record and state.probe_rates == [0.0]
+    _broken(policy.model)
+    record = {"step": 2}
+    if mode == "fail":
+        with pytest.raises(
+            FormatCollapse, match=r"format collapse at step 2: 100.0% of 12 probe answers.*fix:"
+        ):
+            probe.after_step(policy.model, state, record)
+        return
+    with caplog.at_level(logging.WARNING):
+        probe.after_step(policy.model, state, record)
+    assert record[PROBE_KEY] == 1.0 and state.probe_rates == [0.0, 1.0]
+    assert "format collapse at step 2" in caplog.text
+    assert (taken, record.get(REMEDY_KEY)) == (([2], 1.5) if mode == "repair" else ([], None))
+    assert policy.model.training  # the probe restores the mode it found
+
+
+def _real_prompt_data(prompts: list[list[int]], uri: str) -> str:
+    """The synthetic rescored rows with real TextWorld prompts in place of their random ones."""
+    table = rescored_table()
+    n = table.num_rows
+    columns = {
+        "prompt_token_ids": pa.array([prompts[i % len(prompts)] for i in range(n)], pa.list_(pa.int32())),
+        "env": pa.array(["textworld-cooking"] * n),
+    }
+    for name, values in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), name, values)
+    storage.write_table(table, uri, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
+    return uri
+
+
+def test_train_fails_a_round_that_collapses_between_steps_and_repairs_it(
+    tiny_model, expert_prompts, tmp_path, capsys
+):
+    data = _real_prompt_data(expert_prompts, str(tmp_path / "data"))
+    # lr 5 wrecks the LoRA in one step: every probe answer after step 1 is malformed
+    args = ["train", "--input", data, "--model", str(tiny_model), "--max-steps", "2", "--lr", "5"]
+    failed = str(tmp_path / "failed")
+    assert main([*args, "--format-probe-every", "1", "--format-guard", "fail", "--output", failed]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "format collapse at step 1:" in err and "fix:" in err
+    assert not storage.is_published(failed)
+    repaired = str(tmp_path / "repaired")
+    assert main([*args, "--format-probe-every", "1", "--format-guard", "repair", "--output", repaired]) == 0
+    lines = metrics_lines(repaired)
+    assert lines[0][PROBE_KEY] > 0.5 and REMEDY_KEY in lines[0]
+    summary = json.loads(storage.read_member(repaired, "train_summary.json"))
+    assert summary["objective"]["format_probe_every"] == 1
