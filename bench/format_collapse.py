@@ -1,18 +1,22 @@
-"""Format collapse on ``tool-use`` (issue 18): an injected drift in the call wrapper, then RL rounds with the format
-guard off and with ``--format-guard repair``.
+"""Format collapse (issue 18): an injected drift, then GRPO rounds with the format guard off and with
+``--format-guard repair`` (and its per-step probe, ``--format-probe-every``).
 
-The drift is the failure mode seen in RL on tool-using agents: one wrong token in the call wrapper. Starting from
-the SFT base model on ``tool-use``, a LoRA is fine-tuned on the base's own well-formed calls with ``"tool"``
-misspelled ``"tol"`` in ``--drift-share`` of them, so the policy starts emitting malformed calls. From that adapter both arms
-train the same GRPO rounds (same seeds, same new tasks each round); the per-round rollouts' format-error rate and
-success are the curves. Results go to ``bench/results/format_collapse.json``. Not part of ``make bench``:
+Two drifts. ``--drift sft`` (on ``tool-use``) is the failure mode seen in RL on tool-using agents, one wrong token
+in the call wrapper: from the SFT base model a LoRA is fine-tuned on the base's own well-formed calls with
+``"tool"`` misspelled ``"tol"`` in ``--drift-share`` of them, and both arms start from that adapter. ``--drift lr``
+(any env) is a collapse inside a round: both arms start from the base and train at an aggressive ``--lr``, at which
+one optimizer step can break the policy's output format. Both arms train the same rounds (same seeds, same new
+tasks each round); the curves are the per-round rollouts' format-error rate and success, and each round's probe
+rates per step. Results go to ``bench/results/format_collapse[_<drift>_<env>].json``. Not part of ``make bench``:
 
     python -m bench.format_collapse --rounds 4
+    python -m bench.format_collapse --drift lr --env textworld-cooking --lr 0.05 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import tempfile
@@ -25,6 +29,7 @@ from bench.common import rl_round, write_result
 from sdarflow import storage
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages import generate, train
+from sdarflow.train.format_probe import PROBE_KEY, REMEDY_KEY
 from sdarflow.train.warmstart import BaseModelSpec, build_base_model
 
 DRIFT = ('"tool"', '"tol"')  # the one-token slip in the call wrapper
@@ -32,7 +37,7 @@ DRIFT = ('"tool"', '"tol"')  # the one-token slip in the call wrapper
 
 def _generate(model: str, adapter: str, out: str, r: int, args) -> dict:
     cfg = generate.GenerateConfig(
-        env="tool-use",
+        env=args.env,
         model=model,
         adapter=adapter,
         output=out,
@@ -66,9 +71,26 @@ def drifted_dataset(gen_uri: str, out: str, tokenizer, eos_id: int, share: float
     return out
 
 
-def arm(model: str, drifted: str, guard: str, root: str, args) -> list[dict]:
-    """RL rounds from the drifted adapter with ``--format-guard guard``; each round's rollout metrics."""
-    adapter, skills, curve = drifted, f"{model}/seed_skills", []
+def drifted(model: str, base_gen: str, root: str, args) -> str:
+    """The SFT drift: a LoRA fine-tuned on the base's rollouts with the call key misspelled in some of them."""
+    from sdarflow.models import load_policy
+
+    policy = load_policy(model)
+    drift_data = drifted_dataset(
+        base_gen, f"{root}/drift-data", policy.tokenizer, policy.eos_id, args.drift_share, args.seed
+    )
+    return train.run(
+        train.TrainConfig(
+            input=[drift_data], model=model, output=f"{root}/drifted", mode="sft", max_steps=args.drift_steps,
+            lr=args.lr, seed=args.seed,
+        )
+    )["uri"]  # fmt: skip
+
+
+def arm(model: str, start: str, guard: str, root: str, args) -> list[dict]:
+    """RL rounds from ``start`` (an adapter, or the base) with ``--format-guard guard``; each round's rollout
+    metrics and train's probe rates."""
+    adapter, skills, curve = start, f"{model}/seed_skills", []
     for r in range(args.rounds + 1):
         out = f"{root}/{guard}/round={r}"
         gen = _generate(model, adapter, f"{out}/gen", r + 1, args)
@@ -78,16 +100,28 @@ def arm(model: str, drifted: str, guard: str, root: str, args) -> list[dict]:
         if r == args.rounds:
             return curve
         train_kw = {"method": "grpo", "seed": args.seed, "lr": args.lr, "max_steps": args.steps}
-        tr, skills = rl_round(gen["uri"], model, adapter, skills, out, format_guard=guard, **train_kw)
+        probe = {"format_probe_every": args.probe_every} if guard != "off" else {}
+        tr, skills = rl_round(
+            gen["uri"], model, adapter, skills, out, format_guard=guard, **train_kw, **probe
+        )
+        steps = [json.loads(line) for line in storage.read_member(tr["uri"], "metrics.jsonl").splitlines()]
         curve[-1]["train_sft_steps"] = tr["metrics"].get("train/sft_steps", 0.0)
         curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
+        curve[-1]["probe_error_rates"] = [x.get(PROBE_KEY) for x in steps]
+        curve[-1]["remedy_steps"] = sum(REMEDY_KEY in x for x in steps)
         adapter = tr["uri"]
     return curve
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.format_collapse")
-    p.add_argument("--model", default="", help="a tool-use base model; empty: build one into the work folder")
+    p.add_argument(
+        "--drift", choices=("sft", "lr"), default="sft", help="sft: a misspelled call key; lr: --lr"
+    )
+    p.add_argument("--env", default="tool-use")
+    p.add_argument(
+        "--model", default="", help="a base model for --env; empty: build one into the work folder"
+    )
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--tasks", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8)
@@ -96,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drift-steps", type=int, default=40)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--probe-every", type=int, default=1, help="the repair arm's --format-probe-every")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="", help="work folder (default: a temporary one)")
     args = p.parse_args(argv)
@@ -104,22 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sdarflow-fc-") as tmp:
         root = args.work or tmp
         model = args.model or str(
-            build_base_model(Path(root) / "base", BaseModelSpec(env="tool-use", tasks=args.base_tasks))
+            build_base_model(Path(root) / "base", BaseModelSpec(env=args.env, tasks=args.base_tasks))
         )
-        from sdarflow.models import load_policy
-
-        policy = load_policy(model)
         base = _generate(model, "", f"{root}/base-gen", 0, args)
-        drift_data = drifted_dataset(
-            base["uri"], f"{root}/drift-data", policy.tokenizer, policy.eos_id, args.drift_share, args.seed
-        )
-        drifted = train.run(
-            train.TrainConfig(
-                input=[drift_data], model=model, output=f"{root}/drifted", mode="sft", max_steps=args.drift_steps,
-                lr=args.lr, seed=args.seed,
-            )
-        )["uri"]  # fmt: skip
-        arms = {guard: arm(model, drifted, guard, root, args) for guard in ("off", "repair")}
+        start = drifted(model, base["uri"], root, args) if args.drift == "sft" else ""
+        arms = {guard: arm(model, start, guard, root, args) for guard in ("off", "repair")}
         base_m = {
             "success": base["metrics"]["rollout/success"],
             "format_error_rate": base["metrics"]["rollout/format_error_rate"],
@@ -140,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     for guard, curve in arms.items():
         rows.append((f"guard {guard}: success", *(f"{c['success']:.2f}" for c in curve)))
         rows.append((f"guard {guard}: format errors", *(f"{c['format_error_rate']:.2f}" for c in curve)))
-    write_result("format_collapse", result, rows)
+    name = (
+        "format_collapse"
+        if args.drift == "sft"
+        else f"format_collapse_{args.drift}_{args.env.replace('-', '_')}"
+    )
+    write_result(name, result, rows)
     return 0
 
 

@@ -20,7 +20,11 @@ def test_the_detector_finds_the_round_a_synthetic_collapse_starts():
     # success ~85% -> ~12% in one round shows as format errors 5% -> 62% (then staying high)
     series = [0.05, 0.04, 0.06, 0.05, 0.62, 0.70, 0.71]
     flagged = [i for i in range(len(series)) if format_spike(series[:i], series[i]) is not None]
-    assert flagged[0] == 4
+    # the collapse stays flagged: its rounds never join the baseline (0.05, mean of the 3 clean rounds before)
+    assert flagged == [4, 5, 6]
+    assert format_spike(series[:6], series[6]) == pytest.approx(0.05)
+    # recovered: a clean round after the collapse is measured against the clean rounds, not against 0.62
+    assert format_spike(series, 0.06) is None and format_spike(series, 0.3) == pytest.approx(0.05)
     # a slow drift (+0.05 a round) is not a collapse
     drift = [0.05 + 0.05 * i for i in range(8)]
     assert not any(format_spike(drift[:i], drift[i]) is not None for i in range(len(drift)))

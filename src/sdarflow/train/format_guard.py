@@ -47,10 +47,18 @@ def format_spike(
 ) -> float | None:
     """The baseline ``rate`` spiked from, or None when it did not.
 
-    ``b = mean(history[-window:])``; a spike is ``rate >= factor * b`` and ``rate >= b + min_jump``. No history, no
-    baseline: never a spike.
+    ``b`` is the mean of the last ``window`` rates of ``history`` that were not spikes themselves; a spike is
+    ``rate >= factor * b`` and ``rate >= b + min_jump``. Spikes never join the baseline, so a collapse stays
+    flagged for as long as it lasts instead of becoming the new normal. No history, no baseline: never a spike.
     """
-    recent = list(history)[-window:]
+    normal: list[float] = []
+    for past in history:
+        if _spiked(normal[-window:], past, factor, min_jump) is None:
+            normal.append(past)
+    return _spiked(normal[-window:], rate, factor, min_jump)
+
+
+def _spiked(recent: list[float], rate: float, factor: float, min_jump: float) -> float | None:
     if not recent:
         return None
     baseline = sum(recent) / len(recent)
@@ -75,8 +83,8 @@ def check_round(rows: list[dict], adapter: str, mode: str) -> tuple[list[float],
     if baseline is not None:
         metrics["format/spike_baseline"] = baseline
         message = (
-            f"format collapse: {rate:.1%} of this round's turns did not parse, against {baseline:.1%} over the "
-            f"last {min(WINDOW, len(history))} round(s)"
+            f"format collapse: {rate:.1%} of this round's turns did not parse, against {baseline:.1%} in the "
+            f"rounds before"
         )
         if mode == "fail":
             raise FormatCollapse(
