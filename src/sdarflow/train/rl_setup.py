@@ -141,7 +141,7 @@ def objective_record(cfg, rl_step: int) -> dict:
         "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
         "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
         "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode", "credit", "advantage", "progress_coef", "filter",
-        "format_guard", "format_repair_every", "format_probe_every", "ema_decay", "reward", "reward_coef", "value_estimate",
-        "value_warmup_rounds",
+        "format_guard", "format_repair_every", "format_probe_every", "ema_decay", "reward", "reward_coef",
+        "value_estimate", "value_warmup_rounds",
     )  # fmt: skip
     return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}

@@ -78,11 +78,17 @@ def policy_states(engine, pad_id: int, max_tokens: int) -> States:
     from sdarflow.models.forward import prompt_states
 
     def states(prompts: list[list[int]]) -> torch.Tensor:
+        # a group's episodes share their first prompts: each distinct prompt runs once
+        distinct = list(dict.fromkeys(tuple(p) for p in prompts))
         was_training = engine.model.training
         engine.model.eval()
         try:
-            return prompt_states(engine.forward_model, prompts, pad_id, max_tokens, engine.device)
+            found = prompt_states(
+                engine.forward_model, [list(p) for p in distinct], pad_id, max_tokens, engine.device
+            )
         finally:
             engine.model.train(was_training)
+        index = {p: i for i, p in enumerate(distinct)}
+        return found[[index[tuple(p)] for p in prompts]]
 
     return states
