@@ -16,7 +16,15 @@ from sdarflow import storage
 from sdarflow.cli import main
 from sdarflow.schema import RESCORED_SCHEMA
 from sdarflow.train.format_guard import FormatCollapse
-from sdarflow.train.format_probe import PROBE_KEY, PROBES, REMEDY_KEY, FormatProbe, probe_rows
+from sdarflow.train.format_probe import (
+    AFTER_KEY,
+    PROBE_KEY,
+    PROBES,
+    REMEDY_KEY,
+    REMEDY_STEPS,
+    FormatProbe,
+    probe_rows,
+)
 from sdarflow.train.schedule import TrainState
 
 
@@ -89,10 +97,35 @@ def test_a_spike_between_steps_fails_warns_or_takes_the_remedy(tiny_model, exper
         return
     with caplog.at_level(logging.WARNING):
         probe.after_step(policy.model, state, record)
-    assert record[PROBE_KEY] == 1.0 and state.probe_rates == [0.0, 1.0]
-    assert "format collapse at step 2" in caplog.text
-    assert (taken, record.get(REMEDY_KEY)) == (([2], 1.5) if mode == "repair" else ([], None))
+    assert record[PROBE_KEY] == 1.0 and "format collapse at step 2" in caplog.text
+    if mode == "warn":
+        assert taken == [] and REMEDY_KEY not in record and state.probe_rates == [0.0, 1.0]
+    else:  # the remedy (here: one that cannot mend the broken weights) runs until its limit, each step re-probed
+        assert taken == [2] * REMEDY_STEPS and record[REMEDY_KEY] == REMEDY_STEPS and record[AFTER_KEY] == 1.0
+        assert record["format/remedy_loss"] == 1.5 and state.probe_rates == [0.0] + [1.0] * (1 + REMEDY_STEPS)
     assert policy.model.training  # the probe restores the mode it found
+
+
+def test_the_remedy_stops_once_the_probe_recovers(tiny_model, expert_prompts):
+    from sdarflow.models import load_policy
+
+    policy = load_policy(str(tiny_model))
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+
+    def remedy(state) -> dict:  # one that mends: the weights from before the break
+        policy.model.load_state_dict(saved)
+        return {"loss/total": 0.5}
+
+    probe = FormatProbe(
+        _rows(expert_prompts), policy.tokenizer, policy.eos_id, "repair", every=1, remedy=remedy
+    )
+    state = TrainState()
+    probe.start(policy.model, state)
+    _broken(policy.model)
+    record = {"step": 1}
+    probe.after_step(policy.model, state, record)
+    assert (record[PROBE_KEY], record[REMEDY_KEY], record[AFTER_KEY]) == (1.0, 1, 0.0)
+    assert state.probe_rates == [0.0, 1.0, 0.0]
 
 
 def _real_prompt_data(prompts: list[list[int]], uri: str) -> str:

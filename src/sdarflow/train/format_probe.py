@@ -5,8 +5,10 @@ Before the first step and after every ``N`` steps, the policy greedily answers a
 (:data:`PROBES` turns with a response, the same every time) and the env parses the answers. The share it rejects is
 the step's format-error rate; against the mean of the probes before it (:func:`format_guard.format_spike`, the
 first taken before any update), a spike warns, fails the round in one line (``--format-guard fail``: nothing is
-published), or with ``repair`` triggers the remedy at once: one extra SFT step on the round's SFT stream (the
-repaired malformed turns, plus the successful rows with ``--sft-ratio``), besides the steps at the
+published), or with ``repair`` triggers the remedy at once: extra SFT steps on the round's SFT stream (the
+repaired malformed turns, plus the successful rows with ``--sft-ratio``; the successful rows alone when no turn is
+repairable, as in TextWorld), each followed by a probe,
+until the rate is no longer a spike or after :data:`REMEDY_STEPS`; besides the steps at the
 ``--format-repair-every`` cadence. Greedy answers change only when the weights do, and the rates live in the
 checkpointed :class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies.
 """
@@ -22,7 +24,9 @@ log = logging.getLogger(__name__)
 
 PROBES = 16
 PROBE_KEY = "format/probe_error_rate"  # in the step record of every probe
-REMEDY_KEY = "format/remedy_loss"  # in the step record after which the remedy step ran
+REMEDY_KEY = "format/remedy_steps"  # in the step record after which the remedy ran: its SFT steps
+AFTER_KEY = "format/probe_error_rate_after_remedy"
+REMEDY_STEPS = 4  # the remedy's SFT steps after one probe at most
 
 
 def probe_rows(rows: list[dict], n: int = PROBES) -> list[dict]:
@@ -93,8 +97,18 @@ class FormatProbe:
                 f"malformed turns back"
             )
         if self.mode == "repair" and self.remedy is not None:
-            record[REMEDY_KEY] = self.remedy(state)["loss/total"]
-            log.warning("train: %s; took a repair SFT step", message)
+            losses = []
+            while baseline is not None and len(losses) < REMEDY_STEPS:  # repair until the probe recovers
+                losses.append(self.remedy(state)["loss/total"])
+                rate = self.rate(model)
+                baseline = format_spike(state.probe_rates, rate)
+                state.probe_rates.append(rate)
+            record.update(
+                {REMEDY_KEY: len(losses), AFTER_KEY: rate, "format/remedy_loss": sum(losses) / len(losses)}
+            )
+            log.warning(
+                "train: %s; took %d repair SFT step(s): %.1f%% after", message, len(losses), 100 * rate
+            )
         else:
             log.warning("train: %s (--format-guard %s: training on)", message, self.mode)
 
