@@ -18,6 +18,7 @@ from sdarflow.schema import RESCORED_SCHEMA
 from sdarflow.train.format_guard import FormatCollapse
 from sdarflow.train.format_probe import (
     AFTER_KEY,
+    LINEAGE_KEY,
     PROBE_KEY,
     PROBES,
     REMEDY_KEY,
@@ -82,7 +83,7 @@ def test_a_spike_between_steps_fails_warns_or_takes_the_remedy(tiny_model, exper
 
     probe = FormatProbe(_rows(expert_prompts), policy.tokenizer, policy.eos_id, mode, every=2, remedy=remedy)
     state = TrainState(step=2)
-    probe.start(policy.model, state)
+    assert probe.start(policy.model, state, []) == {"format/start_probe_error_rate": 0.0}
     assert state.probe_rates == [0.0]  # the smoke model answers its walkthrough prompts well formed
     record = {"step": 1}
     probe.after_step(policy.model, state, record)  # not a probe step
@@ -120,12 +121,19 @@ def test_the_remedy_stops_once_the_probe_recovers(tiny_model, expert_prompts):
         _rows(expert_prompts), policy.tokenizer, policy.eos_id, "repair", every=1, remedy=remedy
     )
     state = TrainState()
-    probe.start(policy.model, state)
+    probe.start(policy.model, state, [])
     _broken(policy.model)
     record = {"step": 1}
     probe.after_step(policy.model, state, record)
     assert (record[PROBE_KEY], record[REMEDY_KEY], record[AFTER_KEY]) == (1.0, 1, 0.0)
     assert state.probe_rates == [0.0, 1.0, 0.0]
+    # a round that starts collapsed, against its lineage's clean probes: repaired before its first step
+    _broken(policy.model)
+    state = TrainState()
+    start = probe.start(policy.model, state, [0.0, 0.05])
+    assert start["format/start_probe_error_rate"] == 1.0 and start["format/start_remedy_steps"] == 1
+    assert state.probe_rates == [0.0, 0.05, 1.0, 0.0]
+    assert probe.start(policy.model, state, [0.0]) == {}  # resumed: the start probe was taken
 
 
 def _real_prompt_data(prompts: list[list[int]], uri: str) -> str:
@@ -159,3 +167,6 @@ def test_train_fails_a_round_that_collapses_between_steps_and_repairs_it(
     assert lines[0][PROBE_KEY] > 0.5 and REMEDY_KEY in lines[0]
     summary = json.loads(storage.read_member(repaired, "train_summary.json"))
     assert summary["objective"]["format_probe_every"] == 1
+    # the lineage keeps every probe, the first before any update, for the next round's baseline
+    assert summary[LINEAGE_KEY][0] == 0.0 and len(summary[LINEAGE_KEY]) >= 3
+    assert summary["format/start_probe_error_rate"] == 0.0

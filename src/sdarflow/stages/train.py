@@ -32,8 +32,9 @@ from sdarflow.train import presets
 from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
-from sdarflow.train.format_guard import GUARD_HELP, GUARDS
+from sdarflow.train.format_guard import GUARD_HELP, GUARDS, lineage_rates
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
+from sdarflow.train.format_probe import LINEAGE_KEY as PROBE_LINEAGE
 from sdarflow.train.format_probe import PROBES, round_probe, with_probe
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
@@ -334,9 +335,10 @@ def _train(cfg: TrainConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
         out = Path(tmp)
         writer = jsonl_writer(out / "metrics.jsonl", state.history) if engine.rank == 0 else None
+        start = {}
         if not (shaping and shaping.warmup):  # a warm-up round fits only the value head
             if probe:
-                probe.start(engine.model, state)
+                start = probe.start(engine.model, state, lineage_rates(cfg.adapter, PROBE_LINEAGE))
             state = train(
                 engine,
                 data,
@@ -346,7 +348,7 @@ def _train(cfg: TrainConfig) -> dict:
                 on_step=with_probe(with_ema_step(writer, ema), probe, engine.model, state),
                 on_checkpoint=save_checkpoint,
             )
-        summary = run_summary(state.history)
+        summary = {**run_summary(state.history), **start}
         if shaping:
             summary.update(shaping.metrics)
         objective = objective_record(cfg, rl_step)
@@ -354,6 +356,8 @@ def _train(cfg: TrainConfig) -> dict:
             masters = engine.master_weights()
             if engine.rank == 0:
                 lineage = {FORMAT_RATES: shaping.format_rates} if shaping else {}
+                if probe:
+                    lineage[PROBE_LINEAGE] = state.probe_rates
                 record = {**summary, "objective": objective, **lineage}
                 if ema:
                     ema.save(out / EMA_DIR)

@@ -65,13 +65,13 @@ def _spiked(recent: list[float], rate: float, factor: float, min_jump: float) ->
     return baseline if rate >= factor * baseline and rate >= baseline + min_jump else None
 
 
-def lineage_rates(adapter: str) -> list[float]:
-    """The per-round format-error rates recorded by ``adapter``'s training (oldest first); [] for a new adapter or
-    one trained before the guard existed."""
+def lineage_rates(adapter: str, key: str = SUMMARY_KEY) -> list[float]:
+    """The format-error rates ``adapter``'s training recorded under ``key`` (per round, or the per-step probe's),
+    oldest first; [] for a new adapter or one trained before the guard (or the probe) existed."""
     if not adapter or not storage.is_published(adapter):
         return []
     summary = storage.read_member_json(adapter, "train_summary.json")
-    return [float(x) for x in summary.get(SUMMARY_KEY, [])]
+    return [float(x) for x in summary.get(key, [])]
 
 
 def check_round(rows: list[dict], adapter: str, mode: str) -> tuple[list[float], dict[str, float]]:

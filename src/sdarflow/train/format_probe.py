@@ -3,8 +3,9 @@ two optimizer steps, so the round's rollouts (generated before the update) canno
 
 Before the first step and after every ``N`` steps, the policy greedily answers a fixed sample of the round's prompts
 (:data:`PROBES` turns with a response, the same every time) and the env parses the answers. The share it rejects is
-the step's format-error rate; against the mean of the probes before it (:func:`format_guard.format_spike`, the
-first taken before any update), a spike warns, fails the round in one line (``--format-guard fail``: nothing is
+the step's format-error rate; against the mean of the probes before it (:func:`format_guard.format_spike`: this
+round's, after the earlier rounds' of the adapter's lineage, which ``train_summary.json`` keeps under
+:data:`LINEAGE_KEY`, so a round that starts collapsed is caught before its first step), a spike warns, fails the round in one line (``--format-guard fail``: nothing is
 published), or with ``repair`` triggers the remedy at once: extra SFT steps on the round's SFT stream (the
 repaired malformed turns, plus the successful rows with ``--sft-ratio``; the successful rows alone when no turn is
 repairable, as in TextWorld), each followed by a probe,
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 PROBES = 16
 PROBE_KEY = "format/probe_error_rate"  # in the step record of every probe
+LINEAGE_KEY = "format_probe_rates"  # in train_summary.json: the lineage's probe rates, oldest first
 REMEDY_KEY = "format/remedy_steps"  # in the step record after which the remedy ran: its SFT steps
 AFTER_KEY = "format/probe_error_rate_after_remedy"
 REMEDY_STEPS = 4  # the remedy's SFT steps after one probe at most
@@ -72,15 +74,23 @@ class FormatProbe:
         )
         return bad / max(1, len(self.rows))
 
-    def start(self, model, state) -> None:
-        """The baseline's first probe, before any update (a resumed run already has it in ``state``)."""
-        if not state.probe_rates:
-            state.probe_rates.append(self.rate(model))
+    def start(self, model, state, lineage: list[float]) -> dict[str, float]:
+        """The probe before any update, against the probes of the adapter's ``lineage`` (a round that starts
+        collapsed is caught here); its metrics. A resumed run took it already: its rates are in ``state``."""
+        if state.probe_rates:
+            return {}
+        state.probe_rates.extend(lineage)
+        record = {"step": 0}
+        self.check(model, state, record)
+        return {f"format/start_{k.removeprefix('format/')}": v for k, v in record.items() if k != "step"}
 
     def after_step(self, model, state, record: dict) -> None:
-        """Every ``every`` steps: probe, record the rate, and act on a spike against the probes before it."""
-        if record["step"] % self.every:
-            return
+        """Every ``every`` steps, :meth:`check` into the step's record."""
+        if record["step"] % self.every == 0:
+            self.check(model, state, record)
+
+    def check(self, model, state, record: dict) -> None:
+        """Probe, record the rate, and act on a spike against the probes before it."""
         rate = self.rate(model)
         baseline = format_spike(state.probe_rates, rate)
         state.probe_rates.append(rate)
@@ -96,21 +106,19 @@ class FormatProbe:
                 f"{message}; fix: retrain this round with a lower --lr, or pass --format-guard repair to train the "
                 f"malformed turns back"
             )
-        if self.mode == "repair" and self.remedy is not None:
-            losses = []
-            while baseline is not None and len(losses) < REMEDY_STEPS:  # repair until the probe recovers
-                losses.append(self.remedy(state)["loss/total"])
-                rate = self.rate(model)
-                baseline = format_spike(state.probe_rates, rate)
-                state.probe_rates.append(rate)
-            record.update(
-                {REMEDY_KEY: len(losses), AFTER_KEY: rate, "format/remedy_loss": sum(losses) / len(losses)}
-            )
-            log.warning(
-                "train: %s; took %d repair SFT step(s): %.1f%% after", message, len(losses), 100 * rate
-            )
-        else:
+        if self.mode != "repair" or self.remedy is None:
             log.warning("train: %s (--format-guard %s: training on)", message, self.mode)
+            return
+        losses = []
+        while baseline is not None and len(losses) < REMEDY_STEPS:  # repair until the probe recovers
+            losses.append(self.remedy(state)["loss/total"])
+            rate = self.rate(model)
+            baseline = format_spike(state.probe_rates, rate)
+            state.probe_rates.append(rate)
+        record.update(
+            {REMEDY_KEY: len(losses), AFTER_KEY: rate, "format/remedy_loss": sum(losses) / len(losses)}
+        )
+        log.warning("train: %s; took %d repair SFT step(s): %.1f%% after", message, len(losses), 100 * rate)
 
 
 def with_probe(on_step: Callable[[dict], None] | None, probe: FormatProbe | None, model, state):
