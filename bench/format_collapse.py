@@ -108,7 +108,7 @@ def arm(model: str, start: str, guard: str, root: str, args) -> list[dict]:
         curve[-1]["train_sft_steps"] = tr["metrics"].get("train/sft_steps", 0.0)
         curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
         curve[-1]["probe_error_rates"] = [x.get(PROBE_KEY) for x in steps]
-        curve[-1]["remedy_steps"] = sum(REMEDY_KEY in x for x in steps)
+        curve[-1]["remedy_steps"] = sum(x.get(REMEDY_KEY, 0) for x in steps)  # the remedy's SFT steps
         adapter = tr["uri"]
     return curve
 

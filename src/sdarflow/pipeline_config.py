@@ -28,7 +28,7 @@ from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
 from sdarflow.train.format_guard import GUARD_HELP, GUARDS
-from sdarflow.training_options import option_settings
+from sdarflow.training_options import OPTIONS, option_settings
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class PipelineConfig(StageConfig):
     entropy_coef: float = opt(0.001, "entropy bonus (reference 0.001); 0 = off", ge=0)
     options: str = opt(
         "",
-        "training options (README Beyond SDAR), '+'-separated: scpo, progress, filter, ema, ppl (search-qa); e.g. "
+        f"training options (README Beyond SDAR), '+'-separated: {', '.join(OPTIONS)} (ppl: search-qa); e.g. "
         "scpo+ema; stage_settings win over them",
     )
     format_guard: str = opt("warn", f"train's {GUARD_HELP}", choices=GUARDS)

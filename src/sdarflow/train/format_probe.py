@@ -1,17 +1,18 @@
 """The format guard's per-step check (``--format-probe-every N``): a collapse can happen inside one round, between
-two optimizer steps, so the round's rollouts (generated before the update) cannot show it.
+two optimizer steps, where the round's rollouts (generated before the update) cannot show it.
 
 Before the first step and after every ``N`` steps, the policy greedily answers a fixed sample of the round's prompts
-(:data:`PROBES` turns with a response, the same every time) and the env parses the answers. The share it rejects is
-the step's format-error rate; against the mean of the probes before it (:func:`format_guard.format_spike`: this
-round's, after the earlier rounds' of the adapter's lineage, which ``train_summary.json`` keeps under
-:data:`LINEAGE_KEY`, so a round that starts collapsed is caught before its first step), a spike warns, fails the round in one line (``--format-guard fail``: nothing is
-published), or with ``repair`` triggers the remedy at once: extra SFT steps on the round's SFT stream (the
-repaired malformed turns, plus the successful rows with ``--sft-ratio``; the successful rows alone when no turn is
-repairable, as in TextWorld), each followed by a probe,
-until the rate is no longer a spike or after :data:`REMEDY_STEPS`; besides the steps at the
-``--format-repair-every`` cadence. Greedy answers change only when the weights do, and the rates live in the
-checkpointed :class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies.
+(:data:`PROBES` turns with a response, the same every time) and the env parses the answers; the share it rejects is
+the probe's format-error rate. It is compared with the probes before it (:func:`format_guard.format_spike`): the
+earlier rounds' of the adapter's lineage (``train_summary.json`` keeps them under :data:`LINEAGE_KEY`, so a round
+that starts collapsed is caught before its first step), then this round's. A spike warns, fails the round in one
+line (``--format-guard fail``: nothing is published), or with ``repair`` triggers the remedy at once: SFT steps on
+the round's SFT stream (the repaired malformed turns, plus the successful rows with ``--sft-ratio``; the successful
+rows alone when no turn is repairable, as in TextWorld), each followed by a probe, until the rate is no longer a
+spike or after :data:`REMEDY_STEPS`, besides the steps at the ``--format-repair-every`` cadence.
+
+Greedy answers change only when the weights do, and the rates live in the checkpointed
+:class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def probe_rows(rows: list[dict], n: int = PROBES) -> list[dict]:
 
 
 class FormatProbe:
-    """The per-step probe of one round; ``remedy`` (``--format-guard repair``) takes the extra SFT step."""
+    """The per-step probe of one round; ``remedy(state)`` (``--format-guard repair``) takes one SFT step."""
 
     def __init__(self, rows: list[dict], tokenizer, eos_id: int, mode: str, every: int, remedy=None) -> None:
         from sdarflow.rollout.engine import action_tokens
@@ -136,7 +137,7 @@ def with_probe(on_step: Callable[[dict], None] | None, probe: FormatProbe | None
 
 def round_probe(cfg, rows: list[dict], policy, engine, data, hp, schedule) -> FormatProbe | None:
     """The round's probe with ``--format-probe-every`` (None when 0, or with the guard off). With ``repair`` its
-    remedy is an extra step of the round's SFT stream (:func:`sdarflow.train.trainer.extra_sft_step`)."""
+    remedy takes extra steps of the round's SFT stream (:func:`sdarflow.train.trainer.extra_sft_step`)."""
     from sdarflow.train.trainer import extra_sft_step
 
     if not cfg.format_probe_every or cfg.format_guard == "off":
