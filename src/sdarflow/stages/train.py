@@ -323,7 +323,7 @@ def _train(cfg: TrainConfig) -> dict:
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
-    states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens)
+    states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens) if head else None
     shaping = rl_shaping(cfg, rows, head, states) if cfg.mode == "rl" else None
     data, hp = train_inputs(cfg, rows, shaping, policy, rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)

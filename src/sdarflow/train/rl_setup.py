@@ -87,11 +87,12 @@ def rl_shaping(cfg, rows: list[dict], head: ValueHead | None = None, states: Sta
     if cfg.filter != "none":
         metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
     kept = [r for r, d in zip(rows, dropped, strict=True) if r["response_token_ids"] and not d]
-    warm = head is not None and warming_up(cfg.value_warmup_rounds, _rl_step(rows))
+    rl_step = _rl_step(rows)
+    warm = head is not None and warming_up(cfg.value_warmup_rounds, rl_step)
     if warm:
         log.info(
             "train: value warm-up round %d of %d: only the value head is fitted, the policy is not updated",
-            _rl_step(rows),
+            rl_step,
             cfg.value_warmup_rounds,
         )
     elif cfg.filter != "none" and rows and not kept:
