@@ -87,7 +87,7 @@ def rl_shaping(cfg, rows: list[dict], head: ValueHead | None = None, states: Sta
     if cfg.filter != "none":
         metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
     kept = [r for r, d in zip(rows, dropped, strict=True) if r["response_token_ids"] and not d]
-    rl_step = _rl_step(rows)
+    rl_step = _rl_step(rows) if head is not None else 0  # only the head's warm-up reads it
     warm = head is not None and warming_up(cfg.value_warmup_rounds, rl_step)
     if warm:
         log.info(
