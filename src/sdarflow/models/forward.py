@@ -65,7 +65,8 @@ def response_logprobs(
     """
     r_max = batch.targets.shape[1]
     parts = _decoder_and_head(model)
-    if parts is not None:
+    # fused with the log-prob, the head must be a plain bias-free matrix (not, e.g., a LoRA-wrapped head)
+    if parts is not None and isinstance(parts[1], torch.nn.Linear) and parts[1].bias is None:
         decoder, head = parts
         hidden = decoder(
             input_ids=batch.input_ids,
@@ -119,18 +120,17 @@ _LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "final_logit_softcapping",
 
 
 def _decoder_and_head(model):
-    """(decoder, lm_head) when logits are exactly ``lm_head(decoder(...).last_hidden_state)``, else None."""
-    get_decoder = getattr(model, "get_decoder", None)
-    get_head = getattr(model, "get_output_embeddings", None)
-    config = getattr(model, "config", None)
-    if get_decoder is None or get_head is None or config is None:
-        return None
-    head = get_head()
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+    """(decoder, lm_head) of a causal LM (PEFT-wrapped or not) whose logits are exactly
+    ``lm_head(decoder(...).last_hidden_state)``; None for models that transform logits after the head (scaling,
+    soft-capping) or hide their parts."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings") or config is None:
         return None
     if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return None
-    return get_decoder(), head
+    head = base.get_output_embeddings()
+    return (base.get_decoder(), head) if head is not None else None
 
 
 def token_budget_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -218,20 +218,6 @@ def make_packed_batch(
     return PackedBatch(ids, pos, torch.tensor(gather, dtype=torch.long), torch.tensor(targets), spans)
 
 
-def _packed_parts(model):
-    """(decoder, lm_head) of a causal LM (PEFT-wrapped or not) whose logits are exactly ``lm_head(hidden)``;
-    None for models that transform logits after the head (scaling, soft-capping) or hide their parts."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = getattr(base, "config", None)
-    if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings") or config is None:
-        return None
-    transforms = ("logit_scale", "logits_scaling", "final_logit_softcapping", "output_multiplier_scale")
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in transforms):
-        return None
-    head = base.get_output_embeddings()
-    return (base.get_decoder(), head) if head is not None else None
-
-
 def packed_response_logprobs(model, batch: PackedBatch, chunk_size: int = 1024) -> torch.Tensor:
     """Per-token float32 log-probs (N,) of ``batch.targets``; equal to ``response_logprobs`` on the same sequences.
 
@@ -241,7 +227,7 @@ def packed_response_logprobs(model, batch: PackedBatch, chunk_size: int = 1024) 
     """
     if batch.num_tokens == 0:
         return torch.zeros(0)
-    parts = _packed_parts(model)
+    parts = _decoder_and_head(model)
     if parts is None:
         logits = model(
             input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=None, use_cache=False
