@@ -29,7 +29,7 @@ from bench.common import rl_round, write_result
 from sdarflow import storage
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages import generate, train
-from sdarflow.train.format_probe import PROBE_KEY, REMEDY_KEY
+from sdarflow.train.format_probe import PROBE_KEY, REMEDY_KEY, ROLLBACK_KEY
 from sdarflow.train.warmstart import BaseModelSpec, build_base_model
 
 DRIFT = ('"tool"', '"tol"')  # the one-token slip in the call wrapper
@@ -109,6 +109,7 @@ def arm(model: str, start: str, guard: str, root: str, args) -> list[dict]:
         curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
         curve[-1]["probe_error_rates"] = [x.get(PROBE_KEY) for x in steps]
         curve[-1]["remedy_steps"] = sum(x.get(REMEDY_KEY, 0) for x in steps)  # the remedy's SFT steps
+        curve[-1]["rollbacks"] = [x["step"] for x in steps if ROLLBACK_KEY in x]  # steps whose probe rolled back
         adapter = tr["uri"]
     return curve
 

@@ -10,7 +10,7 @@ import logging
 import pyarrow as pa
 import pytest
 import torch
-from train_data import metrics_lines, rescored_table
+from train_data import adapter_weights, metrics_lines, rescored_table
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -23,7 +23,9 @@ from sdarflow.train.format_probe import (
     PROBES,
     REMEDY_KEY,
     REMEDY_STEPS,
+    ROLLBACK_KEY,
     FormatProbe,
+    Rollback,
     probe_rows,
 )
 from sdarflow.train.schedule import TrainState
@@ -62,11 +64,12 @@ def test_probe_rows_are_evenly_spaced_rows_with_a_response():
     assert probe_rows(rows[:5], n=PROBES) == [r for r in rows[:5] if r["response_token_ids"]]
 
 
-def _broken(model) -> None:
+def _broken(model, trainable_only: bool = False) -> None:
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.5)
+            if p.requires_grad or not trainable_only:
+                p.add_(torch.randn_like(p) * 0.5)
 
 
 @pytest.mark.parametrize("mode", ["fail", "warn", "repair"])
@@ -136,6 +139,52 @@ def test_the_remedy_stops_once_the_probe_recovers(tiny_model, expert_prompts):
     assert probe.start(policy.model, state, [0.0]) == {}  # resumed: the start probe was taken
 
 
+def _optimizer_step(engine, prompt: list[int]) -> None:
+    loss = engine.model(input_ids=torch.tensor([prompt])).logits.float().mean()
+    engine.backward(loss)
+    engine.step(1e-3)
+
+
+def test_a_spike_the_remedy_does_not_mend_rolls_back_to_the_last_good_probe(
+    tiny_model, expert_prompts, tmp_path, caplog
+):
+    import copy
+
+    from sdarflow.models import load_policy
+    from sdarflow.models.policy import new_lora
+    from sdarflow.train.engine import make_engine
+
+    policy = load_policy(str(tiny_model), trainable=True)
+    torch.manual_seed(0)
+    linear = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = new_lora(policy.model, 4, 8, linear)
+    engine = make_engine("torch", model, lr=1e-3, max_grad_norm=1.0, zero_stage=0)
+    _optimizer_step(engine, expert_prompts[0])  # the optimizer has moments to roll back
+    rollback = Rollback(engine, tmp_path / "rollback")
+    probe = FormatProbe(_rows(expert_prompts), policy.tokenizer, policy.eos_id, "repair", 1, None, rollback)
+    state = TrainState()
+    probe.start(model, state, [])
+    assert state.probe_rates == [0.0] and rollback.step == 0  # a clean probe: the rollback target
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    good = {n: p.detach().clone() for n, p in trainable.items()}
+    good_moments = copy.deepcopy(engine.optimizer.state_dict()["state"])
+    _optimizer_step(engine, expert_prompts[1])
+    _broken(model, trainable_only=True)  # as training breaks it: in the LoRA weights
+    record = {"step": 1}
+    with caplog.at_level(logging.WARNING):
+        probe.after_step(model, state, record)
+    # no remedy (no SFT stream): the spike rolls back to step 0, and the probe answers well formed again
+    assert record[PROBE_KEY] > 0.5 and (record[ROLLBACK_KEY], record[AFTER_KEY]) == (0, 0.0)
+    assert REMEDY_KEY not in record and state.probe_rates == [0.0, record[PROBE_KEY], 0.0]
+    assert "rolled back to the weights of step 0: 0.0% after" in caplog.text
+    assert all(torch.equal(trainable[n], good[n]) for n in good)
+    moments = engine.optimizer.state_dict()["state"]
+    assert all(torch.equal(moments[i]["exp_avg"], good_moments[i]["exp_avg"]) for i in good_moments)
+    record = {"step": 2}
+    probe.after_step(model, state, record)
+    assert record[PROBE_KEY] == 0.0 and ROLLBACK_KEY not in record and rollback.step == 2
+
+
 def _real_prompt_data(prompts: list[list[int]], uri: str) -> str:
     """The synthetic rescored rows with real TextWorld prompts in place of their random ones."""
     table = rescored_table()
@@ -164,9 +213,17 @@ def test_train_fails_a_round_that_collapses_between_steps_and_repairs_it(
     repaired = str(tmp_path / "repaired")
     assert main([*args, "--format-probe-every", "1", "--format-guard", "repair", "--output", repaired]) == 0
     lines = metrics_lines(repaired)
-    assert lines[0][PROBE_KEY] > 0.5 and REMEDY_KEY in lines[0]
+    # both steps break the format; the remedy's SFT steps do not mend it at this lr, so each rolls back to step 0
+    assert [(x[PROBE_KEY] > 0.5, x[REMEDY_KEY], x[ROLLBACK_KEY], x[AFTER_KEY]) for x in lines] == [
+        (True, REMEDY_STEPS, 0, 0.0)
+    ] * 2
     summary = json.loads(storage.read_member(repaired, "train_summary.json"))
     assert summary["objective"]["format_probe_every"] == 1
     # the lineage keeps every probe, the first before any update, for the next round's baseline
-    assert summary[LINEAGE_KEY][0] == 0.0 and len(summary[LINEAGE_KEY]) >= 3
+    assert summary[LINEAGE_KEY][0] == 0.0 and len(summary[LINEAGE_KEY]) == 1 + 2 * (1 + REMEDY_STEPS + 1)
     assert summary["format/start_probe_error_rate"] == 0.0
+    # what is published is the step-0 state, which answers well formed (LoRA B at its start, 0)
+    assert summary[LINEAGE_KEY][-1] == 0.0
+    weights = adapter_weights(repaired)
+    lora_b = [w for name, w in weights.items() if "lora_B" in name]
+    assert lora_b and not any(w.any() for w in lora_b)

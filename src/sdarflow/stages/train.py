@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,9 +331,9 @@ def _train(cfg: TrainConfig) -> dict:
     state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
     resumed_from = state.step if state else 0
     state = state or TrainState()
-    probe = round_probe(cfg, rows, policy, engine, data, hp, schedule) if shaping else None
+    probing = round_probe(cfg, rows, policy, engine, data, hp, schedule) if shaping else nullcontext()
 
-    with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp, probing as probe:
         out = Path(tmp)
         writer = jsonl_writer(out / "metrics.jsonl", state.history) if engine.rank == 0 else None
         start = {}

@@ -9,16 +9,26 @@ that starts collapsed is caught before its first step), then this round's. A spi
 line (``--format-guard fail``: nothing is published), or with ``repair`` triggers the remedy at once: SFT steps on
 the round's SFT stream (the repaired malformed turns, plus the successful rows with ``--sft-ratio``; the successful
 rows alone when no turn is repairable, as in TextWorld), each followed by a probe, until the rate is no longer a
-spike or after :data:`REMEDY_STEPS`, besides the steps at the ``--format-repair-every`` cadence.
+spike or after :data:`REMEDY_STEPS`, besides the steps at the ``--format-repair-every`` cadence. When the remedy
+does not mend the spike (or there is nothing to train it on), the round rolls back (:class:`Rollback`) to the
+weights and optimizer state of its last probe that was not a spike, and goes on with the next batches: the steps
+that broke the format are not retaken, as language-model pretraining restarts before a loss spike and skips its
+batches.
 
 Greedy answers change only when the weights do, and the rates live in the checkpointed
-:class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies.
+:class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies; its rollback
+target, kept outside the checkpoint, starts again at its first probe that is not a spike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from sdarflow.train.format_guard import FormatCollapse, format_spike, suites_of
 
@@ -29,6 +39,9 @@ PROBE_KEY = "format/probe_error_rate"  # in the step record of every probe
 LINEAGE_KEY = "format_probe_rates"  # in train_summary.json: the lineage's probe rates, oldest first
 REMEDY_KEY = "format/remedy_steps"  # in the step record after which the remedy ran: its SFT steps
 AFTER_KEY = "format/probe_error_rate_after_remedy"
+ROLLBACK_KEY = (
+    "format/rolled_back_to_step"  # in the step record where the remedy failed: the step returned to
+)
 REMEDY_STEPS = 4  # the remedy's SFT steps after one probe at most
 
 
@@ -43,10 +56,32 @@ def probe_rows(rows: list[dict], n: int = PROBES) -> list[dict]:
     return [ordered[i * len(ordered) // n] for i in range(n)]
 
 
-class FormatProbe:
-    """The per-step probe of one round; ``remedy(state)`` (``--format-guard repair``) takes one SFT step."""
+class Rollback:
+    """The engine's trainable weights and optimizer state (``engine.save``) at the last probe that was not a spike,
+    in ``folder``; ``restore`` loads them back. Collective under DeepSpeed, like the probe: every rank calls it."""
 
-    def __init__(self, rows: list[dict], tokenizer, eos_id: int, mode: str, every: int, remedy=None) -> None:
+    def __init__(self, engine, folder: Path) -> None:
+        self.engine, self.folder = engine, folder
+        self.step: int | None = None
+
+    def keep(self, step: int) -> None:
+        self.engine.save(self.folder)
+        self.step = step
+
+    def restore(self) -> int | None:
+        """The step whose state is now back, or None when no probe of this run has passed yet."""
+        if self.step is not None:
+            self.engine.load(self.folder)
+        return self.step
+
+
+class FormatProbe:
+    """The per-step probe of one round; ``remedy(state)`` (``--format-guard repair``) takes one SFT step, and
+    ``rollback`` (with ``repair``) undoes the steps since the last good probe when the remedy does not mend."""
+
+    def __init__(
+        self, rows: list[dict], tokenizer, eos_id: int, mode: str, every: int, remedy=None, rollback=None
+    ) -> None:
         from sdarflow.rollout.engine import action_tokens
         from sdarflow.rollout.loop import action_parser
 
@@ -55,7 +90,7 @@ class FormatProbe:
         self.parsers = {env: action_parser(suite) for env, suite in suites.items()}
         self.max_new_tokens = max((action_tokens(s, 0) for s in suites.values()), default=1)
         self.tokenizer, self.eos_id = tokenizer, eos_id
-        self.mode, self.every, self.remedy = mode, every, remedy
+        self.mode, self.every, self.remedy, self.rollback = mode, every, remedy, rollback
 
     def rate(self, model) -> float:
         """The share of the probe rows whose greedy answer the env rejects (ended at the token limit included)."""
@@ -96,8 +131,12 @@ class FormatProbe:
         baseline = format_spike(state.probe_rates, rate)
         state.probe_rates.append(rate)
         record[PROBE_KEY] = rate
-        if baseline is None:
-            return
+        if baseline is not None:
+            self._on_spike(model, state, record, rate, baseline)
+        elif self.rollback:
+            self.rollback.keep(record["step"])
+
+    def _on_spike(self, model, state, record: dict, rate: float, baseline: float) -> None:
         message = (
             f"format collapse at step {record['step']}: {rate:.1%} of {len(self.rows)} probe answers did not "
             f"parse, against {baseline:.1%} in the probes before"
@@ -107,19 +146,34 @@ class FormatProbe:
                 f"{message}; fix: retrain this round with a lower --lr, or pass --format-guard repair to train the "
                 f"malformed turns back"
             )
-        if self.mode != "repair" or self.remedy is None:
+        if self.mode != "repair":
             log.warning("train: %s (--format-guard %s: training on)", message, self.mode)
             return
         losses = []
-        while baseline is not None and len(losses) < REMEDY_STEPS:  # repair until the probe recovers
+        while self.remedy and baseline is not None and len(losses) < REMEDY_STEPS:  # until the probe recovers
             losses.append(self.remedy(state)["loss/total"])
-            rate = self.rate(model)
-            baseline = format_spike(state.probe_rates, rate)
-            state.probe_rates.append(rate)
-        record.update(
-            {REMEDY_KEY: len(losses), AFTER_KEY: rate, "format/remedy_loss": sum(losses) / len(losses)}
-        )
-        log.warning("train: %s; took %d repair SFT step(s): %.1f%% after", message, len(losses), 100 * rate)
+            baseline = self._reprobe(model, state, record)
+        if losses:
+            record.update({REMEDY_KEY: len(losses), "format/remedy_loss": sum(losses) / len(losses)})
+            message += f"; took {len(losses)} repair SFT step(s): {record[AFTER_KEY]:.1%} after"
+        back = self.rollback.restore() if self.rollback and baseline is not None else None
+        if back is not None:
+            record[ROLLBACK_KEY] = back
+            baseline = self._reprobe(model, state, record)
+            message += f"; rolled back to the weights of step {back}: {record[AFTER_KEY]:.1%} after"
+        elif baseline is not None:
+            message += "; no earlier probe passed to roll back to, training on"
+        elif self.rollback:  # the remedy mended it: the new target
+            self.rollback.keep(record["step"])
+        log.warning("train: %s", message)
+
+    def _reprobe(self, model, state, record: dict) -> float | None:
+        """Probe again after a remedy step or a rollback: the spike's baseline, or None once it has passed."""
+        rate = self.rate(model)
+        baseline = format_spike(state.probe_rates, rate)
+        state.probe_rates.append(rate)
+        record[AFTER_KEY] = rate
+        return baseline
 
 
 def with_probe(on_step: Callable[[dict], None] | None, probe: FormatProbe | None, model, state):
@@ -135,19 +189,36 @@ def with_probe(on_step: Callable[[dict], None] | None, probe: FormatProbe | None
     return step
 
 
-def round_probe(cfg, rows: list[dict], policy, engine, data, hp, schedule) -> FormatProbe | None:
+@contextlib.contextmanager
+def round_probe(cfg, rows: list[dict], policy, engine, data, hp, schedule) -> Iterator[FormatProbe | None]:
     """The round's probe with ``--format-probe-every`` (None when 0, or with the guard off). With ``repair`` its
-    remedy takes extra steps of the round's SFT stream (:func:`sdarflow.train.trainer.extra_sft_step`)."""
+    remedy takes extra steps of the round's SFT stream (:func:`sdarflow.train.trainer.extra_sft_step`) and its
+    rollback target lives in a scratch folder, removed on exit."""
     from sdarflow.train.trainer import extra_sft_step
 
     if not cfg.format_probe_every or cfg.format_guard == "off":
-        return None
-    remedy = None
-    if cfg.format_guard == "repair" and data.sft_pairs:
+        yield None
+        return
+    remedy = rollback = None
+    if cfg.format_guard == "repair":
+        if data.sft_pairs:
 
-        def remedy(state) -> dict:
-            return extra_sft_step(engine, data, hp, state, schedule.lr_at(state.step))
+            def remedy(state) -> dict:
+                return extra_sft_step(engine, data, hp, state, schedule.lr_at(state.step))
 
-    return FormatProbe(
-        rows, policy.tokenizer, policy.eos_id, cfg.format_guard, cfg.format_probe_every, remedy
-    )
+        rollback = Rollback(engine, _scratch(engine))
+    try:
+        yield FormatProbe(
+            rows, policy.tokenizer, policy.eos_id, cfg.format_guard, cfg.format_probe_every, remedy, rollback
+        )
+    finally:
+        if rollback and engine.rank == 0:
+            shutil.rmtree(rollback.folder, ignore_errors=True)
+
+
+def _scratch(engine) -> Path:
+    """A folder every worker of this launch names alike (ZeRO writes each rank's partition into one folder): the
+    launcher's MASTER_PORT is unique per launch on a node; one process makes its own."""
+    if engine.world_size > 1:
+        return Path(tempfile.gettempdir()) / f"sdarflow-rollback-{os.environ['MASTER_PORT']}"
+    return Path(tempfile.mkdtemp(prefix="sdarflow-rollback-"))
