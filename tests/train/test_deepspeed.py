@@ -4,6 +4,7 @@ checkpoint. Slow: each engine start takes several seconds (and the first one on 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from sdarflow.models import load_policy
 from sdarflow.models.policy import new_lora
 from sdarflow.train.checkpoint import Checkpoints
 from sdarflow.train.engine import DeepSpeedEngine, make_engine
+from sdarflow.train.format_probe import Rollback
 from sdarflow.train.samples import make_samples
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.trainer import RLHyper, TrainData, TrainingDiverged, train
@@ -83,8 +85,15 @@ def test_deepspeed_trains_agrees_with_torch_skips_nonfinite_and_resumes(tiny_mod
     engine = make_engine("deepspeed", model, lr=1e-2, max_grad_norm=1.0, zero_stage=2)
     state = Checkpoints(tmp_path / "ck", "ds-run").restore(engine)
     assert state.step == 2
-    train(engine, data, hp_split, schedule, state=state)
+    state = train(engine, data, hp_split, schedule, state=state)
     assert diff(weights(model), w_ds) <= 1e-6
+
+    # the format guard's rollback (engine.save / load): two more steps undone, back to the weights kept at step 4
+    rollback = Rollback(engine, tmp_path / "rollback")
+    rollback.keep(state.step)
+    train(engine, data, dataclasses.replace(hp_split, max_steps=6, save_every=0), schedule, state=state)
+    assert diff(weights(model), w_ds) > 1e-4
+    assert rollback.restore() == 4 and diff(weights(model), w_ds) <= 1e-6
 
 
 def test_zero3_through_the_cli_publishes_a_trained_adapter(tiny_model, tmp_path):

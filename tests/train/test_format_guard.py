@@ -10,7 +10,11 @@ from sdarflow.train.format_guard import check_round, format_spike
 def test_spike_needs_both_a_multiple_and_a_jump_over_the_moving_baseline():
     assert format_spike([0.02, 0.04, 0.03], 0.5) == pytest.approx(0.03)
     assert format_spike([0.02, 0.04, 0.03], 0.08) is None  # 2.7x the baseline but only +0.05
-    assert format_spike([0.3, 0.3, 0.3], 0.45) is None  # +0.15 but 1.5x
+    assert format_spike([0.3, 0.3, 0.3], 0.45) is None  # +0.15 but 1.5x, and the parse rate 0.7 -> 0.55
+    # above a baseline of 0.5 errors cannot double: the well-formed share halving is the spike
+    assert format_spike([0.44, 0.56, 0.56], 1.0) == pytest.approx(0.52)  # parse rate 0.48 -> 0
+    assert format_spike([0.44, 0.56, 0.56], 0.8) == pytest.approx(0.52)  # 0.48 -> 0.2 <= 0.24
+    assert format_spike([0.44, 0.56, 0.56], 0.7) is None  # 0.48 -> 0.3, not halved
     assert format_spike([], 0.9) is None  # no baseline yet
     # the baseline is the last 3 rounds: an old bad round does not hide a new spike
     assert format_spike([0.9, 0.01, 0.01, 0.01], 0.2) == pytest.approx(0.01)

@@ -28,10 +28,8 @@ GUARD_HELP = (
 )
 SUMMARY_KEY = "format_error_rates"  # in train_summary.json: this lineage's per-round rates, oldest first
 WINDOW = 3  # rounds in the moving baseline
-FACTOR = 2.0  # a spike is at least this multiple of the baseline ...
-MIN_JUMP = (
-    0.1  # ... and at least this much above it (a few more errors on a clean baseline are not a collapse)
-)
+FACTOR = 2.0  # a spike multiplies the error rate by this, or divides the parse rate by it ...
+MIN_JUMP = 0.1  # ... and is this much above the baseline (a few more errors on a clean one are not a collapse)
 
 
 class FormatCollapse(SdarflowError):
@@ -48,8 +46,10 @@ def format_spike(
     """The baseline ``rate`` spiked from, or None when it did not.
 
     ``b`` is the mean of the last ``window`` rates of ``history`` that were not spikes themselves; a spike is
-    ``rate >= factor * b`` and ``rate >= b + min_jump``. Spikes never join the baseline, so a collapse stays
-    flagged for as long as it lasts instead of becoming the new normal. No history, no baseline: never a spike.
+    ``rate >= b + min_jump`` and either ``rate >= factor * b`` (the errors multiplied) or ``1 - rate <= (1 - b) /
+    factor`` (the well-formed share divided: above ``b = 0.5`` errors cannot double, yet all calls failing is a
+    collapse). Spikes never join the baseline, so a collapse stays flagged for as long as it lasts instead of
+    becoming the new normal. No history, no baseline: never a spike.
     """
     normal: list[float] = []
     for past in history:
@@ -62,7 +62,8 @@ def _spiked(recent: list[float], rate: float, factor: float, min_jump: float) ->
     if not recent:
         return None
     baseline = sum(recent) / len(recent)
-    return baseline if rate >= factor * baseline and rate >= baseline + min_jump else None
+    multiplied = rate >= factor * baseline or 1 - rate <= (1 - baseline) / factor
+    return baseline if multiplied and rate >= baseline + min_jump else None
 
 
 def lineage_rates(adapter: str, key: str = SUMMARY_KEY) -> list[float]:

@@ -39,9 +39,7 @@ PROBE_KEY = "format/probe_error_rate"  # in the step record of every probe
 LINEAGE_KEY = "format_probe_rates"  # in train_summary.json: the lineage's probe rates, oldest first
 REMEDY_KEY = "format/remedy_steps"  # in the step record after which the remedy ran: its SFT steps
 AFTER_KEY = "format/probe_error_rate_after_remedy"
-ROLLBACK_KEY = (
-    "format/rolled_back_to_step"  # in the step record where the remedy failed: the step returned to
-)
+ROLLBACK_KEY = "format/rolled_back_to_step"  # after a spike the remedy did not mend: the step returned to
 REMEDY_STEPS = 4  # the remedy's SFT steps after one probe at most
 
 
