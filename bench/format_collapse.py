@@ -109,7 +109,9 @@ def arm(model: str, start: str, guard: str, root: str, args) -> list[dict]:
         curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
         curve[-1]["probe_error_rates"] = [x.get(PROBE_KEY) for x in steps]
         curve[-1]["remedy_steps"] = sum(x.get(REMEDY_KEY, 0) for x in steps)  # the remedy's SFT steps
-        curve[-1]["rollbacks"] = [x["step"] for x in steps if ROLLBACK_KEY in x]  # steps whose probe rolled back
+        curve[-1]["rollbacks"] = [
+            x["step"] for x in steps if ROLLBACK_KEY in x
+        ]  # steps whose probe rolled back
         adapter = tr["uri"]
     return curve
 

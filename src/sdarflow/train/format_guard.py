@@ -29,7 +29,9 @@ GUARD_HELP = (
 SUMMARY_KEY = "format_error_rates"  # in train_summary.json: this lineage's per-round rates, oldest first
 WINDOW = 3  # rounds in the moving baseline
 FACTOR = 2.0  # a spike multiplies the error rate by this, or divides the parse rate by it ...
-MIN_JUMP = 0.1  # ... and is this much above the baseline (a few more errors on a clean one are not a collapse)
+MIN_JUMP = (
+    0.1  # ... and is this much above the baseline (a few more errors on a clean one are not a collapse)
+)
 
 
 class FormatCollapse(SdarflowError):
