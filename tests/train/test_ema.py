@@ -37,6 +37,28 @@ def test_the_average_follows_the_student_step_by_step():
     torch.testing.assert_close(ema.average["weight"], torch.full((1, 2), 1.875))
 
 
+def test_a_rollback_restores_the_average_it_kept(tmp_path):
+    from sdarflow.train.engine import make_engine
+    from sdarflow.train.format_probe import Rollback
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    engine = make_engine("torch", model, lr=1e-3, max_grad_norm=1.0, zero_stage=0)
+    ema = EmaWeights(model, decay=0.5)
+    rollback = Rollback(engine, tmp_path / "rollback", ema)
+    rollback.keep(0)  # weights 0, average 0
+    for value in (4.0, 8.0):  # two steps the probe later rejects: the average goes 0 -> 2 -> 5
+        with torch.no_grad():
+            model.weight.fill_(value)
+        ema.update()
+    assert rollback.restore() == 0
+    torch.testing.assert_close(model.weight.detach(), torch.zeros(1, 2))
+    torch.testing.assert_close(ema.average["weight"], torch.zeros(1, 2))
+    ema.update()  # the update after the rollback's step adds the restored weights: still 0, not 0.5 * 5
+    torch.testing.assert_close(ema.average["weight"], torch.zeros(1, 2))
+
+
 def _ema_weights(adapter: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(adapter) / EMA_DIR / PEFT_WEIGHTS))
 

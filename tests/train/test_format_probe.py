@@ -227,3 +227,21 @@ def test_train_fails_a_round_that_collapses_between_steps_and_repairs_it(
     weights = adapter_weights(repaired)
     lora_b = [w for name, w in weights.items() if "lora_B" in name]
     assert lora_b and not any(w.any() for w in lora_b)
+
+
+def test_a_rollback_also_returns_the_ema_teacher_to_the_good_probe(tiny_model, expert_prompts, tmp_path):
+    from safetensors.torch import load_file
+
+    from sdarflow.train.ema import EMA_DIR, PEFT_WEIGHTS
+
+    data = _real_prompt_data(expert_prompts, str(tmp_path / "data"))
+    out = str(tmp_path / "out")
+    # probes at steps 0 and 2: step 1 wrecks the LoRA unseen (the average takes half of it), step 2's probe rolls
+    # both back to step 0, where the average was the start weights (LoRA B = 0)
+    args = ["train", "--input", data, "--model", str(tiny_model), "--max-steps", "2", "--lr", "5", "--output", out,
+            "--format-probe-every", "2", "--format-guard", "repair", "--ema-decay", "0.5"]  # fmt: skip
+    assert main(args) == 0
+    assert metrics_lines(out)[-1][ROLLBACK_KEY] == 0
+    average = load_file(str(tmp_path / "out" / EMA_DIR / PEFT_WEIGHTS))
+    lora_b = [w for name, w in average.items() if "lora_B" in name]
+    assert lora_b and not any(w.any() for w in lora_b)

@@ -331,7 +331,7 @@ def _train(cfg: TrainConfig) -> dict:
     state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
     resumed_from = state.step if state else 0
     state = state or TrainState()
-    probing = round_probe(cfg, rows, policy, engine, data, hp, schedule) if shaping else nullcontext()
+    probing = round_probe(cfg, rows, policy, engine, data, hp, schedule, ema) if shaping else nullcontext()
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp, probing as probe:
         out = Path(tmp)

@@ -11,9 +11,9 @@ the round's SFT stream (the repaired malformed turns, plus the successful rows w
 rows alone when no turn is repairable, as in TextWorld), each followed by a probe, until the rate is no longer a
 spike or after :data:`REMEDY_STEPS`, besides the steps at the ``--format-repair-every`` cadence. When the remedy
 does not mend the spike (or there is nothing to train it on), the round rolls back (:class:`Rollback`) to the
-weights and optimizer state of its last probe that was not a spike, and goes on with the next batches: the steps
-that broke the format are not retaken, as language-model pretraining restarts before a loss spike and skips its
-batches.
+weights, optimizer state and EMA teacher of its last probe that was not a spike, and goes on with the next batches:
+the steps that broke the format are not retaken, as language-model pretraining restarts before a loss spike and
+skips its batches.
 
 Greedy answers change only when the weights do, and the rates live in the checkpointed
 :class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies; its rollback
@@ -56,20 +56,31 @@ def probe_rows(rows: list[dict], n: int = PROBES) -> list[dict]:
 
 class Rollback:
     """The engine's trainable weights and optimizer state (``engine.save``) at the last probe that was not a spike,
-    in ``folder``; ``restore`` loads them back. Collective under DeepSpeed, like the probe: every rank calls it."""
+    in ``folder``, and the EMA teacher's average then (``ema``, in memory: LoRA-sized); ``restore`` puts both back.
+    Collective under DeepSpeed, like the probe: every rank calls it.
 
-    def __init__(self, engine, folder: Path) -> None:
-        self.engine, self.folder = engine, folder
+    The probe runs before the step's EMA update, so the kept average is the one before that step, and the update
+    that follows a restore adds the restored weights: the average is what it was at the kept step, as if the steps
+    rolled back had not been taken (with ``--format-probe-every`` above 1 the steps between two probes moved it)."""
+
+    def __init__(self, engine, folder: Path, ema=None) -> None:
+        self.engine, self.folder, self.ema = engine, folder, ema
         self.step: int | None = None
+        self.average: dict | None = None
 
     def keep(self, step: int) -> None:
         self.engine.save(self.folder)
+        # a copy of the mapping is enough: an update replaces its tensors, never writes into them
+        if self.ema:
+            self.average = dict(self.ema.average)
         self.step = step
 
     def restore(self) -> int | None:
         """The step whose state is now back, or None when no probe of this run has passed yet."""
         if self.step is not None:
             self.engine.load(self.folder)
+            if self.ema:
+                self.ema.average = dict(self.average)
         return self.step
 
 
@@ -188,10 +199,12 @@ def with_probe(on_step: Callable[[dict], None] | None, probe: FormatProbe | None
 
 
 @contextlib.contextmanager
-def round_probe(cfg, rows: list[dict], policy, engine, data, hp, schedule) -> Iterator[FormatProbe | None]:
+def round_probe(
+    cfg, rows: list[dict], policy, engine, data, hp, schedule, ema=None
+) -> Iterator[FormatProbe | None]:
     """The round's probe with ``--format-probe-every`` (None when 0, or with the guard off). With ``repair`` its
     remedy takes extra steps of the round's SFT stream (:func:`sdarflow.train.trainer.extra_sft_step`) and its
-    rollback target lives in a scratch folder, removed on exit."""
+    rollback target (with ``ema``'s average) lives in a scratch folder, removed on exit."""
     from sdarflow.train.trainer import extra_sft_step
 
     if not cfg.format_probe_every or cfg.format_guard == "off":
@@ -204,7 +217,7 @@ def round_probe(cfg, rows: list[dict], policy, engine, data, hp, schedule) -> It
             def remedy(state) -> dict:
                 return extra_sft_step(engine, data, hp, state, schedule.lr_at(state.step))
 
-        rollback = Rollback(engine, _scratch(engine))
+        rollback = Rollback(engine, _scratch(engine), ema)
     try:
         yield FormatProbe(
             rows, policy.tokenizer, policy.eos_id, cfg.format_guard, cfg.format_probe_every, remedy, rollback
