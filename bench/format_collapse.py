@@ -107,8 +107,11 @@ def arm(model: str, start: str, guard: str, root: str, args) -> list[dict]:
         steps = [json.loads(line) for line in storage.read_member(tr["uri"], "metrics.jsonl").splitlines()]
         curve[-1]["train_sft_steps"] = tr["metrics"].get("train/sft_steps", 0.0)
         curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
+        curve[-1]["start_probe_error_rate"] = tr["metrics"].get("format/start_probe_error_rate")
         curve[-1]["probe_error_rates"] = [x.get(PROBE_KEY) for x in steps]
-        curve[-1]["remedy_steps"] = sum(x.get(REMEDY_KEY, 0) for x in steps)  # the remedy's SFT steps
+        curve[-1]["remedy_steps"] = tr["metrics"].get("format/start_remedy_steps", 0) + sum(
+            x.get(REMEDY_KEY, 0) for x in steps
+        )  # the remedy's SFT steps, the start probe's included
         curve[-1]["rollbacks"] = [
             x["step"] for x in steps if ROLLBACK_KEY in x
         ]  # steps whose probe rolled back

@@ -18,6 +18,7 @@ from sdarflow.schema import RESCORED_SCHEMA
 from sdarflow.train.format_guard import FormatCollapse
 from sdarflow.train.format_probe import (
     AFTER_KEY,
+    AFTER_ROLLBACK_KEY,
     LINEAGE_KEY,
     PROBE_KEY,
     PROBES,
@@ -139,6 +140,21 @@ def test_the_remedy_stops_once_the_probe_recovers(tiny_model, expert_prompts):
     assert probe.start(policy.model, state, [0.0]) == {}  # resumed: the start probe was taken
 
 
+def test_every_rank_acts_on_the_rate_over_all_ranks_answers(tiny_model, expert_prompts):
+    from sdarflow.models import load_policy
+
+    policy = load_policy(str(tiny_model))
+    other_rank = {"bad": 12.0, "answers": 12.0}  # a second rank whose 12 answers all failed to parse
+
+    def reduce_sum(counts: dict) -> dict:
+        return {k: v + other_rank[k] for k, v in counts.items()}
+
+    probe = FormatProbe(
+        _rows(expert_prompts), policy.tokenizer, policy.eos_id, "warn", 1, reduce_sum=reduce_sum
+    )
+    assert len(probe.rows) == 12 and probe.rate(policy.model) == (0 + 12) / (12 + 12)
+
+
 def _optimizer_step(engine, prompt: list[int]) -> None:
     loss = engine.model(input_ids=torch.tensor([prompt])).logits.float().mean()
     engine.backward(loss)
@@ -174,8 +190,8 @@ def test_a_spike_the_remedy_does_not_mend_rolls_back_to_the_last_good_probe(
     with caplog.at_level(logging.WARNING):
         probe.after_step(model, state, record)
     # no remedy (no SFT stream): the spike rolls back to step 0, and the probe answers well formed again
-    assert record[PROBE_KEY] > 0.5 and (record[ROLLBACK_KEY], record[AFTER_KEY]) == (0, 0.0)
-    assert REMEDY_KEY not in record and state.probe_rates == [0.0, record[PROBE_KEY], 0.0]
+    assert record[PROBE_KEY] > 0.5 and (record[ROLLBACK_KEY], record[AFTER_ROLLBACK_KEY]) == (0, 0.0)
+    assert {REMEDY_KEY, AFTER_KEY}.isdisjoint(record) and state.probe_rates == [0.0, record[PROBE_KEY], 0.0]
     assert "rolled back to the weights of step 0: 0.0% after" in caplog.text
     assert all(torch.equal(trainable[n], good[n]) for n in good)
     moments = engine.optimizer.state_dict()["state"]
@@ -214,11 +230,13 @@ def test_train_fails_a_round_that_collapses_between_steps_and_repairs_it(
     assert main([*args, "--format-probe-every", "1", "--format-guard", "repair", "--output", repaired]) == 0
     lines = metrics_lines(repaired)
     # both steps break the format; the remedy's SFT steps do not mend it at this lr, so each rolls back to step 0
-    assert [(x[PROBE_KEY] > 0.5, x[REMEDY_KEY], x[ROLLBACK_KEY], x[AFTER_KEY]) for x in lines] == [
-        (True, REMEDY_STEPS, 0, 0.0)
-    ] * 2
+    assert [
+        (x[PROBE_KEY] > 0.5, x[REMEDY_KEY], x[AFTER_KEY] > 0.5, x[ROLLBACK_KEY], x[AFTER_ROLLBACK_KEY])
+        for x in lines
+    ] == [(True, REMEDY_STEPS, True, 0, 0.0)] * 2
     summary = json.loads(storage.read_member(repaired, "train_summary.json"))
     assert summary["objective"]["format_probe_every"] == 1
+    assert (summary["format/remedy_steps"], summary["format/rollbacks"]) == (2 * REMEDY_STEPS, 2)
     # the lineage keeps every probe, the first before any update, for the next round's baseline
     assert summary[LINEAGE_KEY][0] == 0.0 and len(summary[LINEAGE_KEY]) == 1 + 2 * (1 + REMEDY_STEPS + 1)
     assert summary["format/start_probe_error_rate"] == 0.0
@@ -245,3 +263,43 @@ def test_a_rollback_also_returns_the_ema_teacher_to_the_good_probe(tiny_model, e
     average = load_file(str(tmp_path / "out" / EMA_DIR / PEFT_WEIGHTS))
     lora_b = [w for name, w in average.items() if "lora_B" in name]
     assert lora_b and not any(w.any() for w in lora_b)
+
+
+def test_a_value_warmup_round_passes_the_probe_lineage_on(tiny_model, expert_prompts, tmp_path):
+    data = _real_prompt_data(expert_prompts, str(tmp_path / "data"))
+    args = [
+        "train",
+        "--input",
+        data,
+        "--model",
+        str(tiny_model),
+        "--max-steps",
+        "2",
+        "--format-probe-every",
+        "1",
+    ]
+    grpo = str(tmp_path / "grpo")
+    assert main([*args, "--output", grpo]) == 0
+    rates = json.loads(storage.read_member(grpo, "train_summary.json"))[LINEAGE_KEY]
+    assert len(rates) == 3  # the start probe and one after each step
+    warm = str(tmp_path / "warm")  # FORCE turned on later: its warm-up round takes no step and probes nothing
+    head = ["--filter", "negative-value", "--value-estimate", "head", "--value-warmup-rounds", "1"]
+    assert main([*args, *head, "--adapter", grpo, "--output", warm]) == 0
+    summary = json.loads(storage.read_member(warm, "train_summary.json"))
+    assert summary["train/steps"] == 0.0 and summary[LINEAGE_KEY] == rates
+    assert "format/start_probe_error_rate" not in summary
+
+
+def test_the_probe_is_refused_under_zero3_and_named_when_it_does_nothing(
+    tiny_model, rescored, tmp_path, capsys, caplog
+):
+    out = str(tmp_path / "a")
+    args = ["train", "--input", rescored, "--model", str(tiny_model), "--output", out,
+            "--format-probe-every", "1"]  # fmt: skip
+    assert main([*args, "--engine", "deepspeed", "--zero-stage", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ZeRO-3" in err and "fix: --zero-stage 2" in err
+    assert not storage.is_published(out)
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "--format-guard", "off", "--max-steps", "1"]) == 0
+    assert "--format-probe-every has no effect with --format-guard off" in caplog.text

@@ -36,3 +36,16 @@ def test_an_empty_history_has_zero_totals_and_no_rate():
         "train/skipped_steps": 0.0,
         "train/sft_steps": 0.0,
     }
+
+
+def test_the_probes_remedy_steps_and_rollbacks_are_counted_not_averaged():
+    history = [
+        {"step": 1, "seconds": 1.0, "tokens": 10, "format/remedy_steps": 4, "format/remedy_loss": 2.0},
+        {"step": 2, "seconds": 1.0, "tokens": 10, "format/remedy_steps": 2, "format/remedy_loss": 1.0,
+         "format/rolled_back_to_step": 0},
+        {"step": 3, "seconds": 1.0, "tokens": 10, "format/rolled_back_to_step": 2},
+    ]  # fmt: skip
+    s = run_summary(history)
+    assert (s["format/remedy_steps"], s["format/rollbacks"]) == (6.0, 2.0)
+    assert s["format/remedy_loss"] == pytest.approx(1.5)  # a loss is still a mean
+    assert "format/rolled_back_to_step" not in s  # a mean of step numbers means nothing

@@ -257,6 +257,14 @@ class TrainConfig(StageConfig):
                 "rank holds; fix: train a LoRA (--lora-rank > 0) with --engine torch or --zero-stage 2, or pass "
                 "--ema-decay 0"
             )
+        if self.format_probe_every and self.zero_stage == 3 and self.engine != "torch":
+            raise ConfigError(
+                "train: --format-probe-every generates with the training model, which under ZeRO-3 hangs when "
+                "ranks stop generating at different lengths (its layers are gathered by every rank together); fix: "
+                "--zero-stage 2, or --format-probe-every 0"
+            )
+        if self.format_probe_every and (self.format_guard == "off" or self.mode == "sft"):
+            log.warning("train: --format-probe-every has no effect with --format-guard off or --mode sft")
         if (self.value_estimate == "head" or self.value_warmup_rounds) and (
             self.filter != "negative-value" or self.value_estimate != "head"
         ):
@@ -331,13 +339,18 @@ def _train(cfg: TrainConfig) -> dict:
     state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
     resumed_from = state.step if state else 0
     state = state or TrainState()
-    probing = round_probe(cfg, rows, policy, engine, data, hp, schedule, ema) if shaping else nullcontext()
+    warmup = bool(shaping and shaping.warmup)  # a warm-up round fits only the value head
+    probing = (
+        round_probe(cfg, rows, policy, engine, data, hp, schedule, ema)
+        if shaping and not warmup
+        else nullcontext()
+    )
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp, probing as probe:
         out = Path(tmp)
         writer = jsonl_writer(out / "metrics.jsonl", state.history) if engine.rank == 0 else None
         start = {}
-        if not (shaping and shaping.warmup):  # a warm-up round fits only the value head
+        if not warmup:
             if probe:
                 start = probe.start(engine.model, state, lineage_rates(cfg.adapter, PROBE_LINEAGE))
             state = train(
@@ -357,8 +370,10 @@ def _train(cfg: TrainConfig) -> dict:
             masters = engine.master_weights()
             if engine.rank == 0:
                 lineage = {FORMAT_RATES: shaping.format_rates} if shaping else {}
-                if probe:
-                    lineage[PROBE_LINEAGE] = state.probe_rates
+                if probe or warmup:  # a warm-up round passes its input's probes on
+                    lineage[PROBE_LINEAGE] = (
+                        state.probe_rates if probe else lineage_rates(cfg.adapter, PROBE_LINEAGE)
+                    )
                 record = {**summary, "objective": objective, **lineage}
                 if ema:
                     ema.save(out / EMA_DIR)

@@ -40,6 +40,7 @@ LINEAGE_KEY = "format_probe_rates"  # in train_summary.json: the lineage's probe
 REMEDY_KEY = "format/remedy_steps"  # in the step record after which the remedy ran: its SFT steps
 AFTER_KEY = "format/probe_error_rate_after_remedy"
 ROLLBACK_KEY = "format/rolled_back_to_step"  # after a spike the remedy did not mend: the step returned to
+AFTER_ROLLBACK_KEY = "format/probe_error_rate_after_rollback"
 REMEDY_STEPS = 4  # the remedy's SFT steps after one probe at most
 
 
@@ -61,7 +62,8 @@ class Rollback:
 
     The probe runs before the step's EMA update, so the kept average is the one before that step, and the update
     that follows a restore adds the restored weights: the average is what it was at the kept step, as if the steps
-    rolled back had not been taken (with ``--format-probe-every`` above 1 the steps between two probes moved it)."""
+    rolled back had not been taken (with ``--format-probe-every`` above 1 the steps between two probes moved it).
+    Back to the start probe (step 0, before any update), that update adds the start weights once more."""
 
     def __init__(self, engine, folder: Path, ema=None) -> None:
         self.engine, self.folder, self.ema = engine, folder, ema
@@ -89,7 +91,15 @@ class FormatProbe:
     ``rollback`` (with ``repair``) undoes the steps since the last good probe when the remedy does not mend."""
 
     def __init__(
-        self, rows: list[dict], tokenizer, eos_id: int, mode: str, every: int, remedy=None, rollback=None
+        self,
+        rows: list[dict],
+        tokenizer,
+        eos_id: int,
+        mode: str,
+        every: int,
+        remedy=None,
+        rollback=None,
+        reduce_sum: Callable[[dict], dict] = lambda counts: counts,
     ) -> None:
         from sdarflow.rollout.engine import action_tokens
         from sdarflow.rollout.loop import action_parser
@@ -100,9 +110,12 @@ class FormatProbe:
         self.max_new_tokens = max((action_tokens(s, 0) for s in suites.values()), default=1)
         self.tokenizer, self.eos_id = tokenizer, eos_id
         self.mode, self.every, self.remedy, self.rollback = mode, every, remedy, rollback
+        self.reduce_sum = reduce_sum
 
     def rate(self, model) -> float:
-        """The share of the probe rows whose greedy answer the env rejects (ended at the token limit included)."""
+        """The share of the probe rows whose greedy answer the env rejects (ended at the token limit included),
+        over every rank (``reduce_sum``): ranks act on one rate, so they stay in step through remedy and rollback
+        even where their greedy answers differ (bf16 kernels)."""
         from sdarflow.rollout.hf_engine import HFEngine
 
         was_training = model.training
@@ -117,7 +130,8 @@ class FormatProbe:
         bad = sum(
             not self.parsers[r["env"]](s.text, s.finished)[1] for r, s in zip(self.rows, samples, strict=True)
         )
-        return bad / max(1, len(self.rows))
+        counts = self.reduce_sum({"bad": float(bad), "answers": float(len(self.rows))})
+        return counts["bad"] / max(1.0, counts["answers"])
 
     def start(self, model, state, lineage: list[float]) -> dict[str, float]:
         """The probe before any update, against the probes of the adapter's ``lineage`` (a round that starts
@@ -161,27 +175,30 @@ class FormatProbe:
         losses = []
         while self.remedy and baseline is not None and len(losses) < REMEDY_STEPS:  # until the probe recovers
             losses.append(self.remedy(state)["loss/total"])
-            baseline = self._reprobe(model, state, record)
+            baseline = self._reprobe(model, state, record, AFTER_KEY)
         if losses:
             record.update({REMEDY_KEY: len(losses), "format/remedy_loss": sum(losses) / len(losses)})
             message += f"; took {len(losses)} repair SFT step(s): {record[AFTER_KEY]:.1%} after"
         back = self.rollback.restore() if self.rollback and baseline is not None else None
         if back is not None:
             record[ROLLBACK_KEY] = back
-            baseline = self._reprobe(model, state, record)
-            message += f"; rolled back to the weights of step {back}: {record[AFTER_KEY]:.1%} after"
+            after = self._reprobe(model, state, record, AFTER_ROLLBACK_KEY)
+            message += f"; rolled back to the weights of step {back}: {record[AFTER_ROLLBACK_KEY]:.1%} after"
+            if after is not None:  # the kept weights passed: only nondeterministic kernels fail them now
+                message += ", still a spike"
         elif baseline is not None:
             message += "; no earlier probe passed to roll back to, training on"
         elif self.rollback:  # the remedy mended it: the new target
             self.rollback.keep(record["step"])
         log.warning("train: %s", message)
 
-    def _reprobe(self, model, state, record: dict) -> float | None:
-        """Probe again after a remedy step or a rollback: the spike's baseline, or None once it has passed."""
+    def _reprobe(self, model, state, record: dict, key: str) -> float | None:
+        """Probe again after a remedy step or a rollback, into ``record[key]``: the spike's baseline, or None once
+        it has passed."""
         rate = self.rate(model)
         baseline = format_spike(state.probe_rates, rate)
         state.probe_rates.append(rate)
-        record[AFTER_KEY] = rate
+        record[key] = rate
         return baseline
 
 
@@ -207,8 +224,8 @@ def round_probe(
     rollback target (with ``ema``'s average) lives in a scratch folder, removed on exit."""
     from sdarflow.train.trainer import extra_sft_step
 
-    if not cfg.format_probe_every or cfg.format_guard == "off":
-        yield None
+    if not cfg.format_probe_every or cfg.format_guard == "off" or not probe_rows(rows):
+        yield None  # (no row with a response: train says so)
         return
     remedy = rollback = None
     if cfg.format_guard == "repair":
@@ -220,7 +237,14 @@ def round_probe(
         rollback = Rollback(engine, _scratch(engine), ema)
     try:
         yield FormatProbe(
-            rows, policy.tokenizer, policy.eos_id, cfg.format_guard, cfg.format_probe_every, remedy, rollback
+            rows,
+            policy.tokenizer,
+            policy.eos_id,
+            cfg.format_guard,
+            cfg.format_probe_every,
+            remedy,
+            rollback,
+            engine.all_reduce_sum,
         )
     finally:
         if rollback and engine.rank == 0:

@@ -44,12 +44,15 @@ def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dic
 
 # Per-step quantities a mean does not summarize: the run's totals, its overall rate and its final learning rate.
 _TOTALS = ("seconds", "tokens")
-_NOT_AVERAGED = ("step", "epoch", "position", "lr", "tokens_per_s", *_TOTALS)
+# The format probe's remedy SFT steps and rollbacks (train.format_probe) are counted, not averaged.
+_REMEDY, _ROLLBACK = "format/remedy_steps", "format/rolled_back_to_step"
+_NOT_AVERAGED = ("step", "epoch", "position", "lr", "tokens_per_s", *_TOTALS, _REMEDY, _ROLLBACK)
 
 
 def run_summary(history: list[dict]) -> dict[str, float]:
     """The run's summary: each loss/diagnostic metric's mean over the steps that have a finite value; total
-    ``seconds`` and ``tokens``, their ratio ``tokens_per_s``, the final ``lr``; step, skipped and SFT counts."""
+    ``seconds`` and ``tokens``, their ratio ``tokens_per_s``, the final ``lr``; step, skipped and SFT counts (the
+    SFT stream's interleaved steps; the probe's remedy steps and rollbacks are counted apart, where any ran)."""
     values: dict[str, list[float]] = {}
     for h in history:
         for k, v in h.items():
@@ -69,4 +72,8 @@ def run_summary(history: list[dict]) -> dict[str, float]:
     out["train/steps"] = float(len(history))
     out["train/skipped_steps"] = float(sum(bool(h.get("skipped")) for h in history))
     out["train/sft_steps"] = float(sum(h.get("kind") == "sft" for h in history))
+    if _REMEDY in values:
+        out[_REMEDY] = sum(values[_REMEDY])
+    if _ROLLBACK in values:
+        out["format/rollbacks"] = float(len(values[_ROLLBACK]))
     return out
