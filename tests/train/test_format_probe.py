@@ -247,6 +247,28 @@ def test_train_fails_a_round_that_collapses_between_steps_and_repairs_it(
     assert lora_b and not any(w.any() for w in lora_b)
 
 
+def test_a_resumed_run_rolls_back_to_the_same_target(tiny_model, expert_prompts, tmp_path):
+    data = _real_prompt_data(expert_prompts, str(tmp_path / "data"))
+    # lr 5: every step breaks the format and rolls back to step 0's weights (the remedy cannot mend it)
+    args = ["train", "--input", data, "--model", str(tiny_model), "--lr", "5", "--deterministic",
+            "--format-probe-every", "1", "--format-guard", "repair", "--save-every", "2"]  # fmt: skip
+    whole = str(tmp_path / "whole")
+    assert main([*args, "--max-steps", "4", "--output", whole]) == 0
+    ckpt = str(tmp_path / "ckpt")  # stop after step 2 (its checkpoint written), then rerun the full run on it
+    assert (
+        main([*args, "--max-steps", "2", "--checkpoint-dir", ckpt, "--output", str(tmp_path / "half")]) == 0
+    )
+    resumed = str(tmp_path / "resumed")
+    assert main([*args, "--max-steps", "4", "--checkpoint-dir", ckpt, "--output", resumed]) == 0
+    keys = (PROBE_KEY, REMEDY_KEY, ROLLBACK_KEY, AFTER_ROLLBACK_KEY)
+    assert [[x.get(k) for k in keys] for x in metrics_lines(resumed)] == [
+        [x.get(k) for k in keys] for x in metrics_lines(whole)
+    ]
+    assert [x[ROLLBACK_KEY] for x in metrics_lines(resumed)] == [0, 0, 0, 0]
+    got, want = adapter_weights(resumed), adapter_weights(whole)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_a_rollback_also_returns_the_ema_teacher_to_the_good_probe(tiny_model, expert_prompts, tmp_path):
     from safetensors.torch import load_file
 

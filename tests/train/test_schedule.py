@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -64,6 +65,8 @@ def test_each_epoch_visits_every_row_once_in_its_own_order():
 def test_state_round_trips_and_reports_the_cursor():
     s = TrainState(step=7, rl_steps=5, sft_steps=2, nonfinite_in_row=1, history=[{"step": 1}])
     assert TrainState.from_dict(s.to_dict()) == s
+    probed = TrainState(step=7, probe_rates=[0.0, 0.5], rollback_at=(7, 3))  # through JSON: a list
+    assert TrainState.from_dict(json.loads(json.dumps(probed.to_dict()))) == probed
     assert s.cursor(rl_mini=2, sft_mini=4) == {
         "step": 7,
         "epoch": 2,

@@ -16,8 +16,11 @@ the steps that broke the format are not retaken, as language-model pretraining r
 skips its batches.
 
 Greedy answers change only when the weights do, and the rates live in the checkpointed
-:class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies; its rollback
-target, kept outside the checkpoint, starts again at its first probe that is not a spike.
+:class:`~sdarflow.train.schedule.TrainState`, so a resumed run takes the same probes and remedies. The rollback
+target is kept outside the checkpoint, but the state records the steps after which the weights were the target
+(kept or restored): a run resumed from such a step keeps its weights as the target again (its EMA average one update
+later than the one kept), so it rolls back as the uninterrupted run; resumed from another step (one that did not
+probe, or trained on after a spike), the target starts again at the first probe that is not a spike.
 """
 
 from __future__ import annotations
@@ -135,8 +138,11 @@ class FormatProbe:
 
     def start(self, model, state, lineage: list[float]) -> dict[str, float]:
         """The probe before any update, against the probes of the adapter's ``lineage`` (a round that starts
-        collapsed is caught here); its metrics. A resumed run took it already: its rates are in ``state``."""
+        collapsed is caught here); its metrics. A resumed run took it already: its rates are in ``state``, and
+        its rollback target is its weights when the checkpoint's step left them the target."""
         if state.probe_rates:
+            if self.rollback and state.rollback_at and state.rollback_at[0] == state.step:
+                self.rollback.keep(state.rollback_at[1])
             return {}
         state.probe_rates.extend(lineage)
         record = {"step": 0}
@@ -157,7 +163,7 @@ class FormatProbe:
         if baseline is not None:
             self._on_spike(model, state, record, rate, baseline)
         elif self.rollback:
-            self.rollback.keep(record["step"])
+            self._keep(state, record["step"])
 
     def _on_spike(self, model, state, record: dict, rate: float, baseline: float) -> None:
         message = (
@@ -182,6 +188,7 @@ class FormatProbe:
         back = self.rollback.restore() if self.rollback and baseline is not None else None
         if back is not None:
             record[ROLLBACK_KEY] = back
+            state.rollback_at = (record["step"], back)
             after = self._reprobe(model, state, record, AFTER_ROLLBACK_KEY)
             message += f"; rolled back to the weights of step {back}: {record[AFTER_ROLLBACK_KEY]:.1%} after"
             if after is not None:  # the kept weights passed: only nondeterministic kernels fail them now
@@ -189,8 +196,12 @@ class FormatProbe:
         elif baseline is not None:
             message += "; no earlier probe passed to roll back to, training on"
         elif self.rollback:  # the remedy mended it: the new target
-            self.rollback.keep(record["step"])
+            self._keep(state, record["step"])
         log.warning("train: %s", message)
+
+    def _keep(self, state, step: int) -> None:
+        self.rollback.keep(step)
+        state.rollback_at = (step, step)
 
     def _reprobe(self, model, state, record: dict, key: str) -> float | None:
         """Probe again after a remedy step or a rollback, into ``record[key]``: the spike's baseline, or None once

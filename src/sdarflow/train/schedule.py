@@ -89,6 +89,8 @@ class TrainState:
     probe_rates: list[float] = field(
         default_factory=list
     )  # the format probe's rates so far, the start's first
+    # (step, kept step): after this step the weights were the format rollback's target, kept at that step's probe
+    rollback_at: tuple[int, int] | None = None
 
     def cursor(self, rl_mini: int, sft_mini: int) -> dict[str, int]:
         """The data cursor: epoch and position in the shuffled order of each stream, and the step."""
@@ -110,6 +112,7 @@ class TrainState:
             "nonfinite_in_row": self.nonfinite_in_row,
             "history": self.history,
             "probe_rates": self.probe_rates,
+            "rollback_at": list(self.rollback_at) if self.rollback_at else None,
         }
 
     @classmethod
@@ -121,4 +124,5 @@ class TrainState:
             nonfinite_in_row=int(d["nonfinite_in_row"]),
             history=list(d.get("history", [])),
             probe_rates=[float(x) for x in d.get("probe_rates", [])],
+            rollback_at=tuple(int(x) for x in d["rollback_at"]) if d.get("rollback_at") else None,
         )
