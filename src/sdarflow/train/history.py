@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from sdarflow.train.format_probe import REMEDY_KEY, ROLLBACK_KEY
+
 
 def progress_line(r: dict) -> str:
     def f(key: str, digits: int) -> str:
@@ -44,9 +46,8 @@ def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dic
 
 # Per-step quantities a mean does not summarize: the run's totals, its overall rate and its final learning rate.
 _TOTALS = ("seconds", "tokens")
-# The format probe's remedy SFT steps and rollbacks (train.format_probe) are counted, not averaged.
-_REMEDY, _ROLLBACK = "format/remedy_steps", "format/rolled_back_to_step"
-_NOT_AVERAGED = ("step", "epoch", "position", "lr", "tokens_per_s", *_TOTALS, _REMEDY, _ROLLBACK)
+# The format probe's remedy SFT steps and rollbacks are counted, not averaged.
+_NOT_AVERAGED = ("step", "epoch", "position", "lr", "tokens_per_s", *_TOTALS, REMEDY_KEY, ROLLBACK_KEY)
 
 
 def run_summary(history: list[dict]) -> dict[str, float]:
@@ -72,8 +73,8 @@ def run_summary(history: list[dict]) -> dict[str, float]:
     out["train/steps"] = float(len(history))
     out["train/skipped_steps"] = float(sum(bool(h.get("skipped")) for h in history))
     out["train/sft_steps"] = float(sum(h.get("kind") == "sft" for h in history))
-    if _REMEDY in values:
-        out[_REMEDY] = sum(values[_REMEDY])
-    if _ROLLBACK in values:
-        out["format/rollbacks"] = float(len(values[_ROLLBACK]))
+    if REMEDY_KEY in values:
+        out[REMEDY_KEY] = sum(values[REMEDY_KEY])
+    if ROLLBACK_KEY in values:
+        out["format/rollbacks"] = float(len(values[ROLLBACK_KEY]))
     return out
