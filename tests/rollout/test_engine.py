@@ -80,3 +80,15 @@ def test_min_new_tokens_fixes_the_response_length_and_keeps_raw_logprobs(engine,
         logp, _ = response_logprobs(engine.model, batch)
     # the policy's own log-probs (EOS suppression is sampling, not the distribution the trainer sees)
     assert torch.allclose(logp, torch.tensor([s.logprobs for s in samples]), atol=1e-4)
+
+
+def test_without_logprobs_the_samples_are_the_same_and_carry_none(engine, prompts):
+    kw = {"max_new_tokens": 8, "temperature": 1.0}
+    with_lp = engine.generate(prompts, [11, 12, 13], **kw)
+    without = engine.generate(prompts, [11, 12, 13], **kw, logprobs=False)
+    assert [(s.token_ids, s.text, s.finished) for s in without] == [
+        (s.token_ids, s.text, s.finished) for s in with_lp
+    ]
+    assert all(s.logprobs == [] for s in without) and all(
+        len(s.logprobs) == len(s.token_ids) for s in with_lp
+    )

@@ -60,7 +60,11 @@ class HFEngine:
         """Nothing to release: the model is an ordinary in-process module."""
 
     @torch.inference_mode()
-    def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0, min_new_tokens=0):
+    def generate(
+        self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0, min_new_tokens=0, logprobs=True
+    ):
+        """``logprobs=False``: the samples' ``logprobs`` are empty, and no (batch, tokens, vocab) logits are kept
+        (for a caller that reads only the text, such as the format probe, beside a training step's memory)."""
         out: list[Sample] = []
         for i in range(0, len(prompts), self.batch_size):
             out.extend(
@@ -71,11 +75,14 @@ class HFEngine:
                     temperature,
                     top_p,
                     min_new_tokens,
+                    logprobs,
                 )
             )
         return out
 
-    def _batch(self, prompts, seeds, max_new_tokens, temperature, top_p, min_new_tokens) -> list[Sample]:
+    def _batch(
+        self, prompts, seeds, max_new_tokens, temperature, top_p, min_new_tokens, logprobs
+    ) -> list[Sample]:
         from transformers import LogitsProcessorList
 
         width = max(len(p) for p in prompts)
@@ -94,19 +101,20 @@ class HFEngine:
             logits_processor=LogitsProcessorList([_GumbelSampler(seeds, temperature, top_p)]),
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
-            output_logits=True,
+            output_logits=logprobs,
             return_dict_in_generate=True,
         )
         new = gen.sequences[:, width:]  # (B, T_new)
-        logits = torch.stack(gen.logits, dim=1)  # (B, T_new, V) raw, before our processor
-        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        if logprobs:
+            logits = torch.stack(gen.logits, dim=1)  # (B, T_new, V) raw, before our processor
+            token_lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         samples = []
         for row in range(len(prompts)):
             toks = new[row].tolist()
             finished = self.eos_id in toks
             n = toks.index(self.eos_id) + 1 if finished else len(toks)
             text = self.tokenizer.decode(toks[:n], skip_special_tokens=True)
-            samples.append(Sample(toks[:n], logprobs[row, :n].tolist(), text, finished))
+            samples.append(Sample(toks[:n], token_lp[row, :n].tolist() if logprobs else [], text, finished))
         return samples
 
 

@@ -126,7 +126,11 @@ class FormatProbe:
             engine = HFEngine(model, self.tokenizer, self.eos_id, batch_size=len(self.rows))
             prompts = [list(r["prompt_token_ids"]) for r in self.rows]
             samples = engine.generate(
-                prompts, [0] * len(prompts), max_new_tokens=self.max_new_tokens, temperature=0.0
+                prompts,
+                [0] * len(prompts),
+                max_new_tokens=self.max_new_tokens,
+                temperature=0.0,
+                logprobs=False,
             )
         finally:
             model.train(was_training)
