@@ -34,15 +34,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sdarflow.train.format_guard import FormatCollapse, format_spike, suites_of
+from sdarflow.train.history import REMEDY_KEY, ROLLBACK_KEY
 
 log = logging.getLogger(__name__)
 
 PROBES = 16
 PROBE_KEY = "format/probe_error_rate"  # in the step record of every probe
 LINEAGE_KEY = "format_probe_rates"  # in train_summary.json: the lineage's probe rates, oldest first
-REMEDY_KEY = "format/remedy_steps"  # in the step record after which the remedy ran: its SFT steps
 AFTER_KEY = "format/probe_error_rate_after_remedy"
-ROLLBACK_KEY = "format/rolled_back_to_step"  # after a spike the remedy did not mend: the step returned to
 AFTER_ROLLBACK_KEY = "format/probe_error_rate_after_rollback"
 REMEDY_STEPS = 4  # the remedy's SFT steps after one probe at most
 
