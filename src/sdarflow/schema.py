@@ -107,5 +107,21 @@ def _check_token_alignment(table: pa.Table, dataset: str) -> None:
             )
 
 
+def check_turns_unique(table: pa.Table, datasets: str) -> None:
+    """Turn rows (trajectories, rescored) are keyed by (traj_id, turn): a key twice (a dataset passed twice, or two
+    runs sharing a run id) would pair one episode's turn with another's next turn and count episodes twice."""
+    if not {"traj_id", "turn"} <= set(table.column_names) or table.num_rows == 0:
+        return
+    counts = table.group_by(["traj_id", "turn"]).aggregate([([], "count_all")])
+    if counts.num_rows == table.num_rows:
+        return
+    repeated = counts.filter(pc.greater(counts["count_all"], 1)).slice(0, 1).to_pylist()[0]
+    raise SchemaError(
+        f"{datasets}: turn {repeated['turn']} of episode {repeated['traj_id']} appears "
+        f"{repeated['count_all']} times (a dataset passed twice, or two runs with one run id); fix: pass each dataset "
+        f"once, and give every run its own --run-id"
+    )
+
+
 def empty(schema: pa.Schema) -> pa.Table:
     return schema.empty_table()

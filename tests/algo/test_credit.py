@@ -72,6 +72,8 @@ def test_scpo_checks_lengths_and_carries_no_gradient():
     assert out.tolist() == [1.0, 1.0] and not out.requires_grad
     with pytest.raises(ValueError, match="turn_keys must be"):
         scpo_advantages(adv, ["g", "g"], ["s", "f"], [0, 0], ["a"], [True, False])
+    with pytest.raises(ValueError, match="turn 0 of episode s appears twice"):
+        scpo_advantages(adv, ["g", "g"], ["s", "s"], [0, 0], ["a", "a"], [True, True])
 
 
 def test_progress_advantage_by_hand():
@@ -94,17 +96,17 @@ def test_turn_progress_is_the_turns_log_likelihood_ratio():
 
 
 def test_state_values_count_each_episode_once():
-    # group g: S1 wins in 3 turns (states A, B, B'), S2 wins in 1 (A), F1 and F2 fail in 2 (A then C); S_e is
-    # each episode's mean row score: 1, 1, 0, 0 (F2's second turn was penalized 0.2: S_F2 = (0 - 0.2) / 2)
+    # group g: S1 wins in 4 turns (states A, B, B2, B3), S2 wins in 1 (A), F1 and F2 fail in 2 (A then C); S_e is
+    # each episode's mean row score: 1, 1, 0, -0.1 (F2's second turn was penalized 0.2: S_F2 = (0 - 0.2) / 2)
     rows = [  # (episode, state, score)
-        ("S1", "A", 1.0), ("S1", "B", 1.0), ("S1", "B2", 1.0), ("S2", "A", 1.0),
+        ("S1", "A", 1.0), ("S1", "B", 1.0), ("S1", "B2", 1.0), ("S1", "B3", 1.0), ("S2", "A", 1.0),
         ("F1", "A", 0.0), ("F1", "C", 0.0), ("F2", "A", 0.0), ("F2", "C", -0.2),
     ]  # fmt: skip
     episodes, keys, scores = zip(*rows, strict=True)
-    v = state_values(torch.tensor(scores), ["g"] * 8, list(episodes), list(keys))
-    mean = (1 + 1 + 0 - 0.1) / 4  # each episode once, not S1's 3 rows 3 times
-    a, b, c = mean - mean, 1 - mean, -0.05 - mean  # A: every episode; B, B2: S1's; C: F1 and F2
-    assert v.tolist() == pytest.approx([a, b, b, a, a, c, a, c], abs=1e-6)
+    v = state_values(torch.tensor(scores), ["g"] * 9, list(episodes), list(keys))
+    # each episode once: (1 + 1 + 0 - 0.1) / 4 = 0.475; a mean over rows (S1's 4 rows 4 times) would be 4.8 / 9
+    a, b, c = 0.0, 1 - 0.475, -0.05 - 0.475  # A: every episode; B, B2, B3: S1's; C: F1 and F2
+    assert v.tolist() == pytest.approx([a, b, b, b, a, a, c, a, c], abs=1e-6)
     # the start state is shared by every episode: value 0 whatever the episodes' lengths
     assert v[0] == pytest.approx(0.0, abs=1e-9)
     # another group is independent: one state, value 0

@@ -85,8 +85,17 @@ def test_round_trip_records_lineage(root):
 def test_union_of_shards(root):
     a, b = storage.join(root, "a"), storage.join(root, "b")
     write(a, table(2))
-    write(b, table(3))
+    write(b, pa.Table.from_pylist([turn_row(i) for i in range(2, 5)], schema=TRAJECTORY_SCHEMA))
     assert storage.read_table([a, b], kind="trajectories", schema=TRAJECTORY_SCHEMA).num_rows == 5
+
+
+def test_a_turn_read_twice_is_refused(tmp_path):
+    a = str(tmp_path / "a")
+    write(a)
+    with pytest.raises(
+        SchemaError, match=r"turn 0 of episode e\d appears 2 times .*fix: pass each dataset once"
+    ):
+        storage.read_table([a, a], kind="trajectories", schema=TRAJECTORY_SCHEMA)
 
 
 def test_refuses_dataset_without_manifest(root):

@@ -3,10 +3,13 @@ log-probs are known, and through rescore --ppl-delta on real search-qa rollouts 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sdarflow import storage
 from sdarflow.cli import main
+from sdarflow.errors import ModelError
 from sdarflow.schema import RESCORED_SCHEMA
 from sdarflow.teacher.ppl_delta import ppl_delta_rewards
 
@@ -27,6 +30,15 @@ def test_each_turn_is_scored_against_the_context_after_it():
     # turn 1: 1/4 - 1/5; turn 0: 1/2 - 1/4; last turns (a's 2, b's only) have no context after them
     assert out[0] == pytest.approx(1 / 4 - 1 / 5) and out[1] == pytest.approx(1 / 2 - 1 / 4)
     assert out[2] is None and out[3] is None
+
+
+def test_a_non_finite_nll_is_one_line_not_a_nan_reward():
+    def diverged(prompts, responses):  # a policy whose log-probs overflowed on the longer context
+        return [[-math.inf if len(p) > 2 else -1.0] * len(r) for p, r in zip(prompts, responses, strict=True)]
+
+    rows = [{"traj_id": "a", "turn": t, "task_id": "t", "prompt_token_ids": [1] * (2 + t)} for t in range(3)]
+    with pytest.raises(ModelError, match=r"not finite for 2 of 2 turns.*fix:"):
+        ppl_delta_rewards(rows, {"t": [7]}, diverged)
 
 
 def test_rescore_scores_search_qa_turns_by_the_gold_answers_nll(

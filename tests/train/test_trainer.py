@@ -284,15 +284,16 @@ def test_progress_term_adds_coef_times_the_log_ratio_to_every_tokens_advantage(t
     with torch.no_grad():
         logp, _ = response_logprobs(model, batch, with_entropy=True)
     width = logp.shape[1]
-    for i, s in enumerate(samples):  # old = the model's own log-probs: ratio 1, no clipping
-        s.old_logprobs = logp[i, width - len(s.response) :].tolist()
+    for i, s in enumerate(samples):  # old = the model's own log-probs + 0.01: ratio e^-0.01, inside the clip
+        s.old_logprobs = [x + 0.01 for x in logp[i, width - len(s.response) :].tolist()]
         s.ref_logprobs = [x - 0.2 - 0.1 * (i % 2) for x in s.old_logprobs]  # old - ref = 0.2 or 0.3
     hp = RLHyper(method="grpo", entropy_coef=0.0)
     _, plain = micro_step(model, samples, hp, pad)
     _, shaped = micro_step(model, samples, dataclasses.replace(hp, progress_coef=0.5), pad)
-    # grpo at ratio 1: loss/pg = -token-mean(A); the term adds 0.5 * (0.2 or 0.3) to A on each token
+    # grpo inside the clip: loss/pg = -token-mean(A * ratio); the term adds 0.5 * (old - ref), 0.2 or 0.3, to A on
+    # each token (with the current log-probs in place of old it would add 0.19 or 0.29)
     n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (0, 1)]
-    bonus = 0.5 * (0.2 * n[0] + 0.3 * n[1]) / sum(n)
+    bonus = 0.5 * (0.2 * n[0] + 0.3 * n[1]) / sum(n) * math.exp(-0.01)
     assert shaped["loss/pg"] == pytest.approx(plain["loss/pg"] - bonus, rel=1e-4, abs=1e-6)
     assert "actor/kl_loss" not in shaped  # the reference feeds the term, not a KL loss (kl_coef 0)
 

@@ -49,23 +49,28 @@ def scpo_advantages(
     trajs = _codes(traj_ids, n, "traj_ids")
     for name, values in (("turns", turns), ("turn_keys", turn_keys), ("success", success)):
         _codes(values, n, name)
-    episodes: dict[tuple, dict[int, int]] = {}  # (group, traj) -> turn -> row
+    episodes: dict[tuple, dict[int, int]] = {}  # (group, traj) -> turn -> row, in row order
     for i, (g, tr, t) in enumerate(zip(groups, trajs, turns, strict=True)):
-        episodes.setdefault((g, tr), {})[int(t)] = i
+        if int(t) in episodes.setdefault((g, tr), {}):
+            raise ValueError(f"scpo_advantages: turn {int(t)} of episode {tr} appears twice")
+        episodes[(g, tr)][int(t)] = i
+    in_group: dict[int, list[dict[int, int]]] = {}
+    for (g, _), rows in episodes.items():
+        in_group.setdefault(g, []).append(rows)
     a = advantages.detach()
     out = a.clone()
-    for (g, _), f_rows in episodes.items():
-        if success[next(iter(f_rows.values()))]:
-            continue
-        best, best_len = None, 0
-        for (g2, _), s_rows in episodes.items():
-            if g2 != g or not success[next(iter(s_rows.values()))]:
+    for group in in_group.values():
+        wins = [e for e in group if success[next(iter(e.values()))]]
+        for f_rows in group:
+            if success[next(iter(f_rows.values()))]:
                 continue
-            k = _shared_prefix(f_rows, s_rows, turn_keys)
-            if k > best_len:
-                best, best_len = s_rows, k
-        for t in range(best_len):
-            out[f_rows[t]] = a[best[t]]
+            best, best_len = None, 0
+            for s_rows in wins:
+                k = _shared_prefix(f_rows, s_rows, turn_keys)
+                if k > best_len:
+                    best, best_len = s_rows, k
+            for t in range(best_len):
+                out[f_rows[t]] = a[best[t]]
     return out
 
 

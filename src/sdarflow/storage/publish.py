@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from sdarflow import __version__
 from sdarflow.errors import SchemaError, StorageError
-from sdarflow.schema import fingerprint, validate
+from sdarflow.schema import check_turns_unique, fingerprint, validate
 from sdarflow.storage.files import (
     Location,
     confined,
@@ -281,7 +281,9 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         _check_counts(manifest, table, schema, loc.uri)
         tables.append(validate(table, schema, f"dataset {loc.uri}"))
-    return pa.concat_tables(tables)
+    table = pa.concat_tables(tables)
+    check_turns_unique(table, ", ".join(uris))
+    return table
 
 
 def _check_counts(manifest: dict, table: pa.Table, schema: pa.Schema, uri: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from sdarflow.algo import perplexity_delta
-from sdarflow.errors import ConfigError
+from sdarflow.errors import ConfigError, ModelError
 
 Scorer = Callable[[list[list[int]], list[list[int]]], list[list[float]]]  # (prompts, responses) -> log-probs
 
@@ -57,7 +57,14 @@ def ppl_delta_rewards(rows: list[dict], refs: dict[str, list[int]], score: Score
     targets = [refs[rows[i]["task_id"]] for i, _ in pairs]
     before = score([rows[i]["prompt_token_ids"] for i, _ in pairs], targets)
     after = score([rows[j]["prompt_token_ids"] for _, j in pairs], targets)
-    rewards = perplexity_delta(_mean_nll(before), _mean_nll(after)).tolist()
+    rewards = perplexity_delta(_mean_nll(before), _mean_nll(after))
+    if not torch.isfinite(rewards).all():  # a NaN would turn its group's advantages NaN in train
+        bad = int((~torch.isfinite(rewards)).sum())
+        raise ModelError(
+            f"rescore --ppl-delta: the policy's NLL of the reference continuation is not finite for {bad} of "
+            f"{len(pairs)} turns (a diverged adapter); fix: rescore with an earlier adapter, or drop --ppl-delta"
+        )
+    rewards = rewards.tolist()
     out: list[float | None] = [None] * len(rows)
     for (i, _), reward in zip(pairs, rewards, strict=True):
         out[i] = reward

@@ -109,8 +109,9 @@ def _reward_coef(cfg, rows: list[dict]) -> float:
         return 0.0
     if all(r["ppl_delta"] is None for r in rows):
         raise ConfigError(
-            "train: --reward perplexity-delta needs the rescored ppl_delta column, but every row's is null; fix: "
-            "rescore with --ppl-delta, or pass --reward outcome"
+            "train: --reward perplexity-delta needs the rescored ppl_delta column, but every row's is null (not "
+            "rescored with --ppl-delta, or every episode took one turn: a last turn has none); fix: rescore with "
+            "--ppl-delta, or pass --reward outcome"
         )
     return cfg.reward_coef
 
