@@ -35,12 +35,17 @@ class SFTPair:
     response: list[int]
 
 
+def _token_mean_nll(model, pairs: list[SFTPair], pad_id: int, device, with_entropy: bool):
+    """(token-mean NLL of the responses, per-token entropy or None, response mask)."""
+    batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
+    if device is not None:
+        batch = to_device(batch, device)
+    logp, ent = response_logprobs(model, batch, with_entropy=with_entropy)
+    return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1), ent, batch.mask
+
+
 def sft_loss(model, pairs: list[SFTPair], pad_id: int) -> torch.Tensor:
-    batch = to_device(
-        make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id), model_device(model)
-    )
-    logp, _ = response_logprobs(model, batch)
-    return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
+    return _token_mean_nll(model, pairs, pad_id, model_device(model), with_entropy=False)[0]
 
 
 def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
@@ -56,13 +61,9 @@ def sft_micro_step(
     model, pairs: list[SFTPair], pad_id: int, device: torch.device | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean NLL of one micro-batch (not yet scaled for accumulation) and its metrics."""
-    batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
-    if device is not None:
-        batch = to_device(batch, device)
-    logp, ent = response_logprobs(model, batch, with_entropy=True)
-    loss = -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1)
+    loss, ent, mask = _token_mean_nll(model, pairs, pad_id, device, with_entropy=True)
     value = float(loss.detach())
-    metrics = {"loss/total": value, "loss/sft": value, "actor/entropy": masked_mean_value(ent, batch.mask)}
+    metrics = {"loss/total": value, "loss/sft": value, "actor/entropy": masked_mean_value(ent, mask)}
     return loss, metrics
 
 
