@@ -289,17 +289,8 @@ def test_a_rollback_also_returns_the_ema_teacher_to_the_good_probe(tiny_model, e
 
 def test_a_value_warmup_round_passes_the_probe_lineage_on(tiny_model, expert_prompts, tmp_path):
     data = _real_prompt_data(expert_prompts, str(tmp_path / "data"))
-    args = [
-        "train",
-        "--input",
-        data,
-        "--model",
-        str(tiny_model),
-        "--max-steps",
-        "2",
-        "--format-probe-every",
-        "1",
-    ]
+    args = ["train", "--input", data, "--model", str(tiny_model), "--max-steps", "2",
+            "--format-probe-every", "1"]  # fmt: skip
     grpo = str(tmp_path / "grpo")
     assert main([*args, "--output", grpo]) == 0
     rates = json.loads(storage.read_member(grpo, "train_summary.json"))[LINEAGE_KEY]
