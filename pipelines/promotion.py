@@ -48,7 +48,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
 
     description = (
         "Promote an adapter version to a registry stage through the gate: a test pass@1 gain beyond the noise, "
-        "pass@k and OOD guards, task-paired 95% bounds against production and the base model"
+        "pass@k and OOD guards, task-paired 95-percent bounds against production and the base model"
     )
     helps = {
         "registry": "adapter registry URI: local folder or s3://bucket/prefix",

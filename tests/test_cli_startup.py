@@ -79,7 +79,7 @@ def test_one_spelling_of_the_output_flag_and_the_old_one_as_an_alias(command, ca
     with pytest.raises(SystemExit):
         build_parser(command).parse_args([*command, "--help"])
     assert "--output PATH, --out PATH" in capsys.readouterr().out
-    required = ["--registry", "r", "--base-model", "b"] if command[0] == "registry" else []
+    required = ["--registry", ".", "--base-model", "b"] if command[0] == "registry" else []
     for spelling in ("--output", "--out"):
         args, _ = build_parser(command).parse_known_args([*command, *required, spelling, "x"])
         assert args.out == "x"
@@ -89,5 +89,5 @@ def test_registry_commands_spell_the_name_as_the_pipeline_does():
     from sdarflow.cli import build_parser
 
     for spelling in ("--policy-name", "--name"):
-        argv = ["registry", "show", "--registry", "r", spelling, "agent", "--version", "1"]
+        argv = ["registry", "show", "--registry", ".", spelling, "agent", "--version", "1"]
         assert build_parser(argv).parse_args(argv).name == "agent"

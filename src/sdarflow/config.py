@@ -30,13 +30,15 @@ def opt(
     io: bool = False,
     choices: tuple | None = None,
     *,
+    reads: bool = False,
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
 ) -> Any:
     """A documented config field; ``ge``/``gt``/``le`` bound a number (checked on construction, so every stage, the
-    CLI and the KFP ``prepare`` task refuse an out-of-range value in one line)."""
-    meta = {"help": help, "io": io, "choices": choices, "bounds": (ge, gt, le)}
+    CLI and the KFP ``prepare`` task refuse an out-of-range value in one line). ``reads``: a path or URI the stage
+    reads (an input, so ``io`` too): the CLI refuses a local one that does not exist before the stage starts."""
+    meta = {"help": help, "io": io or reads, "reads": reads, "choices": choices, "bounds": (ge, gt, le)}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)

@@ -110,7 +110,9 @@ def test_config_values_are_not_coerced_into_something_else(key, value, message):
 def test_what_no_check_anticipated_is_still_one_line_and_verbose_shows_the_traceback(tmp_path, capsys):
     config = tmp_path / "generate.yaml"
     config.write_bytes(b"tasks: \xff\n")
-    code = main(["generate", "--config", str(config), "--model", "m", "--output", str(tmp_path / "o")])
+    code = main(
+        ["generate", "--config", str(config), "--model", str(tmp_path), "--output", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: unexpected UnicodeDecodeError") and "\n" not in err, err
     assert "--verbose" in err and not (tmp_path / "o").exists()
@@ -122,7 +124,7 @@ def test_what_no_check_anticipated_is_still_one_line_and_verbose_shows_the_trace
                 "--config",
                 str(config),
                 "--model",
-                "m",
+                str(tmp_path),
                 "--output",
                 str(tmp_path / "o"),
             ]

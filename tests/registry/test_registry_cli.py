@@ -166,7 +166,8 @@ def test_listing_a_registry_that_is_not_there_is_an_error(tmp_path, capsys, loca
     assert main(["registry", "list", "--registry", str(tmp_path / "typo")]) == 2
     err = capsys.readouterr().err
     assert (
-        err.startswith(f"error: registry '{tmp_path / 'typo'}' does not exist; fix:") and err.count("\n") == 1
+        err.startswith(f"error: --registry '{tmp_path / 'typo'}' does not exist; fix: check --registry")
+        and err.count("\n") == 1
     )
     (tmp_path / "empty").mkdir()
     assert main(["registry", "list", "--registry", str(tmp_path / "empty"), "--json"]) == 0

@@ -130,8 +130,8 @@ def test_missing_model_folder(tmp_path, capsys):
     fails(
         capsys,
         ["generate", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
-        "model folder",
-        "not found",
+        "--model",
+        "does not exist; fix:",
     )
 
 
@@ -158,7 +158,7 @@ def test_corrupt_adapter(tmp_path, capsys, tiny_model):
 def test_bad_config_value(tmp_path, capsys):
     fails(
         capsys,
-        ["generate", "--model", "m", "--group-size", "1", "--output", str(tmp_path / "o")],
+        ["generate", "--model", str(tmp_path), "--group-size", "1", "--output", str(tmp_path / "o")],
         "group_size = 1 must be >= 2",
     )
     cfg = tmp_path / "c.yaml"

@@ -110,7 +110,7 @@ def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, cap
     ],
 )
 def test_bad_settings_fail_with_the_fix(flags, message, capsys):
-    assert train_cli("--input", "x", "--model", "m", "--output", "o", *flags) == 2
+    assert train_cli("--input", ".", "--model", ".", "--output", "o", *flags) == 2
     assert re.search(message, capsys.readouterr().err)
 
 
@@ -119,7 +119,7 @@ def test_zero_stage_is_a_choice_of_numbers(capsys):
     from sdarflow.stages.train import TrainConfig
 
     with pytest.raises(SystemExit) as exit_:  # argparse refuses it before anything runs
-        train_cli("--input", "x", "--model", "m", "--output", "o", "--zero-stage", "1")
+        train_cli("--input", ".", "--model", ".", "--output", "o", "--zero-stage", "1")
     assert exit_.value.code == 2 and "invalid choice: 1 (choose from 2, 3)" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="zero_stage = 1 is not one of 2, 3"):  # a YAML or KFP value
         TrainConfig.from_dict({"zero_stage": 1})

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from sdarflow import __version__, progress
 from sdarflow.cli import local, pipeline, plan, registry, stage
-from sdarflow.cli.common import PRESET_NAMES
+from sdarflow.cli.common import PRESET_NAMES, Parser
 from sdarflow.errors import SdarflowError
 from sdarflow.stages import STAGES
 
@@ -48,9 +48,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The CLI's parser, with the flags of the command ``argv`` names (of every command when ``argv`` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="sdarflow", description="SDAR post-training for LLM agents on Kubeflow"
-    )
+    parser = Parser(prog="sdarflow", description="SDAR post-training for LLM agents on Kubeflow")
     parser.add_argument(
         "-v",
         "--verbose",
@@ -70,7 +68,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except SdarflowError as err:  # a flag's own check (a path that is not there), raised while parsing
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,17 +1,58 @@
-"""What several commands share: JSON/YAML output, ``KEY=VALUE`` flags, the demo presets' names, study flags."""
+"""What several commands share: the parser class, flags that read paths, JSON/YAML output, ``KEY=VALUE`` flags, the
+demo presets' names, study flags."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from sdarflow.errors import ConfigError
+from sdarflow.errors import ConfigError, StorageError
 
 # sdarflow.sizes.SIZES' names (a test keeps them equal; importing it here would slow every --help)
 PRESET_NAMES = ("demo", "smoke", "gpu")
 PRESET_HELP = "sizes: demo (2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu])"
+
+
+class LiteralHelp(argparse.HelpFormatter):
+    """Help shown as written. sdarflow's help texts come from the config docs, where '%' is a percent sign ("the 95%
+    lower bound"), not an argparse format directive (which crashed ``--help`` with a TypeError)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return (action.help or "").replace("%", "%%")
+
+
+class Parser(argparse.ArgumentParser):
+    """Every sdarflow (sub)parser: ``add_subparsers`` makes subparsers of this class, so all get ``LiteralHelp``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", LiteralHelp)
+        super().__init__(*args, **kwargs)
+
+
+class ReadsPath(argparse.Action):
+    """A flag naming a file, folder or URI the command reads (``append=True``: a repeatable one; ``fix``: the way
+    out, when there is a better one than checking the path). A local path that does not exist is refused while the
+    flags are parsed, before the command starts or writes anything; an s3:// URI is checked by the command, which
+    has the credentials."""
+
+    def __init__(
+        self, option_strings: list[str], dest: str, append: bool = False, fix: str = "", **kwargs: Any
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.append, self.fix = append, fix or "check the path (a local path, file:// or s3:// URI)"
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, flag=None
+    ) -> None:
+        local = value.removeprefix("file://")
+        if value and (local != value or "://" not in value) and not Path(local).expanduser().exists():
+            raise StorageError(f"{flag} '{value}' does not exist; fix: {self.fix}")
+        setattr(
+            namespace, self.dest, [*(getattr(namespace, self.dest) or []), value] if self.append else value
+        )
 
 
 def output_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:

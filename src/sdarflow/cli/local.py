@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from sdarflow.cli.common import PRESET_HELP, PRESET_NAMES, emit, output_flag, study_flags
+from sdarflow.cli.common import PRESET_HELP, PRESET_NAMES, ReadsPath, emit, output_flag, study_flags
 from sdarflow.errors import ConfigError
 
 
@@ -110,25 +110,31 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
     )
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="RL rounds (default 2)")
     p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
     p.add_argument(
         "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
     )
     p.add_argument(
-        "--base-model", default=None, help="use this HF model folder instead of building the tiny one"
+        "--base-model",
+        default=None,
+        action=ReadsPath,
+        help="use this HF model folder instead of building the tiny one",
     )
     p.set_defaults(func=_cmd_demo)
 
 
 def add_study(p: argparse.ArgumentParser) -> None:
     study_flags(p)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="RL rounds per (method, seed) cell (default 2)")
     output_flag(p, "study folder; a rerun skips the (method, seed) cells done there", required=True)
     p.add_argument(
-        "--base-model", default=None, help="HF model folder; default: build the preset's tiny model"
+        "--base-model",
+        default=None,
+        action=ReadsPath,
+        help="HF model folder; default: build the preset's tiny model",
     )
-    p.add_argument("--env", default="textworld-cooking")
+    p.add_argument("--env", default="textworld-cooking", help="environment (`sdarflow envs list`)")
     p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
     p.add_argument(
         "--stage-settings",
@@ -144,11 +150,15 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
 
     spec = BaseModelSpec()
     output_flag(p, "the model folder to write (a normal HF folder)", required=True)
-    p.add_argument("--env", default=spec.env)
+    p.add_argument(
+        "--env", default=spec.env, help=f"environment whose walkthroughs train it (default {spec.env})"
+    )
     p.add_argument(
         "--tasks", type=int, default=spec.tasks, help="train games whose walkthroughs make the SFT data"
     )
-    p.add_argument("--sft-steps", type=int, default=spec.sft_steps)
+    p.add_argument(
+        "--sft-steps", type=int, default=spec.sft_steps, help=f"most SFT steps (default {spec.sft_steps})"
+    )
     p.add_argument(
         "--sft-stop-at-loss",
         type=float,
@@ -162,7 +172,12 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="fail (never stop early) if SFT takes longer than this many seconds; 0 = no limit",
     )
-    p.add_argument("--seed", type=int, default=spec.seed)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=spec.seed,
+        help=f"seed of the games, weights and SFT (default {spec.seed})",
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
     p.add_argument(
         "--device",

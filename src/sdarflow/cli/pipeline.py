@@ -20,13 +20,14 @@ import os
 import sys
 from pathlib import Path
 
-from sdarflow.cli.common import PRESET_NAMES, emit, output_flag, pairs, study_flags
+from sdarflow.cli.common import PRESET_NAMES, ReadsPath, emit, output_flag, pairs, study_flags
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 PIPELINES = ("training", "promote", "study")
+PACKAGE_FIX = "compile one first: sdarflow pipeline compile --output FILE.yaml"
 
 
 def kube_options(args: argparse.Namespace):
@@ -248,7 +249,7 @@ def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
     )
     p.add_argument("--namespace", help="profile namespace (multi-user KFP)")
     if source:
-        p.add_argument("--package", help="compiled pipeline YAML")
+        p.add_argument("--package", action=ReadsPath, fix=PACKAGE_FIX, help="compiled pipeline YAML")
         p.add_argument("--pipeline", help="or: an uploaded pipeline's name")
         p.add_argument("--pipeline-version", help="with --pipeline: this version (default: the newest)")
         p.add_argument(
@@ -260,7 +261,9 @@ def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
 
 def _add_compile(c: argparse.ArgumentParser) -> None:
     output_flag(c, "the compiled KFP IR YAML", required=True)
-    c.add_argument("--pipeline", default="training", choices=PIPELINES)
+    c.add_argument(
+        "--pipeline", default="training", choices=PIPELINES, help="which pipeline (default training)"
+    )
     c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
     c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
     c.add_argument(
@@ -306,7 +309,9 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
 
 def _add_upload(u: argparse.ArgumentParser) -> None:
     _server_flags(u, source=False)
-    u.add_argument("--package", required=True, help="compiled pipeline YAML")
+    u.add_argument(
+        "--package", required=True, action=ReadsPath, fix=PACKAGE_FIX, help="compiled pipeline YAML"
+    )
     u.add_argument("--name", help="pipeline name (default: the spec's, sdar-training or sdar-promotion)")
     u.add_argument("--version-name", help="version name (default: NAME-<sdarflow version>-<UTC time>)")
     u.add_argument(
@@ -337,16 +342,20 @@ def _add_schedule(s: argparse.ArgumentParser) -> None:
 
 def _add_trainjob(t: argparse.ArgumentParser) -> None:
     output_flag(t, "the TrainJob manifest (YAML)", required=True)
-    t.add_argument("--train-config", help="a train stage YAML (as for `sdarflow train --config`)")
-    t.add_argument("--pipeline-config", help="or: a run's pipeline.yaml URI (from its prepare task)")
+    t.add_argument(
+        "--train-config", action=ReadsPath, help="a train stage YAML (as for `sdarflow train --config`)"
+    )
+    t.add_argument(
+        "--pipeline-config", action=ReadsPath, help="or: a run's pipeline.yaml URI (from its prepare task)"
+    )
     t.add_argument("--round", type=int, default=0, help="with --pipeline-config: the RL round")
     t.add_argument("--rescored", action="append", help="with --pipeline-config: rescore output URI(s)")
     t.add_argument("--adapter", help="with --pipeline-config: adapter to continue (the previous round's)")
     t.add_argument("--name", help="TrainJob name (default: sdar-train-<run id>-r<round>)")
     t.add_argument("--namespace", help="namespace of the TrainJob")
     t.add_argument("--image", help="trainer image (default: the -train-gpu image)")
-    t.add_argument("--nodes", type=int, default=2)
-    t.add_argument("--gpus-per-node", type=int, default=8)
+    t.add_argument("--nodes", type=int, default=2, help="nodes (pods) of the TrainJob (default 2)")
+    t.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (ranks) per node (default 8)")
     t.add_argument("--cpu", default="32", help="CPU request per node")
     t.add_argument("--memory", default="256Gi", help="memory per node")
     t.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime name")

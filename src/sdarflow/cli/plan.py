@@ -8,7 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from sdarflow.cli.common import output_flag
+from sdarflow.cli.common import ReadsPath, output_flag
 from sdarflow.errors import ConfigError
 
 
@@ -79,10 +79,15 @@ def add_plan(p: argparse.ArgumentParser) -> None:
         "process with GPUs, local on the CPU, as the stages' --envs auto)",
     )
     p.add_argument(
-        "--constants", help="measured constants: a --calibrate file, or bench/results/gpu_check.json"
+        "--constants",
+        action=ReadsPath,
+        help="measured constants: a --calibrate file, or bench/results/gpu_check.json",
     )
     p.add_argument(
-        "--calibrate", metavar="MODEL", help="measure this machine's constants with MODEL (HF folder)"
+        "--calibrate",
+        metavar="MODEL",
+        action=ReadsPath,
+        help="measure this machine's constants with MODEL (HF folder)",
     )
     p.add_argument("--env", default="textworld-cooking", help="--calibrate: the env whose turns are timed")
     p.add_argument("--device", default="auto", help="--calibrate: where the model runs")

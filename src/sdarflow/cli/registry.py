@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdarflow.cli.common import emit, output_flag, policy_name_flag
+from sdarflow.cli.common import ReadsPath, emit, output_flag, policy_name_flag
 from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
 from sdarflow.errors import ConfigError, ModelError
 
@@ -76,9 +76,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         # a mistyped --registry must not look like an empty one: nothing there at all is an error
         if not storage.exists(registry.uri):
             raise StorageError(
-                f"registry '{registry.uri}' does not exist; fix: check --registry (the training pipeline's is "
-                f"<storage>/registry), or register a version first with `sdarflow registry register`"
-            )
+                f"registry '{registry.uri}' does not exist; fix: {REGISTRY_FIX}"
+            )  # an s3:// one
         sys.stderr.write(f"registry {registry.uri} holds no adapters yet\n")
     if args.name and args.name not in names:
         raise StorageError(
@@ -183,16 +182,32 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
-    p.add_argument("--registry", required=True, help="registry root: a folder or s3://bucket/prefix")
+REGISTRY_FIX = (
+    "check --registry (the training pipeline's is <storage>/registry), or register a version first with "
+    "`sdarflow registry register`"
+)
+
+
+def _common(p: argparse.ArgumentParser, name: bool = True, new_registry: bool = False) -> None:
+    """``--registry`` (a local one must exist, except where ``new_registry``: register makes it) and the name."""
+    p.add_argument(
+        "--registry",
+        required=True,
+        **({} if new_registry else {"action": ReadsPath, "fix": REGISTRY_FIX}),
+        help="registry root: a folder or s3://bucket/prefix"
+        + (" (made by the first register)" if new_registry else ""),
+    )
     if name:
         policy_name_flag(p, "adapter name in the registry, e.g. sdar-qwen-0.5b", required=True)
 
 
 def _add_register(p: argparse.ArgumentParser) -> None:
-    _common(p)
+    _common(p, new_registry=True)
     p.add_argument(
-        "--adapter", required=True, help="published adapter (a train stage's output: URI or folder)"
+        "--adapter",
+        required=True,
+        action=ReadsPath,
+        help="published adapter (a train stage's output: URI or folder)",
     )
     p.add_argument(
         "--allow-unpublished",
@@ -200,15 +215,20 @@ def _add_register(p: argparse.ArgumentParser) -> None:
         help="accept a PEFT folder without _manifest.json (made by hand; an interrupted train output has none)",
     )
     p.add_argument(
-        "--eval", required=True, help="the evaluate stage's output (folder or URI), or its report.json"
+        "--eval",
+        required=True,
+        action=ReadsPath,
+        help="the evaluate stage's output (folder or URI), or its report.json",
     )
     p.add_argument(
         "--model",
+        action=ReadsPath,
         help="base model folder the adapter was trained on: its fingerprint and every tensor shape are checked "
         "(default: the adapter's base_model_name_or_path when that is a local folder)",
     )
     p.add_argument(
         "--base-eval-report",
+        action=ReadsPath,
         help="the base model's evaluate output on the same tasks (folder, URI or report.json): what the gate "
         "compares the version with when nothing is in production, and besides production afterwards",
     )
@@ -235,7 +255,12 @@ def _add_promote(p: argparse.ArgumentParser) -> None:
 
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
-    p.add_argument("--stage", default="production", choices=RELEASE_STAGES)
+    p.add_argument(
+        "--stage",
+        default="production",
+        choices=RELEASE_STAGES,
+        help="the alias to move (production is gated)",
+    )
     p.add_argument("--force", action="store_true", help="override a gate refusal (needs --reason)")
     p.add_argument(
         "--reason", help="why (required with --force); written to the alias history and the audit log"
@@ -251,7 +276,12 @@ def _add_promote(p: argparse.ArgumentParser) -> None:
 
 def _add_rollback(p: argparse.ArgumentParser) -> None:
     _common(p)
-    p.add_argument("--stage", default="production", choices=RELEASE_STAGES)
+    p.add_argument(
+        "--stage",
+        default="production",
+        choices=RELEASE_STAGES,
+        help="the alias to move back (default production)",
+    )
     p.add_argument("--reason", help="why; written to the audit log")
     p.add_argument("--actor", help="who rolls back (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_rollback)

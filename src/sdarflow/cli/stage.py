@@ -8,14 +8,16 @@ import dataclasses
 import typing
 from collections.abc import Callable
 
-from sdarflow.cli.common import emit
+from sdarflow.cli.common import ReadsPath, emit
 from sdarflow.stages import STAGES, config_class
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
     from sdarflow.config import field_help
 
-    parser.add_argument("--config", help="YAML file with this stage's settings (flags override it)")
+    parser.add_argument(
+        "--config", action=ReadsPath, help="YAML file with this stage's settings (flags override it)"
+    )
     for name, hint, f in field_help(config_cls):
         flag = "--" + name.replace("_", "-")
         help_text = f.metadata.get("help", "")
@@ -30,6 +32,16 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
             )
             continue
         list_type = typing.get_origin(hint) is list
+        if f.metadata.get("reads"):
+            parser.add_argument(
+                flag,
+                dest=name,
+                default=None,
+                action=ReadsPath,
+                append=list_type,
+                help=f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else ""),
+            )
+            continue
         choices = f.metadata.get("choices")
         parser.add_argument(
             flag,

@@ -71,7 +71,7 @@ class GatePolicy:
 GATE = GatePolicy()  # the defaults every entry point (CLI, pipelines, config) shows
 # What each threshold means, for every entry point's help (CLI flags, pipeline parameters)
 GATE_HELP = {
-    "min_gain": "gate: the 95% lower bound of test pass@1's gain over production and the base must be above this",
+    "min_gain": "gate: the lower 95-percent bound of test pass@1's gain over production and the base must be above this",
     "passk_tolerance": "gate: how far the lower bound of test pass@k's change (largest k) may fall below 0",
     "ood_tolerance": "gate: how far the lower bound of ood pass@1's change may fall below 0",
     "floor": "gate: the candidate's test pass@1 must be above this",

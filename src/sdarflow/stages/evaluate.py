@@ -27,11 +27,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class EvaluateConfig(StageConfig):
     stage = "evaluate"
-    model: str = opt("", "base model HF folder", io=True)
-    adapter: str = opt("", "adapter to evaluate (published URI or folder); empty = the base model", io=True)
+    model: str = opt("", "base model HF folder", reads=True)
+    adapter: str = opt(
+        "", "adapter to evaluate (published URI or folder); empty = the base model", reads=True
+    )
     output: str = opt("", "output report URI", io=True)
     baseline: str = opt(
-        "", "a previous evaluate output (e.g. production's) to compare against in the plots", io=True
+        "", "a previous evaluate output (e.g. production's) to compare against in the plots", reads=True
     )
     env: str = opt("textworld-cooking", "environment suite name")
     splits: list[str] = opt(["test", "ood"], "splits to evaluate")

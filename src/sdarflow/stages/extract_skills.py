@@ -32,13 +32,13 @@ LLM_BACKENDS = ("openai", "engine")
 @dataclass
 class ExtractSkillsConfig(StageConfig):
     stage = "extract-skills"
-    input: list[str] = opt([], "trajectory dataset URI(s) (the union of a round's shards)", io=True)
+    input: list[str] = opt([], "trajectory dataset URI(s) (the union of a round's shards)", reads=True)
     output: str = opt("", "output skill library URI", io=True)
-    previous: str = opt("", "previous library (published URI or folder) to merge into", io=True)
+    previous: str = opt("", "previous library (published URI or folder) to merge into", reads=True)
     rescored: list[str] = opt(
         [],
         "previous round's rescored dataset(s), scored with --previous: updates the ucb statistics",
-        io=True,
+        reads=True,
     )
     extractor: str = opt(
         "rule", "rule (hindsight action patterns) or llm (a chat model writes skills)", choices=EXTRACTORS
@@ -68,8 +68,8 @@ class ExtractSkillsConfig(StageConfig):
     llm_episodes: int = opt(
         3, "llm extractor: successful and failed episodes shown per task type (each)", ge=1
     )
-    model: str = opt("", "engine backend: base model HF folder (the policy)", io=True)
-    adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", io=True)
+    model: str = opt("", "engine backend: base model HF folder (the policy)", reads=True)
+    adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", reads=True)
     device: str = device_opt()
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing library at --output", io=True)

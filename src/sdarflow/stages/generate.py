@@ -34,8 +34,8 @@ VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class GenerateConfig(StageConfig):
     stage = "generate"
-    model: str = opt("", "base model: an HF model folder", io=True)
-    adapter: str = opt("", "LoRA adapter (published URI or PEFT folder); empty = the base model", io=True)
+    model: str = opt("", "base model: an HF model folder", reads=True)
+    adapter: str = opt("", "LoRA adapter (published URI or PEFT folder); empty = the base model", reads=True)
     output: str = opt("", "output dataset URI", io=True)
     env: str = opt("textworld-cooking", "environment suite name (`sdarflow envs list`)")
     split: str = opt("train", "task split", choices=SPLITS)

@@ -20,14 +20,14 @@ class RegisterConfig(StageConfig):
     stage = "register"
     registry: str = opt("", "registry root URI (local folder or s3://)", io=True)
     name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry ([a-z0-9._-])")
-    adapter: str = opt("", "adapter to register (published URI)", io=True)
-    eval_report: str = opt("", "evaluate output URI for this adapter", io=True)
+    adapter: str = opt("", "adapter to register (published URI)", reads=True)
+    eval_report: str = opt("", "evaluate output URI for this adapter", reads=True)
     base_eval_report: str = opt(
         "",
         "evaluate output of the base model on the same tasks: the gate compares a first version with it",
-        io=True,
+        reads=True,
     )
-    model: str = opt("", "base model the adapter belongs to", io=True)
+    model: str = opt("", "base model the adapter belongs to", reads=True)
     base_model_uri: str = opt(
         "",
         "the base model as the run names it, for lineage (an s3:// URI; --model is its local copy)",

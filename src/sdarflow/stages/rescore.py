@@ -31,10 +31,12 @@ log = logging.getLogger(__name__)
 @dataclass
 class RescoreConfig(StageConfig):
     stage = "rescore"
-    input: list[str] = opt([], "trajectory dataset URI(s)", io=True)
-    skills: str = opt("", "skill library (published URI or folder)", io=True)
-    model: str = opt("", "base model HF folder", io=True)
-    adapter: str = opt("", "the adapter that generated the trajectories (the policy being trained)", io=True)
+    input: list[str] = opt([], "trajectory dataset URI(s)", reads=True)
+    skills: str = opt("", "skill library (published URI or folder)", reads=True)
+    model: str = opt("", "base model HF folder", reads=True)
+    adapter: str = opt(
+        "", "the adapter that generated the trajectories (the policy being trained)", reads=True
+    )
     output: str = opt("", "output rescored dataset URI", io=True)
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
     teacher: str = opt(

@@ -61,10 +61,10 @@ RESUMABLE_CHANGES = frozenset(
 @dataclass
 class TrainConfig(StageConfig):
     stage = "train"
-    input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", io=True)
-    model: str = opt("", "base model HF folder", io=True)
+    input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", reads=True)
+    model: str = opt("", "base model HF folder", reads=True)
     adapter: str = opt(
-        "", "adapter to continue training (published URI or folder); empty = a new LoRA", io=True
+        "", "adapter to continue training (published URI or folder); empty = a new LoRA", reads=True
     )
     output: str = opt("", "output adapter URI", io=True)
     mode: str = opt(
