@@ -4,14 +4,14 @@ demo's base model, and result files (``bench/results/<name>.json``) with a print
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from sdarflow.provenance import provenance
 
 RESULTS = Path(__file__).parent / "results"
 DEMO_MODEL = Path("demo-output/base-model")
@@ -45,28 +45,6 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats
     b = torch.randn(n, n, dtype=dtype)
     seconds = median_time(lambda: a @ b, repeats=repeats, warmup=2)
     return 2 * n**3 / seconds
-
-
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    return next(
-        (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine()
-    )
-
-
-def machine() -> dict:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu": _cpu_model(),
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
 
 
 def bench_model(vocab: int = 32000, hidden: int = 512, layers: int = 8, heads: int = 8, seed: int = 0):
@@ -173,10 +151,12 @@ def rl_round(gen_uri: str, model: str, adapter: str, skills: str, out: str, **tr
     return tr, sk["uri"]
 
 
-def write_result(name: str, result: dict, rows: list[tuple]) -> Path:
-    """Print a table and write ``bench/results/<name>.json`` (with the machine it ran on)."""
+def write_result(name: str, result: dict, rows: list[tuple], base: str | None = None) -> Path:
+    """Print a table and write ``bench/results/<name>.json`` with its provenance: the code, the base model
+    (``base``, when the result depends on one), the command and the machine (``sdarflow.provenance``)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": name, "machine": machine(), **result}
+    made_by = provenance(base)
+    result = {"benchmark": name, "machine": made_by.pop("machine"), "provenance": made_by, **result}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     width = max(len(str(r[0])) for r in rows) if rows else 10

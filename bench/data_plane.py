@@ -137,5 +137,5 @@ def run(quick: bool = True) -> dict:
         (name, f"{r['round_seconds']:.1f}", f"{r['storage_seconds']:.2f}", f"{r['storage_share']:.2%}")
         for name, r in (("local folder", local), ("S3 (moto, 127.0.0.1)", s3))
     ]
-    write_result("data_plane", result, rows)
+    write_result("data_plane", result, rows, base=model)
     return result

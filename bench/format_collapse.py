@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.drift == "sft"
         else f"format_collapse_{args.drift}_{args.env.replace('-', '_')}"
     )
-    write_result(name, result, rows)
+    write_result(name, result, rows, base=model)
     return 0
 
 

@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         f"learning_check_{args.method}",
         result,
         [(f"seed {s}", " ".join(f"{x:.2f}" for x in c)) for s, c in curves.items()],
+        base=args.model,
     )
     return 0
 

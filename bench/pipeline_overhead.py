@@ -58,7 +58,8 @@ def run(quick: bool = True) -> dict:
     write_result(
         "pipeline_overhead",
         result,
-        [
+        base=model,
+        rows=[
             ("direct stage calls (s)", f"{direct:.1f}"),
             (f"KFP local runner, {tasks} tasks (s)", f"{kfp:.1f}"),
             ("overhead per task (s)", f"{(kfp - direct) / tasks:.1f}"),

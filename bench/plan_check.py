@@ -73,5 +73,5 @@ def run(quick: bool = True) -> dict:
     rows = [("stage", "measured (s)", "predicted (s)", "ratio")]
     rows += [(s, f"{measured[s]:.1f}", f"{predicted[s]:.1f}", f"{ratios[s]:.2f}") for s in stages]
     rows.append(("round", f"{sum(measured.values()):.1f}", f"{sum(predicted.values()):.1f}", f"{ratio:.2f}"))
-    write_result("plan_check", result, rows)
+    write_result("plan_check", result, rows, base=model)
     return result

@@ -163,5 +163,5 @@ def run(quick: bool = True) -> dict:
             f"{loop['loop_efficiency']:.2f} (target >= {TARGET})",
         )
     ]
-    write_result("rollout", result, rows)
+    write_result("rollout", result, rows, base=model)
     return result

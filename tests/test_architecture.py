@@ -46,6 +46,7 @@ LAYERS: list[set[str]] = [
         "kfp_runtime",
         "plan",
         "study",
+        "provenance",
         "training_options",
         "study_report",
         "run_report",

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench import readme
-from bench.common import machine
+from sdarflow.provenance import machine
 
 RESULTS = {
     "startup": {"help_seconds": 0.07, "component_start_seconds": {"generate": 2.4, "train": 2.8}},

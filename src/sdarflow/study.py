@@ -2,9 +2,9 @@
 
 Every (method, seed) cell trains ``rounds`` RL rounds from the same base model, each round generate -> extract-skills
 -> rescore -> train with the stage configs the training pipeline builds (``sdarflow.pipeline_config.stage_config``),
-then evaluates its final adapter on the held-out ``test`` and ``ood`` splits; the base model is evaluated once
-with the same tasks and sampling seeds, so every comparison is paired. A cell is finished when its ``cell.json``
-exists (written last, atomically): a rerun skips finished cells and redoes unfinished ones from their start.
+then evaluates its final adapter on ``valid``, ``test`` and ``ood`` with a sampling seed of its training seed's; the
+base model is evaluated per seed the same way, and comparisons pair tasks. A cell (its ``cell.json``, written last)
+is reused by a rerun only when settings and provenance (code, base build, machine) match.
 ``sdarflow.study_report`` turns the cells into ``study.json``, ``report.md`` and ``report.html``.
 """
 
@@ -130,13 +130,14 @@ def _cell_uri(s: StudySettings, name: str) -> str:
 
 def settings_key(s: StudySettings) -> str:
     """Hash of what shapes every cell (not the methods and seeds that pick the cells): a rerun into the same
-    ``out`` may reuse a finished cell only when this matches."""
+    ``out`` may reuse a finished cell only when this matches, so also the code, the base model's build and content,
+    and the machine (``provenance.reuse_key``)."""
+    from sdarflow.provenance import provenance, reuse_key
     from sdarflow.sizes import SIZES
-    from sdarflow.stages.common import content_id
 
     content = {
         "base_model": s.base_model,
-        "base_model_content": content_id(s.base_model) if s.base_model else None,
+        "made_by": reuse_key(provenance(s.base_model)),
         "env": s.env,
         "rounds": s.rounds,
         "sizes": SIZES[s.preset]["pipeline"],
@@ -154,7 +155,8 @@ def _finished(s: StudySettings, name: str) -> dict | None:
     cell = storage.read_json(uri)
     if cell.get("settings_key") != settings_key(s):
         raise ConfigError(
-            f"study: cell {name} in {s.out} was made with other settings (key {cell.get('settings_key')}, "
+            f"study: cell {name} in {s.out} was made with other settings, code, base model or machine (key "
+            f"{cell.get('settings_key')}, "
             f"now {settings_key(s)}); fix: use a new --out, or the settings in {s.out}/study.json"
         )
     return cell
@@ -162,36 +164,44 @@ def _finished(s: StudySettings, name: str) -> dict | None:
 
 def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
     # storage writes whole objects: a cell is finished only when its complete record is there
-    storage.write_json(storage.join(_cell_uri(s, name), CELL_FILE), {**cell, "settings_key": settings_key(s)})
+    from sdarflow.provenance import provenance
+
+    record = {**cell, "settings_key": settings_key(s), "provenance": provenance(s.base_model)}
+    storage.write_json(storage.join(_cell_uri(s, name), CELL_FILE), record)
 
 
 def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
     from sdarflow.pipeline_config import stage_config
     from sdarflow.registry.intake import load_report
     from sdarflow.stages import evaluate
+    from sdarflow.study_report import SPLITS
 
     # pc has no registry: the report compares with nothing, the study compares the cells itself
-    out = evaluate.run(stage_config(pc, "evaluate", round_, adapter=adapter))
+    cfg = stage_config(pc, "evaluate", round_, adapter=adapter)
+    # each training seed is a replicate: its evaluation samples with its own seed (the same tasks), and the base
+    # model's evaluation for that seed with the same one
+    # valid too: what a setting search over studies selects on (sdarflow.study_report.SPLITS)
+    out = evaluate.run(dataclasses.replace(cfg, seed=cfg.seed + pc.seed, splits=list(SPLITS)))
     return load_report(out["uri"]), out["uri"]
 
 
-def run_base(s: StudySettings, base: str) -> dict:
-    """The base model's held-out evaluation (the same tasks and sampling seeds as every cell's)."""
-    folder = _cell_uri(s, BASE_CELL)
-    if (cell := _finished(s, BASE_CELL)) is not None:
-        return cell
-    pc = pipeline_config(s, base, "grpo", s.seeds[0], storage.join(folder, "store"))
-    t0 = time.perf_counter()
-    report, uri = _evaluate(pc, 0, "")
-    cell = {
-        "method": BASE_CELL,
-        "eval": report["splits"],
-        "eval_uri": uri,
-        "eval_seconds": time.perf_counter() - t0,
-    }
-    _write_cell(s, BASE_CELL, cell)
-    log.info("study: base model evaluated: test pass@1 %.3f", report["splits"]["test"]["pass_at_k"]["1"])
-    return cell
+def run_base(s: StudySettings, base: str) -> list[dict]:
+    """The base model's held-out evaluation for each seed (the same tasks and sampling seeds as that seed's cells)."""
+    cells = []
+    for seed in s.seeds:
+        name = cell_name(BASE_CELL, seed)
+        if (cell := _finished(s, name)) is None:
+            pc = pipeline_config(s, base, "grpo", seed, storage.join(_cell_uri(s, name), "store"))
+            t0 = time.perf_counter()
+            report, uri = _evaluate(pc, 0, "")
+            cell = {"method": BASE_CELL, "seed": seed, "eval": report["splits"], "eval_uri": uri,
+                    "eval_seconds": time.perf_counter() - t0}  # fmt: skip
+            _write_cell(s, name, cell)
+            log.info(
+                "study: base model, seed %d: test pass@1 %.3f", seed, cell["eval"]["test"]["pass_at_k"]["1"]
+            )
+        cells.append(cell)
+    return cells
 
 
 def _round_record(r: int, m_gen: dict, m_rs: dict, m_tr: dict) -> dict:
@@ -307,9 +317,10 @@ def local_base(s: StudySettings) -> str:
 
 def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     """Read every cell, write ``study.json``, ``report.md``, ``report.html`` and ``curves.png`` to ``s.out``."""
+    from sdarflow.provenance import provenance
     from sdarflow.study_report import analyze, write_reports
 
-    names = [BASE_CELL] + [cell_name(m, seed) for m in s.methods for seed in s.seeds]
+    names = [cell_name(m, seed) for m in (BASE_CELL, *s.methods) for seed in s.seeds]
     cells = {n: _finished(s, n) for n in names}
     missing = [n for n, c in cells.items() if c is None]
     if missing:
@@ -327,8 +338,10 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
         "sizes": preset_sizes(s),
         "stage_settings": stage_settings(s),  # the preset's with the study's on top
         "seconds_this_run": seconds_this_run,
+        "provenance": provenance(s.base_model),
     }
-    study = analyze(settings, cells.pop(BASE_CELL), list(cells.values()))
+    base_cells = [cells.pop(cell_name(BASE_CELL, seed)) for seed in s.seeds]
+    study = analyze(settings, base_cells, list(cells.values()))
     write_reports(s.out, study)
     log.info("study: %d cells -> %s", len(cells), storage.join(s.out, "study.json"))
     return study
@@ -380,7 +393,7 @@ def run_step(
     base = local_base(s)
     if step == "base":
         run_base(s, base)
-        return _cell_uri(s, BASE_CELL)
+        return storage.join(s.out, "cells")
     if step == "cell":
         run_cell(s, base, method, seed)
         return _cell_uri(s, cell_name(method, seed))

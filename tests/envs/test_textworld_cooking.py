@@ -45,8 +45,8 @@ def test_unknown_env_names_available_ones() -> None:
 
 
 def test_unknown_split_names_allowed_ones(suite: TextWorldCookingSuite) -> None:
-    with pytest.raises(EnvError, match=r"'valid'.*train, test, ood.*fix"):
-        suite.tasks("valid", 1)
+    with pytest.raises(EnvError, match=r"'dev'.*train, test, valid, ood.*fix"):
+        suite.tasks("dev", 1)
 
 
 def test_tasks_are_deterministic_and_typed(suite: TextWorldCookingSuite, tasks: list) -> None:

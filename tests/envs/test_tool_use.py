@@ -134,8 +134,8 @@ def test_api_is_deterministic_and_validates() -> None:
 
 
 def test_bad_requests() -> None:
-    with pytest.raises(EnvError, match="unknown split 'valid'"):
-        ToolUseSuite().tasks("valid", 1)
+    with pytest.raises(EnvError, match="unknown split 'dev'"):
+        ToolUseSuite().tasks("dev", 1)
     with pytest.raises(EnvError, match="n=5000"):
         ToolUseSuite().tasks("train", TOOL_SPLITS["train"].size * 5)
     with pytest.raises(EnvError, match="max_turns"):

@@ -3,11 +3,19 @@ evaluations with its one-sided lower bound, computed by hand."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 
-from sdarflow.evaluate.compare import difference, student_t_cdf, student_t_quantile
+from sdarflow.evaluate.compare import (
+    difference,
+    mean_interval,
+    sign_flip_lower,
+    student_t_cdf,
+    student_t_quantile,
+)
 
 
 def _split(successes: dict[str, int], n: int = 4) -> dict:
@@ -44,13 +52,18 @@ def test_bad_quantile_arguments():
 
 def test_paired_difference_by_hand():
     # per-task pass@1 differences +.25, -.25, +.25, +.25 and six zeros: mean 0.05, sd sqrt(0.225 / 9) = 0.1581,
-    # se 0.05, t_0.95(9) = 1.83311 -> lower 0.05 - 0.091656 = -0.041656
+    # se 0.05, t_0.95(9) = 1.83311 -> t bound 0.05 - 0.091656 = -0.041656.
+    # Sign flip, 2**10 = 1024 patterns: a flipped subset's mean is negative only when it holds the -.25 task and no
+    # +.25 one: -.25 / (1 + z) with z of the six zeros, C(6, z) ways: 1 at -.25, 6 at -.125, 15 at -.0833, 20 at
+    # -.0625 (42 in all), 15 at -.05. p(mu) = (1 + #{means <= mu}) / 1024 is 43/1024 = 0.042 just below -0.05 and
+    # 58/1024 = 0.057 at it, so the 95% bound is -0.05: stricter than t's, and the bound the gate uses.
     cand = _split({f"t{i}": c for i, c in enumerate([3, 1, 3, 3, 2, 2, 2, 2, 2, 2])})
     prod = _split({f"t{i}": 2 for i in range(10)})
     d = difference(cand, prod, 1)
     assert (d.candidate, d.reference, d.tasks, d.paired) == (pytest.approx(0.55), 0.5, 10, True)
     assert d.diff == pytest.approx(0.05)
-    assert d.lower == pytest.approx(-0.041656, abs=1e-5)
+    assert d.t_lower == pytest.approx(-0.041656, abs=1e-5)
+    assert d.sign_flip_lower == pytest.approx(-0.05) and d.lower == pytest.approx(-0.05)
 
 
 def test_paired_pass_at_k_difference_by_hand():
@@ -60,12 +73,66 @@ def test_paired_pass_at_k_difference_by_hand():
     prod = _split({f"t{i}": 2 for i in range(10)})
     d = difference(cand, prod, 4)
     assert (d.candidate, d.reference, d.diff) == (pytest.approx(0.7), 1.0, pytest.approx(-0.3))
-    assert d.lower == pytest.approx(-0.3 - 1.833113 * 0.152753, abs=1e-5)
+    assert d.t_lower == pytest.approx(-0.3 - 1.833113 * 0.152753, abs=1e-5)
+    # sign flip: subsets with a of the three -1 tasks and z of the seven zeros have mean -a / (a + z); the 51st
+    # smallest of the 1023 (the 5% point of 1024 patterns, the all-plus one counted) is -0.6 (a = 3, z = 2)
+    assert d.lower == pytest.approx(-0.6)
 
 
 def test_identical_gains_on_every_task_are_certain():
-    d = difference(_split({"a": 2, "b": 2}), _split({"a": 1, "b": 1}), 1)
+    d = difference(_split({f"t{i}": 2 for i in range(8)}), _split({f"t{i}": 1 for i in range(8)}), 1)
     assert d.diff == pytest.approx(0.25) and d.lower == pytest.approx(0.25)
+
+
+def test_a_few_tasks_cannot_bound_a_paired_difference():
+    # four tasks: all 16 sign patterns give p >= 1/16 > 0.05, so no 95% bound, however large the gains
+    d = difference(_split({f"t{i}": 4 for i in range(4)}), _split({f"t{i}": 0 for i in range(4)}), 1)
+    assert d.diff == 1.0 and d.t_lower == pytest.approx(1.0) and d.lower is None
+
+
+def _p_value(d: list[float], mu: float) -> float:
+    """The sign-flip p-value by its definition, every pattern enumerated."""
+    x = np.array(d) - mu
+    hits = [np.dot(e, x) >= x.sum() - 1e-12 for e in itertools.product([-1, 1], repeat=len(x))]
+    return float(np.mean(hits))
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        [0.25, 0.25, 0.25] + [0.0] * 7,
+        [0.25] * 9 + [0.0],
+        [0.5, -0.25, 0.75, 0.0, 0.25, 0.5, -0.5, 1.0, 0.25, 0.0, 0.25],
+    ],
+)
+def test_the_sign_flip_bound_is_where_the_p_value_crosses_5_percent(d):
+    bound = sign_flip_lower(np.array(d))
+    assert _p_value(d, bound - 1e-9) <= 0.05 < _p_value(d, bound + 1e-9)
+
+
+def test_three_of_32_tasks_gaining_once_is_not_a_gain():
+    # p(0) = P(the three non-zero differences all come out +) = 1/8: the bound is 0, where Student's t gave +0.0012
+    d = difference(
+        _split({f"t{i}": int(i < 3) for i in range(32)}), _split({f"t{i}": 0 for i in range(32)}), 1
+    )
+    assert d.t_lower == pytest.approx(0.0012, abs=1e-4)
+    assert d.sign_flip_lower == 0.0 and d.lower == 0.0
+
+
+def test_many_tasks_use_a_seeded_sample_of_patterns_close_to_the_normal_bound():
+    x = np.random.default_rng(3).normal(0.3, 1.0, 200)
+    bound = sign_flip_lower(x)
+    assert bound == sign_flip_lower(x)  # seeded
+    assert bound == pytest.approx(x.mean() - 1.6525 * x.std(ddof=1) / math.sqrt(200), abs=0.02)
+
+
+def test_mean_interval_by_hand():
+    # mean 0.5, sd sqrt(((.5)^2 * 2) / 3) = 0.408248, se 0.204124, t_0.975(3) = 3.182446 -> half 0.649624
+    lo, hi = mean_interval([0.0, 0.5, 0.5, 1.0])
+    assert (lo, hi) == (pytest.approx(0.5 - 0.649624, abs=1e-5), pytest.approx(0.5 + 0.649624, abs=1e-5))
+    assert mean_interval([0.3]) == (0.3, 0.3)
+    with pytest.raises(ValueError, match="at least one"):
+        mean_interval([])
 
 
 def test_unpaired_when_the_tasks_differ():

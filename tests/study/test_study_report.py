@@ -38,18 +38,25 @@ CELLS = [
     _cell("sdar", 0, {"a": 3, "b": 1}, {"x": 0}, 15.0),
     _cell("sdar", 1, {"a": 4, "b": 2}, {"x": 0}, 15.0),
 ]
-BASE = {"eval": {"test": _split({"a": 1, "b": 0}), "ood": _split({"x": 0})}}
+BASE = [
+    {"seed": seed, "eval": {"test": _split({"a": 1, "b": 0}), "ood": _split({"x": 0})}} for seed in (0, 1)
+]
 
 
 def test_pooled_relative_and_paired_values_by_hand():
     study = analyze(SETTINGS, BASE, CELLS)
     assert study["k"] == 4
     grpo, sdar = study["methods"]["grpo"], study["methods"]["sdar"]
-    # pass@1 pooled over (seed, task): grpo (2 + 0 + 4 + 0) / 16 = 0.375; sdar (3 + 1 + 4 + 2) / 16 = 0.625
+    # pass@1: each task's mean over the seeds, then the mean over tasks: grpo a (2/4 + 4/4) / 2 = 0.75, b 0 ->
+    # 0.375; sdar a (3/4 + 4/4) / 2 = 0.875, b (1/4 + 2/4) / 2 = 0.375 -> 0.625
     assert grpo["test_pass@1"]["value"] == pytest.approx(0.375)
     assert sdar["test_pass@1"]["value"] == pytest.approx(0.625)
-    assert grpo["test_pass@1"]["trials"] == 16
-    # pass@4 with 4 samples: solved at least once -> grpo 2 of 4 (seed, task) pairs, sdar 4 of 4
+    assert (grpo["test_pass@1"]["trials"], grpo["test_pass@1"]["tasks"], grpo["test_pass@1"]["seeds"]) == (
+        16,
+        2,
+        2,
+    )
+    # pass@4 with 4 samples: solved at least once -> grpo task a in both seeds, b in neither: 0.5; sdar 1.0
     assert grpo["test_pass@k"]["value"] == pytest.approx(0.5)
     assert sdar["test_pass@k"]["value"] == pytest.approx(1.0)
     row = {t["method"]: t for t in study["table"]}["sdar"]
@@ -59,16 +66,16 @@ def test_pooled_relative_and_paired_values_by_hand():
     assert row["training_overhead"] == pytest.approx(1.5)
     # pass@k / pass@1: sdar 1 / 0.625 = 1.6, grpo 0.5 / 0.375 = 4/3 -> relative 1.2
     assert row["relative_pass@k_over_pass@1"] == pytest.approx(1.6 / (4 / 3))
-    # paired pass@1 differences per (seed, task): +1/4, +1/4, 0, +2/4 -> mean 0.25
+    # paired pass@1 per task, seed means: a 0.875 - 0.75 = +0.125, b 0.375 - 0 = +0.375 -> mean 0.25 over 2 tasks;
+    # sd 0.176777, se 0.125, t_0.975(1) = 12.706205 -> 0.25 +- 1.588276 (two tasks say little)
     d = study["paired"]["sdar"]["test_pass@1"]
-    assert d["mean_diff"] == pytest.approx(0.25) and d["pairs"] == 4
-    assert d["ci95"][0] <= 0.25 <= d["ci95"][1]
-    # grpo against the base (a 1/4, b 0/4 for both seeds): +1/4, 0, +3/4, 0 -> 0.25
+    assert d["mean_diff"] == pytest.approx(0.25) and d["tasks"] == 2
+    assert d["ci95"] == [pytest.approx(0.25 - 1.588276, abs=1e-5), pytest.approx(0.25 + 1.588276, abs=1e-5)]
+    # grpo against the base (a 1/4, b 0/4, evaluated for each seed): a 0.75 - 0.25, b 0 - 0 -> 0.25
     assert study["paired"]["grpo_vs_base"]["test_pass@1"]["mean_diff"] == pytest.approx(0.25)
-    # the gate cannot tell on two tasks: seed 1's pass@1 differences (a +0, b +2/4) have mean 0.25, se 0.25, and
-    # the bound 0.25 - t_0.95(1) * 0.25 = 0.25 - 6.3138 * 0.25 = -1.3284; one ood task gives no bound at all
+    # the gate cannot tell on two tasks: no sign pattern of two reaches 5% (1/4); one ood task gives no bound
     assert study["gate"]["sdar"]["1"][0] == (
-        "test pass@1 vs grpo: 0.75 - 0.50 = +0.25, lower bound -1.3284 (2 paired tasks) not above min_gain 0.00"
+        "test pass@1 vs grpo: 0.75 - 0.50 = +0.25, and 2 task(s) cannot bound the difference"
     )
     assert any("ood pass@1" in f and "cannot bound" in f for f in study["gate"]["sdar"]["0"])
 

@@ -18,8 +18,9 @@ from typing import Literal, Protocol
 
 from sdarflow.errors import SdarflowError
 
-Split = Literal["train", "test", "ood"]
-SPLITS: tuple[str, ...] = ("train", "test", "ood")
+# valid: held out like test, disjoint from every other split; settings are chosen on it, results reported on test
+Split = Literal["train", "valid", "test", "ood"]
+SPLITS: tuple[str, ...] = ("train", "valid", "test", "ood")
 
 
 class EnvError(SdarflowError, ValueError):

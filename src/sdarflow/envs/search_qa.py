@@ -62,7 +62,8 @@ class QASplit:
 
 
 QA_SPLITS: dict[str, QASplit] = {
-    "train": QASplit(TEMPLATES["in-distribution"], (0.0, 0.6)),
+    "train": QASplit(TEMPLATES["in-distribution"], (0.0, 0.5)),
+    "valid": QASplit(TEMPLATES["in-distribution"], (0.5, 0.6)),
     "test": QASplit(TEMPLATES["in-distribution"], (0.6, 0.8)),
     "ood": QASplit(TEMPLATES["ood"], (0.8, 1.0), max_turns=8),
 }

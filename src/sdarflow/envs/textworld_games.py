@@ -43,7 +43,8 @@ _CUT_VERBS = ("slice ", "dice ", "chop ")
 class SplitSpec:
     """How the games of one split are generated (tw-cooking settings) and played.
 
-    tw_split: TextWorld ``--split``: ``train`` foods/preparations, or ``test`` (unseen foods and preparations).
+    tw_split: TextWorld ``--split``: ``train`` foods/preparations, or ``valid`` / ``test`` (two disjoint sets of unseen
+        foods and preparations).
     recipe: ingredients in the recipe (1-5). take: how many of them must be fetched (1..recipe; >= 1 because
         TextWorld only re-samples the recipe per ``--recipe-seed`` when something must be taken).
     go: rooms (1, 6, 9 or 12). open: doors/containers start closed. drop: limited inventory (off: TextWorld
@@ -101,6 +102,8 @@ class SplitSpec:
 SPLIT_SPECS: dict[str, SplitSpec] = {
     "train": SplitSpec(tw_split="train", seed_base=1000, max_turns=20),
     "test": SplitSpec(tw_split="test", seed_base=2000, max_turns=20),
+    # TextWorld's own validation foods and preparations: unseen in train, and not those of test
+    "valid": SplitSpec(tw_split="valid", seed_base=4000, max_turns=20),
     # Never trained on: two-ingredient recipes (one ingredient already carried), unseen foods/preparations. Harder
     # shifts (6 rooms: navigation; two to fetch) are out of a one-room, one-ingredient SFT's reach: pass@1 0 there.
     "ood": SplitSpec(tw_split="test", recipe=2, take=1, seed_base=3000, max_turns=30),

@@ -170,6 +170,7 @@ class ToolSplit:
 TOOL_SPLITS: dict[str, ToolSplit] = {
     "train": ToolSplit((_write_note, _schedule, _invite, _cancel, _cleanup), seed_base=1000),
     "test": ToolSplit((_write_note, _schedule, _invite, _cancel, _cleanup), seed_base=2000),
+    "valid": ToolSplit((_write_note, _schedule, _invite, _cancel, _cleanup), seed_base=4000),
     "ood": ToolSplit((_agenda, _multi_invite), seed_base=3000, max_turns=12),
 }
 

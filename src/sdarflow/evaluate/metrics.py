@@ -13,7 +13,7 @@ where ``format_errors`` counts turns whose action could not be parsed and ``acti
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,16 +101,24 @@ def bootstrap_interval(
     return (float(lo), float(hi))
 
 
-def pass_at_k_interval(per_task: Sequence[float], k: int, successes: int, trials: int) -> tuple[float, float]:
-    """95% interval of the mean pass@k over tasks.
+def pass_at_k_interval(
+    per_task: Sequence[float],
+    k: int,
+    successes: int,
+    trials: int,
+    spread: Callable[[Sequence[float]], tuple[float, float]] = bootstrap_interval,
+) -> tuple[float, float]:
+    """95% interval of the mean pass@k over tasks; ``spread`` is the interval over tasks (the task bootstrap, or
+    the study's cluster-robust t interval over seed-averaged tasks).
 
     k = 1: the union of the Wilson interval of all ``successes / trials`` episodes (right for small counts) and
-    the task bootstrap (which adds the spread between tasks). k > 1: the task bootstrap; where every task scored
+    the task interval (which adds the spread between tasks). k > 1: the task interval; where every task scored
     the same (the bootstrap collapses to a point, e.g. all 0), the interval implied by pass@1's Wilson interval
     ``[lo_1, 1 - (1 - hi_1)^k]``, since ``pass@1 <= pass@k <= 1 - (1 - pass@1)^k`` (Jensen, pass@k concave in p).
     """
     w_lo, w_hi = wilson_interval(successes, trials)
-    b_lo, b_hi = bootstrap_interval(per_task)
+    b_lo, b_hi = spread(per_task)
+    b_lo, b_hi = max(0.0, b_lo), min(1.0, b_hi)  # a t interval is not confined to [0, 1] by itself
     if k == 1:
         return (min(w_lo, b_lo), max(w_hi, b_hi))
     if b_hi - b_lo > 0:

@@ -154,9 +154,44 @@ def _criterion(d: Difference, split: str, ref: str, threshold: float, strict: bo
     return record
 
 
+def _protocol(report: Mapping[str, Any]) -> dict[str, Any]:
+    """How a report was evaluated: env, the evaluate settings it records, each split's samples per task."""
+    protocol = report.get("protocol")
+    out = {"env": report.get("env"), **(protocol if isinstance(protocol, Mapping) else {})}
+    splits = report.get("splits")
+    for split in SPLITS:
+        entry = splits.get(split) if isinstance(splits, Mapping) else None
+        out[f"{split} samples per task"] = (
+            entry.get("samples_per_task") if isinstance(entry, Mapping) else None
+        )
+    return out
+
+
+def _mismatch(
+    candidate: Mapping[str, Any], reference: Mapping[str, Any], ref: str, cand_label: str
+) -> str | None:
+    """Why two reports may not be compared task by task (another env, temperature, turn limit, samples...), or
+    None. A setting one report does not record (made by an older sdarflow) is not compared."""
+    a, b = _protocol(candidate), _protocol(reference)
+    differ = [
+        f"{key} {a[key]!r} vs {b[key]!r}"
+        for key in a
+        if None not in (a[key], b.get(key)) and a[key] != b[key]
+    ]
+    if not differ:
+        return None
+    return (
+        f"the {cand_label} and {ref} eval reports were made differently ({'; '.join(differ)}), so their tasks "
+        f"cannot be compared; fix: evaluate both with the same env and evaluate settings"
+    )
+
+
 def _compare(
     candidate, reference, ref: str, policy: GatePolicy, cand_label: str, verdict: GateVerdict
 ) -> None:
+    if (mismatch := _mismatch(candidate, reference, ref, cand_label)) is not None:
+        verdict.failures.append(mismatch)
+        return
     splits = {}
     for split in SPLITS:
         pair = (_split(candidate, split, cand_label), _split(reference, split, ref))

@@ -138,6 +138,10 @@ def run(cfg: EvaluateConfig) -> dict:
         base_model=cfg.model,
         config_hash=cfg.config_hash(),
         env=cfg.env,
+        # what the gate requires to be equal before it pairs two reports task by task
+        protocol={
+            k: getattr(cfg, k) for k in ("temperature", "max_turns", "max_new_tokens", "history_turns")
+        },
     )
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
     _publish(cfg, report, baseline, headline)

@@ -27,6 +27,7 @@ from sdarflow.envs.base import task_indices
 SPLITS = {
     "train": ((("small", 16), ("large", 64)), 0),
     "test": ((("small", 16), ("large", 64)), 100_000),
+    "valid": ((("small", 16), ("large", 64)), 300_000),
     "ood": ((("huge", 256),), 200_000),
 }
 SPLIT_SIZE = 1000

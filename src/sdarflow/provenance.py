@@ -1,0 +1,104 @@
+"""What made a result: the code (sdarflow's version, git commit and uncommitted changes), the base model (its build
+spec hash and content fingerprint), the command line and the machine. Every committed result and every study cell
+records it; a study reuses a cell only when ``reuse_key`` matches, so a cell made by other code, another base build
+or another machine is never mixed into a new table.
+
+Identical results need the same seed, the same code, the same base build, the same CPU kind (or GPU), the same
+torch and the same number of torch threads (the order of float reductions); change any of them and a number may
+move within its noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sdarflow import __version__
+
+_SOURCE = Path(__file__).resolve().parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(_SOURCE), *args], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):  # no git, or an installed wheel (no checkout)
+        return None
+    return out.stdout
+
+
+def code() -> dict[str, Any]:
+    """sdarflow's version, the git commit it runs from (None outside a checkout) and a hash of the uncommitted
+    changes to tracked files (None when there are none)."""
+    commit = _git("rev-parse", "HEAD")
+    diff = _git("diff", "HEAD") if commit else None
+    return {
+        "sdarflow": __version__,
+        "commit": commit.strip() if commit else None,
+        "uncommitted": hashlib.sha256(diff.encode()).hexdigest()[:12] if diff else None,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next(
+        (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine()
+    )
+
+
+def machine() -> dict[str, Any]:
+    """The machine a result was measured on."""
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def base_model(path: str | None) -> dict[str, Any] | None:
+    """The base model by its build (the spec hash ``build-model`` recorded, when it made it) and its content (the
+    fingerprint of its config and weights), not only by its path."""
+    if not path:
+        return None
+    from sdarflow.stages.common import content_id
+    from sdarflow.train.warmstart import BUILD_FILE
+
+    info = Path(path) / BUILD_FILE
+    spec_hash = json.loads(info.read_text()).get("spec_hash") if info.is_file() else None
+    return {"path": str(path), "spec_hash": spec_hash, "content_id": content_id(str(path))}
+
+
+def provenance(base: str | None = None, argv: list[str] | None = None) -> dict[str, Any]:
+    """Everything above for one result; ``argv`` defaults to this process's command line."""
+    # orig_argv keeps "-m bench.x" (sys.argv[0] would be the module's file)
+    command = argv if argv is not None else [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]
+    return {**code(), "base_model": base_model(base), "command": shlex.join(command), "machine": machine()}
+
+
+def reuse_key(p: dict[str, Any]) -> dict[str, Any]:
+    """What must match for a result to stand for a new run: code, base model content and the machine's compute
+    (not the command line, the base model's path or the kernel version)."""
+    m = p["machine"]
+    base = p.get("base_model") or {}
+    return {
+        "code": [p["sdarflow"], p["commit"], p["uncommitted"]],
+        "base_model": [base.get("spec_hash"), base.get("content_id")],
+        "machine": [m["cpu"], m["torch"], m["torch_threads"], m["cuda"]],
+    }
