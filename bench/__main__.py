@@ -1,5 +1,5 @@
 """``python -m bench [--quick] [names...]``: run the benchmarks, write bench/results/*.json, and rewrite the
-README's benchmark table from the results."""
+README's result tables from the results (``python -m bench.tables``)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")  # tables, not progress bars
     for name in args.names or BENCHMARKS:
         importlib.import_module(f"bench.{name}").run(quick=args.quick)
-    from bench import readme
+    from bench import tables
 
-    readme.update()
-    print(f"\n{readme.README}: benchmark table rewritten")
+    tables.update()
+    print(f"\n{tables.README}: result tables rewritten")
     return 0
 
 

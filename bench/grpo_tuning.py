@@ -41,6 +41,11 @@ def _figures(study: dict) -> dict:
     }
 
 
+def select(candidates: dict[str, dict], split: str = SELECT_ON) -> str:
+    """The candidate with the best pooled pass@1 on ``split`` (the first listed on a tie)."""
+    return max(candidates, key=lambda name: candidates[name][f"{split}_pass@1"]["value"])
+
+
 def main(argv: list[str] | None = None) -> int:
     from sdarflow.study import StudySettings, run_study
 
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["grpo"], args.seeds, args.rounds, str(work / f"candidate-{i}"), base, stage_settings=settings
             )
             candidates[name] = {"stage_settings": settings, **_figures(run_study(s))}
-    selected = max(candidates, key=lambda n: candidates[n][f"{SELECT_ON}_pass@1"]["value"])
+    selected = select(candidates)
     chosen = candidates[selected]
     result = {
         "selected_on": SELECT_ON,

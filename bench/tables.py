@@ -1,0 +1,361 @@
+"""Every result table in the README, rendered from ``bench/results/*.json`` between its markers
+(``<!-- generated: NAME ... -->`` ... ``<!-- end generated: NAME -->``), with the provenance of the files it shows.
+
+    python -m bench.tables           # rewrite every table from its JSON
+    python -m bench.tables --check   # exit 1, naming the table, when the README and the JSON disagree
+
+``make bench`` rewrites them after its runs; a test runs ``--check``, so a table edited by hand, or a result
+committed without its table, fails the suite. Tables: ``bench`` (one row per benchmark: what was measured, the
+ratio that is judged, the target), ``grpo_tuning`` (the RL setting chosen on valid, reported on test) and ``demo``
+(``make demo``'s base model and rounds), ``learning_check`` and the ``format_collapse*`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import RESULTS
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _startup(r: dict) -> tuple:
+    worst = max(r["component_start_seconds"].items(), key=lambda kv: kv[1])
+    return (
+        f"`sdarflow --help` {r['help_seconds']:.2f} s; slowest component start ({worst[0]}) {worst[1]:.1f} s",
+        f"{r['help_seconds']:.2f} s / {worst[1]:.1f} s",
+        "<= 0.5 s / <= 3 s",
+    )
+
+
+def _train_step(r: dict) -> tuple:
+    return (
+        f"{r['tokens_per_s']:.0f} tokens/s, {r['achieved_flops'] / 1e9:.0f} GFLOP/s of "
+        f"{r['matmul_peak_flops_fp32'] / 1e9:.0f} matmul peak; log-prob peak memory "
+        f"{r['logprob_memory_mb']['naive']:.0f} MB naive vs {r['logprob_memory_mb']['chunked']:.0f} MB chunked",
+        f"fraction_of_peak {r['fraction_of_peak']:.2f}; memory {r['chunked_over_naive_memory']:.2f}",
+        ">= 0.5; <= 0.25",
+    )
+
+
+def _rescoring(r: dict) -> tuple:
+    t = r["tokens_per_s"]
+    return (
+        f"packed {t['packed']:.0f} vs padded {t['padded_in_order']:.0f} tokens/s on {r['rows']} real turns "
+        f"(mean {r['mean_row_tokens']:.0f} tokens, {r['forward_flops'] / 1e9:.0f} GFLOP)",
+        f"speedup {r['speedup']:.2f}x (padding bound {r['speedup_bound']:.2f}x); fraction_of_peak "
+        f"{r['fraction_of_peak']:.2f}",
+        ">= 1.5x; >= 0.5",
+    )
+
+
+def _rollout(r: dict) -> tuple:
+    hf = r["engines"]["hf"]
+    loop = r["loop"]
+    by_batch = ", ".join(f"{bs}: {v['tokens_per_s']:.0f}" for bs, v in hf.items())
+    others = ", ".join(
+        f"{envs} {lp['loop_efficiency']:.2f}"
+        for envs, lp in r["loop_by_envs"].items()
+        if envs != r["loop_envs"]
+    )
+    return (
+        f"hf tokens/s by batch ({r['fixed_length_tokens']} tokens each) {by_batch}; loop (envs {r['loop_envs']}) "
+        f"{loop['loop_tokens_per_s']:.0f} vs its engine calls replayed {loop['replay_tokens_per_s']:.0f} "
+        f"({loop['episodes']} episodes); other env hosts: {others}",
+        f"loop_efficiency {r['loop_efficiency']:.2f}",
+        ">= 0.8",
+    )
+
+
+def _data_plane(r: dict) -> tuple:
+    local, s3 = r["local"], r["s3_moto"]
+    return (
+        f"demo round in storage: local {local['storage_seconds']:.1f} of {local['round_seconds']:.0f} s, "
+        f"S3 (moto) {s3['storage_seconds']:.1f} of {s3['round_seconds']:.0f} s",
+        f"storage_share {_pct(r['storage_share'])}",
+        "<= 3%",
+    )
+
+
+def _pipeline_overhead(r: dict) -> tuple:
+    return (
+        f"demo round: KFP local runner {r['kfp_local_seconds']:.0f} s vs direct {r['direct_seconds']:.0f} s "
+        f"({r['overhead_per_task_seconds']:.1f} s per task)",
+        f"overhead {_pct(r['overhead_fraction'])}",
+        "<= 10%",
+    )
+
+
+def _plan_check(r: dict) -> tuple:
+    by_stage = ", ".join(f"{s} {x:.2f}" for s, x in r["ratio_by_stage"].items())
+    measured, predicted = sum(r["measured_seconds"].values()), sum(r["predicted_seconds"].values())
+    return (
+        f"demo round predicted {predicted:.0f} s vs measured {measured:.0f} s (by stage: {by_stage})",
+        f"ratio {r['ratio']:.2f}",
+        "0.7-1.3",
+    )
+
+
+ROWS = {
+    "startup": _startup,
+    "train_step": _train_step,
+    "rescoring": _rescoring,
+    "rollout": _rollout,
+    "data_plane": _data_plane,
+    "pipeline_overhead": _pipeline_overhead,
+    "plan_check": _plan_check,
+}
+
+
+def _machine(m: dict) -> str:
+    gpu = f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU"
+    cpu = m.get("cpu") or m.get("processor", "")
+    return f"{cpu}, {m.get('cpus', '?')} cores, torch {m['torch']} ({m['torch_threads']} threads){gpu}"
+
+
+def _load(results_dir: Path, name: str) -> dict | None:
+    path = results_dir / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _made_by(results: list[dict]) -> str:
+    """One line per distinct provenance: commit, base model build, command and machine."""
+    lines = set()
+    for r in results:
+        p = r.get("provenance")
+        if p is None:
+            lines.add(f"`{r['benchmark']}`: no provenance (made by an older sdarflow); rerun it")
+            continue
+        commit = (p["commit"] or "no git checkout")[:12] + (
+            " with uncommitted changes" if p["uncommitted"] else ""
+        )
+        base = p.get("base_model") or {}
+        build = (
+            f"; base model spec {base['spec_hash']}, content {(base['content_id'] or '?')[:12]}"
+            if base
+            else ""
+        )
+        lines.add(f"sdarflow {p['sdarflow']} at {commit}{build}; {_machine(r['machine'])}")
+    return "\n".join(f"Made by: {line}." for line in sorted(lines))
+
+
+def bench_table(results_dir: Path = RESULTS) -> str:
+    """The Markdown table of every benchmark with a result file, and what made them."""
+    lines = ["| benchmark | measured | judged | target |", "|---|---|---|---|"]
+    results = []
+    for name, row in ROWS.items():
+        result = _load(results_dir, name)
+        if result is None:
+            continue
+        try:
+            cells = row(result)
+        except KeyError as err:  # written by an older version of the benchmark
+            cells = (f"an older result (no {err}); rerun `python -m bench {name}`", "-", "-")
+        lines.append("| " + " | ".join((name, *cells)) + " |")
+        results.append(result)
+    return "\n".join([*lines, "", _made_by(results)])
+
+
+def _ci(fig: dict) -> str:
+    lo, hi = fig["ci95"]
+    return f"{fig['value']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _diff(d: dict) -> str:
+    lo, hi = d["ci95"]
+    return f"{d['mean_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def grpo_tuning_table(results_dir: Path = RESULTS) -> str:
+    """Each candidate setting's pooled valid/test/ood pass@1, the one selected on valid, and its GRPO - base
+    differences (paired by task, intervals over tasks)."""
+    r = _load(results_dir, "grpo_tuning")
+    if r is None:
+        return "(no result yet: `python -m bench.grpo_tuning`)"
+    seeds = ", ".join(map(str, r["seeds"]))
+    lines = [
+        f"| setting (stage settings on the demo preset) | valid pass@1 | test pass@1 | ood pass@1 | "
+        f"GRPO - base, test pass@1 | seeds ({seeds}): test pass@1 |",
+        "|---|---|---|---|---|---|",
+    ]
+    any_c = next(iter(r["candidates"].values()))
+    lines.append(
+        f"| base model (evaluated per seed) | {_ci(any_c['base']['valid_pass@1'])} | {_ci(any_c['base']['test_pass@1'])} "
+        f"| {_ci(any_c['base']['ood_pass@1'])} | | |"
+    )
+    for name, c in r["candidates"].items():
+        mark = f"**{name}** (selected on {r['selected_on']})" if name == r["selected"] else name
+        per_seed = ", ".join(f"{v:.3f}" for v in c["per_seed_test_pass@1"].values())
+        lines.append(
+            f"| {mark} `{json.dumps(c['stage_settings'])}` | {_ci(c['valid_pass@1'])} | {_ci(c['test_pass@1'])} | "
+            f"{_ci(c['ood_pass@1'])} | {_diff(c['grpo_vs_base']['test_pass@1'])} | {per_seed} |"
+        )
+    tasks = r["grpo_vs_base"]["test_pass@1"]["tasks"]
+    return "\n".join(
+        [
+            *lines,
+            "",
+            f"{r['rounds']} rounds, {len(r['seeds'])} seeds, {tasks} tasks x samples per split; intervals are 95%, "
+            f"over tasks (seed-averaged). Command: `{r['provenance']['command']}`.",
+            _made_by([r]),
+        ]
+    )
+
+
+def _figure(fig: dict, split: str) -> str:
+    lo, hi = fig[f"{split}_pass@1_ci95"]
+    return f"{fig[f'{split}_pass@1']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def demo_table(results_dir: Path = RESULTS) -> str:
+    """The demo's base model and rounds: held-out pass@1 with intervals, and each round against the base model as
+    the promotion gate compares them."""
+    r = _load(results_dir, "demo")
+    if r is None:
+        return "(no result yet: `python -m bench.demo_result`)"
+    lines = [
+        "| | test pass@1 [95% CI] | ood pass@1 [95% CI] | tasks x samples | test pass@1 - base (paired), lower bound |",
+        "|---|---|---|---|---|",
+        f"| base model | {_figure(r['base'], 'test')} | {_figure(r['base'], 'ood')} | "
+        f"{r['base']['test_tasks_x_samples']} | |",
+    ]
+    for row, vs in zip(r["per_round"], r["vs_base"], strict=True):
+        d = vs["test"]
+        bound = "none" if d["lower"] is None else f"{d['lower']:+.3f}"
+        lines.append(
+            f"| round {row['round']} | {_figure(row, 'test')} | {_figure(row, 'ood')} | "
+            f"{row['test_tasks_x_samples']} | {d['diff']:+.3f}, {bound} |"
+        )
+    return "\n".join([*lines, "", _made_by([r])])
+
+
+def learning_check_table(results_dir: Path = RESULTS) -> str:
+    """Train-split success per round and seed (round 0 = the base) of ``python -m bench.learning_check``."""
+    r = _load(results_dir, "learning_check_sdar")
+    if r is None:
+        return "(no result yet: `python -m bench.learning_check`)"
+    rounds = range(1, r["rounds"] + 1)
+    lines = [
+        "| seed | base | " + " | ".join(f"round {i}" for i in rounds) + " | last - base |",
+        "|---" * (r["rounds"] + 3) + "|",
+    ]
+    for seed, curve in r["train_success_by_round"].items():
+        cells = " | ".join(f"{x:.3f}" for x in curve)
+        lines.append(f"| {seed} | {cells} | {r['gain_last_vs_base'][seed]:+.3f} |")
+    return "\n".join([*lines, "", _made_by([r])])
+
+
+def _arm_round(rnd: dict) -> str:
+    return f"{rnd['format_error_rate']:.3f} / {rnd['success']:.3f}"
+
+
+def format_collapse_table(name: str, results_dir: Path = RESULTS) -> str:
+    """Format-error rate / success of each round's start policy per guard arm of ``python -m bench.format_collapse``,
+    with the probe's remedy steps and rollbacks per round."""
+    r = _load(results_dir, name)
+    if r is None:
+        return f"(no result yet: `python -m bench.format_collapse`, {name})"
+    steps = r["settings"]["steps"]
+    n = max(len(curve) for curve in r["rounds"].values())
+    lines = [
+        "| arm | "
+        + " | ".join(f"round {i} format errors / success" for i in range(n))
+        + " | remedy SFT steps, rollbacks (by round) |",
+        "|---" * (n + 2) + "|",
+    ]
+    for arm, curve in r["rounds"].items():
+        probes = [
+            f"{rnd.get('remedy_steps', 0)}, {len(rnd.get('rollbacks') or [])} of {steps} steps"
+            for rnd in curve
+            if rnd.get("rollbacks")
+        ]
+        cells = " | ".join(_arm_round(rnd) for rnd in curve)
+        lines.append(f"| {arm} | {cells} | {'; '.join(probes) or '-'} |")
+    return "\n".join([*lines, "", _made_by([r])])
+
+
+FORMAT_COLLAPSE = ("format_collapse", "format_collapse_lr_tool_use", "format_collapse_lr_textworld_cooking")
+TABLES: dict[str, Callable[[Path], str]] = {
+    "learning_check": learning_check_table,
+    **{name: functools.partial(format_collapse_table, name) for name in FORMAT_COLLAPSE},
+    "bench": bench_table,
+    "grpo_tuning": grpo_tuning_table,
+    "demo": demo_table,
+}
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return (f"<!-- generated: {name} (python -m bench.tables) -->", f"<!-- end generated: {name} -->")
+
+
+def render(text: str, results_dir: Path = RESULTS) -> str:
+    """``text`` with every table between its markers rendered anew; a page without some table's markers keeps it
+    out (SystemExit when it has none at all)."""
+    found = 0
+    for name, make in TABLES.items():
+        start, end = _markers(name)
+        if start not in text or end not in text:
+            continue
+        found += 1
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        try:
+            table = make(results_dir)
+        except KeyError as err:  # a result file written by an older version of its benchmark
+            table = f"(an older result file, without {err}: rerun its benchmark)"
+        text = f"{head}{start}\n{table}\n{end}{tail}"
+    if not found:
+        raise SystemExit("error: the page has no generated-table markers; fix: put them around each table")
+    return text
+
+
+def update(readme: Path = README, results_dir: Path = RESULTS) -> None:
+    """Rewrite every generated table of ``readme`` from ``results_dir``."""
+    readme.write_text(render(readme.read_text(), results_dir))
+
+
+def stale(readme: Path = README, results_dir: Path = RESULTS) -> list[str]:
+    """The generated tables of ``readme`` that differ from what their JSON renders."""
+    text, fresh = readme.read_text(), render(readme.read_text(), results_dir)
+    names = []
+    for name in TABLES:
+        start, end = _markers(name)
+        if (
+            start in text
+            and text.split(start, 1)[1].split(end, 1)[0] != fresh.split(start, 1)[1].split(end, 1)[0]
+        ):
+            names.append(name)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.tables", description="render the README's result tables"
+    )
+    p.add_argument(
+        "--check", action="store_true", help="only check: exit 1 when a table disagrees with its JSON"
+    )
+    args = p.parse_args(argv)
+    if args.check:
+        bad = stale()
+        if bad:
+            print(
+                f"error: README table(s) {', '.join(bad)} disagree with bench/results; fix: python -m bench.tables"
+            )
+            return 1
+        return 0
+    update()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

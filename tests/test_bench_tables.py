@@ -1,0 +1,138 @@
+"""The README's result tables are rendered from the result files: every benchmark's row, what made them, nothing
+outside the markers; and the committed README agrees with the committed results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import tables
+from sdarflow.provenance import machine
+
+RESULTS = {
+    "startup": {"help_seconds": 0.07, "component_start_seconds": {"generate": 2.4, "train": 2.8}},
+    "rescoring": {
+        "tokens_per_s": {"packed": 9000.0, "padded_in_order": 5000.0},
+        "rows": 96,
+        "mean_row_tokens": 310.4,
+        "forward_flops": 2.5e12,
+        "speedup": 1.8,
+        "speedup_bound": 2.1,
+        "fraction_of_peak": 0.55,
+    },
+    "pipeline_overhead": {
+        "kfp_local_seconds": 220.0,
+        "direct_seconds": 200.0,
+        "overhead_per_task_seconds": 2.5,
+        "overhead_fraction": 0.1,
+    },
+}
+
+
+@pytest.fixture
+def results(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for name, values in RESULTS.items():
+        (folder / f"{name}.json").write_text(json.dumps({"benchmark": name, "machine": machine(), **values}))
+    (folder / "train_step.json").write_text(json.dumps({"benchmark": "train_step", "machine": machine()}))
+    return folder
+
+
+def test_table_has_a_row_per_result_and_what_made_it(results):
+    lines = tables.bench_table(results).splitlines()
+    rows = {ln.split(" | ")[0].strip("| "): ln for ln in lines if ln.startswith("| ") and "---" not in ln}
+    assert set(rows) == {"benchmark", "startup", "rescoring", "pipeline_overhead", "train_step"}
+    assert "speedup 1.80x (padding bound 2.10x); fraction_of_peak 0.55" in rows["rescoring"]
+    assert "0.07 s / 2.8 s" in rows["startup"] and "(train) 2.8 s" in rows["startup"]
+    assert "overhead 10.0%" in rows["pipeline_overhead"] and "2.5 s per task" in rows["pipeline_overhead"]
+    assert lines[-1] == "Made by: `train_step`: no provenance (made by an older sdarflow); rerun it."
+
+
+def test_an_older_result_file_is_named_not_a_crash(results):
+    (results / "rollout.json").write_text(
+        json.dumps({"benchmark": "rollout", "machine": machine(), "speedup": 1})
+    )
+    row = next(ln for ln in tables.bench_table(results).splitlines() if ln.startswith("| rollout"))
+    assert "an older result" in row and "python -m bench rollout" in row
+
+
+def test_update_replaces_only_the_marked_tables(results, tmp_path):
+    page = tmp_path / "README.md"
+    start, end = tables._markers("bench")
+    page.write_text(f"intro\n{start}\nold table\n{end}\noutro\n")
+    tables.update(page, results)
+    text = page.read_text()
+    assert text.startswith(f"intro\n{start}\n| benchmark |") and text.endswith(f"{end}\noutro\n")
+    assert "old table" not in text
+    tables.update(page, results)
+    assert page.read_text() == text  # idempotent
+    assert tables.stale(page, results) == []
+    page.write_text(text.replace("overhead 10.0%", "overhead 1.0%"))  # edited by hand
+    assert tables.stale(page, results) == ["bench"]
+
+    page.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no generated-table markers"):
+        tables.update(page, results)
+
+
+def test_provenance_is_shown_per_distinct_origin(results):
+    from sdarflow.provenance import provenance
+
+    made = provenance(argv=["python", "-m", "bench", "startup"])
+    (results / "startup.json").write_text(
+        json.dumps({"benchmark": "startup", "machine": made.pop("machine"), "provenance": made,
+                    **RESULTS["startup"]})
+    )  # fmt: skip
+    last = tables.bench_table(results).splitlines()
+    assert any(ln.startswith(f"Made by: sdarflow {made['sdarflow']} at ") for ln in last)
+
+
+def test_the_committed_readme_tables_agree_with_the_committed_results():
+    assert tables.stale() == [], "run `python -m bench.tables` and commit the README"
+
+
+def _fig(value: float) -> dict:
+    return {"value": value, "ci95": [value - 0.05, value + 0.05]}
+
+
+def _diff(mean: float) -> dict:
+    return {"mean_diff": mean, "ci95": [mean - 0.04, mean + 0.04], "tasks": 32}
+
+
+def test_the_rl_setting_is_selected_on_valid_and_shown_with_its_test_figures(tmp_path):
+    from bench.grpo_tuning import select
+    from sdarflow.provenance import provenance
+
+    base = {f"{s}_pass@1": _fig(0.1) for s in ("valid", "test", "ood")}
+    candidates = {
+        "a": {"stage_settings": {}, "valid_pass@1": _fig(0.30), "test_pass@1": _fig(0.10), "ood_pass@1": _fig(0.02),
+              "grpo_vs_base": {"test_pass@1": _diff(0.0)}, "base": base, "per_seed_test_pass@1": {"0": 0.1}},
+        "b": {"stage_settings": {"train": {"lr": 0.005}}, "valid_pass@1": _fig(0.20), "test_pass@1": _fig(0.40),
+              "ood_pass@1": _fig(0.02), "grpo_vs_base": {"test_pass@1": _diff(0.3)}, "base": base,
+              "per_seed_test_pass@1": {"0": 0.4}},
+    }  # fmt: skip
+    assert select(candidates) == "a"  # valid decides, though b looks better on test
+    made = provenance(argv=["python", "-m", "bench.grpo_tuning"])
+    result = {"benchmark": "grpo_tuning", "machine": made.pop("machine"), "provenance": made,
+              "selected_on": "valid", "selected": "a", "seeds": [0], "rounds": 3, "candidates": candidates,
+              "grpo_vs_base": candidates["a"]["grpo_vs_base"]}  # fmt: skip
+    (tmp_path / "grpo_tuning.json").write_text(json.dumps(result))
+    table = tables.grpo_tuning_table(tmp_path)
+    assert "| **a** (selected on valid) `{}` | 0.300 [0.250, 0.350] | 0.100 [0.050, 0.150] |" in table
+    assert '| b `{"train": {"lr": 0.005}}` | 0.200 [0.150, 0.250] | 0.400 [0.350, 0.450] |' in table
+    assert "Command: `python -m bench.grpo_tuning`" in table and "Made by: sdarflow" in table
+
+
+def test_the_demo_table_shows_each_round_against_the_base(tmp_path):
+    def figures(test: float) -> dict:
+        return {"test_pass@1": test, "test_pass@1_ci95": [test - 0.1, test + 0.1], "test_tasks_x_samples": "32 x 4",
+                "ood_pass@1": 0.0, "ood_pass@1_ci95": [0.0, 0.05], "ood_tasks_x_samples": "32 x 4"}  # fmt: skip
+
+    result = {"benchmark": "demo", "machine": machine(), "base": figures(0.1), "per_round": [{"round": 0, **figures(0.2)}],
+              "vs_base": [{"test": {"diff": 0.1, "lower": -0.01}, "ood": {"diff": 0.0, "lower": None}}]}  # fmt: skip
+    (tmp_path / "demo.json").write_text(json.dumps(result))
+    table = tables.demo_table(tmp_path)
+    assert "| base model | 0.100 [0.000, 0.200] | 0.000 [0.000, 0.050] | 32 x 4 | |" in table
+    assert "| round 0 | 0.200 [0.100, 0.300] | 0.000 [0.000, 0.050] | 32 x 4 | +0.100, -0.010 |" in table
