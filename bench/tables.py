@@ -235,7 +235,8 @@ def demo_table(results_dir: Path = RESULTS) -> str:
             f"| round {row['round']} | {_figure(row, 'test')} | {_figure(row, 'ood')} | "
             f"{row['test_tasks_x_samples']} | {d['diff']:+.3f}, {bound} |"
         )
-    return "\n".join([*lines, "", _made_by([r])])
+    took = f"The run took {r['seconds'] / 60:.1f} min. " if r.get("seconds") else ""
+    return "\n".join([*lines, "", took + _made_by([r])])
 
 
 def learning_check_table(results_dir: Path = RESULTS) -> str:
@@ -283,6 +284,45 @@ def format_collapse_table(name: str, results_dir: Path = RESULTS) -> str:
     return "\n".join([*lines, "", _made_by([r])])
 
 
+def study_table(name: str, results_dir: Path = RESULTS) -> str:
+    """A method study (``sdarflow study``'s study.json, committed by ``python -m bench.study_result``): each method's
+    pooled pass@1 per split and test pass@k, its paired test pass@1 difference from GRPO, the gate's verdicts per
+    seed, and GRPO against the base model."""
+    r = _load(results_dir, name)
+    if r is None:
+        return f"(no result yet: `python -m bench.study_result DIR {name.removeprefix('study_')}`)"
+    k, seeds = r["k"], r["settings"]["seeds"]
+    splits = [s for s in ("valid", "test", "ood") if f"{s}_pass@1" in r["methods"]["grpo"]]
+    lines = [
+        "| method | " + " | ".join(f"{s} pass@1" for s in splits) + f" | test pass@{k} | test pass@1 - grpo "
+        "(paired) | gate vs grpo (seeds passed) |",
+        "|---" * (len(splits) + 4) + "|",
+        "| base model | " + " | ".join(_ci(r["base"][f"{s}_pass@1"]) for s in splits) + " | | | |",
+    ]
+    for method, m in r["methods"].items():
+        paired = r["paired"].get(method, {}).get("test_pass@1")
+        gate = r["gate"].get(method)
+        passed = "" if gate is None else f"{sum(not f for f in gate.values())} of {len(gate)}"
+        lines.append(
+            f"| {method} | "
+            + " | ".join(_ci(m[f"{s}_pass@1"]) for s in splits)
+            + f" | {_ci(m['test_pass@k'])} | "
+            f"{_diff(paired) if paired else ''} | {passed} |"
+        )
+    vs_base = ", ".join(f"{key.split('_')[0]} {_diff(d)}" for key, d in r["paired"]["grpo_vs_base"].items())
+    tasks = r["methods"]["grpo"]["test_pass@1"]["tasks"]
+    return "\n".join(
+        [
+            *lines,
+            "",
+            f"GRPO - base model (paired): {vs_base}. {r['settings']['rounds']} rounds, seeds "
+            f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged). "
+            f"Command: `{r['provenance']['command']}`.",
+            _made_by([r]),
+        ]
+    )
+
+
 FORMAT_COLLAPSE = ("format_collapse", "format_collapse_lr_tool_use", "format_collapse_lr_textworld_cooking")
 TABLES: dict[str, Callable[[Path], str]] = {
     "learning_check": learning_check_table,
@@ -293,6 +333,19 @@ TABLES: dict[str, Callable[[Path], str]] = {
 }
 
 
+def _tables(results_dir: Path) -> dict[str, Callable[[Path], str]]:
+    """TABLES, and a study table for every committed ``study_*.json``."""
+    studies = {
+        p.stem: functools.partial(study_table, p.stem) for p in sorted(results_dir.glob("study_*.json"))
+    }
+    return {**TABLES, **studies}
+
+
+def _shows(name: str) -> set[str]:
+    """The result files (stems) table ``name`` renders."""
+    return {"bench": set(ROWS), "learning_check": {"learning_check_sdar"}}.get(name, {name})
+
+
 def _markers(name: str) -> tuple[str, str]:
     return (f"<!-- generated: {name} (python -m bench.tables) -->", f"<!-- end generated: {name} -->")
 
@@ -301,7 +354,7 @@ def render(text: str, results_dir: Path = RESULTS) -> str:
     """``text`` with every table between its markers rendered anew; a page without some table's markers keeps it
     out (SystemExit when it has none at all)."""
     found = 0
-    for name, make in TABLES.items():
+    for name, make in _tables(results_dir).items():
         start, end = _markers(name)
         if start not in text or end not in text:
             continue
@@ -324,17 +377,19 @@ def update(readme: Path = README, results_dir: Path = RESULTS) -> None:
 
 
 def stale(readme: Path = README, results_dir: Path = RESULTS) -> list[str]:
-    """The generated tables of ``readme`` that differ from what their JSON renders."""
+    """The generated tables of ``readme`` that differ from what their JSON renders, and the result files that no
+    table of ``readme`` shows."""
     text, fresh = readme.read_text(), render(readme.read_text(), results_dir)
-    names = []
-    for name in TABLES:
+    names, shown = [], set()
+    for name in _tables(results_dir):
         start, end = _markers(name)
-        if (
-            start in text
-            and text.split(start, 1)[1].split(end, 1)[0] != fresh.split(start, 1)[1].split(end, 1)[0]
-        ):
+        if start not in text:
+            continue
+        shown |= _shows(name)
+        if text.split(start, 1)[1].split(end, 1)[0] != fresh.split(start, 1)[1].split(end, 1)[0]:
             names.append(name)
-    return names
+    unshown = sorted({p.stem for p in results_dir.glob("*.json")} - shown)
+    return names + [f"{stem} (no table shows it)" for stem in unshown]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,3 +136,46 @@ def test_the_demo_table_shows_each_round_against_the_base(tmp_path):
     table = tables.demo_table(tmp_path)
     assert "| base model | 0.100 [0.000, 0.200] | 0.000 [0.000, 0.050] | 32 x 4 | |" in table
     assert "| round 0 | 0.200 [0.100, 0.300] | 0.000 [0.000, 0.050] | 32 x 4 | +0.100, -0.010 |" in table
+
+
+def _split(successes: dict[str, int]) -> dict:
+    rate = sum(successes.values()) / (4 * len(successes))
+    return {"samples_per_task": 4, "task_successes": successes, "pass_at_k": {"1": rate, "4": rate}}
+
+
+def test_a_committed_study_gets_its_table_and_one_without_a_table_is_named(tmp_path):
+    from sdarflow.provenance import provenance
+    from sdarflow.study_report import analyze
+
+    def cell(method: str, seed: int, test: dict[str, int]) -> dict:
+        ev = {"valid": _split(test), "test": _split(test), "ood": _split({"x": 0, "y": 1})}
+        return {"method": method, "seed": seed, "rounds": [{"train_success": 0.5}], "seconds": {"train": 1.0},
+                "eval": ev}  # fmt: skip
+
+    tasks = [f"t{i}" for i in range(8)]
+    cells = [cell(m, seed, {t: (i + seed + (m == "sdar")) % 5 for i, t in enumerate(tasks)})
+             for m in ("grpo", "sdar") for seed in (0, 1)]  # fmt: skip
+    base = [cell("base", seed, dict.fromkeys(tasks, 1)) for seed in (0, 1)]
+    settings = {"methods": ["grpo", "sdar"], "seeds": [0, 1], "rounds": 3,
+                "provenance": provenance(argv=["sdarflow", "study", "--methods", "grpo", "sdar"])}  # fmt: skip
+    study = analyze(settings, base, cells)
+    made = dict(study["settings"]["provenance"])
+    result = {"benchmark": "study_x", "machine": made.pop("machine"), "provenance": made, **study}
+    (tmp_path / "study_x.json").write_text(json.dumps(result))
+    table = tables.study_table("study_x", tmp_path)
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    assert rows[0].startswith("| method | valid pass@1 | test pass@1 | ood pass@1 | test pass@4 |")
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| base model", "| grpo", "| sdar"]
+    assert (
+        "GRPO - base model (paired): valid " in table
+        and "Command: `sdarflow study --methods grpo sdar`" in table
+    )
+    page = tmp_path / "README.md"
+    start, end = tables._markers("bench")
+    page.write_text(f"{start}\n{end}\n")
+    tables.update(page, tmp_path)
+    assert tables.stale(page, tmp_path) == ["study_x (no table shows it)"]
+    start, end = tables._markers("study_x")
+    page.write_text(page.read_text() + f"{start}\n{end}\n")
+    tables.update(page, tmp_path)
+    assert tables.stale(page, tmp_path) == []
