@@ -23,6 +23,7 @@ from sdarflow.evaluate.compare import difference
 from sdarflow.pipeline_config import run_uri, stage_uri
 from sdarflow.report import Report, Section, html, markdown, png
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
+from sdarflow.skills.accuracy import VERDICTS
 
 REPORT_KIND = "run-report"
 
@@ -93,6 +94,7 @@ def _round(
     rollout, episodes = _rollout(storage_root, run_id, r, shards)
     train = storage.read_manifest(stage_uri(storage_root, run_id, r, "train")).get("metrics", {})
     rescore = storage.read_manifest(stage_uri(storage_root, run_id, r, "rescore")).get("metrics", {})
+    skills = storage.read_manifest(stage_uri(storage_root, run_id, r, "extract-skills")).get("metrics", {})
     report = _read_report(stage_uri(storage_root, run_id, r, "evaluate"))
     keys = ("adv/zero_group_share", "adv/std", "sdar/gate_mean", "sdar/teacher_gap_mean", "actor/entropy",
             "actor/kl_loss", "actor/clipfrac", "loss/total")  # fmt: skip
@@ -109,6 +111,8 @@ def _round(
         "rollout": rollout,
         "train": {key: train.get(key) for key in keys},
         "teacher_gap_positive_share": rescore.get("rescore/gap_positive_share"),
+        # the round's skill library against the env's ground truth (absent where the env has none)
+        "skills": {v: skills[f"skills/rules_{v}"] for v in VERDICTS if f"skills/rules_{v}" in skills},
         "eval": evaluation,
     }
     return row, episodes
@@ -173,11 +177,20 @@ def _tables(data: Mapping[str, Any]) -> list[Section]:
         "format errors",
         "vs base (paired, one-sided 95%)",
     ]
-    return [
+    sections = [
         Section("Rollouts (generate)", table=rollout),
         Section("Learning signal (rescore, train)", table=train),
         Section("Held-out evaluation", table=(header, held_out)),
     ]
+    if any(r.get("skills") for r in rounds):
+        rows = [[str(r["round"]), *(_fmt(r["skills"].get(v)) for v in VERDICTS)] for r in rounds]
+        sections.append(
+            Section(
+                "Skill library against the env (rules and steps; extract-skills)",
+                table=(["round", *VERDICTS], rows),
+            )
+        )
+    return sections
 
 
 def _plot(data: Mapping[str, Any]) -> bytes:

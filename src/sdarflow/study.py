@@ -97,13 +97,11 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
     from sdarflow.pipeline_config import PipelineConfig
     from sdarflow.train.warmstart import SEED_SKILLS
 
-    sizes = preset_sizes(s)
-    settings = stage_settings(s)
     split_method(method)  # a bad row fails here, with the study's words
     method, _, options = method.partition("+")
     return PipelineConfig.from_dict(
         {
-            **sizes,
+            **preset_sizes(s),
             "storage": storage_root,
             "base_model": base,
             "run_id": "study",
@@ -112,7 +110,7 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
             "method": method,
             "options": options,
             "seed": seed,
-            "stage_settings": settings,
+            "stage_settings": stage_settings(s),
         }
     )
 
@@ -178,9 +176,8 @@ def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
 
     # pc has no registry: the report compares with nothing, the study compares the cells itself
     cfg = stage_config(pc, "evaluate", round_, adapter=adapter)
-    # each training seed is a replicate: its evaluation samples with its own seed (the same tasks), and the base
-    # model's evaluation for that seed with the same one
-    # valid too: what a setting search over studies selects on (sdarflow.study_report.SPLITS)
+    # each training seed is a replicate, sampled with its own seed (the base model's evaluation for that seed
+    # too); valid as well: what a setting search selects on
     out = evaluate.run(dataclasses.replace(cfg, seed=cfg.seed + pc.seed, splits=list(SPLITS)))
     return load_report(out["uri"]), out["uri"]
 
@@ -197,15 +194,15 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
             cell = {"method": BASE_CELL, "seed": seed, "eval": report["splits"], "eval_uri": uri,
                     "eval_seconds": time.perf_counter() - t0}  # fmt: skip
             _write_cell(s, name, cell)
-            log.info(
-                "study: base model, seed %d: test pass@1 %.3f", seed, cell["eval"]["test"]["pass_at_k"]["1"]
-            )
+            pass1 = report["splits"]["test"]["pass_at_k"]["1"]
+            log.info("study: base model, seed %d: test pass@1 %.3f", seed, pass1)
         cells.append(cell)
     return cells
 
 
-def _round_record(r: int, m_gen: dict, m_rs: dict, m_tr: dict) -> dict:
-    """What the study report shows of one round: rollout success, GRPO's signal, the teacher and the gate."""
+def _round_record(r: int, m_gen: dict, m_sk: dict, m_rs: dict, m_tr: dict) -> dict:
+    """What the study report shows of one round: rollout success, GRPO's signal, the teacher, the gate, and the
+    skill library against the env's ground truth (None where it has none)."""
     return {
         "round": r,
         "train_success": m_gen["rollout/success"],
@@ -220,6 +217,7 @@ def _round_record(r: int, m_gen: dict, m_rs: dict, m_tr: dict) -> dict:
         "entropy": m_tr.get("actor/entropy"),
         "kl_loss": m_tr.get("actor/kl_loss"),
         "clipfrac": m_tr.get("actor/clipfrac"),
+        **{f"skill_rules_{v}": m_sk.get(f"skills/rules_{v}") for v in ("right", "wrong", "recipe_blind")},
     }
 
 
@@ -257,7 +255,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
             seconds, "train", train.run, stage_config(pc, "train", r, input=[rs["uri"]], adapter=adapter)
         )
         adapter, skills, previous_rescored = tr["uri"], sk["uri"], rs["uri"]
-        rounds.append(_round_record(r, gen["metrics"], rs["metrics"], tr["metrics"]))
+        rounds.append(_round_record(r, gen["metrics"], sk["metrics"], rs["metrics"], tr["metrics"]))
         log.info(
             "study: %s round %d/%d | train success %.3f | gap %.3f | gate %.3f | %.0f s so far",
             name,

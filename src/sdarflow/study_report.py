@@ -40,6 +40,8 @@ CURVE_KEYS = (
     "gate_mean",
     "entropy",
     "format_error_rate",
+    "skill_rules_wrong",
+    "skill_rules_recipe_blind",
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from sdarflow.envs.base import SPLITS, ActionFormat, Env, EnvError, EnvSuite, Reset, Step, Task
+from sdarflow.envs.base import SPLITS, ActionFormat, Env, EnvError, EnvSuite, Reset, SkillTruth, Step, Task
 from sdarflow.names import NameRegistry
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ __all__ = [
     "EnvError",
     "EnvSuite",
     "Reset",
+    "SkillTruth",
     "Step",
     "Task",
     "get_suite",

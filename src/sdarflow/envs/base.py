@@ -49,6 +49,19 @@ class Task:
 
 
 @dataclass(frozen=True)
+class SkillTruth:
+    """What an env knows is right for a skill library to say, to score extracted skills against (never an input to
+    the extractor). ``actions``: each goal direction's required action, spelled as skills spell them (``fry the
+    <item>`` -> ``cook <item> with stove``); ``needs``: the preparation each direction stands for (``cook``);
+    ``prepared_by``: per task type, the preparations its tasks require (a direction whose preparation the type does
+    not require needs no action: TextWorld's recipe lists it, but the food is already prepared)."""
+
+    actions: dict[str, str]
+    needs: dict[str, str]
+    prepared_by: dict[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
 class Reset:
     """What the agent sees at the start: the goal/instructions (kept in context every turn) and the first view."""
 

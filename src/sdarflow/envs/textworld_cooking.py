@@ -13,9 +13,11 @@ from pathlib import Path
 
 import textworld
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
+from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
 from sdarflow.envs.textworld_games import (
+    DIRECTION_ACTIONS,
     SPLIT_SPECS,
+    TASK_TYPES,
     SplitSpec,
     default_cache_dir,
     ensure_games,
@@ -235,6 +237,14 @@ class TextWorldCookingSuite:
             )
             for seed, path in zip(seeds, paths)
         ]
+
+    def skill_truth(self) -> SkillTruth:
+        """Each direction's command, and per task type the preparations it requires (``cut+cook``: both)."""
+        return SkillTruth(
+            actions={d: action for d, (action, _) in DIRECTION_ACTIONS.items()},
+            needs={d: need for d, (_, need) in DIRECTION_ACTIONS.items()},
+            prepared_by={t: frozenset(t.split("+")) - {"plain"} for t in TASK_TYPES},
+        )
 
     def make(self, task: Task) -> TextWorldCookingEnv:
         """A fresh episode of ``task``; call ``reset()`` on it first."""

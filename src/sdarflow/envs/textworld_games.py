@@ -37,6 +37,16 @@ GENERATOR_VERSION = 1
 SKILL_MIX: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True), (True, True))
 TASK_TYPES: tuple[str, ...] = ("plain", "cut", "cook", "cut+cook")  # indexed by cut + 2 * cook
 _CUT_VERBS = ("slice ", "dice ", "chop ")
+# Each recipe direction's command in TextWorld's cooking games (tw-cooking: fried on the stove, roasted in the oven,
+# grilled on the BBQ; cut with the knife), spelled as skills abstract it, and the preparation it stands for.
+DIRECTION_ACTIONS: dict[str, tuple[str, str]] = {
+    "fry the <item>": ("cook <item> with stove", "cook"),
+    "roast the <item>": ("cook <item> with oven", "cook"),
+    "grill the <item>": ("cook <item> with bbq", "cook"),
+    "chop the <item>": ("chop <item> with knife", "cut"),
+    "dice the <item>": ("dice <item> with knife", "cut"),
+    "slice the <item>": ("slice <item> with knife", "cut"),
+}
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,19 @@ def render(title: str, steps: list[str], rules: dict[str, str] | None = None) ->
     return "\n".join(lines) + "\n"
 
 
+def directions(text: str) -> dict[str, str]:
+    """The direction rules a skill's text lists (what :func:`render` writes under ``Directions:``), normalized:
+    ``{"fry the <item>": "cook <item> with stove"}``."""
+    _, found, block = text.partition("\nDirections:\n")
+    rules = {}
+    for line in block.splitlines() if found else []:
+        direction, sep, action = line.partition(":")
+        if not sep or not action.strip():
+            break  # the rules end at the first line that is not "direction: action"
+        rules[normalize_step(direction)] = normalize_step(action)
+    return rules
+
+
 def skill_name(task_type: str) -> str:
     return "skill_" + "".join(c if c.isalnum() else "_" for c in task_type)
 

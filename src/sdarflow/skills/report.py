@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sdarflow.report import Report, Section
+from sdarflow.skills.accuracy import VERDICTS
 from sdarflow.skills.library import SkillLibrary
 
 
@@ -25,9 +26,11 @@ def library_report(
     new: Sequence[str],
     rejected: Mapping[str, str],
     title: str,
+    accuracy: Mapping | None = None,
 ) -> Report:
     """Every skill of ``lib``: added (not in ``previous``), changed from it, or kept; ``new`` are the skills this
-    round's episodes produced (merged into the library)."""
+    round's episodes produced (merged into the library); ``accuracy``: the library scored against the env
+    (``sdarflow.skills.accuracy.score_library``), shown per skill."""
 
     def status(name: str) -> str:
         if previous is None or name not in previous.skills:
@@ -43,6 +46,12 @@ def library_report(
         Section("Skills", table=(["skill", "task types", "steps", "this round", "evidence"], rows)),
         Section("Rejected this round (LLM-written skills, with why)", items=sorted(rejected.items())),
     ]
+    if accuracy is not None:
+        scored = [
+            [name, *("; ".join(s[v]) or "-" for v in VERDICTS)] for name, s in accuracy["skills"].items()
+        ]
+        totals = ", ".join(f"{accuracy[v]} {v.replace('_', '-')}" for v in VERDICTS)
+        sections.append(Section(f"Accuracy against the env: {totals}", table=(["skill", *VERDICTS], scored)))
     sections += [
         Section(f"Skill: {name}", text=" / ".join(s.text.splitlines())) for name, s in lib.skills.items()
     ]

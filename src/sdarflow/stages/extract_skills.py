@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
+from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills import bandit
+from sdarflow.skills.accuracy import VERDICTS, score_library
 from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge, reevaluate
 from sdarflow.skills.library import GENERAL, SkillLibrary
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
@@ -155,13 +157,23 @@ def _new_skills(cfg: ExtractSkillsConfig, episodes) -> tuple[SkillLibrary, dict[
     return new, rejected
 
 
-def _write_report(folder: str, lib, previous, new, rejected: dict, cfg: ExtractSkillsConfig) -> None:
+def _accuracy(envs: list[str], lib: SkillLibrary) -> dict | None:
+    """The library scored against the ground truth of the env its trajectories came from (sdarflow.skills.accuracy);
+    None where that env has none (or the trajectories mix envs)."""
+    truth = getattr(get_suite(envs[0]), "skill_truth", None) if len(envs) == 1 and envs[0] else None
+    return None if truth is None else score_library(lib, truth())
+
+
+def _write_report(
+    folder: str, lib, previous, new, rejected: dict, accuracy: dict | None, cfg: ExtractSkillsConfig
+) -> None:
     from pathlib import Path
 
     from sdarflow import report
     from sdarflow.skills.report import library_report
 
-    doc = library_report(lib, previous, sorted(new.skills), rejected, f"extract-skills ({cfg.extractor})")
+    title = f"extract-skills ({cfg.extractor})"
+    doc = library_report(lib, previous, sorted(new.skills), rejected, title, accuracy)
     (Path(folder) / "report.md").write_text(report.markdown(doc))
     (Path(folder) / "report.html").write_text(report.html(doc))
 
@@ -181,9 +193,11 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     new, rejected = _new_skills(cfg, episodes)
     lib = merge(previous, new, cfg.dedupe_threshold)
     lib.stats = bandit.carry_over(stats, lib)
+    accuracy = _accuracy(table.column("env").unique().to_pylist(), lib)
+    metrics = {} if accuracy is None else {f"skills/rules_{v}": accuracy[v] for v in VERDICTS}
     with tempfile.TemporaryDirectory() as tmp:
         lib.save(tmp)
-        _write_report(tmp, lib, previous, new, rejected, cfg)
+        _write_report(tmp, lib, previous, new, rejected, accuracy, cfg)
         storage.publish_dir(
             tmp,
             cfg.output,
@@ -195,6 +209,8 @@ def run(cfg: ExtractSkillsConfig) -> dict:
             new_skills=sorted(new.skills),
             rejected=rejected,
             extractor=cfg.extractor,
+            metrics=metrics,
+            accuracy=accuracy,
         )
     log.info(
         "extract-skills: %d episodes -> %d new skills (%d rejected), library %s with %d skills",
@@ -210,4 +226,5 @@ def run(cfg: ExtractSkillsConfig) -> dict:
         "skills": sorted(lib.skills),
         "new_skills": sorted(new.skills),
         "rejected": rejected,
+        "metrics": metrics,
     }

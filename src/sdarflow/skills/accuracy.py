@@ -1,0 +1,58 @@
+"""How right a skill library is, scored against what the env knows (``EnvSuite.skill_truth``): a check of the
+extractor against the env, never an input to it.
+
+Per skill, over the task types it covers (every type for the general skill):
+
+- a direction rule (``fry the <item>: cook <item> with stove``) is *right* when, for every covered type, it names
+  the direction's action where the type requires that preparation and the type does require it; *wrong* when that
+  holds for none (a wrong tool, or an action where the food comes prepared, which spoils it); *recipe-blind* when
+  it holds for some covered types and not others;
+- an unconditional step that is a direction's action (``dice <item> with knife``) is *recipe-blind* when some
+  covered type requires that preparation (it is right only for the recipes that ask for that direction) and
+  *wrong* when none does.
+
+Other rules and steps (``take <item> from <place>``, ``prepare meal``) are not scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sdarflow.envs import SkillTruth
+from sdarflow.skills.extract import directions
+from sdarflow.skills.library import Skill, SkillLibrary
+
+VERDICTS = ("right", "wrong", "recipe_blind")
+
+
+def _verdict(holds: Iterable[bool]) -> str:
+    holds = list(holds)
+    return "right" if all(holds) else "wrong" if not any(holds) else "recipe_blind"
+
+
+def score_skill(skill: Skill, types: list[str], truth: SkillTruth) -> dict[str, list[str]]:
+    """The skill's scored rules and steps by verdict (``"direction: action"`` for rules, the step for steps)."""
+    out: dict[str, list[str]] = {v: [] for v in VERDICTS}
+    for direction, action in directions(skill.text).items():
+        if direction not in truth.actions:
+            continue
+        needs = truth.needs[direction]
+        holds = (needs in truth.prepared_by[t] and action == truth.actions[direction] for t in types)
+        out[_verdict(holds)].append(f"{direction}: {action}")
+    by_action = {action: truth.needs[d] for d, action in truth.actions.items()}
+    for step in skill.steps:
+        if step in by_action:
+            needed = any(by_action[step] in truth.prepared_by[t] for t in types)
+            out["recipe_blind" if needed else "wrong"].append(step)
+    return out
+
+
+def score_library(lib: SkillLibrary, truth: SkillTruth) -> dict[str, Any]:
+    """Counts of right, wrong and recipe-blind rules over the library, and each skill's scored items."""
+    every_type = sorted(truth.prepared_by)
+    skills = {}
+    for name, skill in lib.skills.items():
+        types = [t for t in skill.task_types if t in truth.prepared_by] or every_type
+        skills[name] = score_skill(skill, types, truth)
+    return {**{v: sum(len(s[v]) for s in skills.values()) for v in VERDICTS}, "skills": skills}
