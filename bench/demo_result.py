@@ -1,6 +1,7 @@
 """The demo's result, committed: ``make demo``'s run (or one already made, ``--from DIR``) as
 ``bench/results/demo.json``: the base model's and each round's held-out pass@1 with intervals, and each round
-against the base model task by task as the promotion gate compares them (difference and one-sided 95% bound).
+against the base model task by task as the promotion gate compares them (difference and one-sided 95% bound), and
+each round's skill library scored against the env (right, wrong, recipe-blind rules).
 
     python -m bench.demo_result [--from demo-output]
 """
@@ -14,6 +15,17 @@ import tempfile
 from pathlib import Path
 
 from bench.common import write_result
+
+
+def _skills(root: str, run_id: str, rounds: int) -> list[dict]:
+    """Each round's skill library against the env's ground truth (extract-skills' metrics)."""
+    from sdarflow import storage
+    from sdarflow.pipeline_config import stage_uri
+
+    return [
+        storage.read_manifest(stage_uri(root, run_id, r, "extract-skills")).get("metrics", {})
+        for r in range(rounds)
+    ]
 
 
 def _vs_base(root: str, run_id: str, rounds: int) -> list[dict]:
@@ -46,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             "base": summary["base"],
             "per_round": summary["per_round"],
             "vs_base": _vs_base(root, summary["run_id"], summary["rounds"]),
+            "skills": _skills(root, summary["run_id"], summary["rounds"]),
             "seconds": summary.get("seconds"),
         }
         rows = [("base", f"test pass@1 {summary['base']['test_pass@1']:.3f}")]

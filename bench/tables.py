@@ -223,17 +223,19 @@ def demo_table(results_dir: Path = RESULTS) -> str:
     if r is None:
         return "(no result yet: `python -m bench.demo_result`)"
     lines = [
-        "| | test pass@1 [95% CI] | ood pass@1 [95% CI] | tasks x samples | test pass@1 - base (paired), lower bound |",
-        "|---|---|---|---|---|",
+        "| | test pass@1 [95% CI] | ood pass@1 [95% CI] | tasks x samples | test pass@1 - base (paired), lower bound "
+        "| skill rules right / wrong / recipe-blind |",
+        "|---|---|---|---|---|---|",
         f"| base model | {_figure(r['base'], 'test')} | {_figure(r['base'], 'ood')} | "
-        f"{r['base']['test_tasks_x_samples']} | |",
+        f"{r['base']['test_tasks_x_samples']} | | |",
     ]
-    for row, vs in zip(r["per_round"], r["vs_base"], strict=True):
+    for row, vs, sk in zip(r["per_round"], r["vs_base"], r["skills"], strict=True):
         d = vs["test"]
         bound = "none" if d["lower"] is None else f"{d['lower']:+.3f}"
+        rules = " / ".join(str(sk.get(f"skills/rules_{v}", "-")) for v in ("right", "wrong", "recipe_blind"))
         lines.append(
             f"| round {row['round']} | {_figure(row, 'test')} | {_figure(row, 'ood')} | "
-            f"{row['test_tasks_x_samples']} | {d['diff']:+.3f}, {bound} |"
+            f"{row['test_tasks_x_samples']} | {d['diff']:+.3f}, {bound} | {rules} |"
         )
     took = f"The run took {r['seconds'] / 60:.1f} min. " if r.get("seconds") else ""
     return "\n".join([*lines, "", took + _made_by([r])])

@@ -131,11 +131,15 @@ def test_the_demo_table_shows_each_round_against_the_base(tmp_path):
                 "ood_pass@1": 0.0, "ood_pass@1_ci95": [0.0, 0.05], "ood_tasks_x_samples": "32 x 4"}  # fmt: skip
 
     result = {"benchmark": "demo", "machine": machine(), "base": figures(0.1), "per_round": [{"round": 0, **figures(0.2)}],
-              "vs_base": [{"test": {"diff": 0.1, "lower": -0.01}, "ood": {"diff": 0.0, "lower": None}}]}  # fmt: skip
+              "vs_base": [{"test": {"diff": 0.1, "lower": -0.01}, "ood": {"diff": 0.0, "lower": None}}],
+              "skills": [{"skills/rules_right": 7, "skills/rules_wrong": 2, "skills/rules_recipe_blind": 1}]}  # fmt: skip
     (tmp_path / "demo.json").write_text(json.dumps(result))
     table = tables.demo_table(tmp_path)
-    assert "| base model | 0.100 [0.000, 0.200] | 0.000 [0.000, 0.050] | 32 x 4 | |" in table
-    assert "| round 0 | 0.200 [0.100, 0.300] | 0.000 [0.000, 0.050] | 32 x 4 | +0.100, -0.010 |" in table
+    assert "| base model | 0.100 [0.000, 0.200] | 0.000 [0.000, 0.050] | 32 x 4 | | |" in table
+    assert (
+        "| round 0 | 0.200 [0.100, 0.300] | 0.000 [0.000, 0.050] | 32 x 4 | +0.100, -0.010 | 7 / 2 / 1 |"
+        in table
+    )
 
 
 def _split(successes: dict[str, int]) -> dict:
