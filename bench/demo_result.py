@@ -3,7 +3,7 @@
 against the base model task by task as the promotion gate compares them (difference and one-sided 95% bound), and
 each round's skill library scored against the env (right, wrong, recipe-blind rules).
 
-    python -m bench.demo_result [--from demo-output]
+    python -m bench.demo_result [--from demo-output | --base-model DIR]
 """
 
 from __future__ import annotations
@@ -48,10 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--from", dest="source", default="", help="a finished demo's --output folder (default: run one)"
     )
+    p.add_argument("--base-model", default=None, help="run the demo on this base model (default: build it)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sdarflow-demo-") as tmp:
         out = Path(args.source or tmp)
-        summary = json.loads((out / "summary.json").read_text()) if args.source else run_demo(out)
+        summary = (
+            json.loads((out / "summary.json").read_text())
+            if args.source
+            else run_demo(out, base_model=args.base_model)
+        )
         root = str(out / "store")
         result = {
             "rounds": summary["rounds"],

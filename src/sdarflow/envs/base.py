@@ -118,7 +118,8 @@ class ActionFormat(Protocol):
 
 
 class EnvSuite(Protocol):
-    """A named family of tasks with ``train``/``test``/``ood`` splits."""
+    """A named family of tasks with ``train``/``valid``/``test``/``ood`` splits (a study evaluates valid, test and
+    ood; settings are chosen on valid)."""
 
     name: str
 

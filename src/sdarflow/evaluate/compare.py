@@ -91,15 +91,18 @@ def sign_flip_lower(d: np.ndarray, confidence: float = 0.95, seed: int = 0) -> f
     d = np.asarray(d, dtype=np.float64)
     m = d.size
     if m <= SIGN_FLIP_EXACT_TASKS:
-        signs = 1 - 2 * ((np.arange(2**m)[:, None] >> np.arange(m)) & 1)  # (2**m, m), row 0 all +1
+        chunks = [(np.arange(2**m)[:, None] >> np.arange(m)) & 1 == 1]  # (2**m, m) flipped; row 0 flips none
     else:
         rng = np.random.default_rng(seed)
-        signs = np.vstack([np.ones((1, m), dtype=np.int64), rng.choice([-1, 1], size=(SIGN_FLIP_DRAWS, m))])
-    flipped = signs < 0
-    n_flipped = flipped.sum(axis=1)
-    subset_means = np.sort((flipped @ d)[n_flipped > 0] / n_flipped[n_flipped > 0])  # (patterns - all-plus,)
+        # in chunks, so a few thousand tasks need tens of MB, not GBs; the all-plus pattern counts once more
+        chunks = [np.zeros((1, m), dtype=bool)] + [
+            rng.random((min(1000, SIGN_FLIP_DRAWS - i), m)) < 0.5 for i in range(0, SIGN_FLIP_DRAWS, 1000)
+        ]
+    sums = np.concatenate([f @ d for f in chunks])  # (patterns,) sum of d over each flipped subset
+    counts = np.concatenate([f.sum(axis=1) for f in chunks])
+    subset_means = np.sort(sums[counts > 0] / counts[counts > 0])
     # p(mu) = (all-plus patterns + #{subset means <= mu}) / patterns <= alpha  <=>  #{... <= mu} <= allowed
-    allowed = math.floor((1 - confidence) * len(signs) + 1e-9) - int((n_flipped == 0).sum())
+    allowed = math.floor((1 - confidence) * len(sums) + 1e-9) - int((counts == 0).sum())
     return float(subset_means[allowed]) if allowed >= 0 else None
 
 
