@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    from bench.common import RESULTS, machine
+    from bench.common import RESULTS
+    from sdarflow.provenance import machine
 
     path = Path(args.out) if args.out else RESULTS / "gpu_check.json"
     path.write_text(json.dumps({"benchmark": "gpu_check", "machine": machine(), **result}, indent=2) + "\n")
