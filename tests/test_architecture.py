@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
         "config",
         "storage",
         "tracking",
+        "intervals",
     },
     {"algo", "envs"},
     {"models"},

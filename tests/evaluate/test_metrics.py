@@ -7,7 +7,6 @@ import math
 import pytest
 
 from sdarflow.evaluate.metrics import (
-    Z95,
     bootstrap_interval,
     build_report,
     ks_for,
@@ -16,6 +15,7 @@ from sdarflow.evaluate.metrics import (
     split_results,
     wilson_interval,
 )
+from sdarflow.intervals import Z95
 
 
 def comb_pass_at_k(n: int, c: int, k: int) -> float:

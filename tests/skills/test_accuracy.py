@@ -70,6 +70,12 @@ def test_extract_skills_reports_the_librarys_accuracy(episodes_dataset, tmp_path
     assert main(["extract-skills", "--input", episodes_dataset, "--output", out, "--min-support", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
     manifest = storage.read_manifest(out, "skills")
-    assert set(result["metrics"]) == {"skills/rules_right", "skills/rules_wrong", "skills/rules_recipe_blind"}
+    assert set(result["metrics"]) == {
+        "skills/rules_right",
+        "skills/rules_wrong",
+        "skills/rules_recipe_blind",
+        "skills/replacements_made",
+        "skills/replacements_refused",
+    }
     assert manifest["metrics"] == result["metrics"] and set(manifest["accuracy"]["skills"]) >= {"skill_cut"}
     assert "Accuracy against the env" in (tmp_path / "lib" / "report.md").read_text()

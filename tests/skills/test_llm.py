@@ -94,7 +94,9 @@ def test_openai_endpoint_writes_skills(chat, episodes_dataset, tmp_path, capsys,
     assert "Successful episodes:" in user and "Failed episodes:" in user and "take egg; look" in user
     lib = SkillLibrary.load(out)
     cut = lib.for_task_type("cut")
-    assert cut.steps == ["take the knife", "slice <item> with knife", "prepare meal", "eat meal"]
+    # the model wrote "slice the item with the knife", but one success sliced and one chopped: the cut verb
+    # depends on the recipe, so the step is dropped, as the rule extractor would
+    assert cut.steps == ["take the knife", "prepare meal", "eat meal"]
     assert cut.evidence["source"] == "llm:openai:tiny-chat" and cut.evidence["followed"] >= 1
     assert lib.general is not None and lib.general.evidence["source"] == "rule"
     # the key is read from the environment only: it appears in no artifact
@@ -171,7 +173,7 @@ def test_own_engine_writes_or_rejects_with_a_reason(tiny_model, caplog):
     ]
     backend = EngineChat(load_policy(str(tiny_model)))
     with caplog.at_level(logging.WARNING, logger="sdarflow.skills.llm"):
-        lib, rejected = llm_extract(eps, backend, max_tokens=32)
+        lib, rejected = llm_extract(eps, backend, min_support=1, max_tokens=32)
     assert set(lib.skills) | {f"skill_{t}" for t in rejected} == {"skill_cut", "skill_cook"}
     for skill in lib.skills.values():
         assert parse_reply(skill.text)[1] == skill.steps and skill.evidence["source"].startswith(

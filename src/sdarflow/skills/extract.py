@@ -1,19 +1,23 @@
-"""Hindsight, rule-based skill extraction, skill evidence, and merging a round's skills into the previous library.
+"""Hindsight, rule-based skill extraction and skill evidence (merging into the previous library:
+``sdarflow.skills.merge``).
 
 Extraction: from a round's episodes, per task type, the action pattern of the successful episodes abstracted over
 object names, keeping only the steps that separate successes from failures. An action is kept literally when it
 recurs across many different tasks (``prepare meal``); other actions keep their verb and tool and abstract the
 object (``slice yellow potato with knife`` -> ``slice <item> with knife``). When the episode's goal text is known,
 only objects the goal names become ``<item>`` (``take knife from table`` -> ``take knife from <place>``), and an
-action that goes with one goal direction (``fry the <item>``: on its object in the successes whose goal has it,
-rare in those whose goal does not) is bound to it: the pattern gets one :data:`DIRECTIONS_STEP`, and the skill
-lists each direction's action (``fry the <item>: cook <item> with stove``), which is what varies between tasks of
-one type and what a teacher most needs to know.
+action that goes with one goal direction (on its object in the successes whose goal has the direction, rare in
+those whose goal does not, with non-overlapping intervals) is bound to it: the pattern gets one
+:data:`DIRECTIONS_STEP`, and the skill lists each direction's action (``fry the <item>: cook <item> with stove``),
+which is what varies between tasks of one type and what a teacher most needs to know. A step the successes
+disagree on (the cooking tool, the cut verb) is never made a step for every task: it is a direction rule or it is
+left out. A task type needs :data:`MIN_SUPPORT` successes, and so does a direction.
 
 Evidence: an episode *followed* a skill when its abstracted actions contain at least ``follow_share`` of the
-skill's steps. ``support`` counts the successful followers, ``success_rate`` is their share of all followers and
-``lift`` is the followers' success rate minus the non-followers' (None when there is no failure to compare
-against). A mined skill is kept only when ``lift > min_lift``, or when its task type had no failures at all.
+skill's steps. ``support`` counts the successful followers, ``success_rate`` is their share of all followers (with
+its Wilson ``interval``) and ``lift`` is the followers' success rate minus the non-followers' (None when there is
+no failure to compare against). A mined skill is kept only when ``lift > min_lift``, or when its task type had no
+failures at all. Each direction rule carries its own evidence (:func:`rule_evidence`) and origin (source, round).
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+from sdarflow.intervals import wilson_interval
 from sdarflow.skills.library import GENERAL, Skill, SkillLibrary, normalize_step
 
 log = logging.getLogger(__name__)
 
 
+# Successful episodes a task type, or a goal direction, needs before it gets a skill or a rule: measured by
+# ``python -m bench.skill_support`` (README "Skills"), where fewer successes let wrong and recipe-blind rules in.
+MIN_SUPPORT = 5
 # The step a goal-bound action becomes in a pattern; the skill then lists the directions' actions (see module doc).
 DIRECTIONS_STEP = "do each direction of the recipe as listed below"
 _PLACEHOLDERS = ("<item>", "<place>")
@@ -110,11 +119,18 @@ def goal_directions(goal: str, objects: set[str]) -> dict[str, str]:
     return out
 
 
-def direction_rules(wins: list[EpisodeActions], literal: set[str], min_share: float = 0.8) -> dict[str, str]:
-    """Per goal direction (``fry the <item>``), the abstract action that goes with it: an action on the direction's
-    object in at least ``min_share`` of the successful episodes whose goal has the direction, and in at most
-    ``1 - min_share`` of those whose goal does not (``take <item> from <place>`` is in all of them, so it belongs
-    to no direction). A direction in every episode has nothing to contrast with, and gets no rule."""
+def direction_rules(
+    wins: list[EpisodeActions], literal: set[str], min_support: int = MIN_SUPPORT
+) -> dict[str, str]:
+    """Per goal direction (``fry the <item>``), the abstract action that goes with it: among the successful
+    episodes (one per task, :func:`one_per_task`, so ``min_support`` counts tasks), the action on the direction's object whose share in those whose goal has the direction most exceeds
+    its share in those whose goal does not, kept only when at least ``min_support`` successes have the direction
+    and the two shares' Wilson 95% intervals do not overlap (``take <item> from <place>`` is in all of them, so it
+    belongs to no direction). The contrast is what tells one direction's action from another's on the same object
+    (``roast the carrot; chop the carrot``): three successes never pass it. An action goes to the one direction it
+    separates best (largest gap between the intervals). A direction in every episode has nothing to contrast with,
+    and gets no rule."""
+    wins = one_per_task(wins)
     with_d: Counter = Counter()
     on_object: dict[str, Counter] = defaultdict(Counter)  # episodes with d doing a on d's object
     in_episode: dict[str, Counter] = defaultdict(Counter)  # episodes with d doing a at all
@@ -126,19 +142,64 @@ def direction_rules(wins: list[EpisodeActions], literal: set[str], min_share: fl
             with_d[d] += 1
             in_episode[d].update(acts)
             on_object[d].update({abstract(a, literal, e.goal) for a in e.actions if _parts(a)[1] == obj})
-    rules = {}
+    best: dict[str, tuple[float, str]] = {}  # direction -> (margin, its action)
     for d, n_d in sorted(with_d.items()):
         n_rest = len(wins) - n_d
-        if not n_rest:
+        if not n_rest or n_d < min_support:
             continue
 
-        def rest_share(a: str, d: str = d, n_rest: int = n_rest) -> float:
-            return (acts_all[a] - in_episode[d][a]) / n_rest
+        def rest(a: str, d: str = d) -> int:
+            return acts_all[a] - in_episode[d][a]
 
-        action = max(sorted(on_object[d]), key=lambda a: on_object[d][a] / n_d - rest_share(a))
-        if on_object[d][action] >= min_share * n_d and rest_share(action) <= 1 - min_share:
-            rules[d] = action
-    return rules
+        action = max(sorted(on_object[d]), key=lambda a: on_object[d][a] / n_d - rest(a) / n_rest)
+        margin = wilson_interval(on_object[d][action], n_d)[0] - wilson_interval(rest(action), n_rest)[1]
+        if margin > 0:
+            best[d] = (margin, action)
+    # An action goes with one direction, the one it separates best: "roast the" claims "cook <item> with oven" and
+    # "dice the", which the games pair with roasting, gets none; two directions that always come together tie, and
+    # neither gets it.
+    rules: dict[str, str] = {}
+    for action in sorted({a for _, a in best.values()}):
+        margins = sorted(((m, d) for d, (m, a) in best.items() if a == action), reverse=True)
+        if len(margins) == 1 or margins[0][0] - margins[1][0] > 1e-9:
+            rules[margins[0][1]] = action
+    return dict(sorted(rules.items()))
+
+
+def one_per_task(episodes: list[EpisodeActions]) -> list[EpisodeActions]:
+    """The shortest episode of each task (the cleanest demonstration): a group's samples of one task share its
+    recipe, so they are one piece of evidence about it, not several."""
+    best: dict[str, EpisodeActions] = {}
+    for e in sorted(episodes, key=lambda e: (len(e.actions), e.actions)):
+        best.setdefault(e.task_id, e)
+    return [best[t] for t in sorted(best)]
+
+
+def rule_evidence(direction: str, action: str, episodes: list[EpisodeActions], literal: set[str]) -> dict:
+    """How the episodes whose goal has ``direction`` fared when they did ``action`` on its object: ``tried``
+    (how many did), ``support`` (of those, successes), ``success_rate`` and its Wilson 95% ``interval`` (None
+    when none tried)."""
+    tried = [
+        e
+        for e in episodes
+        if (obj := goal_directions(e.goal, {_parts(a)[1] for a in e.actions}).get(direction)) is not None
+        and any(_parts(a)[1] == obj and abstract(a, literal, e.goal) == action for a in e.actions)
+    ]
+    return _rate(tried)
+
+
+def _rate(tried: list[EpisodeActions]) -> dict:
+    """Successes among these episodes (``support``), the distinct tasks they solved (``tasks``, what
+    ``min_support`` counts), their number, success rate and its Wilson 95% interval."""
+    support = sum(e.success for e in tried)
+    interval = [round(x, 4) for x in wilson_interval(support, len(tried))] if tried else None
+    return {
+        "support": support,
+        "tasks": len({e.task_id for e in tried if e.success}),
+        "tried": len(tried),
+        "success_rate": round(support / len(tried), 4) if tried else 0.0,
+        "interval": interval,
+    }
 
 
 def pattern(e: EpisodeActions, literal: set[str], bound: frozenset[str] = frozenset()) -> list[str]:
@@ -153,15 +214,45 @@ def pattern(e: EpisodeActions, literal: set[str], bound: frozenset[str] = frozen
     return steps
 
 
+def variants(a: str, b: str) -> bool:
+    """Two steps on the goal's object that differ in the verb alone or the tool alone (``cook <item> with oven`` /
+    ``cook <item> with stove``, ``chop <item> with knife`` / ``dice <item> with knife``): which one is right
+    depends on the goal's wording."""
+    (va, oa, ta), (vb, ob, tb) = _parts(a), _parts(b)
+    return oa == ob == "<item>" and (va == vb) != (ta == tb)
+
+
+def unconditional(
+    steps: list[str], wins: list[EpisodeActions], literal: set[str], bound: frozenset[str] = frozenset()
+) -> list[str]:
+    """``steps`` less those that hold for some goals and not others, which are direction rules or nothing, never a
+    step for every task: a step the successful episodes disagree on (a :func:`variants` of it is in some
+    success), and a step on the goal's object whose successes all have some goal direction in common (all the
+    wins that dice were dice recipes: nothing says it is for every recipe)."""
+    patterns = [(pattern(e, literal, bound), e) for e in wins]
+    seen = {s for p, _ in patterns for s in p}
+
+    def goal_bound(step: str) -> bool:
+        goals = [
+            set(goal_directions(e.goal, {_parts(a)[1] for a in e.actions})) for p, e in patterns if step in p
+        ]
+        return "<item>" in step and bool(goals) and bool(set.intersection(*goals))
+
+    return [s for s in steps if not goal_bound(s) and not any(variants(s, o) for o in seen)]
+
+
 def _separating_steps(wins: list[list[str]], losses: list[list[str]], min_win_share: float) -> list[str]:
-    """Steps in >= min_win_share of successes and more common in successes than failures, in their usual order."""
+    """Steps in >= min_win_share of successes and more common in successes than failures (the directions step:
+    in successes only), in their usual order."""
     win_count = Counter(s for p in wins for s in set(p))
     loss_count = Counter(s for p in losses for s in set(p))
     kept = []
     for step, n in win_count.items():
         win_share = n / len(wins)
         loss_share = loss_count[step] / len(losses) if losses else 0.0
-        if win_share >= min_win_share and win_share > loss_share:
+        # failures do direction actions too, often the wrong one for their goal: the directions step is kept on
+        # the successes' share alone (its rules carry the contrast)
+        if win_share >= min_win_share and (win_share > loss_share or step == DIRECTIONS_STEP):
             kept.append(step)
 
     # Order by mean relative position in the successful episodes.
@@ -205,7 +296,8 @@ def skill_name(task_type: str) -> str:
 def evidence(
     steps: list[str], episodes: list[EpisodeActions], literal: set[str], follow_share: float = 0.5
 ) -> dict:
-    """Support, followers, success rate and lift of a skill with these steps on these episodes (the directions
+    """Support (successful followers, and the ``tasks`` they solved), followers, success rate with its interval,
+    and lift of a skill with these steps on these episodes (the directions
     step is not counted: it stands for actions that differ between tasks)."""
     wanted = {abstract(normalize_step(s), literal) for s in steps} - {DIRECTIONS_STEP}
     followed: list[bool] = []
@@ -214,144 +306,94 @@ def evidence(
         followed.append(bool(wanted) and len(wanted & have) >= follow_share * len(wanted))
     fol = [e for e, f in zip(episodes, followed, strict=True) if f]
     rest = [e for e, f in zip(episodes, followed, strict=True) if not f]
-    support = sum(e.success for e in fol)
-    rate = support / len(fol) if fol else 0.0
-    has_failures = any(not e.success for e in episodes)
+    rate = _rate(fol)
     lift = None
-    if has_failures and fol:
+    if any(not e.success for e in episodes) and fol:
         rest_rate = sum(e.success for e in rest) / len(rest) if rest else 0.0
-        lift = round(rate - rest_rate, 4)
-    return {
-        "support": support,
-        "followed": len(fol),
-        "episodes": len(episodes),
-        "success_rate": round(rate, 4),
-        "lift": lift,
-    }
+        lift = round(rate["success_rate"] - rest_rate, 4)
+    followers = {k: v for k, v in rate.items() if k != "tried"}
+    return {**followers, "followed": len(fol), "episodes": len(episodes), "lift": lift}
+
+
+def rules_evidence(
+    rules: Mapping[str, str], episodes: list[EpisodeActions], literal: set[str], origin: Mapping
+) -> dict[str, dict]:
+    """Each direction rule's provenance: its action, :func:`rule_evidence` on these episodes and ``origin``
+    (``source`` and ``round``)."""
+    return {d: {"action": a, **rule_evidence(d, a, episodes, literal), **origin} for d, a in rules.items()}
+
+
+def _skill(
+    name: str,
+    title: str,
+    task_types: list[str],
+    eps: list[EpisodeActions],
+    literal: set[str],
+    settings: dict,
+    origin: Mapping,
+) -> Skill | None:
+    """The skill these episodes support, or None (too few successes, no separating step, no lift)."""
+    won = [e for e in eps if e.success]
+    rules = direction_rules(won, literal, settings["min_support"])
+    bound = frozenset(rules.values())
+    wins = [pattern(e, literal, bound) for e in won]
+    losses = [pattern(e, literal, bound) for e in eps if not e.success]
+    solved = len({e.task_id for e in won})
+    if solved < settings["min_support"]:
+        log.info(
+            "skills: %s has %d solved tasks < min_support %d; skipped", name, solved, settings["min_support"]
+        )
+        return None
+    steps = _separating_steps(
+        wins, losses if task_types else [], settings["min_win_share"] if task_types else 0.8
+    )
+    steps = unconditional(steps, won, literal, bound)
+    if not steps:
+        return None
+    ev = {**evidence(steps, eps, literal, settings["follow_share"]), **origin}
+    if task_types and ev["lift"] is not None and ev["lift"] <= settings["min_lift"]:
+        log.info(
+            "skills: %s does not separate successes (lift %s <= %s); skipped",
+            name,
+            ev["lift"],
+            settings["min_lift"],
+        )
+        return None
+    if DIRECTIONS_STEP in steps:
+        ev["rules"] = rules_evidence(rules, eps, literal, origin)
+    return Skill(name, render(title, steps, rules), task_types, evidence=ev)
 
 
 def extract_skills(
     episodes: list[EpisodeActions],
-    min_support: int = 2,
+    min_support: int = MIN_SUPPORT,
     min_win_share: float = 0.5,
     literal_share: float = 0.3,
     min_lift: float = 0.0,
     follow_share: float = 0.5,
+    origin: Mapping | None = None,
 ) -> SkillLibrary:
-    """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills``.
+    """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills`` (steps in
+    80% of all successes); ``origin`` (``source``: rule or seed, ``round``) is stamped on each skill and rule.
 
     The library has no ``task_keywords``: the only words known for a task type are its name's, and the reference's
     keyword rule (any keyword a substring of the rendered prompt) reads them wrongly (``cook`` is in ``cookbook``,
     ``plain`` is in no prompt). Without keywords, keyword retrieval maps the row's task type to its skill.
     """
+    origin = origin or {"source": "rule"}
     literal = literal_actions(episodes, literal_share)
+    settings = {"min_support": min_support, "min_win_share": min_win_share, "min_lift": min_lift}
+    settings["follow_share"] = follow_share
     by_type: dict[str, list[EpisodeActions]] = defaultdict(list)
     for e in episodes:
         by_type[e.task_type].append(e)
     lib = SkillLibrary()
     for task_type, eps in sorted(by_type.items()):
-        rules = direction_rules([e for e in eps if e.success], literal)
-        bound = frozenset(rules.values())
-        wins = [pattern(e, literal, bound) for e in eps if e.success]
-        losses = [pattern(e, literal, bound) for e in eps if not e.success]
-        if len(wins) < min_support:
-            log.info(
-                "skills: %s has %d successes < min_support %d; skipped", task_type, len(wins), min_support
-            )
-            continue
-        steps = _separating_steps(wins, losses, min_win_share)
-        if not steps:
-            continue
-        ev = {**evidence(steps, eps, literal, follow_share), "source": "rule"}
-        if ev["lift"] is not None and ev["lift"] <= min_lift:
-            log.info(
-                "skills: %s pattern does not separate successes (lift %s <= %s); skipped",
-                task_type,
-                ev["lift"],
-                min_lift,
-            )
-            continue
         name = skill_name(task_type)
-        lib.skills[name] = Skill(
-            name, render(f"Skill for {task_type} tasks", steps, rules), [task_type], evidence=ev
-        )
-    rules = direction_rules([e for e in episodes if e.success], literal)
-    all_wins = [pattern(e, literal, frozenset(rules.values())) for e in episodes if e.success]
-    if len(all_wins) >= min_support:
-        general = _separating_steps(all_wins, [], min_win_share=0.8)
-        if general:
-            ev = {**evidence(general, episodes, literal, follow_share), "source": "rule"}
-            lib.skills[GENERAL] = Skill(GENERAL, render("General skills", general, rules), [], [], ev)
+        skill = _skill(name, f"Skill for {task_type} tasks", [task_type], eps, literal, settings, origin)
+        if skill is not None:
+            lib.skills[name] = skill
+    general = _skill(GENERAL, "General skills", [], episodes, literal, settings, origin)
+    if general is not None:
+        lib.skills[GENERAL] = general
     return lib
-
-
-def reevaluate(
-    lib: SkillLibrary, episodes: list[EpisodeActions], literal_share: float = 0.3, follow_share: float = 0.5
-) -> SkillLibrary:
-    """A copy of ``lib`` with each skill's evidence measured on this round's episodes of its task types (all
-    episodes for the general skill); skills with no such episodes keep their evidence."""
-    literal = literal_actions(episodes, literal_share)
-    out = SkillLibrary(dict(lib.skills), dict(lib.task_keywords), lib.stats)
-    for name, skill in lib.skills.items():
-        eps = episodes if lib.is_general(skill) else [e for e in episodes if e.task_type in skill.task_types]
-        if eps and skill.steps:
-            measured = evidence(skill.steps, eps, literal, follow_share)
-            out.skills[name] = replace(skill, evidence={**skill.evidence, **measured})
-    return out
-
-
-def _strength(skill: Skill) -> tuple[float, int]:
-    ev = skill.evidence
-    return (ev.get("lift") if ev.get("lift") is not None else 0.0, int(ev.get("support", 0)))
-
-
-def _jaccard(a: list[str], b: list[str]) -> float:
-    sa, sb = set(a), set(b)
-    return len(sa & sb) / len(sa | sb) if sa | sb else 0.0
-
-
-def merge(previous: SkillLibrary | None, new: SkillLibrary, dedupe_threshold: float = 0.8) -> SkillLibrary:
-    """``new`` merged into ``previous``.
-
-    A new skill replaces the one of the same name unless the old one is stronger (higher lift, then support). A
-    new skill whose steps overlap an existing skill of another name by >= ``dedupe_threshold`` (Jaccard) is not
-    added: its task types are mapped to the existing skill instead. Task types never mapped keep their skills.
-    """
-    merged = SkillLibrary(
-        dict(previous.skills) if previous else {},
-        dict(previous.task_keywords) if previous else {},
-        previous.stats if previous else {},
-    )
-    for name, skill in sorted(new.skills.items()):
-        old = merged.skills.get(name)
-        if old is not None:
-            if _strength(skill) >= _strength(old):
-                # keep task types an earlier dedupe mapped to the old skill
-                merged.skills[name] = replace(
-                    skill, task_types=sorted(set(old.task_types) | set(skill.task_types))
-                )
-            continue
-        dup = next(
-            (
-                s
-                for s in merged.task_specific()
-                if not new.is_general(skill) and _jaccard(s.steps, skill.steps) >= dedupe_threshold
-            ),
-            None,
-        )
-        if dup is None:
-            merged.skills[name] = skill
-            continue
-        log.info(
-            "skills: %s duplicates %s; task types %s mapped to %s", name, dup.name, skill.task_types, dup.name
-        )
-        for other in merged.task_specific():
-            if other.name != dup.name and set(other.task_types) & set(skill.task_types):
-                kept = [t for t in other.task_types if t not in skill.task_types]
-                merged.skills[other.name] = replace(other, task_types=kept)
-        types = sorted(set(dup.task_types) | set(skill.task_types))
-        keywords = sorted(set(dup.keywords) | set(skill.keywords))
-        merged.skills[dup.name] = replace(merged.skills[dup.name], task_types=types, keywords=keywords)
-    for t, words in new.task_keywords.items():
-        merged.task_keywords.setdefault(t, words)
-    return merged

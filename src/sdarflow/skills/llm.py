@@ -26,7 +26,16 @@ from collections import defaultdict
 from typing import Protocol
 
 from sdarflow.errors import SdarflowError
-from sdarflow.skills.extract import EpisodeActions, evidence, literal_actions, render, skill_name
+from sdarflow.skills.extract import (
+    MIN_SUPPORT,
+    EpisodeActions,
+    abstract,
+    evidence,
+    literal_actions,
+    render,
+    skill_name,
+    unconditional,
+)
 from sdarflow.skills.library import Skill, SkillLibrary, normalize_step
 
 log = logging.getLogger(__name__)
@@ -239,13 +248,17 @@ def llm_extract(
     episodes: list[EpisodeActions],
     backend: ChatBackend,
     *,
-    min_support: int = 1,
+    min_support: int = MIN_SUPPORT,
     per_side: int = 3,
     max_tokens: int = 256,
     temperature: float = 0.0,
     follow_share: float = 0.5,
+    round_: int | None = None,
 ) -> tuple[SkillLibrary, dict[str, str]]:
-    """One LLM-written skill per task type with >= ``min_support`` successes; returns (skills, rejected reasons)."""
+    """One LLM-written skill per task type with >= ``min_support`` solved tasks; returns (skills, rejected
+    reasons). The same bar as the rule extractor: steps the successes show to depend on the goal
+    (``extract.unconditional``) are dropped, and the skills merge under the same test
+    (``sdarflow.skills.merge``)."""
     literal = literal_actions(episodes)
     by_type: dict[str, list[EpisodeActions]] = defaultdict(list)
     for e in episodes:
@@ -255,7 +268,7 @@ def llm_extract(
         # Short successes are the cleanest demonstrations; the order is deterministic for reproducible requests.
         wins = sorted((e for e in eps if e.success), key=lambda e: (len(e.actions), e.task_id, e.actions))
         losses = sorted((e for e in eps if not e.success), key=lambda e: (e.task_id, e.actions))
-        if len(wins) < min_support:
+        if len({e.task_id for e in wins}) < min_support:
             continue
         messages = _fitting(backend, task_type, wins[:per_side], losses[:per_side], max_tokens)
         if messages is None:
@@ -272,7 +285,13 @@ def llm_extract(
                 "skills: LLM skill for %s rejected: %s; reply began %r", task_type, reason, reply[:80]
             )
             continue
-        ev = {**evidence(steps, eps, literal, follow_share), "source": f"llm:{backend.name}"}
+        kept = set(unconditional([abstract(normalize_step(s), literal) for s in steps], wins, literal))
+        steps = [s for s in steps if abstract(normalize_step(s), literal) in kept]
+        if not steps:
+            rejected[task_type] = "every step depends on the goal's wording (the successes disagree on it)"
+            continue
+        origin = {"source": f"llm:{backend.name}", "round": round_}
+        ev = {**evidence(steps, eps, literal, follow_share), **origin}
         name = skill_name(task_type)
         # The model's own title is not validated text, so the teacher sees a fixed one.
         text = render(f"Skill for {task_type} tasks", steps)

@@ -13,11 +13,41 @@ from sdarflow.skills.library import SkillLibrary
 
 def _evidence(evidence: Mapping) -> str:
     parts = [
-        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+        f"{k} {v:.2f}"
+        if isinstance(v, float)
+        else f"{k} [{v[0]:.2f}, {v[1]:.2f}]"
+        if k == "interval"
+        else f"{k} {v}"
         for k, v in sorted(evidence.items())
-        if v is not None
+        if v is not None and k not in ("rules", "action", "steps")
     ]
     return ", ".join(parts) or "-"
+
+
+def _side(evidence: Mapping) -> str:
+    said = evidence["action"] if "action" in evidence else "; ".join(evidence.get("steps", []))
+    return f"{said} ({_evidence(evidence)})"
+
+
+def _provenance(lib: SkillLibrary, decisions: Sequence[Mapping]) -> list[Section]:
+    """Each direction rule with its provenance, and the contested replacements with both sides' evidence."""
+    rules = [
+        [name, f"{d}: {r['action']}", _evidence(r)]
+        for name, s in lib.skills.items()
+        for d, r in s.evidence.get("rules", {}).items()
+    ]
+    contested = [
+        [d["skill"], d["rule"], "replaced" if d["replaced"] else "kept previous", _side(d["previous"]), _side(d["new"])]
+        for d in decisions
+    ]  # fmt: skip
+    title = (
+        "Contested replacements (the new side must beat the previous: at least min_support solved tasks and a "
+        "success-rate interval wholly above)"
+    )
+    return [
+        Section("Direction rules and their provenance", table=(["skill", "rule", "evidence"], rules)),
+        Section(title, table=(["skill", "rule", "decision", "previous", "new"], contested)),
+    ]
 
 
 def library_report(
@@ -27,10 +57,12 @@ def library_report(
     rejected: Mapping[str, str],
     title: str,
     accuracy: Mapping | None = None,
+    decisions: Sequence[Mapping] = (),
 ) -> Report:
     """Every skill of ``lib``: added (not in ``previous``), changed from it, or kept; ``new`` are the skills this
-    round's episodes produced (merged into the library); ``accuracy``: the library scored against the env
-    (``sdarflow.skills.accuracy.score_library``), shown per skill."""
+    round's episodes produced (merged into the library); each direction rule with its provenance; the contested
+    replacements (``sdarflow.skills.merge``), made or refused, with both sides' evidence; ``accuracy``: the library
+    scored against the env (``sdarflow.skills.accuracy.score_library``), shown per skill."""
 
     def status(name: str) -> str:
         if previous is None or name not in previous.skills:
@@ -44,6 +76,7 @@ def library_report(
     ]  # fmt: skip
     sections = [
         Section("Skills", table=(["skill", "task types", "steps", "this round", "evidence"], rows)),
+        *_provenance(lib, decisions),
         Section("Rejected this round (LLM-written skills, with why)", items=sorted(rejected.items())),
     ]
     if accuracy is not None:

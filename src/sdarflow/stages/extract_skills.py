@@ -21,8 +21,9 @@ from sdarflow.models.device import device_opt
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills import bandit
 from sdarflow.skills.accuracy import VERDICTS, score_library
-from sdarflow.skills.extract import episodes_from_rows, extract_skills, merge, reevaluate
+from sdarflow.skills.extract import MIN_SUPPORT, episodes_from_rows, extract_skills
 from sdarflow.skills.library import GENERAL, SkillLibrary
+from sdarflow.skills.merge import merge, reevaluate
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,11 @@ class ExtractSkillsConfig(StageConfig):
     extractor: str = opt(
         "rule", "rule (hindsight action patterns) or llm (a chat model writes skills)", choices=EXTRACTORS
     )
-    min_support: int = opt(2, "successful episodes a task type needs before it gets a skill", ge=1)
+    min_support: int = opt(
+        MIN_SUPPORT,
+        "solved tasks a task type, a direction rule or a replacement needs (README Skills: how it was set)",
+        ge=1,
+    )
     min_win_share: float = opt(
         0.5, "a step is kept if at least this share of successes contain it", ge=0, le=1
     )
@@ -128,7 +133,9 @@ def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> d
     return bandit.update(previous, rows)
 
 
-def _new_skills(cfg: ExtractSkillsConfig, episodes) -> tuple[SkillLibrary, dict[str, str]]:
+def _new_skills(
+    cfg: ExtractSkillsConfig, episodes, round_: int | None
+) -> tuple[SkillLibrary, dict[str, str]]:
     """This round's skills (rule-mined, or written by the LLM extractor with a rule-mined general skill) and the
     LLM-written ones rejected, with why."""
     new = extract_skills(
@@ -137,6 +144,7 @@ def _new_skills(cfg: ExtractSkillsConfig, episodes) -> tuple[SkillLibrary, dict[
         min_win_share=cfg.min_win_share,
         min_lift=cfg.min_lift,
         follow_share=cfg.follow_share,
+        origin={"source": "rule", "round": round_},
     )
     rejected: dict[str, str] = {}
     if cfg.extractor == "llm":
@@ -150,6 +158,7 @@ def _new_skills(cfg: ExtractSkillsConfig, episodes) -> tuple[SkillLibrary, dict[
             max_tokens=cfg.llm_max_tokens,
             temperature=cfg.llm_temperature,
             follow_share=cfg.follow_share,
+            round_=round_,
         )
         if new.general:  # the general skill stays rule-mined: it needs every task type's successes
             written.skills[GENERAL] = new.general
@@ -165,7 +174,14 @@ def _accuracy(envs: list[str], lib: SkillLibrary) -> dict | None:
 
 
 def _write_report(
-    folder: str, lib, previous, new, rejected: dict, accuracy: dict | None, cfg: ExtractSkillsConfig
+    folder: str,
+    lib,
+    previous,
+    new,
+    rejected: dict,
+    decisions: list,
+    accuracy: dict | None,
+    cfg: ExtractSkillsConfig,
 ) -> None:
     from pathlib import Path
 
@@ -173,7 +189,7 @@ def _write_report(
     from sdarflow.skills.report import library_report
 
     title = f"extract-skills ({cfg.extractor})"
-    doc = library_report(lib, previous, sorted(new.skills), rejected, title, accuracy)
+    doc = library_report(lib, previous, sorted(new.skills), rejected, title, accuracy, decisions)
     (Path(folder) / "report.md").write_text(report.markdown(doc))
     (Path(folder) / "report.html").write_text(report.html(doc))
 
@@ -190,14 +206,17 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     stats = _updated_stats(cfg, previous)
     if previous is not None:
         previous = reevaluate(previous, episodes, follow_share=cfg.follow_share)
-    new, rejected = _new_skills(cfg, episodes)
-    lib = merge(previous, new, cfg.dedupe_threshold)
+    rounds = table.column("round").unique().to_pylist()
+    new, rejected = _new_skills(cfg, episodes, rounds[0] if len(rounds) == 1 else None)
+    lib, decisions = merge(previous, new, cfg.min_support, cfg.dedupe_threshold)
     lib.stats = bandit.carry_over(stats, lib)
     accuracy = _accuracy(table.column("env").unique().to_pylist(), lib)
     metrics = {} if accuracy is None else {f"skills/rules_{v}": accuracy[v] for v in VERDICTS}
+    metrics["skills/replacements_made"] = sum(d["replaced"] for d in decisions)
+    metrics["skills/replacements_refused"] = sum(not d["replaced"] for d in decisions)
     with tempfile.TemporaryDirectory() as tmp:
         lib.save(tmp)
-        _write_report(tmp, lib, previous, new, rejected, accuracy, cfg)
+        _write_report(tmp, lib, previous, new, rejected, decisions, accuracy, cfg)
         storage.publish_dir(
             tmp,
             cfg.output,
@@ -211,6 +230,7 @@ def run(cfg: ExtractSkillsConfig) -> dict:
             extractor=cfg.extractor,
             metrics=metrics,
             accuracy=accuracy,
+            replacements=decisions,
         )
     log.info(
         "extract-skills: %d episodes -> %d new skills (%d rejected), library %s with %d skills",

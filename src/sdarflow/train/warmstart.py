@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 BUILD_FILE = "sdarflow_build.json"
 SEED_SKILLS = "seed_skills"  # the seed skill library inside the base model folder, published
 # Part of the settings hash: bump when what an unchanged spec builds changes (the SFT data's prompt, observation or
-# skill format, or the training schedule), so a model built before is rebuilt. 3: transformers' cosine schedule.
-RECIPE_VERSION = 3
+# skill format, or the training schedule), so a model built before is rebuilt. 3: transformers' cosine schedule;
+# 4: the seed library is extracted with direction contrasts and marked source "seed".
+RECIPE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def _sft_data(spec: BaseModelSpec) -> tuple:
     steps, episodes = expert_steps(spec.env, spec.tasks)
     solved = sum(e.success for e in episodes)
     log.info("walkthroughs: %d games, %d solved, %d decision points", len(episodes), solved, len(steps))
-    seed_lib = extract_skills(episodes, min_support=1)
+    seed_lib = extract_skills(episodes, origin={"source": "seed"})
 
     rng = random.Random(spec.seed)
     contexts = [build_messages(s.instruction, s.actions, s.observation, spec.history_turns) for s in steps]
