@@ -241,6 +241,28 @@ def demo_table(results_dir: Path = RESULTS) -> str:
     return "\n".join([*lines, "", took + _made_by([r])])
 
 
+def skill_support_table(results_dir: Path = RESULTS) -> str:
+    """Rules right / wrong / recipe-blind by solved tasks per type (walkthroughs) and by minimum support (policy
+    rollouts) of ``python -m bench.skill_support``."""
+    r = _load(results_dir, "skill_support")
+    if r is None:
+        return "(no result yet: `python -m bench.skill_support`)"
+
+    def counts(c: dict) -> str:
+        return f"{c['right']} / {c['wrong']} / {c['recipe_blind']}"
+
+    lines = ["| data | setting | rules right / wrong / recipe-blind |", "|---|---|---|"]
+    lines += [
+        f"| walkthroughs ({r['draws']} draws) | {k} solved tasks per type | {counts(c)} |"
+        for k, c in r["walkthroughs"].items()
+    ]
+    lines += [
+        f"| rollouts ({r['rollout_datasets']} rounds) | min_support {m} | {counts(c)} |"
+        for m, c in r["rollouts"].items()
+    ]
+    return "\n".join([*lines, "", _made_by([r])])
+
+
 def learning_check_table(results_dir: Path = RESULTS) -> str:
     """Train-split success per round and seed (round 0 = the base) of ``python -m bench.learning_check``."""
     r = _load(results_dir, "learning_check_sdar")
@@ -332,6 +354,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "bench": bench_table,
     "grpo_tuning": grpo_tuning_table,
     "demo": demo_table,
+    "skill_support": skill_support_table,
 }
 
 

@@ -25,21 +25,24 @@ from sdarflow import __version__
 _SOURCE = Path(__file__).resolve().parent
 
 
-def _git(*args: str) -> str | None:
+def _git(source: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(_SOURCE), *args], capture_output=True, text=True, timeout=10, check=True
+            ["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10, check=True
         )
     except (OSError, subprocess.SubprocessError):  # no git, or an installed wheel (no checkout)
         return None
     return out.stdout
 
 
-def code() -> dict[str, Any]:
-    """sdarflow's version, the git commit it runs from (None outside a checkout) and a hash of the uncommitted
-    changes to tracked files (None when there are none)."""
-    commit = _git("rev-parse", "HEAD")
-    diff = _git("diff", "HEAD") if commit else None
+def code(source: Path = _SOURCE) -> dict[str, Any]:
+    """sdarflow's version, the git commit ``source`` (sdarflow's own folder) is checked out at (None outside a
+    checkout) and a hash of the uncommitted changes to tracked files other than ``bench/results`` (None when there
+    are none)."""
+    commit = _git(source, "rev-parse", "HEAD")
+    # results written into the checkout are outputs, not code: a benchmark that commits one must not change the
+    # code its next run (or a study reusing its cells) is keyed on
+    diff = _git(source, "diff", "HEAD", "--", ":(top)", ":(top,exclude)bench/results") if commit else None
     return {
         "sdarflow": __version__,
         "commit": commit.strip() if commit else None,
