@@ -63,7 +63,7 @@ def reevaluate(
         eps = episodes if lib.is_general(skill) else [e for e in episodes if e.task_type in skill.task_types]
         if not eps or not skill.steps:
             continue
-        ev = {**skill.evidence, "source": source(skill), **evidence(skill.steps, eps, literal, follow_share)}
+        ev = {**skill.evidence, **evidence(skill.steps, eps, literal, follow_share)}
         rules = directions(skill.text)
         if rules:
             old = skill.evidence.get("rules", {})
