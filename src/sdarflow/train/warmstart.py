@@ -154,7 +154,9 @@ def _sft_data(spec: BaseModelSpec) -> tuple:
     steps, episodes = expert_steps(spec.env, spec.tasks)
     solved = sum(e.success for e in episodes)
     log.info("walkthroughs: %d games, %d solved, %d decision points", len(episodes), solved, len(steps))
-    seed_lib = extract_skills(episodes, origin={"source": "seed"})
+    # Walkthroughs are demonstrations, not lucky successes: any number supports a skill (the direction contrast
+    # still needs enough of them to tell one direction's action from another's).
+    seed_lib = extract_skills(episodes, min_support=1, origin={"source": "seed"})
 
     rng = random.Random(spec.seed)
     contexts = [build_messages(s.instruction, s.actions, s.observation, spec.history_turns) for s in steps]
