@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from sdarflow.cli import main
-from sdarflow.models.gguf_import import IMPORT_FILE, KNOWN, KnownModel, import_gguf, sha256
+from sdarflow.models.gguf_import import IMPORT_FILE, KNOWN, KnownModel, import_gguf
 from sdarflow.rollout.prompt import encode_prompt
 
 
@@ -84,4 +84,3 @@ def test_a_corrupt_file_and_an_unsupported_architecture_are_refused(tmp_path, ca
     assert code != 0 and "holds a 'rwkv6' model, which transformers cannot load from GGUF" in err
     assert "llama" in err and "qwen2" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-    assert len(sha256(other)) == 64

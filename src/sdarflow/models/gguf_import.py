@@ -12,7 +12,6 @@ import never looks complete.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdarflow import storage
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,6 @@ def known_file(name: str) -> Path:
     return path
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def architecture(path: Path) -> str:
     """The GGUF file's ``general.architecture``, checked against what transformers can load."""
     try:
@@ -118,7 +110,7 @@ def import_gguf(
     gguf_file = Path(gguf_file)
     if not gguf_file.is_file():
         raise ConfigError(f"import-model: --gguf {gguf_file} does not exist; fix: pass a GGUF file")
-    digest = sha256(gguf_file)
+    digest = storage.file_sha256(gguf_file)
     info_path = output / IMPORT_FILE
     if not force and info_path.is_file() and json.loads(info_path.read_text()).get("sha256") == digest:
         log.info("import-model: %s already holds %s (sha256 %s)", output, gguf_file.name, digest[:12])

@@ -8,6 +8,7 @@ from sdarflow.storage.files import (
     confined,
     delete_tree,
     exists,
+    file_sha256,
     inside,
     join,
     read_bytes,
@@ -36,6 +37,7 @@ from sdarflow.storage.publish import (
 )
 
 __all__ = [
+    "file_sha256",
     "ATTACHMENTS",
     "GENERATION",
     "MANIFEST",

@@ -12,7 +12,6 @@ damage), sets it aside as ``step-N.damaged`` and resumes from the one before, wi
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from sdarflow.errors import CheckpointError, StorageError
-from sdarflow.storage import inside
+from sdarflow.storage import file_sha256, inside
 from sdarflow.train.engine import TrainEngine
 from sdarflow.train.schedule import TrainState
 
@@ -264,15 +263,9 @@ def _set_aside(path: Path) -> None:
 
 
 def _sums(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return {
+        p.relative_to(folder).as_posix(): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def _mismatches(folder: Path, sums: object):
@@ -288,7 +281,7 @@ def _mismatches(folder: Path, sums: object):
             continue
         if not path.is_file():
             yield rel, "is missing"
-        elif _sha256(path) != expected:
+        elif file_sha256(path) != expected:
             yield rel, "does not match its sha256"
 
 
