@@ -9,7 +9,8 @@ Two sources of successful episodes, each scored against the env's ground truth (
   with the stray actions a policy takes), each extracted on its own at each minimum support.
 
 For each minimum support the extractor runs with no previous library (the merge would hide its mistakes), and the
-table counts right, wrong and recipe-blind rules over all libraries.
+table counts right, wrong and recipe-blind rules over all libraries, and the task-type skills (and their steps)
+published: what a higher support costs.
 
     python -m bench.skill_support --from demo-output [--from DIR ...]
 """
@@ -64,11 +65,14 @@ def _score(sets: list[list], min_support: int) -> dict[str, int]:
     from sdarflow.skills.extract import extract_skills
 
     truth = get_suite("textworld-cooking").skill_truth()
-    total = dict.fromkeys(VERDICTS, 0)
+    total = dict.fromkeys((*VERDICTS, "skills", "steps"), 0)
     for episodes in sets:
-        scored = score_library(extract_skills(episodes, min_support=min_support), truth)
+        lib = extract_skills(episodes, min_support=min_support)
+        scored = score_library(lib, truth)
         for v in VERDICTS:
             total[v] += scored[v]
+        total["skills"] += len(lib.task_specific())  # what a higher support costs: skills not published
+        total["steps"] += sum(len(s.steps) for s in lib.task_specific())
     return total
 
 

@@ -249,16 +249,19 @@ def skill_support_table(results_dir: Path = RESULTS) -> str:
         return "(no result yet: `python -m bench.skill_support`)"
 
     def counts(c: dict) -> str:
-        return f"{c['right']} / {c['wrong']} / {c['recipe_blind']}"
+        return f"{c['right']} / {c['wrong']} / {c['recipe_blind']} | {c['skills']} ({c['steps']} steps)"
 
-    lines = ["| data | setting | rules right / wrong / recipe-blind |", "|---|---|---|"]
+    lines = [
+        "| data | setting | rules right / wrong / recipe-blind | task-type skills published (steps) |",
+        "|---|---|---|---|",
+    ]
     lines += [
         f"| walkthroughs ({r['draws']} draws) | {k} solved tasks per type | {counts(c)} |"
-        for k, c in r["walkthroughs"].items()
+        for k, c in sorted(r["walkthroughs"].items(), key=lambda kv: int(kv[0]))
     ]
     lines += [
         f"| rollouts ({r['rollout_datasets']} rounds) | min_support {m} | {counts(c)} |"
-        for m, c in r["rollouts"].items()
+        for m, c in sorted(r["rollouts"].items(), key=lambda kv: int(kv[0]))
     ]
     return "\n".join([*lines, "", _made_by([r])])
 
