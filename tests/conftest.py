@@ -94,12 +94,11 @@ def lora_adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
     from sdarflow.models import load_policy
     from sdarflow.models.identity import BASE_FILE, base_fingerprint
-    from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 
     torch.manual_seed(0)
     policy = load_policy(str(tiny_model))
     # init_lora_weights=False: B is random too, so the adapter is not the identity.
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=DEFAULT_LORA_TARGETS, init_lora_weights=False)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
     model = get_peft_model(policy.model, config)
     out = tmp_path_factory.mktemp("adapters") / "random-lora"
     model.save_pretrained(out)

@@ -43,10 +43,10 @@ def test_packed_equals_padded(policy, pack_length):
 def test_packed_equals_padded_with_eager_attention_and_a_lora_adapter(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    from sdarflow.models.policy import DEFAULT_LORA_TARGETS, new_lora
+    from sdarflow.models.policy import new_lora
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), attn_implementation="eager").eval()
-    model = new_lora(model, rank=4, alpha=8, targets=DEFAULT_LORA_TARGETS)
+    model = new_lora(model, rank=4, alpha=8)
     torch.manual_seed(0)
     with torch.no_grad():  # LoRA B starts at zero: perturb it so the adapter changes the outputs
         for name, p in model.named_parameters():

@@ -14,7 +14,6 @@ from sdarflow.models.identity import check_adapter, check_model_dir
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
@@ -89,10 +88,16 @@ def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
         ) from err
 
 
-def new_lora(model, rank: int, alpha: int, targets: list[str], dropout: float = 0.0):
+def new_lora(model, rank: int, alpha: int, targets: list[str] | None = None, dropout: float = 0.0):
+    """``model`` with LoRA on ``targets`` (module names; None or empty: PEFT's ``all-linear``, every linear layer
+    but the output head, found from the architecture: q/k/v/o and the MLP's on Qwen2 and Llama alike)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=dropout, task_type="CAUSAL_LM"
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(targets) if targets else "all-linear",
+        lora_dropout=dropout,
+        task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

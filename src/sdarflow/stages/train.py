@@ -26,7 +26,6 @@ import torch
 from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
-from sdarflow.models.policy import DEFAULT_LORA_TARGETS
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
 from sdarflow.train import presets
@@ -213,7 +212,9 @@ class TrainConfig(StageConfig):
         8, "LoRA rank; 0 = full fine-tune (every weight trains; publishes a full HF model)", ge=0
     )
     lora_alpha: int = opt(16, "LoRA alpha", ge=1)
-    lora_targets: list[str] = opt(DEFAULT_LORA_TARGETS, "modules that get LoRA")
+    lora_targets: list[str] = opt(
+        [], "modules that get LoRA (names, e.g. q_proj); empty: every linear layer of the model's blocks"
+    )
     epochs: int = opt(HYPER.epochs, "passes over the round's rows", ge=1)
     mini_batches: int = opt(HYPER.mini_batches, "optimizer steps per epoch", ge=1)
     max_steps: int = opt(
