@@ -79,3 +79,29 @@ def test_extract_skills_reports_the_librarys_accuracy(episodes_dataset, tmp_path
     }
     assert manifest["metrics"] == result["metrics"] and set(manifest["accuracy"]["skills"]) >= {"skill_cut"}
     assert "Accuracy against the env" in (tmp_path / "lib" / "report.md").read_text()
+
+
+def test_tool_calls_are_scored_against_the_gold_plans():
+    truth = get_suite("tool-use").skill_truth()
+    listing = '{"tool": "list_files", "args": {"folder": "tmp"}}'
+    reading = '{"tool": "read_file", "args": {"path": "<item>"}}'
+    cleanup = Skill("skill_cleanup", render("cleanup", [listing, reading, "look around"]), ["cleanup"], [])
+    scored = _score(truth, cleanup)["skills"]["skill_cleanup"]
+    # cleanup lists tmp in every task and never reads a file; "look around" calls no tool and is not scored
+    assert scored == {"right": [listing], "wrong": [reading], "recipe_blind": []}
+    # a general skill covers every type: listing files is right for some (cleanup) and not others (schedule)
+    general = Skill("general_skills", render("general", [listing, '{"tool": "finish", "args": {}}']), [], [])
+    scored = _score(truth, general)["skills"]["general_skills"]
+    assert scored["recipe_blind"] == [listing] and scored["right"] == ['{"tool": "finish", "args": {}}']
+
+
+def test_search_qa_steps_are_scored_as_calls():
+    truth = get_suite("search-qa").skill_truth()
+    skill = Skill(
+        "skill_employer", render("employer", ["search[<item>]", "answer[<item>]", "think"]), ["employer"], []
+    )
+    assert _score(truth, skill)["skills"]["skill_employer"] == {
+        "right": ["search[<item>]", "answer[<item>]"],
+        "wrong": [],
+        "recipe_blind": [],
+    }

@@ -51,14 +51,25 @@ class Task:
 @dataclass(frozen=True)
 class SkillTruth:
     """What an env knows is right for a skill library to say, to score extracted skills against (never an input to
-    the extractor). ``actions``: each goal direction's required action, spelled as skills spell them (``fry the
+    the extractor).
+
+    Recipe envs: ``actions``: each goal direction's required action, spelled as skills spell them (``fry the
     <item>`` -> ``cook <item> with stove``); ``needs``: the preparation each direction stands for (``cook``);
     ``prepared_by``: per task type, the preparations its tasks require (a direction whose preparation the type does
-    not require needs no action: TextWorld's recipe lists it, but the food is already prepared)."""
+    not require needs no action: TextWorld's recipe lists it, but the food is already prepared).
 
-    actions: dict[str, str]
-    needs: dict[str, str]
-    prepared_by: dict[str, frozenset[str]]
+    Tool-calling envs: ``calls``: per task type, the share of its tasks whose gold plan calls each tool;
+    ``call_pattern``: a regular expression whose one group reads the tool a skill step calls."""
+
+    actions: dict[str, str] = field(default_factory=dict)
+    needs: dict[str, str] = field(default_factory=dict)
+    prepared_by: dict[str, frozenset[str]] = field(default_factory=dict)
+    calls: dict[str, dict[str, float]] = field(default_factory=dict)
+    call_pattern: str = ""
+
+    @property
+    def task_types(self) -> list[str]:
+        return sorted(set(self.prepared_by) | set(self.calls))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
+from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
 from sdarflow.envs.search_corpus import BM25, KIND_SIZES, build_world, documents
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,14 @@ class SearchQASuite:
 
     def size(self, split: str) -> int:
         return len(self._spec(split).templates) * len(self._people(split))
+
+    def skill_truth(self) -> SkillTruth:
+        """Every question, of every template, is answered by searching, hop by hop, then answering."""
+        types = {t.task_type for ts in TEMPLATES.values() for t in ts}
+        return SkillTruth(
+            calls={t: {"search": 1.0, "answer": 1.0} for t in sorted(types)},
+            call_pattern=r"^(search|answer)\[",
+        )
 
     def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
         """Question i asks template ``i % T`` about person ``i // T`` of the split's people."""

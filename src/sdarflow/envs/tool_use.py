@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, Step, Task, task_indices
+from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
 from sdarflow.envs.tool_api import FINISH, TOOLS, ToolAPI, ToolCallError, World, canonical, parse_call
 from sdarflow.envs.tool_api import result_text as _result_text
 from sdarflow.envs.tool_api import run_plan as _run_plan
@@ -271,6 +271,20 @@ class ToolUseSuite:
 
     def make(self, task: Task) -> ToolUseEnv:
         return ToolUseEnv(task, self.max_turns or self._spec(task.split).max_turns)
+
+    def skill_truth(self, per_split: int = 200) -> SkillTruth:
+        """Per task type, the share of its tasks (the first ``per_split`` of every split) whose gold plan calls each
+        tool; a step calls the tool its JSON names."""
+        plans: dict[str, list[set[str]]] = {}
+        for split in TOOL_SPLITS:
+            for task in self.tasks(split, per_split):
+                tools = {json.loads(call)["tool"] for call in json.loads(task.payload)["plan"]}
+                plans.setdefault(task.task_type, []).append(tools)
+        calls = {
+            t: {tool: sum(tool in p for p in ps) / len(ps) for tool in TOOLS}
+            for t, ps in sorted(plans.items())
+        }
+        return SkillTruth(calls=calls, call_pattern=r'"tool": "([a-z_]+)"')
 
     def parse_action(self, text: str, finished: bool) -> tuple[str, bool]:
         """(canonical call, ok): ok needs a strict JSON call that ended on its own (not cut at the token limit)."""

@@ -15,7 +15,6 @@ from sdarflow.models.identity import check_adapter, check_model_dir
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class Policy:
     model: torch.nn.Module

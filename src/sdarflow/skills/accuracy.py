@@ -11,11 +11,16 @@ Per skill, over the task types it covers (every type for the general skill):
   covered type requires that preparation (it is right only for the recipes that ask for that direction) and
   *wrong* when none does.
 
+- in a tool-calling env, a step that calls a tool (``{"tool": "list_files", ...}``, ``search[...]``) is *right* when
+  every task of every covered type calls that tool in its gold plan, *wrong* when none does, and *recipe-blind*
+  otherwise.
+
 Other rules and steps (``take <item> from <place>``, ``prepare meal``) are not scored.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,14 +50,18 @@ def score_skill(skill: Skill, types: list[str], truth: SkillTruth) -> dict[str, 
         if step in by_action:
             needed = any(by_action[step] in truth.prepared_by[t] for t in types)
             out["recipe_blind" if needed else "wrong"].append(step)
+        call = re.search(truth.call_pattern, step) if truth.call_pattern else None
+        if call:
+            shares = [truth.calls.get(t, {}).get(call.group(1), 0.0) for t in types]
+            always, never = all(x == 1.0 for x in shares), not any(x > 0 for x in shares)
+            out["right" if always else "wrong" if never else "recipe_blind"].append(step)
     return out
 
 
 def score_library(lib: SkillLibrary, truth: SkillTruth) -> dict[str, Any]:
     """Counts of right, wrong and recipe-blind rules over the library, and each skill's scored items."""
-    every_type = sorted(truth.prepared_by)
     skills = {}
     for name, skill in lib.skills.items():
-        types = [t for t in skill.task_types if t in truth.prepared_by] or every_type
+        types = [t for t in skill.task_types if t in truth.task_types] or truth.task_types
         skills[name] = score_skill(skill, types, truth)
     return {**{v: sum(len(s[v]) for s in skills.values()) for v in VERDICTS}, "skills": skills}
