@@ -123,9 +123,10 @@ def direction_rules(
     wins: list[EpisodeActions], literal: set[str], min_support: int = MIN_SUPPORT
 ) -> dict[str, str]:
     """Per goal direction (``fry the <item>``), the abstract action that goes with it: among the successful
-    episodes (one per task, :func:`one_per_task`, so ``min_support`` counts tasks), the action on the direction's object whose share in those whose goal has the direction most exceeds
-    its share in those whose goal does not, kept only when at least ``min_support`` successes have the direction
-    and the two shares' Wilson 95% intervals do not overlap (``take <item> from <place>`` is in all of them, so it
+    episodes (one per task, :func:`one_per_task`, so ``min_support`` counts tasks), the action on the direction's
+    object whose share in those whose goal has the direction most exceeds its share in those whose goal does not,
+    kept only when at least ``min_support`` tasks have the direction and the two shares' Wilson 95% intervals do
+    not overlap (``take <item> from <place>`` is in all of them, so it
     belongs to no direction). The contrast is what tells one direction's action from another's on the same object
     (``roast the carrot; chop the carrot``): three successes never pass it. An action goes to the one direction it
     separates best (largest gap between the intervals). A direction in every episode has nothing to contrast with,

@@ -2,14 +2,14 @@
 
 A skill's steps, or one of its direction rules, from the previous library (the seed library, a hand-written skill,
 or an earlier round's) is replaced only when this round's evidence for the new one is stronger under one stated
-test, :func:`beats`: the new one has successes on at least ``min_support`` tasks and the Wilson 95% interval of its success
-rate lies wholly above the old one's, both measured on this round's episodes (:func:`reevaluate` re-measures the
-old). Otherwise the old stays. Every contested replacement, made or refused, is returned with both sides' evidence,
-for the stage's report and manifest. A rule no episode tried this round has no interval: nothing contradicts it,
-so it stays. A direction the old skill has no rule for takes the new rule (extraction already held it to its
-own support and contrast). Hand-written skills (no ``source`` in their evidence) are marked ``hand``; one whose
-text is not in the extractor's layout (steps, then ``Directions:``) is only ever replaced whole. Rules keep their
-provenance (source, round, support, interval) across rounds.
+test, :func:`beats`: the new one has successes on at least ``min_support`` tasks and the Wilson 95% interval of
+its success rate lies wholly above the old one's, both measured on this round's episodes (:func:`reevaluate`
+re-measures the old). Otherwise the old stays. Every contested replacement, made or refused, is returned with both
+sides' evidence, for the stage's report and manifest. A rule no episode tried this round has no interval: nothing
+contradicts it, so it stays. A direction the old skill has no rule for takes the new rule (extraction already held
+it to its own support and contrast). Hand-written skills (no ``source`` in their evidence) are marked ``hand``;
+one whose text is not in the extractor's layout (steps, then ``Directions:``) is only ever replaced whole. Rules
+keep their origin (source, round) across rounds; their support and interval are re-measured each round.
 """
 
 from __future__ import annotations
