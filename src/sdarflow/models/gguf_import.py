@@ -70,12 +70,7 @@ def known_file(name: str) -> Path:
 
 def architecture(path: Path) -> str:
     """The GGUF file's ``general.architecture``, checked against what transformers can load."""
-    try:
-        import gguf
-    except ImportError as err:
-        raise ConfigError(
-            "import-model: reading GGUF needs the gguf package; fix: pip install 'sdarflow[gguf]'"
-        ) from err
+    import gguf
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     try:

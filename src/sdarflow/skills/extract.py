@@ -119,6 +119,11 @@ def goal_directions(goal: str, objects: set[str]) -> dict[str, str]:
     return out
 
 
+def episode_directions(e: EpisodeActions) -> dict[str, str]:
+    """The episode's goal directions on objects it acted on: ``{"fry the <item>": "red apple"}``."""
+    return goal_directions(e.goal, {_parts(a)[1] for a in e.actions})
+
+
 def direction_rules(
     wins: list[EpisodeActions], literal: set[str], min_support: int = MIN_SUPPORT
 ) -> dict[str, str]:
@@ -126,11 +131,10 @@ def direction_rules(
     episodes (one per task, :func:`one_per_task`, so ``min_support`` counts tasks), the action on the direction's
     object whose share in those whose goal has the direction most exceeds its share in those whose goal does not,
     kept only when at least ``min_support`` tasks have the direction and the two shares' Wilson 95% intervals do
-    not overlap (``take <item> from <place>`` is in all of them, so it
-    belongs to no direction). The contrast is what tells one direction's action from another's on the same object
-    (``roast the carrot; chop the carrot``): three successes never pass it. An action goes to the one direction it
-    separates best (largest gap between the intervals). A direction in every episode has nothing to contrast with,
-    and gets no rule."""
+    not overlap (``take <item> from <place>`` is in all of them, so it belongs to no direction). The contrast is
+    what tells one direction's action from another's on the same object (``roast the carrot; chop the carrot``):
+    three successes never pass it. An action goes to the one direction it separates best (largest gap between the
+    intervals). A direction in every episode has nothing to contrast with, and gets no rule."""
     wins = one_per_task(wins)
     with_d: Counter = Counter()
     on_object: dict[str, Counter] = defaultdict(Counter)  # episodes with d doing a on d's object
@@ -139,7 +143,7 @@ def direction_rules(
     for e in wins:
         acts = {abstract(a, literal, e.goal) for a in e.actions}
         acts_all.update(acts)
-        for d, obj in goal_directions(e.goal, {_parts(a)[1] for a in e.actions}).items():
+        for d, obj in episode_directions(e).items():
             with_d[d] += 1
             in_episode[d].update(acts)
             on_object[d].update({abstract(a, literal, e.goal) for a in e.actions if _parts(a)[1] == obj})
@@ -183,7 +187,7 @@ def rule_evidence(direction: str, action: str, episodes: list[EpisodeActions], l
     tried = [
         e
         for e in episodes
-        if (obj := goal_directions(e.goal, {_parts(a)[1] for a in e.actions}).get(direction)) is not None
+        if (obj := episode_directions(e).get(direction)) is not None
         and any(_parts(a)[1] == obj and abstract(a, literal, e.goal) == action for a in e.actions)
     ]
     return _rate(tried)
@@ -234,9 +238,7 @@ def unconditional(
     seen = {s for p, _ in patterns for s in p}
 
     def goal_bound(step: str) -> bool:
-        goals = [
-            set(goal_directions(e.goal, {_parts(a)[1] for a in e.actions})) for p, e in patterns if step in p
-        ]
+        goals = [set(episode_directions(e)) for p, e in patterns if step in p]
         return "<item>" in step and bool(goals) and bool(set.intersection(*goals))
 
     return [s for s in steps if not goal_bound(s) and not any(variants(s, o) for o in seen)]
@@ -298,8 +300,8 @@ def evidence(
     steps: list[str], episodes: list[EpisodeActions], literal: set[str], follow_share: float = 0.5
 ) -> dict:
     """Support (successful followers, and the ``tasks`` they solved), followers, success rate with its interval,
-    and lift of a skill with these steps on these episodes (the directions
-    step is not counted: it stands for actions that differ between tasks)."""
+    and lift of a skill with these steps on these episodes (the directions step is not counted: it stands for
+    actions that differ between tasks)."""
     wanted = {abstract(normalize_step(s), literal) for s in steps} - {DIRECTIONS_STEP}
     followed: list[bool] = []
     for e in episodes:
@@ -334,31 +336,23 @@ def _skill(
     origin: Mapping,
 ) -> Skill | None:
     """The skill these episodes support, or None (too few successes, no separating step, no lift)."""
-    won = [e for e in eps if e.success]
-    rules = direction_rules(won, literal, settings["min_support"])
+    won, need = [e for e in eps if e.success], settings["min_support"]
+    rules = direction_rules(won, literal, need)
     bound = frozenset(rules.values())
     wins = [pattern(e, literal, bound) for e in won]
     losses = [pattern(e, literal, bound) for e in eps if not e.success]
-    solved = len({e.task_id for e in won})
-    if solved < settings["min_support"]:
-        log.info(
-            "skills: %s has %d solved tasks < min_support %d; skipped", name, solved, settings["min_support"]
-        )
+    if (solved := len({e.task_id for e in won})) < need:
+        log.info("skills: %s has %d solved tasks < min_support %d; skipped", name, solved, need)
         return None
-    steps = _separating_steps(
-        wins, losses if task_types else [], settings["min_win_share"] if task_types else 0.8
-    )
-    steps = unconditional(steps, won, literal, bound)
+    # the general skill (no task types): steps in 80% of all successes, with no failures to separate from
+    share = settings["min_win_share"] if task_types else 0.8
+    steps = unconditional(_separating_steps(wins, losses if task_types else [], share), won, literal, bound)
     if not steps:
         return None
     ev = {**evidence(steps, eps, literal, settings["follow_share"]), **origin}
-    if task_types and ev["lift"] is not None and ev["lift"] <= settings["min_lift"]:
-        log.info(
-            "skills: %s does not separate successes (lift %s <= %s); skipped",
-            name,
-            ev["lift"],
-            settings["min_lift"],
-        )
+    lift, bar = ev["lift"], settings["min_lift"]
+    if task_types and lift is not None and lift <= bar:
+        log.info("skills: %s does not separate successes (lift %s <= %s); skipped", name, lift, bar)
         return None
     if DIRECTIONS_STEP in steps:
         ev["rules"] = rules_evidence(rules, eps, literal, origin)
@@ -383,8 +377,9 @@ def extract_skills(
     """
     origin = origin or {"source": "rule"}
     literal = literal_actions(episodes, literal_share)
-    settings = {"min_support": min_support, "min_win_share": min_win_share, "min_lift": min_lift}
-    settings["follow_share"] = follow_share
+    settings = dict(
+        min_support=min_support, min_win_share=min_win_share, min_lift=min_lift, follow_share=follow_share
+    )
     by_type: dict[str, list[EpisodeActions]] = defaultdict(list)
     for e in episodes:
         by_type[e.task_type].append(e)

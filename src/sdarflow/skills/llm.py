@@ -285,8 +285,9 @@ def llm_extract(
                 "skills: LLM skill for %s rejected: %s; reply began %r", task_type, reason, reply[:80]
             )
             continue
-        kept = set(unconditional([abstract(normalize_step(s), literal) for s in steps], wins, literal))
-        steps = [s for s in steps if abstract(normalize_step(s), literal) in kept]
+        abstracted = {s: abstract(normalize_step(s), literal) for s in steps}
+        kept = set(unconditional(list(abstracted.values()), wins, literal))
+        steps = [s for s in steps if abstracted[s] in kept]
         if not steps:
             rejected[task_type] = "every step depends on the goal's wording (the successes disagree on it)"
             continue

@@ -11,13 +11,18 @@ from sdarflow.skills.accuracy import VERDICTS
 from sdarflow.skills.library import SkillLibrary
 
 
+def _shown(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(x, float) for x in value):
+        return f"[{value[0]:.2f}, {value[1]:.2f}]"  # an interval
+    return str(value)
+
+
 def _evidence(evidence: Mapping) -> str:
+    """The evidence's figures as one line (the rules, and what a side says, are shown on their own)."""
     parts = [
-        f"{k} {v:.2f}"
-        if isinstance(v, float)
-        else f"{k} [{v[0]:.2f}, {v[1]:.2f}]"
-        if k == "interval"
-        else f"{k} {v}"
+        f"{k} {_shown(v)}"
         for k, v in sorted(evidence.items())
         if v is not None and k not in ("rules", "action", "steps")
     ]
