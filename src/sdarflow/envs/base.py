@@ -8,7 +8,9 @@ it calls them from worker threads (a per-call watchdog), concurrently only for s
 The action format belongs to the suite: a suite may define ``parse_action(text, finished) -> (action, ok)``
 (see :class:`ActionFormat`); the rollout loop uses it, and falls back to the short lower-case command parser of
 ``sdarflow.rollout.prompt`` for suites without one. Optional attributes: ``format_hint`` (the observation shown after
-a malformed action), ``max_action_tokens`` (the generation budget one action needs) and ``thread_safe``.
+a malformed action), ``max_action_tokens`` (the generation budget one action needs) and ``thread_safe``. An env may
+define ``admissible_commands() -> list[str]`` (the actions it accepts in its current state): the reference prompt
+format lists them, as the SDAR reference does for ALFWorld.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class Reset:
 
     instruction: str
     observation: str
+    # The actions the env accepts now; the rollout host fills it from ``admissible_commands()`` when the prompt
+    # lists them (None: not asked, or the env cannot tell).
+    admissible: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class Step:
     done: bool
     won: bool
     info: dict = field(default_factory=dict)
+    admissible: tuple[str, ...] | None = None  # as Reset's
 
 
 class Env(Protocol):

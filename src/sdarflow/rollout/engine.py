@@ -10,9 +10,11 @@ import logging
 
 import torch
 
+from sdarflow.config import opt
 from sdarflow.models.device import resolve_device
 from sdarflow.names import NameRegistry
 from sdarflow.rollout.generation import GenerationEngine
+from sdarflow.rollout.prompt import PROMPT_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +26,38 @@ ENGINE_CHOICES: tuple[str, ...] = ("auto", *GENERATION_ENGINES)
 
 
 DEFAULT_ACTION_TOKENS = 24  # for suites that do not say (short text-game commands)
+# What the reference format adds to an action: the reasoning in <think> tags and the two tag pairs. The reference
+# allows 512 response tokens on GPUs; 128 more than the action keeps a small model's CPU rollouts affordable, and a
+# reply that runs past it without closing its action tag is a format error the policy learns to avoid.
+REASONING_TOKENS = 128
+PROMPT_FORMAT_CHOICES: tuple[str, ...] = ("auto", *PROMPT_FORMATS)
 
 
-def action_tokens(suite, requested: int) -> int:
-    """Tokens per action: the requested number, else the suite's own need, else the default."""
-    return requested or getattr(suite, "max_action_tokens", DEFAULT_ACTION_TOKENS)
+def action_tokens(suite, requested: int, prompt_format: str = "command") -> int:
+    """Tokens per response: the requested number, else the suite's need for one action (or the default), plus the
+    reasoning budget in the ``reference`` format."""
+    need = getattr(suite, "max_action_tokens", DEFAULT_ACTION_TOKENS)
+    return requested or need + (REASONING_TOKENS if prompt_format == "reference" else 0)
+
+
+def prompt_format(requested: str, tokenizer) -> str:
+    """The prompt format ``requested`` stands for: ``auto`` is ``command`` for the models sdarflow builds (their
+    chat template is ``models.tiny``'s: they are trained on that format) and ``reference`` for every other model."""
+    if requested != "auto":
+        return requested
+    from sdarflow.models.tiny import CHAT_TEMPLATE
+
+    return "command" if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE else "reference"
+
+
+def prompt_format_opt():
+    """The ``prompt_format`` field of the stages that run rollouts."""
+    return opt(
+        "auto",
+        "agent prompt: command = reply with one command; reference = the SDAR reference's <think>/<action> reply "
+        "with the admissible actions listed; auto = command for models sdarflow built, reference otherwise",
+        choices=PROMPT_FORMAT_CHOICES,
+    )
 
 
 def pick_engine(name: str, device: torch.device) -> str:

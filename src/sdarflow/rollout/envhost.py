@@ -5,11 +5,13 @@
 overlaps one half of the episodes' env steps with the other half's generation. Both have one asynchronous form:
 ``submit(op, items)`` hands over a batch of calls (``reset``/``close`` with item None, ``step`` with the action)
 and ``result()`` returns their ``Outcome``s in order; one batch is in flight at a time. Every call runs under the
-``envcall`` watchdog wherever the envs live.
+``envcall`` watchdog wherever the envs live. Asked for ``admissible`` actions, a host adds an env's
+``admissible_commands()`` to each Reset and each Step that does not end the episode (within the same call).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import multiprocessing
@@ -44,17 +46,23 @@ def in_worker(envs: str, device: object) -> bool:
     return envs == "process" or (envs == "auto" and str(device).startswith("cuda"))
 
 
-def _call(env, op: str, arg: Any) -> Any:
-    if op == "step":
-        return env.step(arg)
-    return env.reset() if op == "reset" else env.close()
+def _call(env, op: str, arg: Any, admissible: bool) -> Any:
+    if op == "close":
+        return env.close()
+    value = env.step(arg) if op == "step" else env.reset()
+    if admissible and hasattr(env, "admissible_commands") and not getattr(value, "done", False):
+        value = dataclasses.replace(value, admissible=tuple(env.admissible_commands()))
+    return value
 
 
 class LocalEnvs:
     """The envs in this process; a batch runs when its result is asked for."""
 
-    def __init__(self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int) -> None:
+    def __init__(
+        self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, admissible: bool = False
+    ) -> None:
         self.envs = [suite.make(task) for task in tasks]
+        self.admissible = admissible
         # The env's own turn limit, where it has one (the loop also counts malformed turns against it).
         self.max_turns: list[int | None] = [getattr(env, "max_turns", None) for env in self.envs]
         self.timeout_s, self.workers = timeout_s, workers
@@ -66,17 +74,19 @@ class LocalEnvs:
     def result(self) -> list[Outcome]:
         op, items = self._pending
         self._pending = None
-        calls = [functools.partial(_call, self.envs[i], op, arg) for i, arg in items]
+        calls = [functools.partial(_call, self.envs[i], op, arg, self.admissible) for i, arg in items]
         return call_all(calls, self.timeout_s, self.workers)
 
     def shutdown(self) -> None:
         """Nothing to stop: the envs are closed through ``close`` calls."""
 
 
-def _serve(conn, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int) -> None:
+def _serve(
+    conn, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, admissible: bool
+) -> None:
     """The worker: build the envs, then answer batches until told to stop (None)."""
     try:
-        host = LocalEnvs(suite, tasks, timeout_s, workers)
+        host = LocalEnvs(suite, tasks, timeout_s, workers, admissible)
     except Exception as err:  # the suite's own error, shown in the parent as one line
         conn.send(("error", f"{type(err).__name__}: {err}"))
         return
@@ -90,13 +100,18 @@ class ProcessEnvs:
     """The envs in a worker process started from a forkserver (a clean process: it inherits none of the engine's
     threads); ``submit`` returns at once and the worker runs the batch while this process generates."""
 
-    def __init__(self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int) -> None:
+    def __init__(
+        self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, admissible: bool = False
+    ) -> None:
         ctx = multiprocessing.get_context("forkserver")
         # Imported once in the forkserver (textworld takes ~1 s), not in every worker it forks.
         ctx.set_forkserver_preload([__name__, type(suite).__module__])
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve, args=(child, suite, tasks, timeout_s, workers), daemon=True, name="sdarflow-envs"
+            target=_serve,
+            args=(child, suite, tasks, timeout_s, workers, admissible),
+            daemon=True,
+            name="sdarflow-envs",
         )
         self._proc.start()
         child.close()
@@ -155,14 +170,20 @@ class ProcessEnvs:
 
 
 def open_envs(
-    suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, in_process: bool
+    suite: EnvSuite,
+    tasks: Sequence[Task],
+    timeout_s: float,
+    workers: int,
+    in_process: bool,
+    admissible: bool = False,
 ) -> LocalEnvs | ProcessEnvs:
-    """``ProcessEnvs`` unless ``in_process``, or the suite or its tasks cannot be sent to a worker (pickle)."""
+    """``ProcessEnvs`` unless ``in_process``, or the suite or its tasks cannot be sent to a worker (pickle); both
+    report the envs' ``admissible`` actions when asked."""
     if not in_process:
         try:
             pickle.dumps((suite, list(tasks)))
         except Exception as err:
             log.info("%s: envs run in this process (the suite cannot go to a worker: %s)", suite.name, err)
         else:
-            return ProcessEnvs(suite, tasks, timeout_s, workers)
-    return LocalEnvs(suite, tasks, timeout_s, workers)
+            return ProcessEnvs(suite, tasks, timeout_s, workers, admissible)
+    return LocalEnvs(suite, tasks, timeout_s, workers, admissible)

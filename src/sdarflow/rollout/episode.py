@@ -13,13 +13,15 @@ class RolloutParams:
     """Per-rollout settings. step_timeout_s: limit on one env call (0 = none); env_workers: env calls run at
     once (for suites with ``thread_safe = True``; others get 1); max_prompt_tokens: the engine's context minus
     max_new_tokens (0 = unchecked); env_process: envs run in a worker process and two halves of the episodes
-    take turns, one generating while the other's env steps run (``rollout.envhost``; the stages' ``--envs``)."""
+    take turns, one generating while the other's env steps run (``rollout.envhost``; the stages' ``--envs``);
+    prompt_format: ``rollout.prompt.PROMPT_FORMATS`` (``reference`` asks the envs for their admissible actions)."""
 
     max_turns: int
     max_new_tokens: int = 24
     temperature: float = 1.0
     top_p: float = 1.0
     history_turns: int = 4
+    prompt_format: str = "command"
     seed: int = 0
     step_timeout_s: float = 60.0
     env_workers: int = 1
@@ -36,6 +38,7 @@ class Episode:
     instruction: str
     observation: str
     actions: list[str] = field(default_factory=list)
+    admissible: tuple[str, ...] | None = None  # the env's admissible actions now, when the prompt lists them
     rows: list[dict] = field(default_factory=list)
     total: float = 0.0
     won: bool = False

@@ -25,7 +25,7 @@ from sdarflow.rollout.envcall import Outcome
 from sdarflow.rollout.envhost import ProcessEnvs, open_envs
 from sdarflow.rollout.episode import Episode, RolloutParams, RolloutResult, RolloutStats
 from sdarflow.rollout.generation import GenerationEngine
-from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action
+from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action, parse_reference
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,20 @@ def sample_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def action_parser(suite: EnvSuite) -> ActionParser:
-    """The suite's ``parse_action`` if it defines one, else the short lower-case command parser."""
-    return getattr(suite, "parse_action", None) or parse_action
+def action_parser(suite: EnvSuite, prompt_format: str = "command") -> ActionParser:
+    """The suite's ``parse_action`` if it defines one, else the short lower-case command parser; in the
+    ``reference`` format it reads the action inside the reply's ``<action>`` tag (``parse_reference``)."""
+    inner = getattr(suite, "parse_action", None) or parse_action
+    if prompt_format == "reference":
+        return lambda text, finished: parse_reference(text, finished, inner)
+    return inner
+
+
+def messages_of(ep: Episode, params: RolloutParams) -> list[dict]:
+    """The episode's next prompt, as ``build_messages`` shapes it for the rollout's format."""
+    return build_messages(
+        ep.instruction, ep.actions, ep.observation, params.history_turns, params.prompt_format, ep.admissible
+    )
 
 
 def run_rollout(
@@ -85,7 +96,12 @@ def run_rollout(
         log.info("%s: env calls one at a time (the suite does not declare thread_safe)", suite.name)
         params = dataclasses.replace(params, env_workers=1)
     envs = open_envs(
-        suite, [e.task for e in episodes], params.step_timeout_s, params.env_workers, not params.env_process
+        suite,
+        [e.task for e in episodes],
+        params.step_timeout_s,
+        params.env_workers,
+        not params.env_process,
+        admissible=params.prompt_format == "reference",
     )
     for ep in episodes:
         ep.max_turns = envs.max_turns[ep.index]
@@ -118,7 +134,7 @@ class _Rollout:
     def __init__(self, engine, suite, envs, episodes, params, tokenizer, stats, lineage) -> None:
         self.engine, self.suite, self.envs, self.episodes = engine, suite, envs, episodes
         self.params, self.tokenizer, self.stats = params, tokenizer, stats
-        self.parse = action_parser(suite)
+        self.parse = action_parser(suite, params.prompt_format)
         self.ctx = (*lineage, self.parse, getattr(suite, "format_hint", FORMAT_ERROR_OBS))
         two = isinstance(envs, ProcessEnvs) and len(episodes) > 1
         self.lanes = [episodes[0::2], episodes[1::2]] if two else [episodes]
@@ -136,12 +152,7 @@ class _Rollout:
             self.turns(t0, desc)
         finally:
             self.bar.close()
-        for ep in episodes:
-            ep.done = True  # those still going ran out of turns
-            for row in ep.rows:
-                row["episode_return"] = float(ep.total)
-                row["success"] = bool(ep.won)
-                row["num_turns"] = len(ep.rows)
+        rows = finish(episodes, self.suite.name)
         _close(episodes, self.envs)
         stats.identical_groups = identical_groups(episodes) if params.temperature > 0 else []
         for gid in stats.identical_groups[:MAX_GROUP_WARNINGS]:
@@ -153,7 +164,6 @@ class _Rollout:
         if len(stats.identical_groups) > MAX_GROUP_WARNINGS:
             log.warning("%d groups in all are token-identical", len(stats.identical_groups))
         stats.seconds = time.perf_counter() - t0 - stats.engine_start_seconds
-        rows = [{**row, "env": self.suite.name} for ep in episodes for row in ep.rows]
         return RolloutResult(rows, episodes, stats)
 
     def land(self, batch: _InFlight) -> None:
@@ -219,6 +229,7 @@ def _apply_resets(episodes: list[Episode], outcomes: list[Outcome]) -> None:
     for ep, out in zip(episodes, outcomes, strict=True):
         if out.ok:
             ep.instruction, ep.observation = out.value.instruction, out.value.observation
+            ep.admissible = out.value.admissible
         else:
             _fail(ep, out, "reset")
 
@@ -246,8 +257,7 @@ def _check_first_prompts(batch: list[Episode], episodes: list[Episode], envs, pa
     for ep in batch:
         if ep.done:
             continue
-        msgs = build_messages(ep.instruction, [], ep.observation, params.history_turns)
-        n = len(encode_prompt(tokenizer, msgs))
+        n = len(encode_prompt(tokenizer, messages_of(ep, params)))
         if n > params.max_prompt_tokens:
             _close(episodes, envs)
             raise ConfigError(
@@ -260,7 +270,7 @@ def _check_first_prompts(batch: list[Episode], episodes: list[Episode], envs, pa
 def _generate(engine, lane, episodes, turn, params, tokenizer, stats, parse) -> _InFlight | None:
     """One engine call for the lane's live episodes; their actions, parsed, await the env (None: none live)."""
     live = [e for e in episodes if not e.done]
-    messages = [build_messages(e.instruction, e.actions, e.observation, params.history_turns) for e in live]
+    messages = [messages_of(e, params) for e in live]
     prompts = [encode_prompt(tokenizer, m) for m in messages]
     fits = [params.max_prompt_tokens <= 0 or len(p) <= params.max_prompt_tokens for p in prompts]
     for ep, ok, prompt in zip(live, fits, prompts):
@@ -303,6 +313,7 @@ def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, ctx) -> None
         elif outcomes[i].ok:
             step = outcomes[i].value
             ep.observation, reward, ep.won, ep.done = step.observation, step.reward, step.won, step.done
+            ep.admissible = step.admissible
             ep.actions.append(action)
             ep.env_steps += 1
         else:
@@ -311,26 +322,41 @@ def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, ctx) -> None
         # Malformed turns never reach the env, so its own turn limit cannot end an agent stuck producing them.
         if turn + 1 >= min(params.max_turns, ep.max_turns or params.max_turns):
             ep.done = True
-        ep.rows.append(
-            {
-                "run_id": run_id,
-                "round": round_,
-                "task_id": ep.task.task_id,
-                "group_id": ep.group_id,
-                "traj_id": ep.traj_id,
-                "turn": turn,
-                "task_type": ep.task.task_type,
-                "split": ep.task.split,
-                "prompt_token_ids": prompt,
-                "response_token_ids": sample.token_ids,
-                "response_text": sample.text,
-                "rollout_logprobs": sample.logprobs,
-                "reward": float(reward),
-                "format_ok": ok,
-                "policy_version": policy_version,
-                "prompt_messages": dumps(msgs),
-            }
-        )
+        ep.rows.append(turn_row(ep, turn, msgs, prompt, sample, reward, ok, (run_id, round_, policy_version)))
+
+
+def turn_row(ep: Episode, turn: int, msgs, prompt, sample, reward: float, ok: bool, lineage) -> dict:
+    """One turn's trajectory row (``schema.TRAJECTORY_SCHEMA``) before its episode ends (``finish`` adds the
+    episode's fields)."""
+    run_id, round_, policy_version = lineage
+    return {
+        "run_id": run_id,
+        "round": round_,
+        "task_id": ep.task.task_id,
+        "group_id": ep.group_id,
+        "traj_id": ep.traj_id,
+        "turn": turn,
+        "task_type": ep.task.task_type,
+        "split": ep.task.split,
+        "prompt_token_ids": prompt,
+        "response_token_ids": sample.token_ids,
+        "response_text": sample.text,
+        "rollout_logprobs": sample.logprobs,
+        "reward": float(reward),
+        "format_ok": ok,
+        "policy_version": policy_version,
+        "prompt_messages": dumps(msgs),
+    }
+
+
+def finish(episodes: list[Episode], env: str) -> list[dict]:
+    """End every episode (those still going ran out of turns) and return all rows with the episode's return,
+    success and length filled in."""
+    for ep in episodes:
+        ep.done = True
+        for row in ep.rows:
+            row.update(episode_return=float(ep.total), success=bool(ep.won), num_turns=len(ep.rows), env=env)
+    return [row for ep in episodes for row in ep.rows]
 
 
 def identical_groups(episodes: list[Episode]) -> list[str]:

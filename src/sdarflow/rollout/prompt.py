@@ -13,6 +13,18 @@ Skill places (``teacher_prompt_ids``):
             token, outside any message.
 ``system``  a ``Skills:`` block appended to the system message, then the chat template.
 ``user``    a ``Skills:`` block put before the last user message's content, then the chat template.
+
+Prompt formats (``PROMPT_FORMATS``):
+
+``command``    a system prompt asking for one command, the goal, the recent actions and the observation; the reply is
+               the action itself. What the models sdarflow builds (``sdarflow.models.tiny``) are trained on.
+``reference``  the SDAR reference's agent prompt (``ALFWORLD_TEMPLATE`` in ZJU-REAL/SDAR
+               ``agent_system/environments/prompts/alfworld.py``): one user message with the task, the step count,
+               the recent actions, the observation and, where the env lists them, the admissible actions; the
+               reply reasons in ``<think> </think>`` and gives the action in ``<action> </action>``, read as the
+               reference's ``alfworld_projection`` reads it (``parse_reference``). Differences: the history holds
+               actions only (the reference also quotes past observations), and the action inside the tag then goes
+               through the env's own parser, so tool calls and searches keep their syntax.
 """
 
 from __future__ import annotations
@@ -22,6 +34,17 @@ import re
 from typing import Literal
 
 SYSTEM_PROMPT = "You are an agent in a text game. Reply with exactly one command."
+PROMPT_FORMATS: tuple[str, ...] = ("command", "reference")
+REFERENCE_TASK = "You are an expert agent operating in a text environment. Your task is to: "
+REFERENCE_STEPS = "\nPrior to this step, you have already taken "
+REFERENCE_ASK = (
+    "Now it's your turn to take an action.\n"
+    "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
+    "within <think> </think> tags.\n"
+    "Once you've finished your reasoning, you should choose an admissible action for current step and present it "
+    "within <action> </action> tags."
+)
+_CJK_RE = re.compile(r"[\u4e00-\u9fff]")  # the reference's projection rejects replies with Chinese characters
 SKILLS_HEADER = "Skills:"
 SkillPlace = Literal["prefix", "system", "user"]
 SKILL_PLACES: tuple[str, ...] = ("prefix", "system", "user")
@@ -34,21 +57,45 @@ MAX_ACTION_WORDS = 8
 
 
 def build_messages(
-    instruction: str, actions: list[str], observation: str, history_turns: int = 4
+    instruction: str,
+    actions: list[str],
+    observation: str,
+    history_turns: int = 4,
+    prompt_format: str = "command",
+    admissible: list[str] | tuple[str, ...] | None = None,
 ) -> list[dict]:
-    """Student context: system prompt, then goal + the last ``history_turns`` actions + the current observation."""
+    """Student context in ``prompt_format`` (module doc): the goal, the last ``history_turns`` actions and the
+    current observation; ``reference`` also lists the ``admissible`` actions when the env gave them."""
     recent = actions[-history_turns:] if history_turns > 0 else []
+    if prompt_format == "reference":
+        listed = "\n ".join(f"'{a}'" for a in admissible or ())
+        user = (
+            f"{REFERENCE_TASK}{instruction}{REFERENCE_STEPS}{len(actions)} step(s). Below are the most recent "
+            f"{len(recent)} actions you took: {'; '.join(recent) or 'none'}\n"
+            f"You are now at step {len(actions) + 1} and your current observation is: {observation}\n"
+            + (f"Your admissible actions of the current situation are: [{listed}].\n" if listed else "")
+            + f"\n{REFERENCE_ASK}"
+        )
+        return [{"role": "user", "content": user}]
     history = "; ".join(recent) if recent else "none"
     user = f"Goal: {instruction}\nRecent actions: {history}\nObservation: {observation}\nCommand?"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
 def goal_of(messages: list[dict]) -> str:
-    """The instruction ``build_messages`` put in the user message ("" for messages it did not build)."""
+    """The instruction ``build_messages`` put in the user message, in either format ("" for messages it did not
+    build)."""
     user = next((m["content"] for m in messages if m.get("role") == "user"), "")
-    if not user.startswith("Goal: ") or "\nRecent actions: " not in user:
-        return ""
-    return user[len("Goal: ") : user.index("\nRecent actions: ")]
+    for start, end in (("Goal: ", "\nRecent actions: "), (REFERENCE_TASK, REFERENCE_STEPS)):
+        if user.startswith(start) and end in user:
+            return user[len(start) : user.index(end)]
+    return ""
+
+
+def format_of(messages: list[dict]) -> str:
+    """The prompt format ``build_messages`` built ``messages`` in (``command`` for messages it did not build)."""
+    user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    return "reference" if user.startswith(REFERENCE_TASK) else "command"
 
 
 def insert_skills(messages: list[dict], skills_text: str, place: SkillPlace = "system") -> list[dict]:
@@ -62,7 +109,9 @@ def insert_skills(messages: list[dict], skills_text: str, place: SkillPlace = "s
         return [dict(m) for m in messages]
     out = [dict(m) for m in messages]
     block = f"{SKILLS_HEADER}\n{skills_text.strip()}"
-    if place == "system":
+    if place == "system" and out[0].get("role") != "system":  # the reference format has no system message
+        out.insert(0, {"role": "system", "content": block})
+    elif place == "system":
         out[0]["content"] = f"{out[0]['content']}\n{block}"
     else:
         out[-1]["content"] = f"{block}\n{out[-1]['content']}"
@@ -119,6 +168,33 @@ def parse_action(text: str, finished: bool) -> tuple[str, bool]:
     action = " ".join(text.strip().lower().split())
     ok = finished and bool(_ACTION_RE.match(action)) and len(action.split()) <= MAX_ACTION_WORDS
     return action, ok
+
+
+def parse_reference(text: str, finished: bool, inner=parse_action) -> tuple[str, bool]:
+    """(action, format_ok) of a ``reference``-format reply, as ``alfworld_projection`` (ZJU-REAL/SDAR
+    ``agent_system/environments/env_package/alfworld/projection.py``) reads it: the text between the first
+    ``<action>`` and ``</action>`` (tags matched without case), well formed only when ``<think>`` and ``</think>``
+    are present too and no Chinese character is. The closing tag shows the action is complete, so a reply cut at the
+    token limit after it still counts (``finished`` is not needed). The action then goes through the env's parser
+    ``inner`` (the command parser by default), which may refuse it."""
+    lower = text.lower()
+    start, end = lower.find("<action>"), lower.find("</action>")
+    if (
+        start == -1
+        or end < start
+        or "<think>" not in lower
+        or "</think>" not in lower
+        or _CJK_RE.search(text)
+    ):
+        return "", False
+    return inner(text[start + len("<action>") : end].strip(), True)
+
+
+def format_response(action: str, prompt_format: str, thought: str = "") -> str:
+    """The well-formed reply carrying ``action`` in ``prompt_format``: what SFT and format repair teach."""
+    if prompt_format == "reference":
+        return f"<think>{thought}</think>\n<action>{action}</action>"
+    return action
 
 
 def dumps(messages: list[dict]) -> str:

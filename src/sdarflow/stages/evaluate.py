@@ -16,7 +16,7 @@ from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt, resolve_device
-from sdarflow.rollout.engine import ENGINE_CHOICES
+from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
@@ -49,7 +49,8 @@ class EvaluateConfig(StageConfig):
     )
     device: str = device_opt()
     envs: str = envs_opt()
-    max_new_tokens: int = opt(0, "tokens per action; 0 = the env's own need", ge=0)
+    max_new_tokens: int = opt(0, "tokens per response; 0 = the env's own need (as generate)", ge=0)
+    prompt_format: str = prompt_format_opt()
     # The SDAR reference validates at 0.4, sampled (val_kwargs in examples/grpo_trainer/run_alfworld.sh).
     temperature: float = opt(0.4, "sampling temperature (the reference's validation setting)", ge=0)
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
@@ -103,7 +104,7 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report
-    from sdarflow.rollout.engine import action_tokens, load_engine
+    from sdarflow.rollout.engine import action_tokens, load_engine, prompt_format
     from sdarflow.rollout.episode import RolloutParams
 
     require("evaluate", model=cfg.model, output=cfg.output)
@@ -117,12 +118,14 @@ def run(cfg: EvaluateConfig) -> dict:
         batch_size=cfg.batch_size,
         device=cfg.device,
     )
-    max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
+    fmt = prompt_format(cfg.prompt_format, engine.tokenizer)
+    max_new_tokens = action_tokens(suite, cfg.max_new_tokens, fmt)
     params = RolloutParams(
         max_turns=cfg.max_turns or 1000,
         max_new_tokens=max_new_tokens,
         temperature=cfg.temperature,
         history_turns=cfg.history_turns,
+        prompt_format=fmt,
         seed=cfg.seed,
         env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
         # as in generate: a prompt past the context ends its episode; a first prompt that cannot fit is an error
@@ -140,7 +143,8 @@ def run(cfg: EvaluateConfig) -> dict:
         env=cfg.env,
         # what the gate requires to be equal before it pairs two reports task by task
         protocol={
-            k: getattr(cfg, k) for k in ("temperature", "max_turns", "max_new_tokens", "history_turns")
+            **{k: getattr(cfg, k) for k in ("temperature", "max_turns", "max_new_tokens", "history_turns")},
+            "prompt_format": fmt,
         },
     )
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}

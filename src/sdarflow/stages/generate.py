@@ -18,7 +18,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt, resolve_device
-from sdarflow.rollout.engine import ENGINE_CHOICES
+from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
@@ -37,6 +37,12 @@ class GenerateConfig(StageConfig):
     model: str = opt("", "base model: an HF model folder", reads=True)
     adapter: str = opt("", "LoRA adapter (published URI or PEFT folder); empty = the base model", reads=True)
     output: str = opt("", "output dataset URI", io=True)
+    policy: str = opt(
+        "model",
+        "who plays: model = the policy (--model, --adapter); expert = the env's expert walkthrough, one episode per "
+        "task, as SFT warm-start rows for --model's tokenizer and prompt format (then train --mode sft)",
+        choices=("model", "expert"),
+    )
     env: str = opt("textworld-cooking", "environment suite name (`sdarflow envs list`)")
     split: str = opt("train", "task split", choices=SPLITS)
     tasks: int = opt(8, "tasks played: N of the split, from --first-task", ge=1)
@@ -46,8 +52,12 @@ class GenerateConfig(StageConfig):
     group_size: int = opt(4, "G rollouts per task (one GRPO group); >= 2, paper uses 8", ge=2)
     max_turns: int = opt(0, "turn limit per episode; 0 = the env's default for the split", ge=0)
     max_new_tokens: int = opt(
-        0, "tokens per action; 0 = the env's need (24 for commands, 64 for JSON tool calls)", ge=0
+        0,
+        "tokens per response; 0 = the env's need (24 for commands, 64 for JSON tool calls), plus 128 for the "
+        "reasoning in the reference prompt format",
+        ge=0,
     )
+    prompt_format: str = prompt_format_opt()
     temperature: float = opt(1.0, "sampling temperature; > 0 so a group's samples differ", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]", gt=0, le=1)
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
@@ -86,6 +96,10 @@ class GenerateConfig(StageConfig):
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
 
     def validate(self) -> None:
+        if self.policy == "expert" and self.adapter:
+            raise ConfigError(
+                "generate: --policy expert plays the walkthrough, not an adapter; fix: drop --adapter"
+            )
         if self.shard >= self.num_shards:
             raise ConfigError(f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
         if self.tasks < self.num_shards:
@@ -104,10 +118,11 @@ def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
 
 def rollout_params(cfg: GenerateConfig, suite, engine) -> RolloutParams:
     """The rollout loop's settings for ``cfg`` on ``engine`` (its context bounds the prompts)."""
-    from sdarflow.rollout.engine import action_tokens
+    from sdarflow.rollout.engine import action_tokens, prompt_format
     from sdarflow.rollout.episode import RolloutParams
 
-    max_new_tokens = action_tokens(suite, cfg.max_new_tokens)
+    fmt = prompt_format(cfg.prompt_format, engine.tokenizer)
+    max_new_tokens = action_tokens(suite, cfg.max_new_tokens, fmt)
     if engine.max_context and engine.max_context <= max_new_tokens:
         raise ConfigError(
             f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
@@ -119,6 +134,7 @@ def rollout_params(cfg: GenerateConfig, suite, engine) -> RolloutParams:
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         history_turns=cfg.history_turns,
+        prompt_format=fmt,
         seed=cfg.seed,
         step_timeout_s=cfg.step_timeout_s,
         env_workers=cfg.env_workers,
@@ -135,6 +151,9 @@ def run(cfg: GenerateConfig) -> dict:
 
     require("generate", model=cfg.model, output=cfg.output)
     suite = get_suite(cfg.env)  # unknown env fails here, before any model loads
+    tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks, start=cfg.first_task), cfg.shard, cfg.num_shards)
+    if cfg.policy == "expert":
+        return _finish(cfg, _expert(cfg, suite, tasks))
     vllm_options = VLLMOptions(
         memory=cfg.vllm_memory,
         dtype=cfg.vllm_dtype,
@@ -151,7 +170,6 @@ def run(cfg: GenerateConfig) -> dict:
         device=cfg.device,
     )
     params = rollout_params(cfg, suite, engine)
-    tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks, start=cfg.first_task), cfg.shard, cfg.num_shards)
     try:
         result = run_rollout(
             engine,
@@ -167,12 +185,37 @@ def run(cfg: GenerateConfig) -> dict:
         )
     finally:
         engine.close()
+    return _finish(cfg, result)
+
+
+def _expert(cfg: GenerateConfig, suite, tasks: list) -> RolloutResult:
+    """The walkthrough rows for ``cfg.model``'s tokenizer (the weights are not needed)."""
+    from transformers import AutoTokenizer
+
+    from sdarflow.models.identity import check_model_dir
+    from sdarflow.rollout.engine import prompt_format
+    from sdarflow.rollout.episode import RolloutParams
+    from sdarflow.rollout.expert import expert_rollout
+
+    tokenizer = AutoTokenizer.from_pretrained(check_model_dir(cfg.model))
+    params = RolloutParams(
+        max_turns=cfg.max_turns or 1000,
+        history_turns=cfg.history_turns,
+        prompt_format=prompt_format(cfg.prompt_format, tokenizer),
+    )
+    return expert_rollout(
+        suite, tasks, params, tokenizer, tokenizer.eos_token_id, run_id=cfg.run_id, round_=cfg.round
+    )
+
+
+def _finish(cfg: GenerateConfig, result: RolloutResult) -> dict:
     metrics = result.metrics()
     _write(cfg, result, metrics)
+    who = cfg.engine if cfg.policy == "model" else "expert"
     log.info(
         "generate %s: %d episodes | success %.3f | turns %.1f | format errors %.3f | %.0f tok/s | "
         "%.1f env steps/s | identical groups %d | env errors %d -> %s",
-        cfg.engine, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
+        who, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
         metrics["rollout/format_error_rate"], metrics["rollout/tokens_per_s"], metrics["rollout/env_steps_per_s"],
         metrics["rollout/identical_groups"], metrics["rollout/env_errors"], cfg.output,
     )  # fmt: skip

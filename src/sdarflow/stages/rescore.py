@@ -195,6 +195,7 @@ def run(cfg: RescoreConfig) -> dict:
     import torch
 
     from sdarflow.models import load_policy
+    from sdarflow.rollout.expert import EXPERT_POLICY
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher import guards
     from sdarflow.teacher.report import rescore_summary
@@ -206,6 +207,11 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.shard,
         cfg.num_shards,
     )
+    if EXPERT_POLICY in table["policy_version"].to_pylist():
+        raise ConfigError(
+            f"rescore: {cfg.input} holds expert walkthrough rows (generate --policy expert), which no policy "
+            f"sampled, so RL cannot learn from them; fix: train --mode sft on them, and rescore the policy's rollouts"
+        )
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
     # float32 weights even on a GPU: these log-probs are the PPO ratio's old policy and the KL's reference, and
     # the trainer computes the new ones from float32 weights; bf16's error would start the ratio away from 1

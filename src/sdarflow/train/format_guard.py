@@ -108,8 +108,11 @@ def suites_of(rows: list[dict]) -> dict[str, object]:
 def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[str, float]]:
     """(SFT pairs prompt -> repaired call + eos for the malformed turns the env can repair, metrics).
 
-    A repair counts only when the env's ``parse_action`` accepts it; an env without ``repair_action`` repairs
+    A repair is taught in the turn's prompt format (``reference``: inside the reply's tags, its reasoning kept when
+    it closed) and counts only when the rollout's parser accepts it; an env without ``repair_action`` repairs
     nothing."""
+    from sdarflow.rollout.loop import action_parser
+    from sdarflow.rollout.prompt import format_of, format_response, loads
     from sdarflow.train.sft import SFTPair
 
     malformed = [r for r in rows if not r["format_ok"] and r["response_token_ids"]]
@@ -118,9 +121,12 @@ def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[s
     for r in malformed:
         suite = suites[r["env"]]
         repaired = suite.repair_action(r["response_text"]) if hasattr(suite, "repair_action") else None
-        if repaired is None or not suite.parse_action(repaired, True)[1]:
+        fmt = format_of(loads(r["prompt_messages"]))
+        thought = r["response_text"].partition("<think>")[2].partition("</think>")
+        reply = None if repaired is None else format_response(repaired, fmt, thought[0] if thought[1] else "")
+        if reply is None or not action_parser(suite, fmt)(reply, True)[1]:
             continue
-        target = tokenizer(repaired, add_special_tokens=False)["input_ids"] + [eos_id]
+        target = tokenizer(reply, add_special_tokens=False)["input_ids"] + [eos_id]
         pairs.append(SFTPair(list(r["prompt_token_ids"]), target))
     metrics = {"format/malformed_turns": float(len(malformed)), "format/repaired_turns": float(len(pairs))}
     return pairs, metrics
