@@ -352,7 +352,7 @@ def test_base_model_on_s3_is_copied_once(tmp_path, s3_root, monkeypatch):
     assert local_model(str(model)) == str(model)  # paths pass through
 
 
-@pytest.mark.parametrize("name", ["demo", "smoke", "gpu"])
+@pytest.mark.parametrize("name", ["demo", "smoke", "gpu", "pretrained"])
 def test_every_preset_is_a_valid_pipeline(tmp_path, name):
     from sdarflow.cli import PRESET_NAMES
     from sdarflow.pipeline_config import load, prepare, stage_config
@@ -361,5 +361,6 @@ def test_every_preset_is_a_valid_pipeline(tmp_path, name):
     assert set(PRESET_NAMES) == set(SIZES)
     pc = load(prepare(make_config(tmp_path, run_id="r1", **SIZES[name]["pipeline"])))  # validates every stage
     if name != "smoke":
-        # RL rounds start on the games after the base model's SFT games: none of them was seen in SFT
-        assert stage_config(pc, "generate", 0, adapter="").first_task == SIZES[name]["model"].tasks
+        # RL rounds start on the tasks after the SFT's (the base model's, or the warm start's): none seen in SFT
+        sft_tasks = SIZES[name]["model"].tasks if SIZES[name]["model"] else SIZES[name]["warm_start"]["tasks"]
+        assert stage_config(pc, "generate", 0, adapter="").first_task == sft_tasks

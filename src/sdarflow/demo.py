@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sdarflow import storage
-from sdarflow.errors import SdarflowError
+from sdarflow.errors import ConfigError, SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
-from sdarflow.pipeline_config import new_run_id, run_uri, stage_uri
+from sdarflow.model_cache import local_model
+from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_uri
 from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
@@ -92,7 +93,7 @@ def run_demo(
     out: str | Path,
     storage_root: str | None = None,
     rounds: int = 2,
-    preset: str = "demo",
+    preset: str | None = None,
     base_model: str | None = None,
     shards: int = 1,
 ) -> dict:
@@ -102,13 +103,17 @@ def run_demo(
 
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    sizes = SIZES[preset]
     t0 = time.perf_counter()
-    base = (
-        Path(base_model)
-        if base_model
-        else build_base_model(out / "base-model", sizes["model"], time_limit_s=sizes["sft_time_limit_s"])
-    )
+    if base_model:
+        base = Path(local_model(base_model))
+        sizes = SIZES[preset or default_preset(base)]
+    else:
+        sizes = SIZES[preset or "demo"]
+        if sizes["model"] is None:
+            raise ConfigError(
+                f"demo: preset {preset} builds no model; fix: pass --base-model (e.g. smollm2-135m-instruct)"
+            )
+        base = build_base_model(out / "base-model", sizes["model"], time_limit_s=sizes["sft_time_limit_s"])
     storage_root = storage_root or str(out / "store")
     run_id = new_run_id()
     seed_skills = base / SEED_SKILLS
@@ -121,6 +126,15 @@ def run_demo(
         "seed_skills": str(seed_skills) if seed_skills.is_dir() else "",
         **sizes["pipeline"],
     }
+    env = settings.get("env") or PipelineConfig().env
+    # The preset's walkthroughs: those the warm start trains on, else those the tiny model is built from.
+    walkthroughs = sizes["warm_start"]["tasks"] if "warm_start" in sizes else sizes["model"].tasks
+    if not settings["seed_skills"]:  # a model sdarflow did not build brings none: mine the env's walkthroughs
+        settings["seed_skills"] = seed_skills_of(env, walkthroughs, storage_root, run_id)
+    if "warm_start" in sizes:
+        settings["start_adapter"] = warm_start(
+            base, storage_root, run_id, env, walkthroughs, sizes["warm_start"]["train"]
+        )
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))
     pipeline = build_training_pipeline(rounds, shards)
     try:
@@ -139,6 +153,45 @@ def run_demo(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     log.info("demo finished in %.0f s: %s", summary["seconds"], out / "summary.json")
     return summary
+
+
+def default_preset(base: Path) -> str:
+    """``demo`` for a model sdarflow built, ``pretrained`` for any other (the rule of the prompt format's auto)."""
+    from transformers import AutoTokenizer
+
+    from sdarflow.rollout.engine import prompt_format
+
+    return "demo" if prompt_format("auto", AutoTokenizer.from_pretrained(base)) == "command" else "pretrained"
+
+
+def seed_skills_of(env: str, tasks: int, storage_root: str, run_id: str) -> str:
+    """The seed skill library of ``tasks`` expert walkthroughs of ``env``'s train split, as the tiny model's is
+    built (``warmstart.seed_library``), published in the run's folder."""
+    from sdarflow.train.warmstart import expert_steps, publish_library, seed_library
+
+    _, episodes = expert_steps(env, tasks)
+    return publish_library(seed_library(episodes), run_uri(storage_root, run_id, "seed-skills"))
+
+
+def warm_start(base: Path, storage_root: str, run_id: str, env: str, tasks: int, train_settings: dict) -> str:
+    """The SFT warm start a pretrained base gets before RL: ``tasks`` expert walkthroughs of the train split
+    in the model's prompt format (``generate --policy expert``), trained with ``train --mode sft``; the adapter's
+    URI, which round 0 continues from."""
+    from sdarflow.stages import generate, train
+
+    walkthroughs = generate.run(
+        generate.GenerateConfig(
+            model=str(base), policy="expert", env=env, tasks=tasks, run_id=run_id,
+            output=run_uri(storage_root, run_id, "warm-start-walkthroughs"),
+        )
+    )  # fmt: skip
+    trained = train.run(
+        train.TrainConfig(
+            mode="sft", model=str(base), input=[walkthroughs["uri"]],
+            output=run_uri(storage_root, run_id, "warm-start"), **train_settings,
+        )
+    )  # fmt: skip
+    return trained["uri"]
 
 
 def eval_figures(report_uri: str) -> dict:

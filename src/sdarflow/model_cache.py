@@ -20,13 +20,23 @@ log = logging.getLogger(__name__)
 LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
 
 
+def models_dir() -> Path:
+    """Where models are cached on this machine: ``$SDARFLOW_CACHE/models`` (default ``~/.cache/sdarflow``)."""
+    return Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow") / "models"
+
+
 def local_model(uri: str) -> str:
-    """A base model on object storage copied once to local disk (``$SDARFLOW_CACHE/models``); paths pass."""
+    """A base model by name or URI on local disk: a known pretrained model's name (``models.gguf_import.KNOWN``)
+    is imported once into the cache; a model on object storage is copied once to the cache; paths pass."""
+    from sdarflow.models.gguf_import import KNOWN, known_model
+
+    if uri in KNOWN and not Path(uri).exists():
+        return str(known_model(uri))
     if not uri.startswith("s3://"):
         return uri
     import pyarrow.fs as pafs
 
-    cache = Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow") / "models"
+    cache = models_dir()
     target = cache / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if (target / "config.json").is_file():
         return str(target)

@@ -51,6 +51,28 @@ SIZES: dict[str, dict] = {
             "stage_settings": _RL_SETTINGS,
         },
     },
+    # A pretrained ~135M instruct model (`--base-model smollm2-135m-instruct`) on 2 CPU cores, in the reference
+    # prompt format: no model to build; an SFT warm start on the env's expert walkthroughs first (the raw model
+    # answers in prose: every reply a format error, so RL would have no success to learn from), then RL on tasks
+    # the warm start never saw. Generation and training of a 135M model are ~100x the tiny model's cost per token.
+    "pretrained": {
+        "model": None,
+        "warm_start": {
+            "tasks": 32,
+            "train": {"epochs": 2, "mini_batches": 4, "lr": 1e-3, "micro_batch_tokens": 4096},
+        },
+        "pipeline": {
+            "env": "search-qa",
+            "tasks": 8,
+            "group_size": 4,
+            "max_turns": 0,
+            "eval_tasks": 8,
+            "eval_samples": 2,
+            "lr": 2e-4,
+            "train_steps": 2,
+            "stage_settings": {"generate": {"first_task": 32}, "train": {"micro_batch_tokens": 4096}},
+        },
+    },
     "smoke": {
         "model": BaseModelSpec(tasks=3, sft_steps=10),
         "sft_time_limit_s": 600.0,

@@ -295,6 +295,10 @@ def run_study(s: StudySettings) -> dict:
                 f"--base-model (an HF folder or s3:// URI)"
             )
         preset = SIZES[s.preset]
+        if preset["model"] is None:
+            raise ConfigError(
+                f"study: preset {s.preset} builds no model; fix: pass --base-model (e.g. smollm2-135m-instruct)"
+            )
         spec, limit = preset["model"], preset["sft_time_limit_s"]
         s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
     t0 = time.perf_counter()

@@ -73,3 +73,17 @@ def test_expert_with_an_adapter_is_refused(tmp_path, tiny_model, capsys):
     code = main(["generate", "--policy", "expert", "--model", str(tiny_model), "--adapter", str(tiny_model), "--output",
                  str(tmp_path / "o")])  # fmt: skip
     assert code != 0 and "drop --adapter" in capsys.readouterr().err
+
+
+def test_the_demo_gives_a_model_without_seed_skills_a_library_and_a_warm_start(tmp_path, tiny_model):
+    from sdarflow.demo import default_preset, seed_skills_of, warm_start
+    from sdarflow.skills.library import SkillLibrary
+
+    root = str(tmp_path / "store")
+    uri = seed_skills_of("tool-use", 6, root, "r1")
+    lib = SkillLibrary.load(storage.resolve(uri).path)
+    assert storage.read_manifest(uri, "skills") and lib.task_specific()
+    assert all(s.evidence.get("source") == "seed" for s in lib.task_specific())
+    adapter = warm_start(tiny_model, root, "r1", "tool-use", 2, {"mini_batches": 1, "engine": "torch"})
+    assert storage.read_manifest(adapter, "adapter")["kind"] == "adapter"
+    assert default_preset(tiny_model) == "demo"  # sdarflow built it: its format and sizes

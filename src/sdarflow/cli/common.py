@@ -12,8 +12,11 @@ from typing import Any
 from sdarflow.errors import ConfigError, StorageError
 
 # sdarflow.sizes.SIZES' names (a test keeps them equal; importing it here would slow every --help)
-PRESET_NAMES = ("demo", "smoke", "gpu")
-PRESET_HELP = "sizes: demo (2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu])"
+PRESET_NAMES = ("demo", "smoke", "gpu", "pretrained")
+PRESET_HELP = (
+    "sizes: demo (the tiny model on 2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu]), "
+    "pretrained (a ~135M pretrained model on 2 CPU cores, with an SFT warm start)"
+)
 
 
 class LiteralHelp(argparse.HelpFormatter):
@@ -53,6 +56,27 @@ class ReadsPath(argparse.Action):
         setattr(
             namespace, self.dest, [*(getattr(namespace, self.dest) or []), value] if self.append else value
         )
+
+
+class ReadsModel(ReadsPath):
+    """A base-model flag: an HF folder or URI as ``ReadsPath``, or a known pretrained model's name
+    (``models.gguf_import.KNOWN``), imported into the model cache when the command starts."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        from sdarflow.models.gguf_import import KNOWN
+
+        fix = f"pass an HF model folder, an s3:// URI or a known model ({', '.join(sorted(KNOWN))})"
+        super().__init__(option_strings, dest, fix=fix, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, flag=None
+    ) -> None:
+        from sdarflow.models.gguf_import import KNOWN
+
+        if value in KNOWN and not Path(value).exists():
+            setattr(namespace, self.dest, value)
+        else:
+            super().__call__(parser, namespace, value, flag)
 
 
 def output_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:

@@ -6,7 +6,15 @@ import argparse
 import json
 import math
 
-from sdarflow.cli.common import PRESET_HELP, PRESET_NAMES, ReadsPath, emit, output_flag, study_flags
+from sdarflow.cli.common import (
+    PRESET_HELP,
+    PRESET_NAMES,
+    ReadsModel,
+    ReadsPath,
+    emit,
+    output_flag,
+    study_flags,
+)
 from sdarflow.errors import ConfigError
 
 
@@ -134,15 +142,21 @@ def add_demo(p: argparse.ArgumentParser) -> None:
         "--storage", default=None, help="storage root URI (default OUT/store); s3://bucket/prefix works"
     )
     p.add_argument("--rounds", type=int, default=2, help="RL rounds (default 2)")
-    p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=PRESET_NAMES,
+        help=PRESET_HELP + "; default: demo, or pretrained with a --base-model sdarflow did not build",
+    )
     p.add_argument(
         "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
     )
     p.add_argument(
         "--base-model",
         default=None,
-        action=ReadsPath,
-        help="use this HF model folder instead of building the tiny one",
+        action=ReadsModel,
+        help="use this HF model folder, or a known pretrained model by name (smollm2-135m-instruct), instead of "
+        "building the tiny one",
     )
     p.set_defaults(func=_cmd_demo)
 
@@ -154,8 +168,8 @@ def add_study(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--base-model",
         default=None,
-        action=ReadsPath,
-        help="HF model folder; default: build the preset's tiny model",
+        action=ReadsModel,
+        help="HF model folder or a known pretrained model's name; default: build the preset's tiny model",
     )
     p.add_argument("--env", default="textworld-cooking", help="environment (`sdarflow envs list`)")
     p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)

@@ -126,6 +126,21 @@ def expert_steps(env_name: str, n_tasks: int) -> tuple[list[ExpertStep], list[Ep
     return steps, episodes
 
 
+def seed_library(episodes: list[EpisodeActions]) -> SkillLibrary:
+    """The seed skill library of expert walkthroughs. Walkthroughs are demonstrations, not lucky successes: any
+    number supports a skill (the direction contrast still needs enough of them to tell one direction's action from
+    another's)."""
+    return extract_skills(episodes, min_support=1, origin={"source": "seed"})
+
+
+def publish_library(lib: SkillLibrary, uri: str) -> str:
+    """``lib`` published at ``uri`` like any stage's library, so extract-skills --previous accepts it."""
+    with tempfile.TemporaryDirectory() as folder:
+        lib.save(folder)
+        storage.publish_dir(folder, uri, kind="skills", version=lib.version)
+    return uri
+
+
 def is_built(out_dir: Path, spec: BaseModelSpec) -> bool:
     info = out_dir / BUILD_FILE
     return (
@@ -154,9 +169,7 @@ def _sft_data(spec: BaseModelSpec) -> tuple:
     steps, episodes = expert_steps(spec.env, spec.tasks)
     solved = sum(e.success for e in episodes)
     log.info("walkthroughs: %d games, %d solved, %d decision points", len(episodes), solved, len(steps))
-    # Walkthroughs are demonstrations, not lucky successes: any number supports a skill (the direction contrast
-    # still needs enough of them to tell one direction's action from another's).
-    seed_lib = extract_skills(episodes, min_support=1, origin={"source": "seed"})
+    seed_lib = seed_library(episodes)
 
     rng = random.Random(spec.seed)
     contexts = [build_messages(s.instruction, s.actions, s.observation, spec.history_turns) for s in steps]
@@ -216,10 +229,7 @@ def build_base_model(
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save(model.cpu(), tokenizer, tmp)
-    with tempfile.TemporaryDirectory() as lib_dir:
-        # published like any stage's library, so extract-skills --previous accepts it
-        seed_lib.save(lib_dir)
-        storage.publish_dir(lib_dir, str(tmp / SEED_SKILLS), kind="skills", version=seed_lib.version)
+    publish_library(seed_lib, str(tmp / SEED_SKILLS))
     info = {
         "spec": asdict(spec),
         "spec_hash": spec.hash(),
