@@ -135,3 +135,19 @@ def test_textworld_admissible_actions_reach_the_prompt_each_turn(env_process):
         assert "Your admissible actions of the current situation are: [" in row["prompt_messages"]
         assert "'examine cookbook'" in row["prompt_messages"] and row["format_ok"]
     assert [r["turn"] for r in result.rows] == [0, 1, 0, 1]
+
+
+def test_skills_read_the_action_inside_the_tag():
+    from sdarflow.rollout.prompt import action_of, dumps
+    from sdarflow.skills.extract import episodes_from_rows
+
+    reference = build_messages("Cook it.", [], "A kitchen.", 4, "reference")
+    assert action_of("<think>hm</think>\n<action> Slice  Apple </action>", reference) == "slice apple"
+    assert action_of(" Slice  Apple ", build_messages("Cook it.", [], "A kitchen.")) == "slice apple"
+    rows = [
+        {"traj_id": "t", "turn": i, "task_id": "a", "task_type": "x", "success": True, "format_ok": ok,
+         "response_text": text, "prompt_messages": dumps(reference)}
+        for i, (text, ok) in enumerate([("<think></think><action>open fridge</action>", True), ("prose", False)])
+    ]  # fmt: skip
+    [episode] = episodes_from_rows(rows)
+    assert episode.actions == ("open fridge",) and episode.goal == "Cook it."

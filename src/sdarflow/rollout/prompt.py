@@ -190,6 +190,15 @@ def parse_reference(text: str, finished: bool, inner=parse_action) -> tuple[str,
     return inner(text[start + len("<action>") : end].strip(), True)
 
 
+def action_of(response: str, messages: list[dict]) -> str:
+    """The action of a well-formed ``response`` to ``messages``, lower-cased and whitespace-normalized: the reply
+    itself in the command format, the text inside its ``<action>`` tag in the reference format."""
+    if format_of(messages) == "reference":
+        lower = response.lower()
+        response = response[lower.find("<action>") + len("<action>") : lower.find("</action>")]
+    return " ".join(response.lower().split())
+
+
 def format_response(action: str, prompt_format: str, thought: str = "") -> str:
     """The well-formed reply carrying ``action`` in ``prompt_format``: what SFT and format repair teach."""
     if prompt_format == "reference":

@@ -55,7 +55,7 @@ class EpisodeActions:
 def episodes_from_rows(rows: list[dict]) -> list[EpisodeActions]:
     """Group turn rows (``traj_id``, ``turn``, ``response_text``, ``format_ok``, optional ``prompt_messages``)
     into episodes; the goal is read from the first turn's messages."""
-    from sdarflow.rollout.prompt import goal_of, loads
+    from sdarflow.rollout.prompt import action_of, goal_of, loads
 
     by_traj: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
@@ -64,8 +64,9 @@ def episodes_from_rows(rows: list[dict]) -> list[EpisodeActions]:
     for traj_rows in by_traj.values():
         traj_rows.sort(key=lambda r: r["turn"])
         first = traj_rows[0]
-        acts = tuple(" ".join(r["response_text"].lower().split()) for r in traj_rows if r["format_ok"])
-        goal = goal_of(loads(first["prompt_messages"])) if first.get("prompt_messages") else ""
+        messages = loads(first["prompt_messages"]) if first.get("prompt_messages") else []
+        acts = tuple(action_of(r["response_text"], messages) for r in traj_rows if r["format_ok"])
+        goal = goal_of(messages)
         out.append(EpisodeActions(first["task_id"], first["task_type"], acts, bool(first["success"]), goal))
     return out
 
