@@ -351,6 +351,30 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
 
 
 FORMAT_COLLAPSE = ("format_collapse", "format_collapse_lr_tool_use", "format_collapse_lr_textworld_cooking")
+
+
+def premise_table(name: str, results_dir: Path = RESULTS) -> str:
+    """SDAR's premise (``python -m bench.premise``): per skill library, the teacher's mean per-token log-prob gain
+    over the student (``q_t - s_t``) on the model's own turns, successful and failed episodes apart."""
+    r = _load(results_dir, name)
+
+    def cell(d: dict) -> str:
+        if d["gap"] is None:
+            return "- (no such episode)"
+        return f"{d['gap']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] ({d['tasks']} tasks, {d['turns']} turns)"
+
+    ro = r["rollouts"]
+    lines = [
+        f"{r['env']}, {r['model']}{' + ' + r['adapter'] if r['adapter'] else ''}: {ro['rollout/episodes']:.0f} "
+        f"episodes, success {ro['rollout/success']:.3f}, format errors {ro['rollout/format_error_rate']:.3f}",
+        "",
+        "| skill library | teacher - student, successful episodes [95% over tasks] | failed episodes |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {lib} | {cell(d['success'])} | {cell(d['failure'])} |" for lib, d in r["libraries"].items()]
+    return "\n".join([*lines, "", _made_by([r])])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "learning_check": learning_check_table,
     **{name: functools.partial(format_collapse_table, name) for name in FORMAT_COLLAPSE},
@@ -362,11 +386,13 @@ TABLES: dict[str, Callable[[Path], str]] = {
 
 
 def _tables(results_dir: Path) -> dict[str, Callable[[Path], str]]:
-    """TABLES, and a study table for every committed ``study_*.json``."""
-    studies = {
-        p.stem: functools.partial(study_table, p.stem) for p in sorted(results_dir.glob("study_*.json"))
+    """TABLES, and a study table for every committed ``study_*.json`` (a premise table per ``premise_*.json``)."""
+    per_file = {
+        p.stem: functools.partial(make, p.stem)
+        for prefix, make in (("study", study_table), ("premise", premise_table))
+        for p in sorted(results_dir.glob(f"{prefix}_*.json"))
     }
-    return {**TABLES, **studies}
+    return {**TABLES, **per_file}
 
 
 def _shows(name: str) -> set[str]:

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -22,6 +23,12 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from sdarflow.errors import ConfigError
+
+
+def cache_dir() -> Path:
+    """Where sdarflow caches generated things on this machine (games, imported and downloaded models):
+    ``$SDARFLOW_CACHE`` if set, else ``~/.cache/sdarflow``."""
+    return Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow")
 
 
 def opt(

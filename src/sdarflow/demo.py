@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sdarflow import storage
-from sdarflow.errors import ConfigError, SdarflowError
+from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
 from sdarflow.model_cache import local_model
 from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_uri
 from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
-from sdarflow.sizes import SIZES
+from sdarflow.sizes import SIZES, model_spec
 from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
 
 log = logging.getLogger(__name__)
@@ -104,16 +104,7 @@ def run_demo(
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if base_model:
-        base = Path(local_model(base_model))
-        sizes = SIZES[preset or default_preset(base)]
-    else:
-        sizes = SIZES[preset or "demo"]
-        if sizes["model"] is None:
-            raise ConfigError(
-                f"demo: preset {preset} builds no model; fix: pass --base-model (e.g. smollm2-135m-instruct)"
-            )
-        base = build_base_model(out / "base-model", sizes["model"], time_limit_s=sizes["sft_time_limit_s"])
+    base, sizes = base_and_sizes(out, base_model, preset)
     storage_root = storage_root or str(out / "store")
     run_id = new_run_id()
     seed_skills = base / SEED_SKILLS
@@ -153,6 +144,18 @@ def run_demo(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     log.info("demo finished in %.0f s: %s", summary["seconds"], out / "summary.json")
     return summary
+
+
+def base_and_sizes(out: Path, base_model: str | None, preset: str | None) -> tuple[Path, dict]:
+    """The base model's folder (a known model imported, or the preset's tiny model built into ``out``) and the
+    preset's sizes (by default ``default_preset``'s)."""
+    if base_model:
+        base = Path(local_model(base_model))
+        return base, SIZES[preset or default_preset(base)]
+    preset = preset or "demo"
+    sizes = SIZES[preset]
+    spec = model_spec(preset, "demo")
+    return build_base_model(out / "base-model", spec, time_limit_s=sizes["sft_time_limit_s"]), sizes
 
 
 def default_preset(base: Path) -> str:

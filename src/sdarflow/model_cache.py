@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from sdarflow import storage
-from sdarflow.config import StageConfig
+from sdarflow.config import StageConfig, cache_dir
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -18,11 +17,6 @@ log = logging.getLogger(__name__)
 # Stages that read the base model's weights (and so need a remote base model copied to local disk first):
 # register reads the safetensors headers and fingerprint to check the adapter fits the base.
 LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
-
-
-def models_dir() -> Path:
-    """Where models are cached on this machine: ``$SDARFLOW_CACHE/models`` (default ``~/.cache/sdarflow``)."""
-    return Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow") / "models"
 
 
 def local_model(uri: str) -> str:
@@ -36,7 +30,7 @@ def local_model(uri: str) -> str:
         return uri
     import pyarrow.fs as pafs
 
-    cache = models_dir()
+    cache = cache_dir() / "models"
     target = cache / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if (target / "config.json").is_file():
         return str(target)

@@ -5,6 +5,7 @@ tiny base model's recipe and the pipeline's tasks, samples and per-stage setting
 
 from __future__ import annotations
 
+from sdarflow.errors import ConfigError
 from sdarflow.train.warmstart import BaseModelSpec
 
 _DEMO_MODEL = BaseModelSpec()
@@ -110,3 +111,13 @@ PIPELINE_PRESETS: dict[str, dict] = {
         "stage_settings": {"train": {"lora_alpha": 64}},
     },
 }
+
+
+def model_spec(preset: str, command: str) -> BaseModelSpec:
+    """The tiny model ``preset`` builds; ConfigError for a preset that builds none (it needs a base model)."""
+    spec = SIZES[preset]["model"]
+    if spec is None:
+        raise ConfigError(
+            f"{command}: preset {preset} builds no model; fix: pass --base-model (e.g. smollm2-135m-instruct)"
+        )
+    return spec

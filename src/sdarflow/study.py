@@ -284,7 +284,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 
 def run_study(s: StudySettings) -> dict:
     """Every cell (finished ones read back), then ``study.json`` and the reports in ``s.out``; returns study.json."""
-    from sdarflow.sizes import SIZES
+    from sdarflow.sizes import SIZES, model_spec
     from sdarflow.train.warmstart import build_base_model
 
     s.validate()
@@ -294,12 +294,7 @@ def run_study(s: StudySettings) -> dict:
                 f"study: out {s.out} is on object storage, where no base model can be built; fix: pass "
                 f"--base-model (an HF folder or s3:// URI)"
             )
-        preset = SIZES[s.preset]
-        if preset["model"] is None:
-            raise ConfigError(
-                f"study: preset {s.preset} builds no model; fix: pass --base-model (e.g. smollm2-135m-instruct)"
-            )
-        spec, limit = preset["model"], preset["sft_time_limit_s"]
+        spec, limit = model_spec(s.preset, "study"), SIZES[s.preset]["sft_time_limit_s"]
         s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
     t0 = time.perf_counter()
     base = local_base(s)

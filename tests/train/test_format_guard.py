@@ -50,7 +50,9 @@ def test_repair_pairs_target_the_repaired_call_and_skip_what_cannot_be_repaired(
 
     policy = load_policy(str(tiny_model))
     call = '{"tool": "list_files", "args": {"folder": "notes"}}'
-    command, reference = (dumps(build_messages("list notes", [], "Ready.", 4, f)) for f in ("command", "reference"))
+    command, reference = (
+        dumps(build_messages("list notes", [], "Ready.", 4, f)) for f in ("command", "reference")
+    )
     rows = [
         {"env": "tool-use", "format_ok": False, "prompt_token_ids": [5, 6], "response_token_ids": [9],
          "response_text": call.replace('"tool"', '"tol"'), "prompt_messages": command},
@@ -67,4 +69,7 @@ def test_repair_pairs_target_the_repaired_call_and_skip_what_cannot_be_repaired(
     assert [p.prompt for p in pairs] == [[5, 6], [3]]
     assert pairs[0].response[-1] == policy.eos_id
     assert policy.tokenizer.decode(pairs[0].response[:-1]) == call
-    assert policy.tokenizer.decode(pairs[1].response[:-1]) == f"<think>list them</think>\n<action>{call}</action>"
+    assert (
+        policy.tokenizer.decode(pairs[1].response[:-1])
+        == f"<think>list them</think>\n<action>{call}</action>"
+    )

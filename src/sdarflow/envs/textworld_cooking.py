@@ -13,13 +13,13 @@ from pathlib import Path
 
 import textworld
 
+from sdarflow import config
 from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
 from sdarflow.envs.textworld_games import (
     DIRECTION_ACTIONS,
     SPLIT_SPECS,
     TASK_TYPES,
     SplitSpec,
-    default_cache_dir,
     ensure_games,
     game_metadata,
     quiet_jericho,
@@ -202,7 +202,7 @@ class TextWorldCookingSuite:
         if max_turns is not None and max_turns < 1:
             raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
         # Absolute, so task payloads stay valid for workers started in another directory.
-        self.cache_dir = Path(cache_dir or default_cache_dir()).expanduser().resolve()
+        self.cache_dir = Path(cache_dir or config.cache_dir()).expanduser().resolve()
         self.max_turns, self.workers = max_turns, workers
         self.splits = dict(splits or SPLIT_SPECS)
         ranges = sorted((s.seed_base, s.seed_base + s.size, name) for name, s in self.splits.items())

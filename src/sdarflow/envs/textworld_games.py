@@ -128,11 +128,6 @@ def quiet_jericho() -> Iterator[None]:
         yield
 
 
-def default_cache_dir() -> Path:
-    """``$SDARFLOW_CACHE`` if set, else ``~/.cache/sdarflow``."""
-    return Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow")
-
-
 def build_game(spec: SplitSpec, seed: int, options: textworld.GameOptions | None = None) -> textworld.Game:
     """Generate (not compile) the tw-cooking game of ``seed``: deterministic in (spec, seed)."""
     options = options or textworld.GameOptions()

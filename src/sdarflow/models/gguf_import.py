@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdarflow import storage
+from sdarflow.config import cache_dir
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,9 @@ def known_file(name: str) -> Path:
 def known_model(name: str) -> Path:
     """The known model ``name`` as an HF folder in the model cache, imported on first use (keyed by the GGUF
     file's sha256, so another build of the package gets its own folder)."""
-    from sdarflow.model_cache import models_dir
-
     path = known_file(name)
     known = KNOWN[name]
-    out = models_dir() / f"{name}-{storage.file_sha256(path)[:16]}"
+    out = cache_dir() / "models" / f"{name}-{storage.file_sha256(path)[:16]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     return import_gguf(path, out, name, known.source, known.license)
 
