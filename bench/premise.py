@@ -10,10 +10,11 @@ successful and failed episodes, for each skill library:
 
 - ``seed``: extracted from the env's expert walkthroughs, as the demo's base model's seed library is;
 - ``reference``: the SDAR reference's hand-written library, where the env has a counterpart
-  (``bench/reference_skills/<env>``: search-qa has the reference's search skills);
+  (``sdarflow.skills.library.reference_library``: search-qa has the reference's search skills);
 - ``llm``: written by the model itself with the LLM extractor (engine backend) from the walkthroughs' episodes;
-- ``random``: the seed library with every skill's text replaced by random tokens of the same number (the control:
-  any text in front of the prompt moves the log-probs; skills help only if they beat it).
+- ``random``: the reference library (the seed library where there is none) with every skill's text replaced by
+  random tokens of the same number (the control: any text in front of the prompt moves the log-probs; skills help
+  only if they beat it).
 
     python -m bench.premise --model smollm2-135m-instruct --env search-qa [--adapter DIR] [--tasks 16 --samples 4]
 """
@@ -28,21 +29,20 @@ from pathlib import Path
 
 from bench.common import write_result
 
-REFERENCE_SKILLS = Path(__file__).parent / "reference_skills"
 WALKTHROUGHS = 24  # train tasks whose walkthroughs the seed and llm libraries are extracted from
 
 
 def libraries(env: str, model: str, tokenizer, work: Path, seed: int) -> dict:
     """Skill libraries by name (see the module doc)."""
-    from sdarflow.skills.library import SkillLibrary
+    from sdarflow.skills.library import SkillLibrary, reference_library
     from sdarflow.stages import extract_skills as extract_stage
     from sdarflow.stages import generate
     from sdarflow.train.warmstart import expert_steps, seed_library
 
     _, episodes = expert_steps(env, WALKTHROUGHS)
     libs = {"seed": seed_library(episodes)}
-    if (REFERENCE_SKILLS / env).is_dir():
-        libs["reference"] = SkillLibrary.load(REFERENCE_SKILLS / env)
+    if (folder := reference_library(env)) is not None:
+        libs["reference"] = SkillLibrary.load(folder)
     walk = generate.run(
         generate.GenerateConfig(
             model=model, policy="expert", env=env, tasks=WALKTHROUGHS, output=str(work / "walkthroughs")
@@ -54,7 +54,7 @@ def libraries(env: str, model: str, tokenizer, work: Path, seed: int) -> dict:
         )
     )["uri"]
     libs["llm"] = SkillLibrary.load(llm)
-    libs["random"] = random_control(libs["seed"], tokenizer, seed)
+    libs["random"] = random_control(libs.get("reference", libs["seed"]), tokenizer, seed)
     return libs
 
 

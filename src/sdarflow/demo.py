@@ -168,12 +168,18 @@ def default_preset(base: Path) -> str:
 
 
 def seed_skills_of(env: str, tasks: int, storage_root: str, run_id: str) -> str:
-    """The seed skill library of ``tasks`` expert walkthroughs of ``env``'s train split, as the tiny model's is
-    built (``warmstart.seed_library``), published in the run's folder."""
+    """The seed skill library for a base model that brings none, published in the run's folder: the SDAR
+    reference's hand-written library where ``env`` has one (``skills.library.reference_library``), else the one
+    mined from ``tasks`` expert walkthroughs of the train split, as the tiny model's is (``warmstart.seed_library``;
+    search-qa's walkthroughs share no step across tasks, so they give none)."""
+    from sdarflow.skills.library import SkillLibrary, reference_library
     from sdarflow.train.warmstart import expert_steps, publish_library, seed_library
 
+    uri = run_uri(storage_root, run_id, "seed-skills")
+    if (folder := reference_library(env)) is not None:
+        return publish_library(SkillLibrary.load(folder), uri)
     _, episodes = expert_steps(env, tasks)
-    return publish_library(seed_library(episodes), run_uri(storage_root, run_id, "seed-skills"))
+    return publish_library(seed_library(episodes), uri)
 
 
 def warm_start(base: Path, storage_root: str, run_id: str, env: str, tasks: int, train_settings: dict) -> str:

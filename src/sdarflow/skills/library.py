@@ -37,6 +37,8 @@ from sdarflow.storage import inside
 log = logging.getLogger(__name__)
 
 MAPPING = "skill_mapping.json"
+# The SDAR reference's hand-written libraries shipped with sdarflow, one folder per env with a counterpart.
+REFERENCE_LIBRARIES = Path(__file__).parent / "reference"
 STATS = "skill_stats.json"
 GENERAL = "general_skills"
 GENERAL_FILE = "general_skills.md"
@@ -267,3 +269,10 @@ def _keyword_list(value) -> list[str]:
     """
     items = value.split(",") if isinstance(value, str) else list(value)
     return [str(k).strip() for k in items if str(k).strip()]
+
+
+def reference_library(env: str) -> Path | None:
+    """The folder of the SDAR reference's hand-written skill library for ``env``, where the env has a counterpart
+    (search-qa: the reference's search skills; Apache-2.0, see the folder's NOTICE.md), else None."""
+    folder = REFERENCE_LIBRARIES / env
+    return folder if (folder / MAPPING).is_file() else None
