@@ -3,7 +3,8 @@ lanes of them, taking turns with their env steps in a worker process).
 
 Each agent turn becomes one trajectory row (the turn-level contract in ``sdarflow.schema``); episode-level fields
 (``episode_return``, ``success``, ``num_turns``) are filled in when the episode ends. The action format is the
-suite's (its ``parse_action`` when it has one). Env calls run under a watchdog (``rollout.envcall``): an env that
+suite's (its ``parse_action`` when it has one), read inside the reply's ``<action>`` tag in the reference prompt
+format, whose prompts also list the envs' admissible actions. Env calls run under a watchdog (``rollout.envcall``): an env that
 raises or hangs past ``step_timeout_s`` ends its episode as failed and the run goes on. Groups whose samples are
 token-identical at temperature > 0 (a seeding bug seen in other RL systems) are flagged and counted.
 """
