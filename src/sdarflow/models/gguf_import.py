@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdarflow import storage
 from sdarflow.config import cache_dir
 from sdarflow.errors import ConfigError
 
@@ -74,7 +73,9 @@ def known_model(name: str) -> Path:
     file's sha256, so another build of the package gets its own folder)."""
     path = known_file(name)
     known = KNOWN[name]
-    out = cache_dir() / "models" / f"{name}-{storage.file_sha256(path)[:16]}"
+    from sdarflow.storage import file_sha256  # pyarrow: not at import (the CLI's flags read KNOWN)
+
+    out = cache_dir() / "models" / f"{name}-{file_sha256(path)[:16]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     return import_gguf(path, out, name, known.source, known.license)
 
@@ -116,7 +117,9 @@ def import_gguf(
     gguf_file = Path(gguf_file)
     if not gguf_file.is_file():
         raise ConfigError(f"import-model: --gguf {gguf_file} does not exist; fix: pass a GGUF file")
-    digest = storage.file_sha256(gguf_file)
+    from sdarflow.storage import file_sha256
+
+    digest = file_sha256(gguf_file)
     info_path = output / IMPORT_FILE
     if not force and info_path.is_file() and json.loads(info_path.read_text()).get("sha256") == digest:
         log.info("import-model: %s already holds %s (sha256 %s)", output, gguf_file.name, digest[:12])
