@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import subprocess
 import sys
 import time
 import warnings
@@ -186,7 +187,7 @@ def warm_start(base: Path, storage_root: str, run_id: str, env: str, tasks: int,
     """The SFT warm start a pretrained base gets before RL: ``tasks`` expert walkthroughs of the train split
     in the model's prompt format (``generate --policy expert``), trained with ``train --mode sft``; the adapter's
     URI, which round 0 continues from."""
-    from sdarflow.stages import generate, train
+    from sdarflow.stages import generate
 
     walkthroughs = generate.run(
         generate.GenerateConfig(
@@ -194,13 +195,30 @@ def warm_start(base: Path, storage_root: str, run_id: str, env: str, tasks: int,
             output=run_uri(storage_root, run_id, "warm-start-walkthroughs"),
         )
     )  # fmt: skip
-    trained = train.run(
-        train.TrainConfig(
-            mode="sft", model=str(base), input=[walkthroughs["uri"]],
-            output=run_uri(storage_root, run_id, "warm-start"), **train_settings,
+    # In a child process: the memory the SFT peaks at (~10 GB for a 135M model's 49k-token vocabulary) is not
+    # returned to the system while this process lives, and the pipeline's train task needs as much again (this
+    # demo's train task was OOM-killed on a 24 GB machine when the warm start ran in this process).
+    output = run_uri(storage_root, run_id, "warm-start")
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in train_settings.items()]
+    argv = [
+        "train",
+        "--mode",
+        "sft",
+        "--model",
+        str(base),
+        "--input",
+        walkthroughs["uri"],
+        "--output",
+        output,
+    ]
+    child = subprocess.run(
+        [sys.executable, "-m", "sdarflow.cli", *argv, *flags], stdout=subprocess.PIPE, text=True
+    )
+    if child.returncode != 0:
+        raise SdarflowError(
+            f"demo: the warm start failed (exit {child.returncode}); fix: see its error above"
         )
-    )  # fmt: skip
-    return trained["uri"]
+    return output
 
 
 def eval_figures(report_uri: str) -> dict:
