@@ -121,7 +121,7 @@ def run_demo(
     env = settings.get("env") or PipelineConfig().env
     # The preset's walkthroughs: those the warm start trains on, else those the tiny model is built from.
     walkthroughs = sizes["warm_start"]["tasks"] if "warm_start" in sizes else sizes["model"].tasks
-    if not settings["seed_skills"]:  # a model sdarflow did not build brings none: mine the env's walkthroughs
+    if not settings["seed_skills"]:  # a model sdarflow did not build brings none (seed_skills_of says whence)
         settings["seed_skills"] = seed_skills_of(env, walkthroughs, storage_root, run_id)
     if "warm_start" in sizes:
         settings["start_adapter"] = warm_start(
