@@ -194,8 +194,7 @@ def action_of(response: str, messages: list[dict]) -> str:
     """The action of a well-formed ``response`` to ``messages``, lower-cased and whitespace-normalized: the reply
     itself in the command format, the text inside its ``<action>`` tag in the reference format."""
     if format_of(messages) == "reference":
-        lower = response.lower()
-        response = response[lower.find("<action>") + len("<action>") : lower.find("</action>")]
+        response = parse_reference(response, True, inner=lambda action, _: (action, True))[0]
     return " ".join(response.lower().split())
 
 
