@@ -103,9 +103,9 @@ def run_demo(
     from pipelines.training import build_training_pipeline
 
     out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    base, sizes = base_and_sizes(out, base_model, preset)
+    base, sizes = base_and_sizes(out, base_model, preset)  # a bad preset or model fails before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     storage_root = storage_root or str(out / "store")
     run_id = new_run_id()
     seed_skills = base / SEED_SKILLS
