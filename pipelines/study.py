@@ -1,6 +1,7 @@
 """The method study as a KFP pipeline: the base model's evaluation and every (method, seed) cell fan out with
-``dsl.ParallelFor`` after a first task checks the settings; a last task writes ``study.json`` and the report (HTML in the KFP UI). Each task calls
-``sdarflow.study.run_step``, the code ``sdarflow study`` runs, and a cell already finished in ``out`` is read back,
+``dsl.ParallelFor`` after a first task checks the settings and a second makes the start point (a pretrained base's seed skills and warm
+start); a last task writes ``study.json`` and the report (HTML in the KFP UI). Each task calls
+``sdarflow.study_steps.run_step``, the code ``sdarflow study`` runs, and a cell already finished in ``out`` is read back,
 so a retried or re-run study redoes only the missing cells.
 
 Methods and seeds are fixed at compile time (``sdarflow pipeline compile --pipeline study --methods ... --seeds
@@ -10,7 +11,7 @@ Methods and seeds are fixed at compile time (``sdarflow pipeline compile --pipel
 
 from kfp import dsl
 
-from components.study import study_base, study_cell, study_report, study_settings
+from components.study import study_base, study_cell, study_report, study_settings, study_start
 from pipelines.kube import KubeOptions, wire
 from pipelines.params import describe
 from sdarflow.study import StudySettings
@@ -52,9 +53,11 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
             stage_settings=stage_settings,
         )
         wire(settings, "prepare", kube, "study: settings")
-        base = study_base(settings=settings.output)
+        start = study_start(settings=settings.output)  # a pretrained base's seed skills and SFT warm start
+        wire(start, "train", kube, "study: start point")
+        base = study_base(settings=start.output)
         wire(base, "evaluate", kube, "study: base model")
-        runs = study_cells(settings=settings.output)
+        runs = study_cells(settings=start.output)
         runs.set_display_name(f"study: {len(cells)} cells")
         rep = study_report(settings=settings.output, cells=runs.output, base=base.output)
         wire(rep, "register", kube, "study: report")
@@ -66,7 +69,7 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
         "base_model": "base model HF folder every cell starts from (empty: build the preset's demo model)",
         "rounds": "RL rounds per cell",
         "env": "environment suite of every cell",
-        "preset": "sizes of every cell: demo, smoke or gpu (sdarflow.sizes.SIZES)",
+        "preset": "sizes of every cell: demo, smoke, gpu or pretrained (sdarflow.sizes.SIZES)",
         "stage_settings": 'per-stage settings on top of the preset\'s, e.g. {"train": {"lr": 0.002}}',
     }
     describe(sdar_study, f"{description}; methods {', '.join(methods)}, seeds {seeds}", helps)

@@ -51,6 +51,8 @@ LAYERS: list[set[str]] = [
         "training_options",
         "study_report",
         "run_report",
+        "start_point",
+        "study_steps",
     },
     {"components"},
     {"pipelines"},

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
 import sys
 import time
 import warnings
@@ -21,7 +20,8 @@ from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_
 from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES, model_spec
-from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
+from sdarflow.start_point import start_point
+from sdarflow.train.warmstart import build_base_model
 
 log = logging.getLogger(__name__)
 
@@ -104,29 +104,22 @@ def run_demo(
 
     out = Path(out).absolute()
     t0 = time.perf_counter()
-    base, sizes = base_and_sizes(out, base_model, preset)  # a bad preset or model fails before anything is written
+    base, sizes = base_and_sizes(
+        out, base_model, preset
+    )  # a bad preset or model fails before anything is written
     out.mkdir(parents=True, exist_ok=True)
     storage_root = storage_root or str(out / "store")
     run_id = new_run_id()
-    seed_skills = base / SEED_SKILLS
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 
     settings = {
         "storage": storage_root,
         "base_model": str(base),
         "run_id": run_id,
-        "seed_skills": str(seed_skills) if seed_skills.is_dir() else "",
         **sizes["pipeline"],
     }
     env = settings.get("env") or PipelineConfig().env
-    # The preset's walkthroughs: those the warm start trains on, else those the tiny model is built from.
-    walkthroughs = sizes["warm_start"]["tasks"] if "warm_start" in sizes else sizes["model"].tasks
-    if not settings["seed_skills"]:  # a model sdarflow did not build brings none (seed_skills_of says whence)
-        settings["seed_skills"] = seed_skills_of(env, walkthroughs, storage_root, run_id)
-    if "warm_start" in sizes:
-        settings["start_adapter"] = warm_start(
-            base, storage_root, run_id, env, walkthroughs, sizes["warm_start"]["train"]
-        )
+    settings.update(start_point(base, sizes, env, run_uri(storage_root, run_id), run_id))
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))
     pipeline = build_training_pipeline(rounds, shards)
     try:
@@ -166,59 +159,6 @@ def default_preset(base: Path) -> str:
     from sdarflow.rollout.engine import prompt_format
 
     return "demo" if prompt_format("auto", AutoTokenizer.from_pretrained(base)) == "command" else "pretrained"
-
-
-def seed_skills_of(env: str, tasks: int, storage_root: str, run_id: str) -> str:
-    """The seed skill library for a base model that brings none, published in the run's folder: the SDAR
-    reference's hand-written library where ``env`` has one (``skills.library.reference_library``), else the one
-    mined from ``tasks`` expert walkthroughs of the train split, as the tiny model's is (``warmstart.seed_library``;
-    search-qa's walkthroughs share no step across tasks, so they give none)."""
-    from sdarflow.skills.library import SkillLibrary, reference_library
-    from sdarflow.train.warmstart import expert_steps, publish_library, seed_library
-
-    uri = run_uri(storage_root, run_id, "seed-skills")
-    if (folder := reference_library(env)) is not None:
-        return publish_library(SkillLibrary.load(folder), uri)
-    _, episodes = expert_steps(env, tasks)
-    return publish_library(seed_library(episodes), uri)
-
-
-def warm_start(base: Path, storage_root: str, run_id: str, env: str, tasks: int, train_settings: dict) -> str:
-    """The SFT warm start a pretrained base gets before RL: ``tasks`` expert walkthroughs of the train split
-    in the model's prompt format (``generate --policy expert``), trained with ``train --mode sft``; the adapter's
-    URI, which round 0 continues from."""
-    from sdarflow.stages import generate
-
-    walkthroughs = generate.run(
-        generate.GenerateConfig(
-            model=str(base), policy="expert", env=env, tasks=tasks, run_id=run_id,
-            output=run_uri(storage_root, run_id, "warm-start-walkthroughs"),
-        )
-    )  # fmt: skip
-    # In a child process: the memory the SFT peaks at (~10 GB for a 135M model's 49k-token vocabulary) is not
-    # returned to the system while this process lives, and the pipeline's train task needs as much again (this
-    # demo's train task was OOM-killed on a 24 GB machine when the warm start ran in this process).
-    output = run_uri(storage_root, run_id, "warm-start")
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in train_settings.items()]
-    argv = [
-        "train",
-        "--mode",
-        "sft",
-        "--model",
-        str(base),
-        "--input",
-        walkthroughs["uri"],
-        "--output",
-        output,
-    ]
-    child = subprocess.run(
-        [sys.executable, "-m", "sdarflow.cli", *argv, *flags], stdout=subprocess.PIPE, text=True
-    )
-    if child.returncode != 0:
-        raise SdarflowError(
-            f"demo: the warm start failed (exit {child.returncode}); fix: see its error above"
-        )
-    return output
 
 
 def eval_figures(report_uri: str) -> dict:

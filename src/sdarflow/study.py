@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +94,6 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
     """The training pipeline's config for one cell: the preset's sizes, this method (its options as the pipeline's
     ``options``, under the study's stage settings) and seed, our storage."""
     from sdarflow.pipeline_config import PipelineConfig
-    from sdarflow.train.warmstart import SEED_SKILLS
 
     split_method(method)  # a bad row fails here, with the study's words
     method, _, options = method.partition("+")
@@ -105,7 +103,7 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
             "storage": storage_root,
             "base_model": base,
             "run_id": "study",
-            "seed_skills": str(Path(base) / SEED_SKILLS),
+            **start_of(s, base),
             "env": s.env,
             "method": method,
             "options": options,
@@ -115,6 +113,24 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
     )
 
 
+def start_of(s: StudySettings, base: str) -> dict[str, str]:
+    """Every cell's seed skills and start adapter (``sdarflow.start_point``); what is made for them (a pretrained
+    base's library and warm start) is made once, in ``out``/start, and read back after."""
+    from sdarflow.sizes import SIZES
+    from sdarflow.start_point import makes_anything, start_point
+
+    sizes, folder = SIZES[s.preset], storage.join(s.out, "start")
+    if not makes_anything(Path(base), sizes):
+        return start_point(Path(base), sizes, s.env, folder, "study")
+    uri = storage.join(folder, "start.json")
+    if storage.exists(uri) and (start := storage.read_json(uri))["settings_key"] == settings_key(s):
+        return {k: start[k] for k in ("seed_skills", "start_adapter")}
+    start = start_point(Path(base), sizes, s.env, folder, "study")
+    storage.write_json(uri, {**start, "settings_key": settings_key(s)})
+    log.info("study: start point (seed skills, warm start) -> %s", uri)
+    return start
+
+
 def _timed(seconds: dict[str, float], stage: str, fn, cfg) -> dict:
     t0 = time.perf_counter()
     result = fn(cfg)
@@ -122,7 +138,7 @@ def _timed(seconds: dict[str, float], stage: str, fn, cfg) -> dict:
     return result
 
 
-def _cell_uri(s: StudySettings, name: str) -> str:
+def cell_uri(s: StudySettings, name: str) -> str:
     return storage.join(s.out, "cells", name)
 
 
@@ -139,6 +155,7 @@ def settings_key(s: StudySettings) -> str:
         "env": s.env,
         "rounds": s.rounds,
         "sizes": SIZES[s.preset]["pipeline"],
+        "warm_start": SIZES[s.preset].get("warm_start"),
         "stage_settings": s.stage_settings,
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
@@ -147,7 +164,7 @@ def settings_key(s: StudySettings) -> str:
 def _finished(s: StudySettings, name: str) -> dict | None:
     """The cell's record when it finished earlier (its cell.json exists), else None; ConfigError when it was made
     with other settings, so a changed rerun never mixes its cells with old ones."""
-    uri = storage.join(_cell_uri(s, name), CELL_FILE)
+    uri = storage.join(cell_uri(s, name), CELL_FILE)
     if not storage.exists(uri):
         return None
     cell = storage.read_json(uri)
@@ -165,7 +182,7 @@ def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
     from sdarflow.provenance import provenance
 
     record = {**cell, "settings_key": settings_key(s), "provenance": provenance(s.base_model)}
-    storage.write_json(storage.join(_cell_uri(s, name), CELL_FILE), record)
+    storage.write_json(storage.join(cell_uri(s, name), CELL_FILE), record)
 
 
 def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
@@ -188,7 +205,7 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
     for seed in s.seeds:
         name = cell_name(BASE_CELL, seed)
         if (cell := _finished(s, name)) is None:
-            pc = pipeline_config(s, base, "grpo", seed, storage.join(_cell_uri(s, name), "store"))
+            pc = pipeline_config(s, base, "grpo", seed, storage.join(cell_uri(s, name), "store"))
             t0 = time.perf_counter()
             report, uri = _evaluate(pc, 0, "")
             cell = {"method": BASE_CELL, "seed": seed, "eval": report["splits"], "eval_uri": uri,
@@ -227,7 +244,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
     from sdarflow.stages import extract_skills, generate, rescore, train
 
     name = cell_name(method, seed)
-    folder = _cell_uri(s, name)
+    folder = cell_uri(s, name)
     if (cell := _finished(s, name)) is not None:
         log.info("study: %s finished earlier; skipped", name)
         return cell
@@ -298,6 +315,7 @@ def run_study(s: StudySettings) -> dict:
         s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
     t0 = time.perf_counter()
     base = local_base(s)
+    start_of(s, base)
     run_base(s, base)
     for m in s.methods:
         for seed in s.seeds:
@@ -315,6 +333,7 @@ def local_base(s: StudySettings) -> str:
 def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     """Read every cell, write ``study.json``, ``report.md``, ``report.html`` and ``curves.png`` to ``s.out``."""
     from sdarflow.provenance import provenance
+    from sdarflow.sizes import SIZES
     from sdarflow.study_report import analyze, write_reports
 
     names = [cell_name(m, seed) for m in (BASE_CELL, *s.methods) for seed in s.seeds]
@@ -333,6 +352,7 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
         "preset": s.preset,
         "base_model": s.base_model,
         "sizes": preset_sizes(s),
+        "warm_start": SIZES[s.preset].get("warm_start"),  # every cell's and the base row's start adapter
         "stage_settings": stage_settings(s),  # the preset's with the study's on top
         "seconds_this_run": seconds_this_run,
         "provenance": provenance(s.base_model),
@@ -342,56 +362,3 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     write_reports(s.out, study)
     log.info("study: %d cells -> %s", len(cells), storage.join(s.out, "study.json"))
     return study
-
-
-def run_step(
-    step: str,
-    settings: dict | str,
-    method: str = "",
-    seed: int = 0,
-    *,
-    html=None,
-    markdown=None,
-    metrics=None,
-) -> str:
-    """What the study pipeline's components call, with the settings as a dict or the URI ``check`` stored them at:
-    ``check`` (validate, store ``study_settings.json`` in ``out``, return its URI), ``base`` (evaluate the base
-    model), ``cell`` (one method and seed) or ``report``; the same functions ``sdarflow study`` runs. ``base`` and
-    ``cell`` return the cell's folder, ``report`` the study.json URI and fills the KFP UI artifacts."""
-    from sdarflow.kfp_runtime import setup_logging
-
-    setup_logging()
-    if isinstance(settings, str):
-        settings = storage.read_json(settings)
-    # KFP hands JSON numbers in lists over as floats
-    s = StudySettings(
-        **{**settings, "seeds": [int(x) for x in settings["seeds"]], "rounds": int(settings["rounds"])}
-    )
-    s.validate()
-    if step == "check":
-        uri = storage.join(s.out, SETTINGS_FILE)
-        storage.write_json(uri, dataclasses.asdict(s))
-        return uri
-    if step == "report":
-        study = report(s)
-        for artifact, name in ((html, "report.html"), (markdown, "report.md")):
-            if artifact is not None:
-                with open(artifact.path, "wb") as f:
-                    f.write(storage.read_bytes(storage.join(s.out, name)))
-        if metrics is not None:
-            for row in study["table"]:
-                for key in ("relative_pass@1", "relative_pass@k", "relative_ood_pass@1"):
-                    value = row.get(key)
-                    if isinstance(value, int | float) and math.isfinite(value):
-                        metrics.log_metric(f"{row['method']}_{key}".replace("@", "_at_"), float(row[key]))
-        return storage.join(s.out, "study.json")
-    if not s.base_model:
-        raise ConfigError("study pipeline: base_model is required; fix: pass an HF folder or s3:// URI")
-    base = local_base(s)
-    if step == "base":
-        run_base(s, base)
-        return storage.join(s.out, "cells")
-    if step == "cell":
-        run_cell(s, base, method, seed)
-        return _cell_uri(s, cell_name(method, seed))
-    raise ConfigError(f"study pipeline: unknown step {step!r}; allowed: check, base, cell, report")

@@ -323,7 +323,12 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
     assert {"out", "base_model", "rounds", "env", "preset", "stage_settings"} <= set(params)
     assert "defaultValue" not in params["out"] and "defaultValue" not in params["base_model"]
     tasks = pipeline["root"]["dag"]["tasks"]
-    assert set(tasks) == {"study-settings", "study-base", "study-cells", "study-report"}
+    assert set(tasks) == {"study-settings", "study-start", "study-base", "study-cells", "study-report"}
+    # the start point (a pretrained base's warm start) is made once, before the base row and the cells
+    for task in ("study-base", "study-cells"):
+        source = tasks[task]["inputs"]["parameters"]["settings"]["taskOutputParameter"]["producerTask"]
+        assert source == "study-start"
+    assert executor(pipeline, tasks["study-start"])["image"] == TRAIN_GPU_IMAGE
     sub = pipeline["components"][tasks["study-cells"]["componentRef"]["name"]]["dag"]
     (loop_name,) = sub["tasks"]
     loop = sub["tasks"][loop_name]

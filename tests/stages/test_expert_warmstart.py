@@ -75,21 +75,22 @@ def test_expert_with_an_adapter_is_refused(tmp_path, tiny_model, capsys):
     assert code != 0 and "drop --adapter" in capsys.readouterr().err
 
 
-def test_the_demo_gives_a_model_without_seed_skills_a_library_and_a_warm_start(tmp_path, tiny_model):
-    from sdarflow.demo import default_preset, seed_skills_of, warm_start
+def test_a_model_without_seed_skills_gets_a_library_and_a_warm_start_without_seed_skills_a_library_and_a_warm_start(tmp_path, tiny_model):
+    from sdarflow.demo import default_preset
     from sdarflow.skills.library import SkillLibrary
+    from sdarflow.start_point import seed_skills_of, warm_start
 
     root = str(tmp_path / "store")
-    uri = seed_skills_of("tool-use", 6, root, "r1")
+    uri = seed_skills_of("tool-use", 6, f"{root}/a")
     lib = SkillLibrary.load(storage.resolve(uri).path)
     assert storage.read_manifest(uri, "skills") and lib.task_specific()
     assert all(s.evidence.get("source") == "seed" for s in lib.task_specific())
     # search-qa's walkthroughs share no step across tasks; the SDAR reference's search skills are its seed library
     from sdarflow.skills.library import reference_library
 
-    search = SkillLibrary.load(storage.resolve(seed_skills_of("search-qa", 6, root, "r2")).path)
+    search = SkillLibrary.load(storage.resolve(seed_skills_of("search-qa", 6, f"{root}/b")).path)
     assert search.version == SkillLibrary.load(reference_library("search-qa")).version
     assert {s.name for s in search.skills_for("birthplace")} == {"direct_retrieval"}
-    adapter = warm_start(tiny_model, root, "r1", "tool-use", 2, {"mini_batches": 1, "engine": "torch"})
+    adapter = warm_start(tiny_model, "tool-use", 2, {"mini_batches": 1, "engine": "torch"}, root, "r1")
     assert storage.read_manifest(adapter, "adapter")["kind"] == "adapter"
     assert default_preset(tiny_model) == "demo"  # sdarflow built it: its format and sizes

@@ -151,3 +151,34 @@ def test_the_studys_stage_settings_win_over_a_rows_options(tiny_model, tmp_path)
     pc = pipeline_config(s, str(tiny_model), "sdar+ema", 0, str(tmp_path / "store"))
     assert stage_config(pc, "train", 0, input=["x"]).ema_decay == 0.9
     assert stage_config(pc, "rescore", 0, input=["x"], skills="s").teacher == "ema"
+
+
+def test_a_pretrained_base_starts_every_cell_from_one_warm_start(tiny_model, tmp_path, monkeypatch):
+    import shutil
+
+    from sdarflow import storage
+    from sdarflow.sizes import SIZES
+    from sdarflow.study import StudySettings, pipeline_config
+    from sdarflow.train.warmstart import SEED_SKILLS
+
+    # a base sdarflow did not build brings no seed library; the pretrained preset warm-starts it (made smaller here)
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model, base, ignore=shutil.ignore_patterns(SEED_SKILLS))
+    small = {"tasks": 2, "train": {"mini_batches": 1, "engine": "torch"}}
+    monkeypatch.setitem(SIZES, "pretrained", {**SIZES["pretrained"], "warm_start": small})
+    s = StudySettings(methods=["grpo", "sdar"], seeds=[0], rounds=1, out=str(tmp_path / "study"),
+                      base_model=str(base), env="tool-use", preset="pretrained")  # fmt: skip
+    pc = pipeline_config(s, str(base), "sdar", 0, str(tmp_path / "a"))
+    assert storage.read_manifest(pc.start_adapter, "adapter")["kind"] == "adapter"
+    assert storage.read_manifest(pc.seed_skills, "skills")
+    made = tmp_path / "study" / "start" / "start.json"
+    stamp = made.stat().st_mtime_ns
+    other = pipeline_config(s, str(base), "grpo", 0, str(tmp_path / "b"))  # every cell: the same, made once
+    assert (other.start_adapter, other.seed_skills) == (pc.start_adapter, pc.seed_skills)
+    assert made.stat().st_mtime_ns == stamp
+
+    # a model sdarflow built: its own library, a new LoRA, nothing written
+    built = StudySettings(methods=["grpo"], seeds=[0], rounds=1, out=str(tmp_path / "s2"), preset="smoke")
+    pc = pipeline_config(built, str(tiny_model), "grpo", 0, str(tmp_path / "c"))
+    assert (pc.seed_skills, pc.start_adapter) == (str(tiny_model / SEED_SKILLS), "")
+    assert not (tmp_path / "s2").exists()
