@@ -338,11 +338,18 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
         )
     vs_base = ", ".join(f"{key.split('_')[0]} {_diff(d)}" for key, d in r["paired"]["grpo_vs_base"].items())
     tasks = r["methods"]["grpo"]["test_pass@1"]["tasks"]
+    warm = r["settings"].get("warm_start")
+    start = (
+        f"Every row, the base model's too, starts from an SFT warm start on {warm['tasks']} expert walkthroughs "
+        f"of the train split. "
+        if warm
+        else ""
+    )
     return "\n".join(
         [
             *lines,
             "",
-            f"GRPO - base model (paired): {vs_base}. {r['settings']['rounds']} rounds, seeds "
+            f"{start}GRPO - base model (paired): {vs_base}. {r['settings']['rounds']} rounds, seeds "
             f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged). "
             f"Command: `{r['provenance']['command']}`.",
             _made_by([r]),

@@ -20,7 +20,7 @@ from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_
 from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES, model_spec
-from sdarflow.start_point import start_point
+from sdarflow.start_point import default_preset, start_point
 from sdarflow.train.warmstart import build_base_model
 
 log = logging.getLogger(__name__)
@@ -150,15 +150,6 @@ def base_and_sizes(out: Path, base_model: str | None, preset: str | None) -> tup
     sizes = SIZES[preset]
     spec = model_spec(preset, "demo")
     return build_base_model(out / "base-model", spec, time_limit_s=sizes["sft_time_limit_s"]), sizes
-
-
-def default_preset(base: Path) -> str:
-    """``demo`` for a model sdarflow built, ``pretrained`` for any other (the rule of the prompt format's auto)."""
-    from transformers import AutoTokenizer
-
-    from sdarflow.rollout.engine import prompt_format
-
-    return "demo" if prompt_format("auto", AutoTokenizer.from_pretrained(base)) == "command" else "pretrained"
 
 
 def eval_figures(report_uri: str) -> dict:

@@ -17,6 +17,16 @@ from sdarflow.errors import SdarflowError
 from sdarflow.train.warmstart import SEED_SKILLS
 
 
+def default_preset(base: Path) -> str:
+    """``demo`` for a model sdarflow built, ``pretrained`` (its warm start) for any other (the rule of the prompt
+    format's auto)."""
+    from transformers import AutoTokenizer
+
+    from sdarflow.rollout.engine import prompt_format
+
+    return "demo" if prompt_format("auto", AutoTokenizer.from_pretrained(base)) == "command" else "pretrained"
+
+
 def start_point(base: Path, sizes: dict, env: str, folder: str, run_id: str) -> dict[str, str]:
     """``{"seed_skills": URI, "start_adapter": URI or ""}`` for ``base`` under the preset ``sizes``; what is made
     for it (a seed library, walkthroughs, a warm-start adapter) is published under ``folder``."""

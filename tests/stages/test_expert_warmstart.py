@@ -75,10 +75,11 @@ def test_expert_with_an_adapter_is_refused(tmp_path, tiny_model, capsys):
     assert code != 0 and "drop --adapter" in capsys.readouterr().err
 
 
-def test_a_model_without_seed_skills_gets_a_library_and_a_warm_start_without_seed_skills_a_library_and_a_warm_start(tmp_path, tiny_model):
-    from sdarflow.demo import default_preset
+def test_a_model_without_seed_skills_gets_a_library_and_a_warm_start_without_seed_skills_a_library_and_a_warm_start(
+    tmp_path, tiny_model
+):
     from sdarflow.skills.library import SkillLibrary
-    from sdarflow.start_point import seed_skills_of, warm_start
+    from sdarflow.start_point import default_preset, seed_skills_of, warm_start
 
     root = str(tmp_path / "store")
     uri = seed_skills_of("tool-use", 6, f"{root}/a")

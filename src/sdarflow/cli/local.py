@@ -34,6 +34,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    from sdarflow.sizes import SIZES
     from sdarflow.study import StudySettings, run_study
 
     try:
@@ -42,14 +43,22 @@ def _cmd_study(args: argparse.Namespace) -> int:
         raise ConfigError(
             f'study: --stage-settings is not JSON ({err}); fix: pass e.g. \'{{"train": {{"lr": 0.002}}}}\''
         ) from err
+    preset = args.preset or "demo"
+    if args.preset is None and args.base_model:
+        from pathlib import Path
+
+        from sdarflow.model_cache import local_model
+        from sdarflow.start_point import default_preset
+
+        preset = default_preset(Path(local_model(args.base_model)))
     settings = StudySettings(
         methods=args.methods,
         seeds=args.seeds,
         rounds=args.rounds,
         out=args.out,
         base_model=args.base_model or "",
-        env=args.env,
-        preset=args.preset,
+        env=args.env or SIZES[preset]["pipeline"].get("env") or StudySettings.env,
+        preset=preset,
         stage_settings=stage_settings,
     )
     study = run_study(settings)
@@ -171,8 +180,17 @@ def add_study(p: argparse.ArgumentParser) -> None:
         action=ReadsModel,
         help="HF model folder or a known pretrained model's name; default: build the preset's tiny model",
     )
-    p.add_argument("--env", default="textworld-cooking", help="environment (`sdarflow envs list`)")
-    p.add_argument("--preset", default="demo", choices=PRESET_NAMES, help=PRESET_HELP)
+    p.add_argument(
+        "--env",
+        default=None,
+        help="environment (`sdarflow envs list`); default: the preset's, else textworld-cooking",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=PRESET_NAMES,
+        help=PRESET_HELP + "; default: demo, or pretrained with a --base-model sdarflow did not build",
+    )
     p.add_argument(
         "--stage-settings",
         default=None,
