@@ -131,26 +131,6 @@ def demo_round(settings: dict) -> dict[str, float]:
     return seconds
 
 
-def rl_round(gen_uri: str, model: str, adapter: str, skills: str, out: str, **train_kw) -> tuple[dict, str]:
-    """extract-skills -> rescore -> train on one round's rollouts: (train's result, the new skill library URI)."""
-    from sdarflow.stages import extract_skills, rescore, train
-
-    sk = extract_skills.run(
-        extract_skills.ExtractSkillsConfig(input=[gen_uri], previous=skills, output=f"{out}/skills")
-    )
-    rs = rescore.run(
-        rescore.RescoreConfig(
-            input=[gen_uri], skills=sk["uri"], model=model, adapter=adapter, output=f"{out}/rescored"
-        )
-    )
-    tr = train.run(
-        train.TrainConfig(
-            input=[rs["uri"]], model=model, adapter=adapter, output=f"{out}/adapter", **train_kw
-        )
-    )
-    return tr, sk["uri"]
-
-
 def write_result(name: str, result: dict, rows: list[tuple], base: str | None = None) -> Path:
     """Print a table and write ``bench/results/<name>.json`` with its provenance: the code, the base model
     (``base``, when the result depends on one), the command and the machine (``sdarflow.provenance``)."""

@@ -1,4 +1,4 @@
-"""Format collapse (issue 18): an injected drift, then GRPO rounds with the format guard off and with
+"""Format collapse: an injected drift, then GRPO rounds with the format guard off and with
 ``--format-guard repair`` (and its per-step probe, ``--format-probe-every``).
 
 Two drifts. ``--drift sft`` (on ``tool-use``) is the failure mode seen in RL on tool-using agents, one wrong token
@@ -25,30 +25,37 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.common import rl_round, write_result
+from bench.common import write_result
 from sdarflow import storage
+from sdarflow.pipeline_config import PipelineConfig, stage_config
+from sdarflow.rounds import Carry, run_round
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages import generate, train
 from sdarflow.train.format_probe import PROBE_KEY, REMEDY_KEY, ROLLBACK_KEY
-from sdarflow.train.warmstart import BaseModelSpec, build_base_model
+from sdarflow.train.warmstart import SEED_SKILLS, BaseModelSpec, build_base_model
 
 DRIFT = ('"tool"', '"tol"')  # the one-token slip in the call wrapper
 
 
-def _generate(model: str, adapter: str, out: str, r: int, args) -> dict:
-    cfg = generate.GenerateConfig(
+def run_config(model: str, root: str, args, start: str = "", guard: str = "off") -> PipelineConfig:
+    """The pipeline config both arms (and the base policy's rollouts) play: round r plays the split's tasks after
+    the SFT's and r - 1 rounds' (``stage_config``); an arm starts from ``start`` and trains with ``guard``."""
+    train = {"lr": args.lr, "max_steps": args.steps, "format_guard": guard}
+    if guard != "off":
+        train["format_probe_every"] = args.probe_every
+    return PipelineConfig(
+        storage=root,
+        base_model=model,
+        run_id=f"fc-{guard}",
+        seed_skills=f"{model}/{SEED_SKILLS}",
+        start_adapter=start,
         env=args.env,
-        model=model,
-        adapter=adapter,
-        output=out,
+        method="grpo",
+        seed=args.seed,
         tasks=args.tasks,
         group_size=args.group_size,
-        first_task=args.base_tasks + r * args.tasks,  # new tasks every round, after the SFT's
-        seed=args.seed,
-        round=r,
-        run_id="fc",
+        stage_settings={"generate": {"first_task": args.base_tasks}, "train": train},
     )
-    return generate.run(cfg)
 
 
 def drifted_dataset(gen_uri: str, out: str, tokenizer, eos_id: int, share: float, seed: int) -> str:
@@ -87,36 +94,38 @@ def drifted(model: str, base_gen: str, root: str, args) -> str:
     )["uri"]  # fmt: skip
 
 
+def rollout_figures(gen: dict) -> dict:
+    m = gen["metrics"]
+    return {"success": m["rollout/success"], "format_error_rate": m["rollout/format_error_rate"]}
+
+
 def arm(model: str, start: str, guard: str, root: str, args) -> list[dict]:
     """RL rounds from ``start`` (an adapter, or the base) with ``--format-guard guard``; each round's rollout
-    metrics and train's probe rates."""
-    adapter, skills, curve = start, f"{model}/seed_skills", []
-    for r in range(args.rounds + 1):
-        out = f"{root}/{guard}/round={r}"
-        gen = _generate(model, adapter, f"{out}/gen", r + 1, args)
-        m = gen["metrics"]
-        curve.append({"success": m["rollout/success"], "format_error_rate": m["rollout/format_error_rate"]})
-        logging.warning("%s round %d: success %.3f, format errors %.3f", guard, r, *curve[-1].values())
-        if r == args.rounds:
-            return curve
-        train_kw = {"method": "grpo", "seed": args.seed, "lr": args.lr, "max_steps": args.steps}
-        probe = {"format_probe_every": args.probe_every} if guard != "off" else {}
-        tr, skills = rl_round(
-            gen["uri"], model, adapter, skills, out, format_guard=guard, **train_kw, **probe
-        )
+    metrics and train's probe rates, then the last adapter's rollouts. Round 0 is the base policy's rollouts."""
+    pc, carry, curve = run_config(model, root, args, start, guard), Carry(), []
+    for r in range(1, args.rounds + 1):
+        rnd = run_round(pc, r, carry)
+        carry, tr = rnd.carry(), rnd.train
         steps = [json.loads(line) for line in storage.read_member(tr["uri"], "metrics.jsonl").splitlines()]
-        curve[-1]["train_sft_steps"] = tr["metrics"].get("train/sft_steps", 0.0)
-        curve[-1]["repaired_turns"] = tr["metrics"].get("format/repaired_turns")
-        curve[-1]["start_probe_error_rate"] = tr["metrics"].get("format/start_probe_error_rate")
-        curve[-1]["probe_error_rates"] = [x.get(PROBE_KEY) for x in steps]
-        curve[-1]["remedy_steps"] = tr["metrics"].get("format/start_remedy_steps", 0) + sum(
-            x.get(REMEDY_KEY, 0) for x in steps
-        )  # the remedy's SFT steps, the start probe's included
-        curve[-1]["rollbacks"] = [
-            x["step"] for x in steps if ROLLBACK_KEY in x
-        ]  # steps whose probe rolled back
-        adapter = tr["uri"]
-    return curve
+        curve.append(
+            {
+                **rollout_figures(rnd.generate),
+                "train_sft_steps": tr["metrics"].get("train/sft_steps", 0.0),
+                "repaired_turns": tr["metrics"].get("format/repaired_turns"),
+                "start_probe_error_rate": tr["metrics"].get("format/start_probe_error_rate"),
+                "probe_error_rates": [x.get(PROBE_KEY) for x in steps],
+                # the remedy's SFT steps, the start probe's included
+                "remedy_steps": tr["metrics"].get("format/start_remedy_steps", 0)
+                + sum(x.get(REMEDY_KEY, 0) for x in steps),
+                "rollbacks": [x["step"] for x in steps if ROLLBACK_KEY in x],  # steps whose probe rolled back
+            }
+        )
+        c = curve[-1]
+        logging.warning(
+            "%s round %d: success %.3f, format errors %.3f", guard, r, c["success"], c["format_error_rate"]
+        )
+    last = generate.run(stage_config(pc, "generate", args.rounds + 1, adapter=carry.adapter))
+    return [*curve, rollout_figures(last)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,13 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model or str(
             build_base_model(Path(root) / "base", BaseModelSpec(env=args.env, tasks=args.base_tasks))
         )
-        base = _generate(model, "", f"{root}/base-gen", 0, args)
+        base = generate.run(stage_config(run_config(model, root, args), "generate", 0))
         start = drifted(model, base["uri"], root, args) if args.drift == "sft" else ""
         arms = {guard: arm(model, start, guard, root, args) for guard in ("off", "repair")}
-        base_m = {
-            "success": base["metrics"]["rollout/success"],
-            "format_error_rate": base["metrics"]["rollout/format_error_rate"],
-        }
+        base_m = rollout_figures(base)
     result = {
         "settings": {k: v for k, v in vars(args).items() if k != "work"},
         "base_policy": base_m,

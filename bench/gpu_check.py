@@ -14,6 +14,7 @@ torch training); the tests use it so the script cannot rot where no GPU is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -96,25 +97,31 @@ def run(work: Path, on_gpu: bool, args) -> dict:
 
     from sdarflow import plan
     from sdarflow.pipeline_config import PipelineConfig, stage_config
+    from sdarflow.rounds import run_round
     from sdarflow.sizes import SIZES
-    from sdarflow.stages import evaluate, extract_skills, generate, rescore, train
+    from sdarflow.stages import evaluate, generate
     from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
 
     device = "cuda" if on_gpu else "cpu"
     seconds: dict[str, float] = {}
     on_cuda: dict[str, bool | None] = {}
 
-    def timed(stage: str, fn, *a, **kw):
+    @contextlib.contextmanager
+    def cuda_watch(stage: str):
         before = 0
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        out = fn(*a, **kw)
-        seconds[stage] = round(time.perf_counter() - t0, 2)
+        yield
         # an in-process stage allocates CUDA memory beyond what was held before it; vLLM's workers are other
         # processes, checked by engine
         on_cuda[stage] = on_gpu and torch.cuda.max_memory_allocated() > before
+
+    def timed(stage: str, fn, *a, **kw):
+        with cuda_watch(stage):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            seconds[stage] = round(time.perf_counter() - t0, 2)
         return out
 
     tiny = timed("build-model", build_base_model, work / "tiny", SIZES["smoke"]["model"], device=device)
@@ -143,11 +150,9 @@ def run(work: Path, on_gpu: bool, args) -> dict:
         },
     )
     # a LoRA to generate and evaluate with: one train step on the first round's own rollouts
-    gen = timed("generate", generate.run, stage_config(pc, "generate", 0))
-    sk_cfg = stage_config(pc, "extract-skills", 0, input=[gen["uri"]], previous=pc.seed_skills)
-    sk = timed("extract-skills", extract_skills.run, sk_cfg)
-    rs = timed("rescore", rescore.run, stage_config(pc, "rescore", 0, input=[gen["uri"]], skills=sk["uri"]))
-    tr = timed("train", train.run, stage_config(pc, "train", 0, input=[rs["uri"]]))
+    rnd = run_round(pc, 0, watch=cuda_watch)
+    seconds.update({stage: round(t, 2) for stage, t in rnd.seconds.items()})
+    gen, tr = rnd.generate, rnd.train
     leave_process_group()  # the in-process DeepSpeed run's group and env must not leak into vLLM's start
     gen2 = timed("generate-with-adapter", generate.run, stage_config(pc, "generate", 1, adapter=tr["uri"]))
     ev = timed("evaluate", evaluate.run, stage_config(pc, "evaluate", 1, adapter=tr["uri"]))

@@ -1,8 +1,8 @@
-"""Learning check (issue 3): several rounds of an RL method from the SFT base on ``textworld-cooking``, per seed.
+"""Learning check: several rounds of an RL method from the SFT base on ``textworld-cooking``, per seed.
 
-Each round: generate (train split) -> extract-skills -> rescore -> train, continuing the same LoRA adapter; the
-train-split success of each round's rollouts is the learning curve (round 0 = the base policy). Results go to
-``bench/results/learning_check.json``. Not part of ``make bench --quick``: it takes minutes per seed.
+Each round: generate (the train split's next tasks) -> extract-skills -> rescore -> train (``sdarflow.rounds``, the
+pipeline's round), continuing the same LoRA adapter; the train-split success of each round's rollouts is the
+learning curve (round 0 = the base policy). Results go to ``bench/results/learning_check.json``. Not part of ``make bench --quick``: it takes minutes per seed.
 
     python -m bench.learning_check --model demo-output/base-model --seeds 0 1 2 --rounds 6
 """
@@ -14,36 +14,30 @@ import logging
 import tempfile
 import time
 
-from bench.common import rl_round, write_result
+from bench.common import write_result
+from sdarflow.pipeline_config import PipelineConfig, stage_config
+from sdarflow.rounds import Carry, run_round
 from sdarflow.stages import generate
+from sdarflow.train.warmstart import SEED_SKILLS
 
 
 def one_seed(
-    model: str, seed: int, rounds: int, method: str, tasks: int, group: int, root: str, **train_kw
+    model: str, seed: int, rounds: int, method: str, tasks: int, group: int, root: str, lr: float
 ) -> list:
-    adapter, skills = "", f"{model}/seed_skills"
-    curve = []
-    for r in range(rounds + 1):
-        out = f"{root}/seed={seed}/round={r}"
-        gen = generate.run(
-            generate.GenerateConfig(
-                model=model,
-                adapter=adapter,
-                output=f"{out}/gen",
-                tasks=tasks,
-                group_size=group,
-                seed=seed,
-                round=r,
-                run_id=f"lc{seed}",
-            )
-        )
-        curve.append(gen["metrics"]["rollout/success"])
+    """Train-split success of each round's rollouts (round 0: the base policy's), ``rounds`` rounds of
+    ``method`` continuing one LoRA, every round on new tasks."""
+    pc = PipelineConfig(
+        storage=root, base_model=model, run_id=f"lc{seed}", seed_skills=f"{model}/{SEED_SKILLS}", method=method,
+        seed=seed, tasks=tasks, group_size=group, lr=lr,
+    )  # fmt: skip
+    carry, curve = Carry(), []
+    for r in range(rounds):
+        rnd = run_round(pc, r, carry)
+        carry = rnd.carry()
+        curve.append(rnd.generate["metrics"]["rollout/success"])
         logging.warning("seed %d round %d (%s): train success %.3f", seed, r, method, curve[-1])
-        if r == rounds:
-            break
-        tr, skills = rl_round(gen["uri"], model, adapter, skills, out, method=method, seed=seed, **train_kw)
-        adapter = tr["uri"]
-    return curve
+    last = generate.run(stage_config(pc, "generate", rounds, adapter=carry.adapter))  # the last adapter's
+    return [*curve, last["metrics"]["rollout/success"]]
 
 
 def main(argv: list[str] | None = None) -> int:

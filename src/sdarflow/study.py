@@ -131,13 +131,6 @@ def start_of(s: StudySettings, base: str) -> dict[str, str]:
     return start
 
 
-def _timed(seconds: dict[str, float], stage: str, fn, cfg) -> dict:
-    t0 = time.perf_counter()
-    result = fn(cfg)
-    seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - t0
-    return result
-
-
 def cell_uri(s: StudySettings, name: str) -> str:
     return storage.join(s.out, "cells", name)
 
@@ -217,9 +210,10 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
     return cells
 
 
-def _round_record(r: int, m_gen: dict, m_sk: dict, m_rs: dict, m_tr: dict) -> dict:
-    """What the study report shows of one round: rollout success, GRPO's signal, the teacher, the gate, and the
-    skill library against the env's ground truth (None where it has none)."""
+def _round_record(r: int, rnd) -> dict:
+    """What the study report shows of round ``r`` (a ``rounds.Round``): rollout success, GRPO's signal, the
+    teacher, the gate, and the skill library against the env's ground truth (None where it has none)."""
+    m_gen, m_sk, m_rs, m_tr = (x["metrics"] for x in (rnd.generate, rnd.extract, rnd.rescore, rnd.train))
     return {
         "round": r,
         "train_success": m_gen["rollout/success"],
@@ -240,8 +234,7 @@ def _round_record(r: int, m_gen: dict, m_sk: dict, m_rs: dict, m_tr: dict) -> di
 
 def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
     """Train one (method, seed) cell for ``s.rounds`` rounds and evaluate it; a finished cell is read back."""
-    from sdarflow.pipeline_config import stage_config
-    from sdarflow.stages import extract_skills, generate, rescore, train
+    from sdarflow.rounds import Carry, run_round
 
     name = cell_name(method, seed)
     folder = cell_uri(s, name)
@@ -249,30 +242,13 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
         log.info("study: %s finished earlier; skipped", name)
         return cell
     pc = pipeline_config(s, base, method, seed, storage.join(folder, "store"))
-    adapter, skills, previous_rescored = "", pc.seed_skills, ""
-    seconds: dict[str, float] = {}
-    rounds = []
+    carry, seconds, rounds = Carry(), {}, []
     for r in range(s.rounds):
-        gen = _timed(seconds, "generate", generate.run, stage_config(pc, "generate", r, adapter=adapter))
-        sk = _timed(
-            seconds,
-            "extract-skills",
-            extract_skills.run,
-            stage_config(
-                pc, "extract-skills", r, input=[gen["uri"]], previous=skills, rescored=[previous_rescored]
-            ),
-        )
-        rs = _timed(
-            seconds,
-            "rescore",
-            rescore.run,
-            stage_config(pc, "rescore", r, input=[gen["uri"]], skills=sk["uri"], adapter=adapter),
-        )
-        tr = _timed(
-            seconds, "train", train.run, stage_config(pc, "train", r, input=[rs["uri"]], adapter=adapter)
-        )
-        adapter, skills, previous_rescored = tr["uri"], sk["uri"], rs["uri"]
-        rounds.append(_round_record(r, gen["metrics"], sk["metrics"], rs["metrics"], tr["metrics"]))
+        rnd = run_round(pc, r, carry)
+        carry = rnd.carry()
+        for stage, t in rnd.seconds.items():
+            seconds[stage] = seconds.get(stage, 0.0) + t
+        rounds.append(_round_record(r, rnd))
         log.info(
             "study: %s round %d/%d | train success %.3f | gap %.3f | gate %.3f | %.0f s so far",
             name,
@@ -284,7 +260,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
             sum(seconds.values()),
         )
     t0 = time.perf_counter()
-    report, uri = _evaluate(pc, s.rounds - 1, adapter)
+    report, uri = _evaluate(pc, s.rounds - 1, carry.adapter)
     cell = {
         "method": method,
         "seed": seed,
@@ -293,7 +269,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
         "eval_seconds": time.perf_counter() - t0,
         "eval": report["splits"],
         "eval_uri": uri,
-        "adapter": adapter,
+        "adapter": carry.adapter,
     }
     _write_cell(s, name, cell)
     return cell
