@@ -131,7 +131,7 @@ def read_spec(package: str | Path) -> dict:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     if not docs or "pipelineInfo" not in docs[0]:
         raise ConfigError(
-            f"'{package}' is not a compiled KFP pipeline; fix: `sdarflow pipeline compile --out`"
+            f"'{package}' is not a compiled KFP pipeline; fix: `sdarflow pipeline compile --output`"
         )
     return docs[0]
 

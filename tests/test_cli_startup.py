@@ -73,21 +73,24 @@ def test_version(capsys):
     [["demo"], ["study"], ["build-model"], ["plan"], ["pipeline", "compile"], ["pipeline", "trainjob"],
      ["registry", "serve-config"]],
 )  # fmt: skip
-def test_one_spelling_of_the_output_flag_and_the_old_one_as_an_alias(command, capsys):
+def test_one_spelling_of_the_output_flag(command, capsys):
     from sdarflow.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser(command).parse_args([*command, "--help"])
-    assert "--output PATH, --out PATH" in capsys.readouterr().out
+    assert "--output PATH" in capsys.readouterr().out
     required = ["--registry", ".", "--base-model", "b"] if command[0] == "registry" else []
-    for spelling in ("--output", "--out"):
-        args, _ = build_parser(command).parse_known_args([*command, *required, spelling, "x"])
-        assert args.out == "x"
+    args, _ = build_parser(command).parse_known_args([*command, *required, "--output", "x"])
+    assert args.out == "x"
+    args, rest = build_parser(command).parse_known_args([*command, *required, "--output", "y", "--out", "x"])
+    assert args.out == "y" and "--out" in rest  # not an abbreviation of --output
 
 
-def test_registry_commands_spell_the_name_as_the_pipeline_does():
+def test_registry_commands_spell_the_name_as_the_pipeline_does(capsys):
     from sdarflow.cli import build_parser
 
-    for spelling in ("--policy-name", "--name"):
-        argv = ["registry", "show", "--registry", ".", spelling, "agent", "--version", "1"]
-        assert build_parser(argv).parse_args(argv).name == "agent"
+    argv = ["registry", "show", "--registry", ".", "--policy-name", "agent", "--version", "1"]
+    assert build_parser(argv).parse_args(argv).name == "agent"
+    with pytest.raises(SystemExit):
+        build_parser(argv).parse_args([*argv[:4], "--name", "agent", "--version", "1"])
+    assert "required: --policy-name" in capsys.readouterr().err  # --name is no spelling of it

@@ -96,7 +96,7 @@ def test_cli_on_the_cpu_needs_measured_constants(tmp_path, capsys):
 
 def test_calibrate_measures_a_real_model_and_plans_with_it(tiny_model, tmp_path, capsys):
     out = tmp_path / "constants.json"
-    assert main(["plan", "--calibrate", str(tiny_model), "--device", "cpu", "--out", str(out)]) == 0
+    assert main(["plan", "--calibrate", str(tiny_model), "--device", "cpu", "--output", str(out)]) == 0
     constants = plan.Constants.load(out)
     rates = dataclasses.asdict(constants)
     assert all(math.isfinite(v) and v > 0 for k, v in rates.items() if k != "source")

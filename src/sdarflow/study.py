@@ -165,7 +165,7 @@ def _finished(s: StudySettings, name: str) -> dict | None:
         raise ConfigError(
             f"study: cell {name} in {s.out} was made with other settings, code, base model or machine (key "
             f"{cell.get('settings_key')}, "
-            f"now {settings_key(s)}); fix: use a new --out, or the settings in {s.out}/study.json"
+            f"now {settings_key(s)}); fix: use a new --output, or the settings in {s.out}/study.json"
         )
     return cell
 
@@ -318,7 +318,7 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     if missing:
         raise ConfigError(
             f"study: cell(s) {missing} have no {CELL_FILE} in {storage.join(s.out, 'cells')}; fix: run them "
-            f"first (sdarflow study with the same --out resumes)"
+            f"first (sdarflow study with the same --output resumes)"
         )
     settings = {
         "methods": s.methods,

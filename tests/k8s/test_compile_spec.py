@@ -21,7 +21,7 @@ CANARY = "canary-secret-value-that-must-not-leak"
 def compile_spec(tmp_path: Path, *flags: str) -> tuple[dict, dict, str]:
     """(pipeline spec, platform spec, raw text) of a compile run with ``flags``."""
     out = tmp_path / "pipeline.yaml"
-    assert main(["pipeline", "compile", "--out", str(out), *flags]) == 0
+    assert main(["pipeline", "compile", "--output", str(out), *flags]) == 0
     text = out.read_text()
     docs = list(yaml.safe_load_all(text))
     return docs[0], (docs[1] if len(docs) > 1 else {}), text
@@ -358,7 +358,7 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
 
 def test_study_pipeline_needs_grpo(tmp_path, capsys):
     out = str(tmp_path / "p.yaml")
-    assert main(["pipeline", "compile", "--out", out, "--pipeline", "study", "--methods", "sdar"]) == 2
+    assert main(["pipeline", "compile", "--output", out, "--pipeline", "study", "--methods", "sdar"]) == 2
     assert "must include grpo" in capsys.readouterr().err
 
 
@@ -375,7 +375,7 @@ def test_study_pipeline_needs_grpo(tmp_path, capsys):
     ],
 )
 def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):
-    assert main(["pipeline", "compile", "--out", str(tmp_path / "p.yaml"), *flags]) == 2
+    assert main(["pipeline", "compile", "--output", str(tmp_path / "p.yaml"), *flags]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -134,7 +134,7 @@ def test_cli_from_a_runs_pipeline_config(tmp_path):
     out = tmp_path / "trainjob.yaml"
     from sdarflow.cli import main
 
-    argv = ["pipeline", "trainjob", "--out", str(out), "--pipeline-config", config_uri, "--round", "1"]
+    argv = ["pipeline", "trainjob", "--output", str(out), "--pipeline-config", config_uri, "--round", "1"]
     argv += ["--rescored", "s3://sdarflow/r/round=1/rescore", "--nodes", "2", "--gpus-per-node", "4"]
     argv += ["--toleration", "dedicated=ml:NoExecute", "--namespace", "sdarflow"]
     assert main(argv) == 0
@@ -156,7 +156,7 @@ def test_cli_from_a_runs_pipeline_config(tmp_path):
 def test_trainjob_flags_need_one_source(tmp_path, capsys):
     from sdarflow.cli import main
 
-    assert main(["pipeline", "trainjob", "--out", str(tmp_path / "t.yaml")]) == 2
+    assert main(["pipeline", "trainjob", "--output", str(tmp_path / "t.yaml")]) == 2
     assert "exactly one of --train-config" in capsys.readouterr().err
 
 

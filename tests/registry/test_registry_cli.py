@@ -44,7 +44,7 @@ def files(tmp_path, make_adapter, tasks, lineage):
 
 
 def test_cli_flow(local_registry, files, capsys, tmp_path):
-    reg = ["--registry", local_registry, "--name", "agent"]
+    reg = ["--registry", local_registry, "--policy-name", "agent"]
     assert (
         run(
             [
@@ -98,12 +98,12 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     assert run(["promote", *reg, "--version", "3"]) == 0
     assert "gate: passed" in capsys.readouterr().out
 
-    assert run(["list", "--registry", local_registry, "--name", "agent", "--json"]) == 0
+    assert run(["list", "--registry", local_registry, "--policy-name", "agent", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["aliases"] for r in rows] == [[], [], ["production"]]
     assert run(["list", "--registry", local_registry]) == 0
     assert capsys.readouterr().out == "agent\tproduction=v3\n"
-    assert run(["list", "--registry", local_registry, "--name", "agent"]) == 0
+    assert run(["list", "--registry", local_registry, "--policy-name", "agent"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("v1\t")
 
     assert run(["show", *reg, "--version", "1"]) == 0
@@ -115,7 +115,7 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     assert (tmp_path / "dl" / "adapter_model.safetensors").is_file()
 
     out = tmp_path / "k8s.yaml"
-    argv = ["serve-config", "--registry", local_registry, "--base-model", "/models/base", "--out", str(out)]
+    argv = ["serve-config", "--registry", local_registry, "--base-model", "/models/base", "--output", str(out)]
     assert run([*argv, "--image", "vllm/vllm-openai:v0.9.0", "--secret", "s3-creds"]) == 0
     command = capsys.readouterr().out
     assert (
@@ -129,7 +129,7 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
 def test_cli_force_and_errors(local_registry, files, capsys):
     from sdarflow.errors import ConfigError
 
-    reg = ["--registry", local_registry, "--name", "agent"]
+    reg = ["--registry", local_registry, "--policy-name", "agent"]
     for report_file in ("base", "noise"):
         run(["register", *reg, "--adapter", files["adapter"], "--eval", files[report_file]])
     with pytest.raises(GateRefused, match="nothing to compare the candidate v1 with"):
@@ -155,7 +155,7 @@ def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
     registry.register("agent", make_adapter(rank=rank), report(0.5, 0.7, 0.4), lineage)
     registry.promote("agent", 1, force=True, reason="test setup")
     rank_file = tmp_path / "max-lora-rank"
-    argv = ["fetch", "--registry", local_registry, "--name", "agent", "--version", "production"]
+    argv = ["fetch", "--registry", local_registry, "--policy-name", "agent", "--version", "production"]
     assert run([*argv, "--dest", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0
     assert rank_file.read_text() == f"{vllm_rank}\n" and (tmp_path / "a" / "adapter_config.json").is_file()
 
@@ -178,7 +178,7 @@ def test_listing_a_registry_that_is_not_there_is_an_error(tmp_path, capsys, loca
             "register",
             "--registry",
             local_registry,
-            "--name",
+            "--policy-name",
             "agent",
             "--adapter",
             files["adapter"],
@@ -187,6 +187,6 @@ def test_listing_a_registry_that_is_not_there_is_an_error(tmp_path, capsys, loca
         ]
     )
     capsys.readouterr()
-    assert main(["registry", "list", "--registry", local_registry, "--name", "agnet"]) == 2
+    assert main(["registry", "list", "--registry", local_registry, "--policy-name", "agnet"]) == 2
     err = capsys.readouterr().err
     assert "no adapter named 'agnet'" in err and "fix: one of agent" in err

@@ -220,7 +220,7 @@ def test_half_written_outputs_are_never_read(tmp_path, capsys, tiny_model):
     registry = tmp_path / "registry"
     report = tmp_path / "eval.json"
     report.write_text(json.dumps({"splits": {"test": {"pass_at_k": {"1": 0.5}}}}))
-    argv = ["registry", "register", "--registry", str(registry), "--name", "agent", "--adapter", str(adapter),
+    argv = ["registry", "register", "--registry", str(registry), "--policy-name", "agent", "--adapter", str(adapter),
             "--eval", str(report)]  # fmt: skip
     fails(capsys, argv, *expected)
     assert not out.exists() and not registry.exists()
@@ -281,7 +281,7 @@ def test_registry_register_refuses_an_adapter_that_does_not_fit_the_base(
     storage.publish_dir(adapter, str(published), kind="adapter")
     report = tmp_path / "eval.json"
     report.write_text(json.dumps({"splits": {"test": {"pass_at_k": {"1": 0.5}}}}))
-    argv = ["registry", "register", "--registry", str(registry), "--name", "agent", "--adapter", str(published),
+    argv = ["registry", "register", "--registry", str(registry), "--policy-name", "agent", "--adapter", str(published),
             "--eval", str(report), "--model", str(tiny_model)]  # fmt: skip
     fails(capsys, argv, "does not fit base model", name.removeprefix("base_model.model."), "fix:")
     assert not (registry / "agent" / "versions").exists()
@@ -312,7 +312,7 @@ def test_an_adapter_whose_weights_file_is_corrupt_is_one_line(capsys, tmp_path, 
     ],
 )
 def test_build_model_refuses_bad_numbers_before_any_work(capsys, tmp_path, flags, message):
-    fails(capsys, ["build-model", "--out", str(tmp_path / "m"), *flags], message, "fix:")
+    fails(capsys, ["build-model", "--output", str(tmp_path / "m"), *flags], message, "fix:")
     assert not (tmp_path / "m").exists()
 
 

@@ -14,7 +14,7 @@ from sdarflow.training_options import OPTIONS
 
 def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, capsys):
     out = tmp_path / "study"
-    argv = ["study", "--methods", "grpo", "sdar", "--seeds", "0", "--rounds", "1", "--out", str(out),
+    argv = ["study", "--methods", "grpo", "sdar", "--seeds", "0", "--rounds", "1", "--output", str(out),
             "--base-model", str(tiny_model), "--preset", "smoke"]  # fmt: skip
     assert main(argv) == 0
     study = json.loads((out / "study.json").read_text())
@@ -72,7 +72,7 @@ def test_study_pipeline_runs_locally_on_the_cells_sdarflow_study_reads(tiny_mode
     study = json.loads((out / "study.json").read_text())
     assert [(r["method"], r["seed"]) for r in study["runs"]] == [("grpo", 0)]
     assert "data:image/png;base64," in (out / "report.html").read_text()
-    argv = ["study", "--methods", "grpo", "--seeds", "0", "--rounds", "1", "--out", str(out),
+    argv = ["study", "--methods", "grpo", "--seeds", "0", "--rounds", "1", "--output", str(out),
             "--base-model", str(tiny_model), "--preset", "smoke"]  # fmt: skip
     with caplog.at_level("INFO"):
         assert main(argv) == 0

@@ -108,7 +108,7 @@ def test_bad_study_settings_fail_in_one_line_and_write_nothing(argv, message, tm
     from sdarflow.cli import main
 
     out = tmp_path / "study"
-    assert main(["study", "--out", str(out), *argv]) == 2
+    assert main(["study", "--output", str(out), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and err[0].startswith("error: ")
     assert not out.exists()

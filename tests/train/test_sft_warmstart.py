@@ -88,7 +88,7 @@ def test_build_model_rejects_bad_sizes_in_one_line(tmp_path, capsys, flags, mess
     from sdarflow.cli import main
 
     out = tmp_path / "model"
-    assert main(["build-model", "--out", str(out), *flags]) == 2
+    assert main(["build-model", "--output", str(out), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not out.exists()

@@ -28,10 +28,13 @@ class LiteralHelp(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Every sdarflow (sub)parser: ``add_subparsers`` makes subparsers of this class, so all get ``LiteralHelp``."""
+    """Every sdarflow (sub)parser: ``add_subparsers`` makes subparsers of this class, so all get ``LiteralHelp``
+    and take each flag only as spelled (no prefixes: ``--out`` is not ``--output``, and a new flag cannot change
+    what an old abbreviation meant)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", LiteralHelp)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
 
@@ -80,20 +83,16 @@ class ReadsModel(ReadsPath):
 
 
 def output_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
-    """The one spelling of "where this command writes" across commands: ``--output``, as the stages spell it.
-    ``--out``, the old spelling of demo, study, build-model, plan and the pipeline and registry commands, stays an
-    alias for this release (``dest`` is still ``out``)."""
+    """The one spelling of "where this command writes" across commands: ``--output``, as the stages spell it."""
     default = kwargs.get("default")
     shown = f"{help} (default {default})" if default else help
-    p.add_argument(
-        "--output", "--out", dest="out", metavar="PATH", help=f"{shown}; --out: the old spelling", **kwargs
-    )
+    p.add_argument("--output", dest="out", metavar="PATH", help=shown, **kwargs)
 
 
 def policy_name_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
-    """``--policy-name``, as the pipeline and evaluate spell the registry's adapter name; ``--name``, the registry
-    commands' old spelling, stays an alias for this release (``dest`` is ``name``)."""
-    p.add_argument("--policy-name", "--name", dest="name", help=f"{help}; --name: the old spelling", **kwargs)
+    """``--policy-name``, as the pipeline and evaluate spell the registry's adapter name (a run's or a schedule's
+    name is ``--name`` in the pipeline commands)."""
+    p.add_argument("--policy-name", dest="name", help=help, **kwargs)
 
 
 def emit(obj: Any, as_json: bool = True) -> None:

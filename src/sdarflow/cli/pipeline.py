@@ -1,9 +1,9 @@
 """``sdarflow pipeline``: compile the KFP pipelines to IR YAML (with their Kubernetes settings), upload them, run
 them and schedule recurring runs on a KFP server, and write a multi-node Kubeflow Trainer TrainJob.
 
-    sdarflow pipeline compile --out training.yaml --rounds 3 --shards 4 --gpus train=8 --node-selector pool=h100
-    sdarflow pipeline compile --out promotion.yaml --pipeline promote
-    sdarflow pipeline compile --out study.yaml --pipeline study --methods grpo sdar opsd --seeds 0 1 2
+    sdarflow pipeline compile --output training.yaml --rounds 3 --shards 4 --gpus train=8 --node-selector pool=h100
+    sdarflow pipeline compile --output promotion.yaml --pipeline promote
+    sdarflow pipeline compile --output study.yaml --pipeline study --methods grpo sdar opsd --seeds 0 1 2
     sdarflow pipeline upload --host http://localhost:8080 --package training.yaml
     sdarflow pipeline schedule --host http://localhost:8080 --pipeline sdar-training --cron '0 0 3 * * *' \\
         --param storage=s3://bucket/sdar --param base_model=s3://bucket/models/qwen

@@ -52,7 +52,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         raise ConfigError(
             "plan: --gpus 0 plans for this machine, which needs measured constants; fix: sdarflow plan --calibrate "
-            "MODEL --out FILE, then --constants FILE (or --gpus N for published GPU figures)"
+            "MODEL --output FILE, then --constants FILE (or --gpus N for published GPU figures)"
         )
     result = plan.estimate(workload, constants)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else plan.render(result))

@@ -22,7 +22,7 @@ def check_model_dir(path: str) -> Path:
     if not (p / "config.json").is_file():
         raise ModelError(
             f"model folder '{path}' not found or has no config.json; fix: pass an HF model folder "
-            f"(build the demo model with `sdarflow build-model --out DIR`)"
+            f"(build the demo model with `sdarflow build-model --output DIR`)"
         )
     return p
 

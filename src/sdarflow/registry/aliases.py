@@ -40,7 +40,7 @@ def move(layout: Layout, state: dict[str, Any], etag: str | None, stage: str, ev
         raise RegistryConflict(
             f"{event['action']} of {layout.name} v{event['version']} to {stage} failed: someone else changed the "
             f"aliases of '{layout.name}' at the same time; fix: check `sdarflow registry list --registry "
-            f"{layout.root} --name {layout.name}` and retry"
+            f"{layout.root} --policy-name {layout.name}` and retry"
         ) from err
     before = f"v{event['from']}" if event["from"] else "(none)"
     log.info("%s %s: %s -> v%d", layout.name, stage, before, event["version"])

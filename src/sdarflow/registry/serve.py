@@ -54,7 +54,7 @@ def production_adapters(registry: Registry, name: str | None, adapter_root: str)
     if not adapters:
         raise RegistryError(
             f"no production adapter in {registry.uri}; fix: promote one with "
-            f"`sdarflow registry promote --registry {registry.uri} --name NAME --version V`"
+            f"`sdarflow registry promote --registry {registry.uri} --policy-name NAME --version V`"
         )
     return adapters
 
@@ -87,7 +87,7 @@ def _fetch_container(
     """The initContainer that fetches (sha256-verified) every adapter version into the shared volume."""
     fetch = " && ".join(
         shlex.join(
-            ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--name", a["name"]]
+            ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--policy-name", a["name"]]
             + ["--version", str(a["version"]), "--dest", a["path"]]
         )
         for a in adapters

@@ -148,7 +148,7 @@ class Registry:
         if not storage.is_published(uri):
             raise StorageError(
                 f"version {version} of '{layout.name}' does not exist in {self.uri}; "
-                f"fix: see the versions with `sdarflow registry list --registry {self.uri} --name {layout.name}`"
+                f"fix: see the versions with `sdarflow registry list --registry {self.uri} --policy-name {layout.name}`"
             )
         return storage.read_manifest(uri, VERSION_KIND)
 
