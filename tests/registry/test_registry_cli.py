@@ -115,7 +115,15 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     assert (tmp_path / "dl" / "adapter_model.safetensors").is_file()
 
     out = tmp_path / "k8s.yaml"
-    argv = ["serve-config", "--registry", local_registry, "--base-model", "/models/base", "--output", str(out)]
+    argv = [
+        "serve-config",
+        "--registry",
+        local_registry,
+        "--base-model",
+        "/models/base",
+        "--output",
+        str(out),
+    ]
     assert run([*argv, "--image", "vllm/vllm-openai:v0.9.0", "--secret", "s3-creds"]) == 0
     command = capsys.readouterr().out
     assert (
