@@ -1,5 +1,5 @@
 """Skill accuracy against the env's ground truth (TextWorld cooking), on skills written by hand as the extractor
-renders them, including the wrong libraries issue 38 found in the demo; and the extract-skills stage reporting it."""
+renders them, including the wrong libraries the demo once made; and the extract-skills stage reporting it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evidence before replacement (issue 38): a round whose few successes were lucky does not replace the previous
+"""Evidence before replacement: a round whose few successes were lucky does not replace the previous
 library's correct skill; the refused replacement and both sides' evidence are in the extract-skills report and
 manifest; and a rule is replaced when the evidence against it is strong."""
 
