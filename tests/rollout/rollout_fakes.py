@@ -23,10 +23,17 @@ class CharTokenizer:
 
 
 class ScriptedEngine:
-    """Answers every prompt with ``reply(seed)``; records calls. ``seeded=False`` ignores seeds (the bug)."""
+    """Answers every prompt with ``reply(seed)``, each token at log-prob ``logprob``; records calls.
+    ``seeded=False`` ignores seeds (the bug)."""
 
-    def __init__(self, reply=lambda seed: f"go {seed % 7}", seeded: bool = True, max_context: int = 0):
-        self.reply, self.seeded, self.calls = reply, seeded, []
+    def __init__(
+        self,
+        reply=lambda seed: f"go {seed % 7}",
+        seeded: bool = True,
+        max_context: int = 0,
+        logprob: float = -1.0,
+    ):
+        self.reply, self.seeded, self.calls, self.logprob = reply, seeded, [], logprob
         self.tokenizer, self.eos_id, self.max_context = CharTokenizer(), 0, max_context
 
     def generate(self, prompts, seeds, *, max_new_tokens, temperature, top_p=1.0):
@@ -34,7 +41,7 @@ class ScriptedEngine:
         out = []
         for seed in seeds:
             text = self.reply(seed if self.seeded else 0)
-            out.append(Sample([ord(c) for c in text], [-1.0] * len(text), text, True))
+            out.append(Sample([ord(c) for c in text], [self.logprob] * len(text), text, True))
         return out
 
     def close(self):

@@ -70,6 +70,12 @@ def test_identical_groups_are_flagged_only_when_sampling(caplog) -> None:
     assert greedy.metrics()["rollout/identical_groups"] == 0  # greedy groups are identical by design
     seeded, _ = run(FakeSuite(), ScriptedEngine(reply=lambda s: f"go {s % 1000}"))
     assert seeded.metrics()["rollout/identical_groups"] == 0
+    # a confident policy repeats itself: each episode's 12 tokens at log-prob -0.01 are 89% likely to come again
+    sure, _ = run(FakeSuite(), ScriptedEngine(seeded=False, logprob=-0.01))
+    assert sure.metrics()["rollout/identical_groups"] == 0
+    # the same replies at -0.6 a token (0.07% likely to repeat) are the seeding bug again
+    unsure, _ = run(FakeSuite(), ScriptedEngine(seeded=False, logprob=-0.6))
+    assert unsure.metrics()["rollout/identical_groups"] == 3
 
 
 def test_action_format_is_the_suites() -> None:

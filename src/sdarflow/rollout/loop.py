@@ -6,7 +6,8 @@ Each agent turn becomes one trajectory row (the turn-level contract in ``sdarflo
 suite's (its ``parse_action`` when it has one), read inside the reply's ``<action>`` tag in the reference prompt
 format, whose prompts also list the envs' admissible actions. Env calls run under a watchdog (``rollout.envcall``): an env that
 raises or hangs past ``step_timeout_s`` ends its episode as failed and the run goes on. Groups whose samples are
-token-identical at temperature > 0 (a seeding bug seen in other RL systems) are flagged and counted.
+token-identical at temperature > 0 although such a repeat was unlikely (a seeding bug seen in other RL systems)
+are flagged and counted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,6 +34,8 @@ log = logging.getLogger(__name__)
 
 FORMAT_ERROR_OBS = "Invalid command format. Reply with one short command."
 MAX_GROUP_WARNINGS = 5  # one line per flagged group up to this many, then a count
+# a group's samples all alike is flagged only when one sample's tokens had less than this chance to come again
+REPEAT_PROBABILITY = 1e-3
 ActionParser = Callable[[str, bool], tuple[str, bool]]
 
 
@@ -361,11 +365,21 @@ def finish(episodes: list[Episode], env: str) -> list[dict]:
 
 
 def identical_groups(episodes: list[Episode]) -> list[str]:
-    """Ids of groups (>= 2 episodes) whose episodes produced exactly the same response tokens on every turn."""
+    """Ids of groups (>= 2 episodes) whose episodes produced exactly the same response tokens on every turn although
+    such a repeat was unlikely: the episode's tokens have probability below ``REPEAT_PROBABILITY`` under the policy.
+    A confident policy repeats its likely replies (a warm-started one at temperature 0.4 often does); a seeding
+    bug repeats any reply. The log-probs are the policy's at temperature 1 (a sampler below 1 makes a repeat of
+    likely tokens likelier still); an episode without them is judged on its tokens alone."""
     groups: dict[str, set] = defaultdict(set)
     sizes: dict[str, int] = defaultdict(int)
+    likely: dict[str, bool] = {}
     for ep in episodes:
         if ep.rows:
             groups[ep.group_id].add(tuple(tuple(r["response_token_ids"]) for r in ep.rows))
             sizes[ep.group_id] += 1
-    return sorted(gid for gid, sigs in groups.items() if sizes[gid] >= 2 and len(sigs) == 1)
+            lps = [x for r in ep.rows for x in r["rollout_logprobs"]]
+            complete = len(lps) == sum(len(r["response_token_ids"]) for r in ep.rows)
+            likely[ep.group_id] = complete and math.fsum(lps) >= math.log(REPEAT_PROBABILITY)
+    return sorted(
+        gid for gid, sigs in groups.items() if sizes[gid] >= 2 and len(sigs) == 1 and not likely[gid]
+    )
