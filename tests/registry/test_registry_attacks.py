@@ -54,17 +54,13 @@ def test_an_alias_state_that_names_a_path_or_has_another_shape_is_refused(
     state = json.loads(aliases.read_text())
     edit(state)
     aliases.write_text(json.dumps(state))
-    argv = [
-        "registry",
-        "promote",
-        "--registry",
-        registry_with_versions,
-        "--policy-name",
-        "pol",
-        "--version",
-        "2",
-    ]
+    argv = _version_2("promote", registry_with_versions)
     one_line_error(capsys, argv, message, "fix:")
+
+
+def _version_2(command: str, registry: str) -> list[str]:
+    """``sdarflow registry COMMAND`` on the fixture's policy ``pol``, version 2."""
+    return ["registry", command, "--registry", registry, "--policy-name", "pol", "--version", "2"]
 
 
 def test_a_report_replaced_together_with_its_sha256_is_refused(registry_with_versions, capsys):
@@ -75,16 +71,7 @@ def test_a_report_replaced_together_with_its_sha256_is_refused(registry_with_ver
         if entry["path"] == "eval_report.json":
             entry.update(bytes=2, sha256="44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a")
     (version / storage.MANIFEST).write_text(json.dumps(manifest))
-    argv = [
-        "registry",
-        "show",
-        "--registry",
-        registry_with_versions,
-        "--policy-name",
-        "pol",
-        "--version",
-        "2",
-    ]
+    argv = _version_2("show", registry_with_versions)
     one_line_error(capsys, argv, "eval report of pol v2")
 
 
