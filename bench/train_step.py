@@ -11,7 +11,7 @@ import sys
 import torch
 
 from bench.common import bench_model, forward_flops, matmul_peak_flops, median_time, write_result
-from sdarflow.algo import method_loss
+from sdarflow.algo import Objective, method_loss
 from sdarflow.models.forward import make_batch, response_logprobs
 
 _MEMORY_PROBE = r"""
@@ -61,14 +61,8 @@ def run(quick: bool = True) -> dict:
 
     def step() -> None:
         logp, _ = response_logprobs(model, batch)
-        loss, _ = method_loss(
-            "sdar",
-            logprobs=logp,
-            old_logprobs=old,
-            teacher_logprobs=old + 0.1,
-            advantages=torch.ones_like(old) * batch.mask,
-            mask=batch.mask,
-        )
+        adv = torch.ones_like(old) * batch.mask
+        loss, _ = method_loss(logp, old, old + 0.1, adv, batch.mask, Objective(method="sdar"))
         loss.backward()
         model.zero_grad(set_to_none=True)
 

@@ -1,5 +1,6 @@
-"""What the KFP UI shows of a pipeline's parameters: a description for each (KFP reads them from the pipeline
-function's docstring, Google style) and the defaults a compile preset sets."""
+"""A pipeline's parameters: a pipeline function with a given signature (:func:`with_parameters`), a description
+for each (KFP reads them from the pipeline function's docstring, Google
+style) and the defaults a compile preset sets."""
 
 from __future__ import annotations
 
@@ -7,6 +8,20 @@ import inspect
 from collections.abc import Callable, Mapping
 
 from sdarflow.errors import ConfigError
+
+
+def with_parameters(
+    body: Callable[[dict], object], params: list[inspect.Parameter], returns: type
+) -> Callable:
+    """A pipeline function with the signature ``params``, calling ``body`` with its arguments as a dict (KFP calls
+    a pipeline function with one argument per parameter, in order)."""
+    names = [p.name for p in params]
+
+    def pipeline(*values):
+        return body(dict(zip(names, values, strict=True)))
+
+    pipeline.__signature__ = inspect.Signature(params, return_annotation=returns)
+    return pipeline
 
 
 def describe(func: Callable, summary: str, helps: Mapping[str, str]) -> Callable:

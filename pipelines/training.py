@@ -24,11 +24,9 @@ from components.rescore import rescore
 from components.run_report import run_report
 from components.train import train
 from pipelines.kube import KubeOptions, wire
-from pipelines.params import describe, with_defaults
+from pipelines.params import describe, with_defaults, with_parameters
 from sdarflow.errors import ConfigError
-from sdarflow.pipeline_config import PipelineConfig
-
-D = PipelineConfig()  # the parameters' defaults: the config's own
+from sdarflow.pipeline_config import PipelineConfig, kfp_parameters
 
 PIPELINE_NAME = "sdar-training"
 
@@ -89,79 +87,9 @@ def build_training_pipeline(
     root = kube.pipeline_root if kube and kube.pipeline_root else None
     fan_out = sharded_generate(shards, kube) if shards > 1 else None
 
-    def sdar_training(
-        storage: str,
-        base_model: str,
-        run_id: str = D.run_id,
-        registry: str = D.registry,
-        seed_skills: str = D.seed_skills,
-        start_adapter: str = D.start_adapter,
-        policy_name: str = D.policy_name,
-        env: str = D.env,
-        tasks: int = D.tasks,
-        group_size: int = D.group_size,
-        max_turns: int = D.max_turns,
-        method: str = D.method,
-        lam: float = D.lam,
-        beta: float = D.beta,
-        lr: float = D.lr,
-        lora_rank: int = D.lora_rank,
-        train_steps: int = D.train_steps,
-        kl_coef: float = D.kl_coef,
-        entropy_coef: float = D.entropy_coef,
-        options: str = D.options,
-        format_guard: str = D.format_guard,
-        rollout_engine: str = D.rollout_engine,
-        train_engine: str = D.train_engine,
-        retrieval: str = D.retrieval,
-        eval_tasks: int = D.eval_tasks,
-        eval_samples: int = D.eval_samples,
-        promote_to: str = D.promote_to,
-        gate_min_gain: float = D.gate_min_gain,
-        gate_passk_tolerance: float = D.gate_passk_tolerance,
-        gate_ood_tolerance: float = D.gate_ood_tolerance,
-        gate_floor: float = D.gate_floor,
-        seed: int = D.seed,
-        tracking_uri: str = D.tracking_uri,
-        stage_settings: dict = {},  # noqa: B006 - KFP needs a literal default
-    ) -> str:
-        cfg = prepare(
-            storage=storage,
-            base_model=base_model,
-            run_id=run_id,
-            registry=registry,
-            seed_skills=seed_skills,
-            start_adapter=start_adapter,
-            policy_name=policy_name,
-            env=env,
-            tasks=tasks,
-            group_size=group_size,
-            max_turns=max_turns,
-            method=method,
-            lam=lam,
-            beta=beta,
-            lr=lr,
-            lora_rank=lora_rank,
-            train_steps=train_steps,
-            kl_coef=kl_coef,
-            entropy_coef=entropy_coef,
-            options=options,
-            format_guard=format_guard,
-            rollout_engine=rollout_engine,
-            train_engine=train_engine,
-            retrieval=retrieval,
-            eval_tasks=eval_tasks,
-            eval_samples=eval_samples,
-            promote_to=promote_to,
-            gate_min_gain=gate_min_gain,
-            gate_passk_tolerance=gate_passk_tolerance,
-            gate_ood_tolerance=gate_ood_tolerance,
-            gate_floor=gate_floor,
-            seed=seed,
-            tracking_uri=tracking_uri,
-            shards=shards,
-            stage_settings=stage_settings,
-        )
+    def sdar_training(settings: dict) -> str:
+        seed_skills = settings["seed_skills"]
+        cfg = prepare(**settings, shards=shards)
         wire(cfg, "prepare", kube, "prepare")
         config_uri = cfg.output
         # the base model on the rounds' evaluation tasks, beside round 0: each round's report plots it, and the
@@ -222,10 +150,14 @@ def build_training_pipeline(
         return version
 
     description = f"SDAR: GRPO + gated self-distillation, {rounds} round(s), {shards} generate shard(s)"
-    describe(sdar_training, description, parameter_help())
+    # the parameters are PipelineConfig's fields (shards is fixed at compile time; storage and the model are
+    # required)
+    params = kfp_parameters(required=("storage", "base_model"), leave_out=("shards",))
+    pipeline = with_parameters(sdar_training, params, returns=str)
+    describe(pipeline, description, parameter_help())
     if preset is not None:
-        with_defaults(sdar_training, {"stage_settings": {}, **PIPELINE_PRESETS[preset]})
-    return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(sdar_training)
+        with_defaults(pipeline, PIPELINE_PRESETS[preset])
+    return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(pipeline)
 
 
 def parameter_help() -> dict[str, str]:

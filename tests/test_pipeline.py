@@ -87,7 +87,7 @@ def test_compiled_spec_has_every_stage(tmp_path, capsys):
     tasks = spec["root"]["dag"]["tasks"]
     assert {"prepare", "generate", "extract-skills", "rescore", "train", "evaluate", "register"} <= set(tasks)
     params = spec["root"]["inputDefinitions"]["parameters"]
-    assert params["lam"]["defaultValue"] == 0.01 and params["beta"]["defaultValue"] == 5.0
+    assert params["sdar_coef"]["defaultValue"] == 0.01 and params["gate_beta"]["defaultValue"] == 5.0
     assert params["method"]["defaultValue"] == "sdar"
 
 

@@ -51,6 +51,18 @@ def opt(
     return field(default=default, metadata=meta)
 
 
+def like(cls: type, name: str, help: str | None = None) -> Any:
+    """A field that is the same setting as ``cls``'s field ``name`` (a pipeline parameter feeding a stage's flag):
+    its default, choices and bounds, declared once, there; ``help`` replaces its help text."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    meta = f.metadata
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    ge, gt, le = meta["bounds"]
+    return opt(
+        default, help or meta["help"], meta["io"], meta["choices"], reads=meta["reads"], ge=ge, gt=gt, le=le
+    )
+
+
 @dataclass
 class StageConfig:
     """Base: construction from dicts/YAML with unknown-key errors, validation, and a stable hash."""
@@ -189,6 +201,8 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
 
 
 def field_help(cls: type[StageConfig]) -> list[tuple[str, Any, dataclasses.Field]]:
-    """(name, type hint, field) for building CLI flags."""
+    """(name, type hint, field) for building CLI flags, inputs and outputs first (a stage's settings may come
+    from the classes it extends, whose fields dataclasses list first)."""
     hints = typing.get_type_hints(cls)
-    return [(f.name, hints[f.name], f) for f in dataclasses.fields(cls)]
+    fields = sorted(dataclasses.fields(cls), key=lambda f: not f.metadata.get("io"))
+    return [(f.name, hints[f.name], f) for f in fields]

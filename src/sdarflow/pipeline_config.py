@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import inspect
 import logging
 import re
 import tempfile
+import typing
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +23,13 @@ from typing import Any
 import yaml
 
 from sdarflow import storage
-from sdarflow.config import MAX_SEED, StageConfig, opt
-from sdarflow.defaults import DEFAULT_POLICY_NAME, RELEASE_STAGES
+from sdarflow.config import StageConfig, like, opt
+from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
-from sdarflow.train.format_guard import GUARD_HELP, GUARDS
+from sdarflow.train.format_guard import GUARD_HELP
 from sdarflow.training_options import OPTIONS, option_settings
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ KL_FROM_ENV = -1.0
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = (*RELEASE_STAGES, "latest")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_GENERATE, _TRAIN, _EVALUATE = (config_class(s) for s in ("generate", "train", "evaluate"))
 
 
 @dataclass
@@ -59,45 +62,42 @@ class PipelineConfig(StageConfig):
         "starts a new LoRA); or an adapter URI",
         io=True,
     )
-    policy_name: str = opt(DEFAULT_POLICY_NAME, "policy name in the registry")
-    env: str = opt(
-        "textworld-cooking",
-        "environment suite (`sdarflow envs list`): textworld-cooking, tool-use, tool-use-http, search-qa",
-    )
-    tasks: int = opt(8, "train tasks per round")
-    group_size: int = opt(4, "GRPO group size G")
-    max_turns: int = opt(0, "turn limit per episode; 0 = the env's default")
-    method: str = opt(
-        "sdar", "training objective: sdar, grpo, opsd, grpo_opsd, rlsd, skill_sd (README Training)"
-    )
-    lam: float = opt(0.01, "distillation weight lambda (paper 0.01)")
-    beta: float = opt(5.0, "gate sharpness beta (paper 5)")
-    lr: float = opt(
-        5e-4,
+    policy_name: str = like(_EVALUATE, "policy_name", "policy name in the registry")
+    env: str = like(_GENERATE, "env", "environment suite (`sdarflow envs list`)")
+    tasks: int = like(_GENERATE, "tasks", "train tasks per round")
+    group_size: int = like(_GENERATE, "group_size")
+    max_turns: int = like(_GENERATE, "max_turns")
+    method: str = like(_TRAIN, "method")
+    sdar_coef: float = like(_TRAIN, "sdar_coef")
+    gate_beta: float = like(_TRAIN, "gate_beta")
+    lr: float = like(
+        _TRAIN,
+        "lr",
         "learning rate (AdamW): the SDAR reference's 7B LoRA trains at 3e-6, the tiny demo model at 2e-3",
-        gt=0,
     )
-    lora_rank: int = opt(8, "LoRA rank (8-64 for RL); 0 = full fine-tune", ge=0)
-    train_steps: int = opt(4, "optimizer steps per round: the round's rows in this many mini-batches", ge=1)
+    lora_rank: int = like(_TRAIN, "lora_rank", "LoRA rank (8-64 for RL); 0 = full fine-tune")
+    train_steps: int = like(
+        _TRAIN, "mini_batches", "optimizer steps per round: the round's rows in this many mini-batches"
+    )
     kl_coef: float = opt(
         KL_FROM_ENV,
         "KL loss to the base policy; -1 = the env's reference setting (0.01 alfworld/webshop, 0.001 search)",
         ge=KL_FROM_ENV,
     )
-    entropy_coef: float = opt(0.001, "entropy bonus (reference 0.001); 0 = off", ge=0)
+    entropy_coef: float = like(_TRAIN, "entropy_coef")
     options: str = opt(
         "",
-        f"training options (README Beyond SDAR), '+'-separated: {', '.join(OPTIONS)} (ppl: search-qa); e.g. "
+        f"training options (docs/training.md), '+'-separated: {', '.join(OPTIONS)} (ppl: search-qa); e.g. "
         "scpo+ema; stage_settings win over them",
     )
-    format_guard: str = opt("warn", f"train's {GUARD_HELP}", choices=GUARDS)
-    rollout_engine: str = opt(
-        "auto", "generation engine of generate and evaluate: hf, vllm; auto = vllm on a GPU when installed"
+    format_guard: str = like(_TRAIN, "format_guard", f"train's {GUARD_HELP}")
+    rollout_engine: str = like(
+        _GENERATE, "engine", "generation engine of generate and evaluate; auto = vllm on a GPU when installed"
     )
-    train_engine: str = opt("auto", "torch, deepspeed; auto = deepspeed on more than one GPU, else torch")
-    retrieval: str = opt("keyword", "skill retrieval strategy of the teacher: keyword, ucb, random, full")
-    eval_tasks: int = opt(4, "evaluation tasks per split")
-    eval_samples: int = opt(4, "evaluation samples per task (n of pass@k)")
+    train_engine: str = like(_TRAIN, "engine")
+    retrieval: str = like(config_class("rescore"), "retrieval", "skill retrieval strategy of the teacher")
+    eval_tasks: int = like(_EVALUATE, "tasks", "evaluation tasks per split")
+    eval_samples: int = like(_EVALUATE, "samples", "evaluation samples per task (n of pass@k)")
     promote_to: str = opt(
         "",
         "'' = register only; 'staging' = alias every registered version (ungated); 'production' = promote "
@@ -108,7 +108,7 @@ class PipelineConfig(StageConfig):
     gate_passk_tolerance: float = opt(GATE.passk_tolerance, GATE_HELP["passk_tolerance"])
     gate_ood_tolerance: float = opt(GATE.ood_tolerance, GATE_HELP["ood_tolerance"])
     gate_floor: float = opt(GATE.floor, GATE_HELP["floor"])
-    seed: int = opt(0, "base seed", ge=0, le=MAX_SEED)
+    seed: int = like(_GENERATE, "seed", "base seed of every stage")
     tracking_uri: str = tracking_opt()
     shards: int = opt(
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
@@ -159,6 +159,28 @@ class PipelineConfig(StageConfig):
         )
 
 
+def kfp_parameters(
+    required: tuple[str, ...] = (), leave_out: tuple[str, ...] = ()
+) -> list[inspect.Parameter]:
+    """PipelineConfig's fields as KFP parameters (the prepare component's and the training pipeline's signature):
+    each with its default (none for ``required``) and its type as KFP reads it (``dict`` for a mapping)."""
+    hints = typing.get_type_hints(PipelineConfig)
+    params = []
+    for f in dataclasses.fields(PipelineConfig):
+        if f.name in leave_out:
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        params.append(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=inspect.Parameter.empty if f.name in required else default,
+                annotation=typing.get_origin(hints[f.name]) or hints[f.name],
+            )
+        )
+    return params
+
+
 # Which pipeline settings feed which stage fields.
 _SHARED: dict[str, dict[str, str]] = {
     "generate": {
@@ -173,8 +195,8 @@ _SHARED: dict[str, dict[str, str]] = {
     "rescore": {"retrieval": "retrieval"},
     "train": {
         "method": "method",
-        "lam": "lam",
-        "beta": "beta",
+        "sdar_coef": "sdar_coef",
+        "gate_beta": "gate_beta",
         "seed": "seed",
         "lr": "lr",
         "lora_rank": "lora_rank",

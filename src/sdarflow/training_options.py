@@ -1,5 +1,6 @@
-"""The training options of README "Beyond SDAR" by name: the one table of what each option sets, read by a study
-row (``grpo+scpo``, ``sdar+ema+filter``) and by the training pipeline's ``options`` parameter (``scpo+ema``)."""
+"""The training options of docs/training.md "Beyond SDAR" by name: the one table of what each option sets,
+read by a study row (``grpo+scpo``, ``sdar+ema+filter``) and by the training pipeline's ``options`` parameter
+(``scpo+ema``)."""
 
 from __future__ import annotations
 

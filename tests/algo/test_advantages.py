@@ -122,11 +122,11 @@ def test_penalized_scores_hand_values():
 
 
 def test_rlsd_lambda_decays_linearly_to_zero():
-    assert rlsd_lambda(0) == 0.5
-    assert rlsd_lambda(1) == pytest.approx(0.495)  # the reference's first update is step 1
-    assert rlsd_lambda(50) == pytest.approx(0.25)
-    assert rlsd_lambda(100) == 0.0
-    assert rlsd_lambda(250) == 0.0
+    assert rlsd_lambda(0, 0.5, 100) == 0.5
+    assert rlsd_lambda(1, 0.5, 100) == pytest.approx(0.495)  # the reference's first update is step 1
+    assert rlsd_lambda(50, 0.5, 100) == pytest.approx(0.25)
+    assert rlsd_lambda(100, 0.5, 100) == 0.0
+    assert rlsd_lambda(250, 0.5, 100) == 0.0
     assert rlsd_lambda(30, lam0=0.2, warmdown_steps=60) == pytest.approx(0.1)
     assert rlsd_lambda(1000, lam0=0.3, warmdown_steps=0) == 0.3  # 0 steps: no decay
 
@@ -159,7 +159,7 @@ def test_rlsd_lam_zero_is_identity_on_mask():
     torch.manual_seed(2)
     adv = torch.randn(3, 6)
     mask = torch.rand(3, 6) > 0.3
-    out = rlsd_advantages(adv, torch.randn(3, 6), torch.randn(3, 6), mask, lam=0.0)
+    out = rlsd_advantages(adv, torch.randn(3, 6), torch.randn(3, 6), mask, lam=0.0, clip_eps=0.2)
     assert torch.equal(out, torch.where(mask, adv, torch.zeros_like(adv)))
 
 
@@ -177,5 +177,5 @@ def test_rlsd_weights_stay_in_trust_range_and_padding_is_safe():
 def test_rlsd_carries_no_gradient():
     adv = torch.randn(2, 3, requires_grad=True)
     student = torch.randn(2, 3, requires_grad=True)
-    out = rlsd_advantages(adv, student, torch.randn(2, 3), torch.ones(2, 3))
+    out = rlsd_advantages(adv, student, torch.randn(2, 3), torch.ones(2, 3), 0.5, 0.2)
     assert not out.requires_grad

@@ -34,7 +34,7 @@ def test_ppo_hand_values_and_metrics():
         max(-1.0 * r[1], -1.0 * 1.2),  # A > 0, ratio 1.65 > 1.2: clipped term wins
         max(1.0 * r[2], 1.0 * 0.8),  # A < 0, ratio 0.61 < 0.8: clipped term wins
     ]
-    loss, metrics = ppo_clip_loss(logprobs, old, adv, mask)
+    loss, metrics = ppo_clip_loss(logprobs, old, adv, mask, 0.2, 0.2, "token-mean", 3.0)
     assert loss.item() == pytest.approx(sum(per_token) / 3, rel=1e-6)
     assert metrics["actor/clipfrac"] == pytest.approx(2 / 3)
     assert metrics["actor/ppo_kl"] == pytest.approx((0.0 - 0.5 + 0.5) / 3, abs=1e-7)
@@ -54,7 +54,7 @@ def test_ppo_dual_clip_caps_negative_advantages():
         max(-math.exp(2), -1.2),  # A > 0: no dual clip, -1.2
         0.5 * 3,  # log-ratio 25 (not clamped): -A * ratio is huge, capped at 1.5
     ]
-    loss, m = ppo_clip_loss(logprobs, old, adv, mask, clip_ratio_c=3.0)
+    loss, m = ppo_clip_loss(logprobs, old, adv, mask, 0.2, 0.2, "token-mean", 3.0)
     assert loss.item() == pytest.approx(sum(per_token) / 4, rel=1e-6)
     assert m["actor/clipfrac_lower"] == pytest.approx(2 / 4)
     assert m["actor/ratio_mean"] == pytest.approx(
@@ -67,21 +67,27 @@ def test_ppo_dual_clip_caps_negative_advantages():
 
 def test_ppo_without_dual_clip_is_plain_ppo():
     logprobs, old = torch.zeros(1, 1), torch.tensor([[-2.0]])
-    loss, m = ppo_clip_loss(logprobs, old, torch.tensor([[-1.0]]), torch.ones(1, 1), clip_ratio_c=None)
+    loss, m = ppo_clip_loss(
+        logprobs, old, torch.tensor([[-1.0]]), torch.ones(1, 1), 0.2, 0.2, "token-mean", None
+    )
     assert loss.item() == pytest.approx(math.exp(2), rel=1e-6)
     assert m["actor/clipfrac_lower"] == 0.0
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        ppo_clip_loss(logprobs, old, torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=1.0)
+        ppo_clip_loss(logprobs, old, torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, "token-mean", 1.0)
 
 
 def test_ppo_asymmetric_clip_high():
     logprobs = torch.tensor([[0.0]], requires_grad=True)
     old = torch.tensor([[-0.2]])  # ratio exp(0.2) = 1.221: inside 1.28, outside 1.2
     adv = torch.tensor([[1.0]])
-    loss, m = ppo_clip_loss(logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.28)
+    loss, m = ppo_clip_loss(
+        logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.28, agg="token-mean", clip_ratio_c=3.0
+    )
     assert loss.item() == pytest.approx(-math.exp(0.2))
     assert m["actor/clipfrac"] == 0.0
-    loss, m = ppo_clip_loss(logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.2)
+    loss, m = ppo_clip_loss(
+        logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.2, agg="token-mean", clip_ratio_c=3.0
+    )
     assert loss.item() == pytest.approx(-1.2)
     assert m["actor/clipfrac"] == 1.0
 
@@ -91,7 +97,7 @@ def test_ppo_gradient_is_zero_on_clipped_and_masked_tokens():
     old = torch.tensor([[0.0, -0.5, 0.1, 0.0]])
     adv = torch.tensor([[2.0, 1.0, -1.0, 3.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
-    loss, _ = ppo_clip_loss(logprobs, old, adv, mask)
+    loss, _ = ppo_clip_loss(logprobs, old, adv, mask, 0.2, 0.2, "token-mean", 3.0)
     loss.backward()
     # d/dlogp (-A * exp(logp - old)) = -A * ratio, over 3 tokens; token 1 is clipped, token 3 masked
     expected = [-2.0 * 1.0 / 3, 0.0, 1.0 * math.exp(-0.1) / 3, 0.0]
@@ -107,7 +113,7 @@ def test_ppo_gradcheck_away_from_clip_boundary(agg):
     mask = torch.rand(3, 5) > 0.3
 
     def f(lp):
-        return ppo_clip_loss(lp, old, adv, mask, agg=agg)[0]
+        return ppo_clip_loss(lp, old, adv, mask, 0.2, 0.2, agg, 3.0)[0]
 
     assert torch.autograd.gradcheck(f, (logprobs,))
 
@@ -123,7 +129,7 @@ def test_sdar_hand_values_and_metrics():
     student, teacher, mask = torch.tensor(STUDENT), torch.tensor(TEACHER), torch.tensor(MASK)
     deltas = [0.5, -0.5, 0.0]
     gates = [_sigmoid(5.0 * d) for d in deltas]  # 0.924, 0.076, 0.5
-    loss, m = sdar_loss(student, teacher, mask, beta=5.0)
+    loss, m = sdar_loss(student, teacher, mask, 5.0)
     assert loss.item() == pytest.approx(sum(g * d for g, d in zip(gates, deltas)) / 3, rel=1e-6)
     assert m["sdar/gate_mean"] == pytest.approx(sum(gates) / 3, rel=1e-6)
     assert m["sdar/gate_active_ratio"] == pytest.approx(1 / 3)  # 0.5 is not "active"
@@ -152,7 +158,7 @@ def test_sdar_gradient_is_minus_gate_times_agg_weight(agg):
     teacher = (-torch.rand(4, 6, dtype=torch.float64) * 3).requires_grad_()
     mask = torch.rand(4, 6) > 0.3
     mask[:, 0] = True  # no empty rows, so every weight is well defined
-    loss, _ = sdar_loss(student, teacher, mask, beta=5.0, agg=agg)
+    loss, _ = sdar_loss(student, teacher, mask, 5.0, agg=agg)
     loss.backward()
     gate = torch.sigmoid(5.0 * (teacher - student)).detach()
     assert torch.allclose(student.grad, -gate * _agg_weights(mask, agg), atol=1e-12)
@@ -163,15 +169,15 @@ def test_sdar_gradient_is_minus_gate_times_agg_weight(agg):
 def test_sdar_beta_zero_gates_everything_at_half():
     torch.manual_seed(4)
     student, teacher = torch.randn(3, 5), torch.randn(3, 5)
-    assert torch.equal(sdar_gate(student, teacher, beta=0.0), torch.full((3, 5), 0.5))
-    loss, m = sdar_loss(student, teacher, torch.ones(3, 5), beta=0.0)
+    assert torch.equal(sdar_gate(student, teacher, 0.0), torch.full((3, 5), 0.5))
+    loss, m = sdar_loss(student, teacher, torch.ones(3, 5), 0.0)
     assert m["sdar/gate_mean"] == 0.5
     assert m["sdar/gate_active_ratio"] == 0.0
     assert loss.item() == pytest.approx(0.5 * (teacher - student).mean().item(), rel=1e-5)
 
 
 def test_sdar_large_beta_is_a_hard_gate():
-    gate = sdar_gate(torch.tensor([-1.0, -1.0]), torch.tensor([0.0, -2.0]), beta=100.0)
+    gate = sdar_gate(torch.tensor([-1.0, -1.0]), torch.tensor([0.0, -2.0]), 100.0)
     assert gate.tolist() == pytest.approx([1.0, 0.0], abs=1e-12)
 
 
@@ -226,7 +232,7 @@ def test_skill_sd_gradcheck(agg):
 def test_distillation_empty_mask_is_zero():
     student = torch.randn(2, 3, requires_grad=True)
     for loss, m in (
-        sdar_loss(student, torch.randn(2, 3), torch.zeros(2, 3)),
+        sdar_loss(student, torch.randn(2, 3), torch.zeros(2, 3), 5.0),
         skill_sd_loss(student, torch.randn(2, 3), torch.randn(2, 3), torch.zeros(2, 3)),
     ):
         assert loss.item() == 0.0

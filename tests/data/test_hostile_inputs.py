@@ -167,7 +167,7 @@ config_values = st.dictionaries(
             "top_p",
             "max_turns",
             "batch_size",
-            "lam",
+            "sdar_coef",
             "nope",
         ]
     )  # fmt: skip
@@ -188,7 +188,7 @@ def test_random_configs_construct_or_refuse(values):
         except SdarflowError as err:
             _one_line_refusal(err)
             continue
-        for name in ("lr", "max_grad_norm", "temperature", "top_p", "lam"):
+        for name in ("lr", "max_grad_norm", "temperature", "top_p", "sdar_coef"):
             value = getattr(cfg, name, 0.0)
             assert math.isfinite(value) and value >= 0
 

@@ -241,7 +241,7 @@ def test_the_run_id_reaches_the_audit_log_as_a_whole_placeholder(spec):
 def test_ui_parameters_and_report_artifacts(spec):
     pipeline, _, _ = spec
     params = pipeline["root"]["inputDefinitions"]["parameters"]
-    assert params["lam"]["defaultValue"] == 0.01 and params["beta"]["defaultValue"] == 5.0
+    assert params["sdar_coef"]["defaultValue"] == 0.01 and params["gate_beta"]["defaultValue"] == 5.0
     assert params["method"]["defaultValue"] == "sdar"
     for name in ("base_model", "env", "group_size", "retrieval", "registry", "policy_name", "start_adapter"):
         assert name in params
@@ -380,8 +380,8 @@ def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):
 
 
 def test_the_pipelines_parameters_are_the_pipeline_configs():
-    """PipelineConfig, the prepare component and the training pipeline's signature list the same parameters with the
-    same defaults (shards is fixed at compile time; storage and base_model are required in the pipeline)."""
+    """The prepare component and the training pipeline, generated from PipelineConfig, compile to its fields with
+    its defaults (shards is fixed at compile time; storage and base_model are required in the pipeline)."""
     import dataclasses
 
     from components.prepare import prepare

@@ -221,7 +221,7 @@ def test_run_from_a_package_sends_typed_parameters(kfp_server, package, capsys):
         package,
         *REQUIRED,
         "--param",
-        "lam=0.02",
+        "sdar_coef=0.02",
         "--param",
         "tasks=16",
         "--param",
@@ -250,7 +250,7 @@ def test_run_from_a_package_sends_typed_parameters(kfp_server, package, capsys):
     assert params == {
         "storage": "s3://sdarflow/runs",
         "base_model": "s3://sdarflow/models/base",
-        "lam": 0.02,
+        "sdar_coef": 0.02,
         "tasks": 16,
         "run_id": "007",  # a STRING parameter stays verbatim
         "stage_settings": {"train": {"mini_batches": 2}},

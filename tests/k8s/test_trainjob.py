@@ -39,7 +39,7 @@ def train_config(**overrides) -> TrainConfig:
         "model": "s3://sdarflow/models/base",
         "adapter": "s3://sdarflow/runs/r1/round=0/train",
         "output": "s3://sdarflow/runs/r1/round=1/train-multinode",
-        "lam": 0.02,
+        "sdar_coef": 0.02,
         "lora_targets": ["q_proj", "v_proj"],
         "norm_by_std": False,
         "overwrite": True,
@@ -125,11 +125,15 @@ def test_command_rebuilds_the_same_train_config_on_deepspeed(engine):
     assert rebuilt.to_dict() == dataclasses.replace(cfg, engine="deepspeed").to_dict()
     assert rebuilt.config_hash() == manifest["metadata"]["annotations"]["sdarflow.io/config-hash"]
     assert "runtimePatches" not in manifest["spec"]  # no node selector, no tolerations: nothing to patch
-    assert "--lam" in argv and "--no-norm-by-std" in argv and "--beta" not in argv  # only changed settings
+    assert (
+        "--sdar-coef" in argv and "--no-norm-by-std" in argv and "--gate-beta" not in argv
+    )  # only changed settings
 
 
 def test_cli_from_a_runs_pipeline_config(tmp_path):
-    pc = PipelineConfig(storage=str(tmp_path / "store"), base_model="s3://sdarflow/models/base", lam=0.05)
+    pc = PipelineConfig(
+        storage=str(tmp_path / "store"), base_model="s3://sdarflow/models/base", sdar_coef=0.05
+    )
     config_uri = pipeline_config.prepare(pc)
     out = tmp_path / "trainjob.yaml"
     from sdarflow.cli import main
@@ -140,7 +144,7 @@ def test_cli_from_a_runs_pipeline_config(tmp_path):
     assert main(argv) == 0
     manifest = yaml.safe_load(out.read_text())
     command = manifest["spec"]["trainer"]["command"]
-    assert command[command.index("--lam") + 1] == "0.05"
+    assert command[command.index("--sdar-coef") + 1] == "0.05"
     assert command[command.index("--input") + 1] == "s3://sdarflow/r/round=1/rescore"
     assert command[command.index("--output") + 1].endswith("/round=1/train")
     assert manifest["metadata"]["name"].startswith("sdar-train-") and manifest["metadata"]["name"].endswith(

@@ -22,7 +22,7 @@ from sdarflow.train.engine import make_engine
 from sdarflow.train.samples import make_samples
 from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
-from sdarflow.train.trainer import RLHyper, TrainData, train
+from sdarflow.train.trainer import TrainData, TrainLoop, train
 
 
 class Crash(Exception):
@@ -44,7 +44,7 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 
 def test_crash_and_resume_equals_an_uninterrupted_run(tiny_model, tmp_path):
-    hp = RLHyper(method="sdar", mini_batches=2, max_steps=6, save_every=2, sft_ratio=0.5, seed=3)
+    hp = TrainLoop(method="sdar", mini_batches=2, max_steps=6, save_every=2, sft_ratio=0.5, seed=3)
     schedule = WarmupConstant(1e-2, warmup_steps=3)
 
     model, engine, data = setup(tiny_model)

@@ -22,7 +22,7 @@ from sdarflow.train.engine import DeepSpeedEngine, make_engine
 from sdarflow.train.format_probe import Rollback
 from sdarflow.train.samples import make_samples
 from sdarflow.train.schedule import WarmupConstant
-from sdarflow.train.trainer import RLHyper, TrainData, TrainingDiverged, train
+from sdarflow.train.trainer import TrainData, TrainingDiverged, TrainLoop, train
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +44,9 @@ def diff(a: dict, b: dict) -> float:
 def test_deepspeed_trains_agrees_with_torch_skips_nonfinite_and_resumes(tiny_model, tmp_path):
     rows = rescored_table(n_groups=2, group_size=4, prompt_len=12).to_pylist()
     schedule = WarmupConstant(1e-2)
-    hp_one = RLHyper(method="sdar", lam=0.5, mini_batches=2, max_steps=4, micro_batch_tokens=100_000)
-    hp_split = RLHyper(
-        method="sdar", lam=0.5, mini_batches=2, max_steps=4, micro_batch_tokens=1, save_every=2
+    hp_one = TrainLoop(method="sdar", sdar_coef=0.5, mini_batches=2, max_steps=4, micro_batch_tokens=100_000)
+    hp_split = TrainLoop(
+        method="sdar", sdar_coef=0.5, mini_batches=2, max_steps=4, micro_batch_tokens=1, save_every=2
     )
 
     model, pad = lora(tiny_model)
@@ -73,7 +73,7 @@ def test_deepspeed_trains_agrees_with_torch_skips_nonfinite_and_resumes(tiny_mod
 
     # non-finite steps: skipped (weights untouched), counted, then the run fails
     bad = [dict(r, old_logprobs=[float("nan")] * len(r["old_logprobs"])) for r in rows]
-    hp_bad = RLHyper(method="grpo", mini_batches=1, max_steps=5, max_nonfinite_steps=2)
+    hp_bad = TrainLoop(method="grpo", mini_batches=1, max_steps=5, max_nonfinite_steps=2)
     with pytest.raises(TrainingDiverged, match="2 consecutive non-finite steps"):
         train(engine, TrainData(make_samples(bad), [], pad), hp_bad, schedule)
     assert diff(weights(model), w_ds) == 0.0

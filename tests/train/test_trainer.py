@@ -20,9 +20,9 @@ from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import (
     REQUIRED_METRICS,
-    RLHyper,
     TrainData,
     TrainingDiverged,
+    TrainLoop,
     accumulate,
     micro_step,
     train,
@@ -159,7 +159,11 @@ def test_every_method_moves_the_adapter(tiny_model, method):
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     history = rl_update(
-        model, opt, make_samples(rescored_rows()), RLHyper(method=method, mini_batches=2, lam=0.5), pad
+        model,
+        opt,
+        make_samples(rescored_rows()),
+        TrainLoop(method=method, mini_batches=2, sdar_coef=0.5),
+        pad,
     )
     assert len(history) == 2 and not any(h["skipped"] for h in history)
     moved = sum(
@@ -177,7 +181,11 @@ def test_non_finite_steps_are_skipped_then_fail(tiny_model):
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps"):
         rl_update(
-            model, opt, samples, RLHyper(method="grpo", mini_batches=1, epochs=5, max_nonfinite_steps=3), pad
+            model,
+            opt,
+            samples,
+            TrainLoop(method="grpo", mini_batches=1, epochs=5, max_nonfinite_steps=3),
+            pad,
         )
     # skipped means skipped: no weight change and no optimizer state (AdamW would move even on a zero gradient)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
@@ -198,7 +206,7 @@ def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
-    hp = RLHyper(method="sdar", lam=0.5, agg=agg, kl_coef=0.1, entropy_coef=0.01)
+    hp = TrainLoop(method="sdar", sdar_coef=0.5, agg=agg, kl_coef=0.1, entropy_coef=0.01)
     rows = rescored_rows(n_groups=3, g=2)
     for i, r in enumerate(rows):  # uneven lengths, so token and sequence weights differ
         for key in ("response_token_ids", "old_logprobs", "teacher_logprobs", "ref_logprobs"):
@@ -209,7 +217,7 @@ def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
     for budget in (10_000, 1):  # one micro-batch, then one per sample
 
         def loss_fn(micro):
-            return micro_step(model, micro, hp, pad)
+            return micro_step(model, micro, hp, 1, pad)
 
         metrics, _ = accumulate(engine, samples, loss_fn, agg, budget)
         grads.append((_grads(model), metrics["loss/total"]))
@@ -230,7 +238,7 @@ def test_sft_steps_interleave_and_every_line_has_the_required_metrics(tiny_model
     for r in rows:
         r["success"] = r["episode_return"] > 0
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    hp = RLHyper(method="sdar", mini_batches=2, epochs=2, sft_ratio=0.5)
+    hp = TrainLoop(method="sdar", mini_batches=2, epochs=2, sft_ratio=0.5)
     history = rl_update(model, opt, make_samples(rows), hp, pad, sft_pairs=sft_pairs_from_rows(rows))
     assert [h["kind"] for h in history] == ["rl", "rl", "sft", "rl", "rl", "sft"]
     for h in history:
@@ -251,8 +259,8 @@ def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
     with torch.no_grad():
         logp, ent = response_logprobs(model, batch, with_entropy=True)
     entropy = float((ent * batch.mask).sum() / batch.mask.sum())
-    plain, _ = micro_step(model, samples, RLHyper(method="grpo", entropy_coef=0.0), pad)
-    bonus, m = micro_step(model, samples, RLHyper(method="grpo", entropy_coef=0.01), pad)
+    plain, _ = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.0), 1, pad)
+    bonus, m = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.01), 1, pad)
     assert bonus.item() == pytest.approx(plain.item() - 0.01 * entropy, rel=1e-5, abs=1e-7)
     assert m["actor/entropy"] == pytest.approx(entropy, rel=1e-5)
     # a reference 0.3 nats off the model on every token: k3 = e^0.3 - 0.3 - 1 (and e^-0.3 + 0.3 - 1)
@@ -263,7 +271,7 @@ def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
     k3 = [math.exp(0.3) - 0.3 - 1, math.exp(-0.3) + 0.3 - 1]
     n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (1, 0)]
     expected = (n[0] * k3[0] + n[1] * k3[1]) / sum(n)
-    with_kl, m = micro_step(model, samples, RLHyper(method="grpo", entropy_coef=0.0, kl_coef=0.1), pad)
+    with_kl, m = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.0, kl_coef=0.1), 1, pad)
     assert m["actor/kl_loss"] == pytest.approx(expected, rel=1e-4)
     assert with_kl.item() == pytest.approx(plain.item() + 0.1 * expected, rel=1e-4)
     # with zero advantages the bonus is the whole gradient: -0.01 * d(mean entropy), so descent raises entropy
@@ -287,9 +295,11 @@ def test_progress_term_adds_coef_times_the_log_ratio_to_every_tokens_advantage(t
     for i, s in enumerate(samples):  # old = the model's own log-probs + 0.01: ratio e^-0.01, inside the clip
         s.old_logprobs = [x + 0.01 for x in logp[i, width - len(s.response) :].tolist()]
         s.ref_logprobs = [x - 0.2 - 0.1 * (i % 2) for x in s.old_logprobs]  # old - ref = 0.2 or 0.3
-    hp = RLHyper(method="grpo", entropy_coef=0.0)
-    _, plain = micro_step(model, samples, hp, pad)
-    _, shaped = micro_step(model, samples, dataclasses.replace(hp, progress_coef=0.5), pad)
+    hp = TrainLoop(method="grpo", entropy_coef=0.0)
+    _, plain = micro_step(model, samples, hp, 1, pad)
+    _, shaped = micro_step(
+        model, samples, dataclasses.replace(hp, advantage="progress", progress_coef=0.5), 1, pad
+    )
     # grpo inside the clip: loss/pg = -token-mean(A * ratio); the term adds 0.5 * (old - ref), 0.2 or 0.3, to A on
     # each token (with the current log-probs in place of old it would add 0.19 or 0.29)
     n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (0, 1)]

@@ -1,7 +1,7 @@
 """Pure tensor functions of SDAR and the GRPO/OPSD family: advantages, losses, gates, aggregation, log-probs.
 
-No I/O and no config objects: callers pass tensors and the config's values. Training code selects a method by
-its config name through :func:`method_loss` (names in :data:`METHODS`) and aggregates with one of
+No I/O. The one config object is :class:`Objective`, the loss's settings; training code passes it with the tensors
+to :func:`method_loss`, which selects the method by name (names in :data:`METHODS`) and aggregates with one of
 :data:`AGG_MODES`. Importing this package registers every method.
 """
 
@@ -32,15 +32,14 @@ from sdarflow.algo.logprobs import (
 )
 from sdarflow.algo.losses import (
     KL_KINDS,
-    METHODS,
+    Metrics,
     kl_penalty,
     ppo_clip_loss,
     sdar_gate,
     sdar_loss,
     skill_sd_loss,
 )
-from sdarflow.algo.objective import method_loss
-from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics, register_method
+from sdarflow.algo.objective import METHOD_REGISTRY, METHODS, Objective, method_loss, register_method
 from sdarflow.names import UnknownNameError
 
 __all__ = [
@@ -49,8 +48,8 @@ __all__ = [
     "METHODS",
     "METHOD_REGISTRY",
     "AggMode",
-    "MethodInputs",
     "Metrics",
+    "Objective",
     "UnknownNameError",
     "agg_loss",
     "broadcast_advantages",

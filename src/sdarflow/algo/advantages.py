@@ -99,7 +99,7 @@ def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     return advantages.detach()[:, None] * mask.to(advantages.dtype)
 
 
-def rlsd_lambda(step: int, lam0: float = 0.5, warmdown_steps: int = 100) -> float:
+def rlsd_lambda(step: int, lam0: float, warmdown_steps: int) -> float:
     """RLSD's mixing weight at RL step ``step``: ``lam0 * max(0, 1 - step / warmdown_steps)``.
 
     Linear decay to 0 over ``warmdown_steps`` (100 in the reference scripts, ``RLSDRayTrainer._get_rlsd_lambda``
@@ -115,8 +115,8 @@ def rlsd_weights(
     advantages: Tensor,
     student_logprobs: Tensor,
     teacher_logprobs: Tensor,
-    lam: float = 0.5,
-    clip_eps: float = 0.2,
+    lam: float,
+    clip_eps: float,
 ) -> Tensor:
     """RLSD's per-token advantage multiplier, (B, T) in [1 - lam*clip_eps, 1 + lam*clip_eps].
 
@@ -135,8 +135,8 @@ def rlsd_advantages(
     student_logprobs: Tensor,
     teacher_logprobs: Tensor,
     mask: Tensor,
-    lam: float = 0.5,
-    clip_eps: float = 0.2,
+    lam: float,
+    clip_eps: float,
 ) -> Tensor:
     """RLSD advantages: ``A_t * w_t`` (see :func:`rlsd_weights`) on response tokens, 0 on masked ones.
 

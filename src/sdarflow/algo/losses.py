@@ -1,12 +1,10 @@
-"""Policy losses (dual-clip PPO, SDAR's gated distillation, Skill-SD's self-distillation loss, KL penalties) and
-the methods built on them.
+"""Policy loss terms: dual-clip PPO, SDAR's gated distillation, Skill-SD's self-distillation loss, KL penalties.
 
 SDAR (the SDAR paper, Self-Distilled Agentic RL) trains with ``L = L_GRPO + lambda * L_SDAR``: GRPO's clipped
 policy gradient plus on-policy self-distillation toward a teacher that is the same policy given retrieved skills,
-gated per token by ``sigmoid(beta * (q_t - s_t))`` so only tokens the teacher prefers are pulled. The methods at
-the bottom compose these losses as the SDAR reference code (ZJU-REAL/SDAR, a verl-agent fork) trains each
-baseline, and register under their config names; the trainer reaches them only through
-:func:`sdarflow.algo.objective.method_loss`, which also adds the KL term every reference script uses.
+gated per token by ``sigmoid(beta * (q_t - s_t))`` so only tokens the teacher prefers are pulled. The methods
+that compose these terms, as the SDAR reference code (ZJU-REAL/SDAR, a verl-agent fork) trains each baseline, are
+in :mod:`sdarflow.algo.objective`.
 
 All tensors are (B, T) (one row per agent turn, T response tokens); every loss reduces through
 :func:`sdarflow.algo.agg.agg_loss` and returns ``(loss, metrics)`` with python-float, namespaced metrics.
@@ -19,10 +17,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from sdarflow.algo.advantages import rlsd_advantages, rlsd_lambda, rlsd_weights
 from sdarflow.algo.agg import AggMode, agg_loss, masked_mean_value
-from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics, register_method
 from sdarflow.names import UnknownNameError
+
+Metrics = dict[str, float]
 
 # exp of a log-ratio beyond this overflows float32; the KL and Skill-SD terms clamp there as verl does.
 _LOG_RATIO_CLAMP = 20.0
@@ -33,10 +31,10 @@ def ppo_clip_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    agg: AggMode | str = "token-mean",
-    clip_ratio_c: float | None = 3.0,
+    clip_low: float,
+    clip_high: float,
+    agg: AggMode | str,
+    clip_ratio_c: float | None,
 ) -> tuple[Tensor, Metrics]:
     """PPO's clipped surrogate (arXiv:1707.06347) with dual clip for negative advantages (arXiv:1912.09729).
 
@@ -82,7 +80,7 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-def sdar_gate(student_logprobs: Tensor, teacher_logprobs: Tensor, beta: float = 5.0) -> Tensor:
+def sdar_gate(student_logprobs: Tensor, teacher_logprobs: Tensor, beta: float) -> Tensor:
     """SDAR's per-token gate, (B, T) in (0, 1): ``g_t = sigmoid(beta * (q_t - s_t))``, detached.
 
     ``beta = 0`` gives 0.5 everywhere (naive GRPO+OPSD: every token distilled alike); large beta approaches a
@@ -96,7 +94,7 @@ def sdar_loss(
     student_logprobs: Tensor,
     teacher_logprobs: Tensor,
     mask: Tensor,
-    beta: float = 5.0,
+    beta: float,
     agg: AggMode | str = "token-mean",
 ) -> tuple[Tensor, Metrics]:
     """SDAR's gated on-policy self-distillation loss (the SDAR paper; ``compute_sdar_loss`` in
@@ -106,7 +104,7 @@ def sdar_loss(
         student_logprobs: (B, T) ``s_t = log pi_theta(y_t | history)``; the only input that carries gradient.
         teacher_logprobs: (B, T) ``q_t = log pi_theta(y_t | history + skills)``; treated as a constant.
         mask: (B, T) bool or 0/1.
-        beta: gate sharpness (paper default 5).
+        beta: gate sharpness (the paper's beta; ``gate_beta`` in the config).
     Returns:
         ``agg(g_t * (q_t - s_t))`` with ``g_t = sigmoid(beta * (q_t - s_t))`` detached, so the gradient is
         ``-g_t * grad log pi(y_t)``: tokens the teacher prefers are pulled up, the rest barely touched. Metrics:
@@ -189,102 +187,3 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KlKind | str = "low
         return 0.5 * diff.square()
     log_ratio = (-diff).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # ref - logprobs
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Methods: config name -> composed loss, as the SDAR reference's scripts train each one (examples/<method>_trainer).
-# Each returns (scalar loss, metrics with loss/total and loss/pg, loss/aux where the method has that term);
-# loss/aux is the *unweighted* auxiliary loss. method_loss adds the KL term to every method.
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _teacher(x: MethodInputs, method: str) -> Tensor:
-    if x.teacher_logprobs is None:
-        raise ValueError(f"method {method!r} distills from the teacher: teacher_logprobs must be given")
-    return x.teacher_logprobs
-
-
-def _pg(x: MethodInputs, advantages: Tensor) -> tuple[Tensor, Metrics]:
-    return ppo_clip_loss(
-        x.logprobs, x.old_logprobs, advantages, x.mask, x.clip_low, x.clip_high, x.agg, x.clip_ratio_c
-    )
-
-
-def _combine(
-    metrics: Metrics, pg: Tensor | None = None, aux: Tensor | None = None, lam: float = 1.0
-) -> tuple[Tensor, Metrics]:
-    """``pg + lam * aux`` over the terms a method has, with the ``loss/*`` metrics added."""
-    terms = []
-    if pg is not None:
-        terms.append(pg)
-        metrics["loss/pg"] = float(pg.detach())
-    if aux is not None:
-        terms.append(lam * aux)
-        metrics["loss/aux"] = float(aux.detach())
-        metrics["loss/aux_coef"] = lam
-    total = sum(terms[1:], terms[0])
-    metrics["loss/total"] = float(total.detach())
-    return total, metrics
-
-
-@register_method("grpo")
-def _grpo(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """GRPO: dual-clip PPO on group-relative advantages; no critic, no distillation."""
-    pg, m = _pg(x, x.advantages)
-    return _combine(m, pg=pg)
-
-
-@register_method("opsd")
-def _opsd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """OPSD: the gated distillation term alone, ``lam * L_SDAR(beta)``; no policy gradient.
-
-    The reference runs ``main_sdar`` with ``pg_loss_coef=0`` (``examples/opsd_trainer``).
-    """
-    aux, m = sdar_loss(x.logprobs, _teacher(x, "opsd"), x.mask, x.beta, x.agg)
-    return _combine(m, aux=aux, lam=x.lam)
-
-
-@register_method("grpo_opsd")
-def _grpo_opsd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """Naive GRPO + OPSD: ``L_GRPO + lam * L_SDAR(beta=0)``, every token distilled with gate 0.5.
-
-    The reference runs ``main_sdar`` with ``gate_beta=0.0`` (``examples/grpo_opsd_trainer``).
-    """
-    pg, m = _pg(x, x.advantages)
-    aux, m_aux = sdar_loss(x.logprobs, _teacher(x, "grpo_opsd"), x.mask, 0.0, x.agg)
-    return _combine(m | m_aux, pg=pg, aux=aux, lam=x.lam)
-
-
-@register_method("rlsd")
-def _rlsd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """RLSD: GRPO whose per-token advantages are re-weighted by the teacher's gap to the rollout log-probs, with
-    the weight decaying to 0 over ``rlsd_warmdown_steps`` RL steps; no auxiliary loss."""
-    teacher = _teacher(x, "rlsd")
-    lam = rlsd_lambda(x.step, x.rlsd_lam, x.rlsd_warmdown_steps)
-    adv = rlsd_advantages(x.advantages, x.old_logprobs, teacher, x.mask, lam, x.rlsd_clip_eps)
-    pg, m = _pg(x, adv)
-    w = rlsd_weights(x.advantages, x.old_logprobs, teacher, lam, x.rlsd_clip_eps)
-    m["rlsd/weight_mean"] = masked_mean_value(w, x.mask)
-    m["rlsd/lambda"] = lam
-    return _combine(m, pg=pg)
-
-
-@register_method("skill_sd")
-def _skill_sd(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """Skill-SD: ``L_GRPO + skill_sd_coef * SDL`` (:func:`skill_sd_loss`; coefficient 0.001 in
-    ``examples/skillsd_trainer``)."""
-    pg, m = _pg(x, x.advantages)
-    teacher = _teacher(x, "skill_sd")
-    aux, m_aux = skill_sd_loss(x.logprobs, teacher, x.old_logprobs, x.mask, x.agg)
-    return _combine(m | m_aux, pg=pg, aux=aux, lam=x.skill_sd_coef)
-
-
-@register_method("sdar")
-def _sdar(x: MethodInputs) -> tuple[Tensor, Metrics]:
-    """SDAR: ``L_GRPO + lam * L_SDAR`` with the sigmoid gate (paper defaults lam 0.01, beta 5)."""
-    pg, m = _pg(x, x.advantages)
-    aux, m_aux = sdar_loss(x.logprobs, _teacher(x, "sdar"), x.mask, x.beta, x.agg)
-    return _combine(m | m_aux, pg=pg, aux=aux, lam=x.lam)
-
-
-METHODS: tuple[str, ...] = METHOD_REGISTRY.names()

@@ -1,58 +1,208 @@
-"""The training objective: the chosen method's loss plus the KL term to the reference policy.
+"""The training objective: the loss's settings (:class:`Objective`), the methods that compose the loss terms of
+:mod:`sdarflow.algo.losses` as the SDAR reference trains each one, and :func:`method_loss`, the one entry point the
+trainer calls.
 
-:func:`method_loss` is what the trainer calls; it looks the method up by its config name, checks the shapes once
-for every method, and adds ``kl_coef * agg(kl_penalty)`` when reference log-probs are given.
+``Objective`` is the only place a loss setting and its default are declared. The train stage's config *is* an
+Objective (its flags are these fields), and the trainer hands it to :func:`method_loss` unchanged, as verl's
+policy losses take the actor config. Symbols in the help are the SDAR paper's.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import Tensor
 
-from sdarflow.algo.agg import agg_loss
-from sdarflow.algo.losses import kl_penalty
-from sdarflow.algo.registry import METHOD_REGISTRY, MethodInputs, Metrics
+from sdarflow.algo.advantages import rlsd_advantages, rlsd_lambda, rlsd_weights
+from sdarflow.algo.agg import AGG_MODES, agg_loss, masked_mean_value
+from sdarflow.algo.losses import (
+    KL_KINDS,
+    Metrics,
+    kl_penalty,
+    ppo_clip_loss,
+    sdar_gate,
+    sdar_loss,
+    skill_sd_loss,
+)
+from sdarflow.config import opt
+from sdarflow.names import NameRegistry
+
+# (logprobs, old_logprobs, teacher_logprobs, advantages, mask, cfg, step) -> (loss, metrics); tensors are (B, T).
+MethodFn = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, "Objective", int], tuple[Tensor, Metrics]]
+
+METHOD_REGISTRY: NameRegistry[MethodFn] = NameRegistry("method")
+register_method = METHOD_REGISTRY.register
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Methods: config name -> composed loss, as the SDAR reference's scripts train each one (examples/<method>_trainer).
+# Each returns (scalar loss, metrics with loss/total and loss/pg, loss/aux where the method has that term);
+# loss/aux is the *unweighted* auxiliary loss. method_loss adds the KL and entropy terms to every method.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _teacher(teacher: Tensor | None, method: str) -> Tensor:
+    if teacher is None:
+        raise ValueError(f"method {method!r} distills from the teacher: teacher_logprobs must be given")
+    return teacher
+
+
+def _pg(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: Objective) -> tuple[Tensor, Metrics]:
+    c = cfg.clip_ratio_c or None  # 0 turns the dual clip off
+    return ppo_clip_loss(logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.agg, c)
+
+
+def _combine(
+    metrics: Metrics, pg: Tensor | None = None, aux: Tensor | None = None, coef: float = 1.0
+) -> tuple[Tensor, Metrics]:
+    """``pg + coef * aux`` over the terms a method has, with the ``loss/*`` metrics added."""
+    terms = []
+    if pg is not None:
+        terms.append(pg)
+        metrics["loss/pg"] = float(pg.detach())
+    if aux is not None:
+        terms.append(coef * aux)
+        metrics["loss/aux"] = float(aux.detach())
+        metrics["loss/aux_coef"] = coef
+    total = sum(terms[1:], terms[0])
+    metrics["loss/total"] = float(total.detach())
+    return total, metrics
+
+
+@register_method("grpo")
+def _grpo(logp, old, teacher, adv, mask, cfg, step):
+    """GRPO: dual-clip PPO on group-relative advantages; no critic, no distillation."""
+    pg, m = _pg(logp, old, adv, mask, cfg)
+    return _combine(m, pg=pg)
+
+
+@register_method("opsd")
+def _opsd(logp, old, teacher, adv, mask, cfg, step):
+    """OPSD: the gated distillation term alone, ``lambda * L_SDAR(beta)``; no policy gradient.
+
+    The reference runs ``main_sdar`` with ``pg_loss_coef=0`` (``examples/opsd_trainer``).
+    """
+    aux, m = sdar_loss(logp, _teacher(teacher, "opsd"), mask, cfg.gate_beta, cfg.agg)
+    return _combine(m, aux=aux, coef=cfg.sdar_coef)
+
+
+@register_method("grpo_opsd")
+def _grpo_opsd(logp, old, teacher, adv, mask, cfg, step):
+    """Naive GRPO + OPSD: ``L_GRPO + lambda * L_SDAR(beta=0)``, every token distilled with gate 0.5.
+
+    The reference runs ``main_sdar`` with ``gate_beta=0.0`` (``examples/grpo_opsd_trainer``).
+    """
+    pg, m = _pg(logp, old, adv, mask, cfg)
+    aux, m_aux = sdar_loss(logp, _teacher(teacher, "grpo_opsd"), mask, 0.0, cfg.agg)
+    return _combine(m | m_aux, pg=pg, aux=aux, coef=cfg.sdar_coef)
+
+
+@register_method("rlsd")
+def _rlsd(logp, old, teacher, adv, mask, cfg, step):
+    """RLSD: GRPO whose per-token advantages are re-weighted by the teacher's gap to the rollout log-probs, with
+    the weight decaying to 0 over ``rlsd_warmdown_steps`` RL steps; no auxiliary loss."""
+    teacher = _teacher(teacher, "rlsd")
+    lam = rlsd_lambda(step, cfg.rlsd_lam, cfg.rlsd_warmdown_steps)
+    pg, m = _pg(logp, old, rlsd_advantages(adv, old, teacher, mask, lam, cfg.rlsd_clip_eps), mask, cfg)
+    m["rlsd/weight_mean"] = masked_mean_value(rlsd_weights(adv, old, teacher, lam, cfg.rlsd_clip_eps), mask)
+    m["rlsd/lambda"] = lam
+    return _combine(m, pg=pg)
+
+
+@register_method("skill_sd")
+def _skill_sd(logp, old, teacher, adv, mask, cfg, step):
+    """Skill-SD: ``L_GRPO + skill_sd_coef * SDL`` (:func:`skill_sd_loss`; coefficient 0.001 in
+    ``examples/skillsd_trainer``)."""
+    pg, m = _pg(logp, old, adv, mask, cfg)
+    aux, m_aux = skill_sd_loss(logp, _teacher(teacher, "skill_sd"), old, mask, cfg.agg)
+    return _combine(m | m_aux, pg=pg, aux=aux, coef=cfg.skill_sd_coef)
+
+
+@register_method("sdar")
+def _sdar(logp, old, teacher, adv, mask, cfg, step):
+    """SDAR: ``L_GRPO + lambda * L_SDAR`` with the sigmoid gate (paper: lambda 0.01, beta 5)."""
+    pg, m = _pg(logp, old, adv, mask, cfg)
+    aux, m_aux = sdar_loss(logp, _teacher(teacher, "sdar"), mask, cfg.gate_beta, cfg.agg)
+    return _combine(m | m_aux, pg=pg, aux=aux, coef=cfg.sdar_coef)
+
+
+METHODS: tuple[str, ...] = METHOD_REGISTRY.names()
+
+
+@dataclass
+class Objective:
+    """The loss's settings; defaults are the SDAR paper's and its reference scripts' (``sdar_coef`` and
+    ``gate_beta`` are ``algorithm.sdar.sdar_coef`` / ``gate_beta`` in ``examples/sdar_trainer``)."""
+
+    method: str = opt(
+        "sdar",
+        "objective (docs/training.md): grpo; sdar = grpo + lambda * gated distillation; opsd = lambda * gated "
+        "distillation alone; grpo_opsd = sdar with beta 0; rlsd = grpo with teacher-reweighted advantages; "
+        "skill_sd = grpo + skill_sd_coef * SDL",
+        choices=METHODS,
+    )
+    sdar_coef: float = opt(
+        0.01, "lambda: weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)", ge=0
+    )
+    gate_beta: float = opt(
+        5.0, "beta: gate sharpness, g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated", ge=0
+    )
+    clip_low: float = opt(0.2, "PPO ratio clip below 1", ge=0, le=1)
+    clip_high: float = opt(0.2, "PPO ratio clip above 1", ge=0)
+    clip_ratio_c: float = opt(
+        3.0, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off", ge=0
+    )
+    kl_coef: float | None = opt(
+        None,
+        "KL loss to the reference policy (base model; needs rescored ref_logprobs); unset = --preset's: 0.01 "
+        "alfworld/webshop, 0.001 search",
+        ge=0,
+    )
+    kl_kind: str = opt("low_var_kl", "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
+    entropy_coef: float = opt(
+        0.001, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off", ge=0
+    )
+    rlsd_lam: float = opt(
+        0.5, "RLSD: initial share of the advantage re-weighted by the teacher gap", ge=0, le=1
+    )
+    rlsd_clip_eps: float = opt(0.2, "RLSD: clip of the re-weighting factor", ge=0)
+    rlsd_warmdown_steps: int = opt(
+        100,
+        "RLSD: the share decays linearly to 0 over this many RL rounds (step = round + 1); 0 = no decay",
+        ge=0,
+    )
+    skill_sd_coef: float = opt(0.001, "Skill-SD: weight of the self-distillation loss; reference 0.001", ge=0)
+    agg: str = opt("token-mean", "loss aggregation", choices=AGG_MODES)
 
 
 def method_loss(
-    method: str,
-    *,
     logprobs: Tensor,
     old_logprobs: Tensor,
     teacher_logprobs: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
-    lam: float = 0.01,
-    beta: float = 5.0,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    rlsd_lam: float = 0.5,
-    rlsd_clip_eps: float = 0.2,
-    agg: str = "token-mean",
+    cfg: Objective,
+    *,
     ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_kind: str = "low_var_kl",
-    clip_ratio_c: float | None = 3.0,
-    skill_sd_coef: float = 0.001,
-    step: int = 0,
-    rlsd_warmdown_steps: int = 100,
+    entropy: Tensor | None = None,
+    step: int = 1,
 ) -> tuple[Tensor, Metrics]:
-    """The scalar training loss of ``method`` and its namespaced metrics (``loss/total``, ``loss/pg``, ...).
+    """The scalar training loss of ``cfg.method`` and its namespaced metrics (``loss/total``, ``loss/pg``, ...).
 
-    ``L = L_method + kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind))``, the KL term whenever
-    ``ref_logprobs`` is given (verl's ``use_kl_loss``; the reference scripts use ``low_var_kl`` at 0.01 for
-    ALFWorld/WebShop and 0.001 for search). The entropy bonus is the trainer's, from the logits it computes.
+    ``L = L_method + kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind)) - entropy_coef * agg(entropy)``:
+    the KL term whenever ``ref_logprobs`` is given (verl's ``use_kl_loss``; the reference scripts use
+    ``low_var_kl`` at 0.01 for ALFWorld/WebShop and 0.001 for search), the entropy bonus whenever ``entropy`` (the
+    policy's per-token entropy, with gradient) is given (verl's actor: ``pg_loss - entropy_coeff * entropy``).
 
-    All tensors are (B, T); ``logprobs`` carries the gradient, the others are treated as constants. Defaults are
-    the SDAR paper's and its reference scripts' (lambda 0.01, beta 5, dual clip 3, Skill-SD 0.001, RLSD warm-down
-    100 steps). Raises :class:`UnknownNameError` for an unregistered method and ``ValueError`` for mismatched
-    shapes, a missing teacher, or ``kl_coef > 0`` without reference log-probs.
+    All tensors are (B, T); ``logprobs`` and ``entropy`` carry the gradient, the others are constants. ``step`` is
+    the RL step (the reference's ``global_steps``, 1 for the first update), which RLSD's decaying weight reads.
+    With a teacher, every method's metrics carry the gate diagnostics (what the gate is at ``gate_beta``), so a
+    GRPO run also shows whether the teacher is informative. Raises :class:`UnknownNameError` for an unregistered
+    method and ``ValueError`` for mismatched shapes, a missing teacher, or ``kl_coef > 0`` without reference
+    log-probs.
     """
-    # Every MethodInputs field is a parameter of the same name.
-    given = locals()
-    inputs = MethodInputs(**{f.name: given[f.name] for f in dataclasses.fields(MethodInputs)})
-    fn = METHOD_REGISTRY.get(method)
+    fn = METHOD_REGISTRY.get(cfg.method)
     _check_shapes(
         mask,
         logprobs=logprobs,
@@ -60,18 +210,29 @@ def method_loss(
         teacher_logprobs=teacher_logprobs,
         advantages=advantages,
         ref_logprobs=ref_logprobs,
+        entropy=entropy,
     )
+    kl_coef = cfg.kl_coef or 0.0
     if kl_coef != 0 and ref_logprobs is None:
         raise ValueError(
             f"kl_coef ({kl_coef}) needs ref_logprobs: the KL term compares with a reference policy"
         )
-    loss, metrics = fn(inputs)
+    loss, metrics = fn(logprobs, old_logprobs, teacher_logprobs, advantages, mask, cfg, step)
     if ref_logprobs is not None:
-        kl = agg_loss(kl_penalty(logprobs, ref_logprobs.detach(), kl_kind), mask, agg)
+        kl = agg_loss(kl_penalty(logprobs, ref_logprobs.detach(), cfg.kl_kind), mask, cfg.agg)
         loss = loss + kl_coef * kl
         metrics["actor/kl_loss"] = float(kl.detach())
         metrics["actor/kl_coef"] = kl_coef
-        metrics["loss/total"] = float(loss.detach())
+    if entropy is not None:
+        if cfg.entropy_coef != 0:
+            loss = loss - cfg.entropy_coef * agg_loss(entropy, mask, cfg.agg)
+        metrics["actor/entropy"] = masked_mean_value(entropy, mask)
+    metrics["loss/total"] = float(loss.detach())
+    if teacher_logprobs is not None and "sdar/gate_mean" not in metrics:
+        gate = sdar_gate(logprobs, teacher_logprobs, cfg.gate_beta)
+        metrics["sdar/gate_mean"] = masked_mean_value(gate, mask)
+        metrics["sdar/gate_active_ratio"] = masked_mean_value((gate > 0.5).float(), mask)
+        metrics["sdar/teacher_gap_mean"] = masked_mean_value(teacher_logprobs - logprobs.detach(), mask)
     return loss, metrics
 
 

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 # Successful episodes a task type, or a goal direction, needs before it gets a skill or a rule: measured by
-# ``python -m bench.skill_support`` (README "Skills"), where fewer successes let wrong and recipe-blind rules in.
+# ``python -m bench.skill_support`` (docs/skills.md), where fewer successes let wrong and recipe-blind rules in.
 MIN_SUPPORT = 5
 # The step a goal-bound action becomes in a pattern; the skill then lists the directions' actions (see module doc).
 DIRECTIONS_STEP = "do each direction of the recipe as listed below"

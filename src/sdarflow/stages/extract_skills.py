@@ -48,7 +48,7 @@ class ExtractSkillsConfig(StageConfig):
     )
     min_support: int = opt(
         MIN_SUPPORT,
-        "solved tasks a task type, a direction rule or a replacement needs (README Skills: how it was set)",
+        "solved tasks a task type, a direction rule or a replacement needs (docs/skills.md: how it was set)",
         ge=1,
     )
     min_win_share: float = opt(

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from sdarflow.algo import AGG_MODES, KL_KINDS, METHODS
-from sdarflow.config import MAX_SEED, StageConfig, opt
+from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
@@ -39,16 +38,13 @@ from sdarflow.train.format_probe import PROBES, round_probe, with_probe
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.output import publish_run
-from sdarflow.train.rl_setup import objective_record, resolve_objective, rl_shaping, train_inputs
-from sdarflow.train.samples import ADVANTAGES, CREDITS, FILTERS, REWARDS, read_rows
+from sdarflow.train.rl_setup import resolve_objective, rl_shaping, settings_record, train_inputs
+from sdarflow.train.samples import CREDITS, FILTERS, REWARDS, read_rows
 from sdarflow.train.schedule import TrainState, WarmupConstant
-from sdarflow.train.sft import STOP_WINDOW
-from sdarflow.train.trainer import RLHyper, train
+from sdarflow.train.trainer import TrainLoop, train
 from sdarflow.train.value_head import ESTIMATES, ValueHead, policy_states
 
 log = logging.getLogger(__name__)
-
-HYPER = RLHyper()  # the trainer's defaults, which are the stage's
 
 ZERO_STAGES = (2, 3)
 # Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
@@ -58,7 +54,9 @@ RESUMABLE_CHANGES = frozenset(
 
 
 @dataclass
-class TrainConfig(StageConfig):
+class TrainConfig(StageConfig, TrainLoop):
+    """The train stage's flags: the trainer's and the loss's (:class:`TrainLoop`, an Objective), then the stage's."""
+
     stage = "train"
     input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", reads=True)
     model: str = opt("", "base model HF folder", reads=True)
@@ -66,44 +64,11 @@ class TrainConfig(StageConfig):
         "", "adapter to continue training (published URI or folder); empty = a new LoRA", reads=True
     )
     output: str = opt("", "output adapter URI", io=True)
-    mode: str = opt(
-        HYPER.mode,
-        "rl: the --method objective (plus SFT steps at --sft-ratio); sft: warm start, NLL on successful rows only",
-        choices=("rl", "sft"),
-    )
-    method: str = opt(
-        HYPER.method,
-        "objective (README, Training): grpo; sdar = grpo + lam * gated distillation; opsd = lam * gated distillation "
-        "alone; grpo_opsd = sdar with beta 0; rlsd = grpo with teacher-reweighted advantages; skill_sd = grpo + "
-        "skill_sd_coef * SDL",
-        choices=METHODS,
-    )
-    lam: float = opt(
-        HYPER.lam, "lambda, weight of the gated distillation loss; paper 0.01 (0.1 lets it dominate)", ge=0
-    )
-    beta: float = opt(
-        HYPER.beta, "gate sharpness: g = sigmoid(beta * (teacher - student)); paper 5, 0 = ungated", ge=0
-    )
-    clip_low: float = opt(HYPER.clip_low, "PPO ratio clip below 1", ge=0, le=1)
-    clip_high: float = opt(HYPER.clip_high, "PPO ratio clip above 1", ge=0)
-    clip_ratio_c: float = opt(
-        HYPER.clip_ratio_c, "dual-clip PPO: for A < 0 the loss is at most -A * c; reference 3; 0 = off", ge=0
-    )
     preset: str = opt(
         "auto",
         "reference settings for --kl-coef and --invalid-action-penalty: alfworld/webshop (0.01, 0.1), search "
         "(0.001, 0.01); auto = from the env that generated the rows",
         choices=presets.PRESET_CHOICES,
-    )
-    kl_coef: float | None = opt(
-        None,
-        "KL loss to the reference policy (base model; needs rescored ref_logprobs); unset = --preset's: 0.01 "
-        "alfworld/webshop, 0.001 search",
-        ge=0,
-    )
-    kl_kind: str = opt(HYPER.kl_kind, "KL estimator (reference: low_var_kl, Schulman's k3)", choices=KL_KINDS)
-    entropy_coef: float = opt(
-        HYPER.entropy_coef, "entropy bonus: loss - coef * agg(entropy); reference 0.001; 0 = off", ge=0
     )
     invalid_action_penalty: float | None = opt(
         None,
@@ -116,30 +81,12 @@ class TrainConfig(StageConfig):
         "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes",
         choices=("turn", "episode"),
     )
-    rlsd_lam: float = opt(
-        HYPER.rlsd_lam, "RLSD: initial share of the advantage re-weighted by the teacher gap", ge=0, le=1
-    )
-    rlsd_clip_eps: float = opt(HYPER.rlsd_clip_eps, "RLSD: clip of the re-weighting factor", ge=0)
-    rlsd_warmdown_steps: int = opt(
-        HYPER.rlsd_warmdown_steps,
-        "RLSD: the share decays linearly to 0 over this many RL rounds (step = round + 1); 0 = no decay",
-        ge=0,
-    )
-    skill_sd_coef: float = opt(
-        HYPER.skill_sd_coef, "Skill-SD: weight of the self-distillation loss; reference 0.001", ge=0
-    )
     credit: str = opt(
         "outcome",
         "turn credit: outcome (GRPO, every turn its episode's advantage) or scpo (a failed episode's turns shared "
         "with a successful sibling take the sibling's advantage)",
         choices=CREDITS,
     )
-    advantage: str = opt(
-        "outcome",
-        "outcome (GRPO) or progress: + progress_coef * (old - reference log-prob) per token (needs ref_logprobs)",
-        choices=ADVANTAGES,
-    )
-    progress_coef: float = opt(0.1, "weight of the progress term (with --advantage progress)", ge=0)
     reward: str = opt(
         "outcome",
         "outcome (the episode's return) or perplexity-delta: + reward_coef * the turn's ppl_delta (rescore "
@@ -182,19 +129,7 @@ class TrainConfig(StageConfig):
         f"(greedy answers to {PROBES} of the round's prompts, parsed by the env); 0 = per round only",
         ge=0,
     )
-    agg: str = opt(HYPER.agg, "loss aggregation", choices=AGG_MODES)
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
-    sft_ratio: float = opt(
-        HYPER.sft_ratio,
-        "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off",
-        ge=0,
-    )
-    sft_stop_at_loss: float = opt(
-        HYPER.sft_stop_at_loss,
-        f"mode sft: stop once the mean loss of the last {STOP_WINDOW} steps is at or below this (early-stopped warm "
-        f"start); 0 = every step",
-        ge=0,
-    )
     engine: str = opt(
         "auto",
         "torch (plain AdamW, one device) or deepspeed (ZeRO; bf16 on GPU; one process per GPU); auto = deepspeed "
@@ -215,25 +150,9 @@ class TrainConfig(StageConfig):
     lora_targets: list[str] = opt(
         [], "modules that get LoRA (names, e.g. q_proj); empty: every linear layer of the model's blocks"
     )
-    epochs: int = opt(HYPER.epochs, "passes over the round's rows", ge=1)
-    mini_batches: int = opt(HYPER.mini_batches, "optimizer steps per epoch", ge=1)
-    max_steps: int = opt(
-        HYPER.max_steps, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches", ge=0
-    )
-    micro_batch_tokens: int = opt(
-        HYPER.micro_batch_tokens, "padded tokens per forward/backward (gradient accumulation)", ge=1
-    )
-    max_grad_norm: float = opt(HYPER.max_grad_norm, "gradient clipping (global L2 norm); 0 = off", ge=0)
-    max_nonfinite_steps: int = opt(
-        HYPER.max_nonfinite_steps, "consecutive non-finite steps before the run fails", ge=1
-    )
-    seed: int = opt(HYPER.seed, "seed for init and shuffling", ge=0, le=MAX_SEED)
     deterministic: bool = opt(False, "deterministic kernels and 1 CPU thread: bit-exact kill/resume on CPU")
     checkpoint_dir: str = opt(
         "", "local folder for checkpoints; a rerun with the same folder resumes; empty = off", io=True
-    )
-    save_every: int = opt(
-        HYPER.save_every, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1
     )
     keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir", ge=1)
     allow_unpublished: bool = allow_unpublished_opt()
@@ -246,9 +165,10 @@ class TrainConfig(StageConfig):
                 f"train: clip_ratio_c ({self.clip_ratio_c}) must be > 1 (it bounds -A * ratio for A < 0), "
                 f"or 0 to turn the dual clip off"
             )
-        if self.lam > 0.1:
+        if self.sdar_coef > 0.1:
             log.warning(
-                "train: lam %.3g > 0.1: distillation tends to dominate GRPO and degrade results", self.lam
+                "train: sdar_coef %.3g > 0.1: distillation tends to dominate GRPO and degrade results",
+                self.sdar_coef,
             )
         if self.ema_decay and (
             self.zero_stage == 3 and self.engine != "torch" or not (self.lora_rank or self.adapter)
@@ -335,14 +255,14 @@ def _train(cfg: TrainConfig) -> dict:
     )
     states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens) if head else None
     shaping = rl_shaping(cfg, rows, head, states) if cfg.mode == "rl" else None
-    data, hp = train_inputs(cfg, rows, shaping, policy, rl_step)
+    data = train_inputs(cfg, rows, shaping, policy, rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
-    state, save_checkpoint = checkpointing(cfg, engine, hp, data, schedule, ema)
+    state, save_checkpoint = checkpointing(cfg, engine, data, schedule, ema)
     resumed_from = state.step if state else 0
     state = state or TrainState()
     warmup = bool(shaping and shaping.warmup)  # a warm-up round fits only the value head
     probing = (
-        round_probe(cfg, rows, policy, engine, data, hp, schedule, ema)
+        round_probe(cfg, rows, policy, engine, data, schedule, ema)
         if shaping and not warmup
         else nullcontext()
     )
@@ -357,7 +277,7 @@ def _train(cfg: TrainConfig) -> dict:
             state = train(
                 engine,
                 data,
-                hp,
+                cfg,
                 schedule,
                 state=state,
                 on_step=with_probe(with_ema_step(writer, ema), probe, engine.model, state),
@@ -366,7 +286,7 @@ def _train(cfg: TrainConfig) -> dict:
         summary = {**run_summary(state.history), **start}
         if shaping:
             summary.update(shaping.metrics)
-        objective = objective_record(cfg, rl_step)
+        objective = settings_record(cfg, rl_step)
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()
             if engine.rank == 0:

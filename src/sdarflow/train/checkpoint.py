@@ -285,9 +285,9 @@ def _mismatches(folder: Path, sums: object):
             yield rel, "does not match its sha256"
 
 
-def checkpointing(cfg, engine: TrainEngine, hp, data, schedule, ema=None):
+def checkpointing(cfg, engine: TrainEngine, data, schedule, ema=None):
     """(state restored from the train config's ``checkpoint_dir`` or None, the trainer's on_checkpoint callback or
-    None without a folder); ``hp``, ``data`` and ``schedule`` are the run's, for the saved cursor. ``ema``
+    None without a folder); ``data`` and ``schedule`` are the run's, for the saved cursor. ``ema``
     (:class:`~sdarflow.train.ema.EmaWeights`) is saved with every checkpoint and restored with the state."""
     if not cfg.checkpoint_dir:
         return None, None
@@ -295,8 +295,8 @@ def checkpointing(cfg, engine: TrainEngine, hp, data, schedule, ema=None):
 
     def save(state) -> None:
         rl_batches, sft_batches = (
-            min(hp.mini_batches, len(data.samples)),
-            min(hp.mini_batches, len(data.sft_pairs)),
+            min(cfg.mini_batches, len(data.samples)),
+            min(cfg.mini_batches, len(data.sft_pairs)),
         )
         meta = {
             "cursor": state.cursor(rl_batches, sft_batches),

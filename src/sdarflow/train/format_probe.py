@@ -231,7 +231,7 @@ def with_probe(on_step: Callable[[dict], None] | None, probe: FormatProbe | None
 
 @contextlib.contextmanager
 def round_probe(
-    cfg, rows: list[dict], policy, engine, data, hp, schedule, ema=None
+    cfg, rows: list[dict], policy, engine, data, schedule, ema=None
 ) -> Iterator[FormatProbe | None]:
     """The round's probe with ``--format-probe-every`` (None when 0, or with the guard off). With ``repair`` its
     remedy takes extra steps of the round's SFT stream (:func:`sdarflow.train.trainer.extra_sft_step`) and its
@@ -246,7 +246,7 @@ def round_probe(
         if data.sft_pairs:
 
             def remedy(state) -> dict:
-                return extra_sft_step(engine, data, hp, state, schedule.lr_at(state.step))
+                return extra_sft_step(engine, data, cfg, state, schedule.lr_at(state.step))
 
         rollback = Rollback(engine, _scratch(engine), ema)
     try:

@@ -20,7 +20,7 @@ from sdarflow.train.samples import (
     row_scores,
 )
 from sdarflow.train.sft import sft_pairs_from_rows
-from sdarflow.train.trainer import RLHyper, TrainData
+from sdarflow.train.trainer import TrainData
 from sdarflow.train.value_head import States, ValueHead, warming_up
 
 log = logging.getLogger(__name__)
@@ -116,34 +116,23 @@ def _reward_coef(cfg, rows: list[dict]) -> float:
     return cfg.reward_coef
 
 
-def train_inputs(
-    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int
-) -> tuple[TrainData, RLHyper]:
-    """The trainer's data and settings. SFT steps train on the successful rows (``--sft-ratio``); with
-    ``--format-guard repair`` and repairable malformed turns, on those too, at least once every
-    ``--format-repair-every`` RL steps (only on them when ``--sft-ratio`` is 0)."""
-    fields = {f.name for f in dataclasses.fields(RLHyper)}
-    hp = RLHyper(**{k: v for k, v in cfg.to_dict().items() if k in fields}, rl_step=rl_step)
-    hp.progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
+def train_inputs(cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int) -> TrainData:
+    """The trainer's data. SFT steps train on the successful rows (``--sft-ratio``); with ``--format-guard repair``
+    and repairable malformed turns, on those too, at least once every ``--format-repair-every`` RL steps (only on
+    them when ``--sft-ratio`` is 0)."""
     sft = sft_pairs_from_rows(rows)
+    floor = Fraction(0)
     if shaping and cfg.format_guard == "repair":
         repaired, metrics = repair_pairs(rows, policy.tokenizer, policy.eos_id)
         shaping.metrics.update(metrics)
         if repaired:
             sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired
-            # exact: step_kinds reads the ratio as a fraction, and 1/3 as a float would land a step late
-            hp.sft_ratio = max(Fraction(str(cfg.sft_ratio)), Fraction(1, cfg.format_repair_every))
+            floor = Fraction(1, cfg.format_repair_every)
     samples = make_samples(rows, shaping.advantages, shaping.dropped) if shaping else []
-    return TrainData(samples, sft, policy.tokenizer.pad_token_id), hp
+    return TrainData(samples, sft, policy.tokenizer.pad_token_id, rl_step, floor)
 
 
-def objective_record(cfg, rl_step: int) -> dict:
-    """The objective's settings as the run used them (preset resolved), for train_summary.json."""
-    keys = (
-        "method", "lam", "beta", "clip_low", "clip_high", "clip_ratio_c", "preset", "kl_coef", "kl_kind",
-        "entropy_coef", "invalid_action_penalty", "adv_stats", "norm_by_std", "rlsd_lam", "rlsd_clip_eps",
-        "rlsd_warmdown_steps", "skill_sd_coef", "agg", "mode", "credit", "advantage", "progress_coef", "filter",
-        "format_guard", "format_repair_every", "format_probe_every", "ema_decay", "reward", "reward_coef",
-        "value_estimate", "value_warmup_rounds",
-    )  # fmt: skip
-    return {**{k: getattr(cfg, k) for k in keys}, "rl_step": rl_step}
+def settings_record(cfg, rl_step: int) -> dict:
+    """The run's settings as it used them (preset resolved; inputs and outputs left out), for train_summary.json."""
+    kept = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if not f.metadata.get("io")}
+    return {**kept, "rl_step": rl_step}

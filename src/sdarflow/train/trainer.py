@@ -1,6 +1,7 @@
 """The training loop: RL samples (rescored turn rows with their GRPO advantages, :mod:`sdarflow.train.samples`) ->
-mini-batches of token-budget micro-batches -> the configured method's loss (``sdarflow.algo.method_loss``), or the SFT loss on successful rows, on a LoRA adapter or
-the full model, through an engine (:mod:`sdarflow.train.engine`: torch or DeepSpeed).
+mini-batches of token-budget micro-batches -> the configured method's loss (:func:`sdarflow.algo.method_loss`,
+which receives the config itself), or the SFT loss on successful rows, on a LoRA adapter or the full model,
+through an engine (:mod:`sdarflow.train.engine`: torch or DeepSpeed).
 
 Micro-batch losses are scaled by their share of the mini-batch's tokens (sequences for ``seq-mean-*``), so gradient
 accumulation never changes what the loss means, whichever engine runs it. A non-finite loss or gradient skips the
@@ -16,25 +17,20 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
 from sdarflow import progress
-from sdarflow.algo import (
-    agg_loss,
-    broadcast_advantages,
-    masked_mean_value,
-    method_loss,
-    progress_advantages,
-    sdar_gate,
-)
+from sdarflow.algo import Objective, broadcast_advantages, method_loss, progress_advantages
+from sdarflow.config import MAX_SEED, opt
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
 from sdarflow.train.engine import TrainEngine
 from sdarflow.train.history import progress_line
-from sdarflow.train.samples import RLSample
+from sdarflow.train.samples import ADVANTAGES, RLSample
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
-from sdarflow.train.sft import SFTPair, reached, sft_micro_step
+from sdarflow.train.sft import STOP_WINDOW, SFTPair, reached, sft_micro_step
 
 log = logging.getLogger(__name__)
 
@@ -62,38 +58,38 @@ class NoTrainingData(SdarflowError):
 
 
 @dataclass
-class RLHyper:
-    """The trainer's settings; their defaults are the train stage's (``TrainConfig`` reads them from here)."""
+class TrainLoop(Objective):
+    """The trainer's settings: the loss's (:class:`~sdarflow.algo.Objective`) and how the loop steps. The train
+    stage's config is a TrainLoop, so each default and help text is declared here once."""
 
-    method: str = "sdar"
-    lam: float = 0.01
-    beta: float = 5.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_ratio_c: float = 3.0  # 0: no dual clip
-    kl_coef: float = 0.0
-    kl_kind: str = "low_var_kl"
-    entropy_coef: float = 0.001
-    rlsd_lam: float = 0.5
-    rlsd_clip_eps: float = 0.2
-    rlsd_warmdown_steps: int = 100
-    # The RL round being trained, 1-based (the reference's global step): RLSD's decay reads it.
-    rl_step: int = 1
-    skill_sd_coef: float = 0.001
-    # Progress advantage: coef * (old - ref log-prob) added per token to the outcome advantage; 0 = off.
-    progress_coef: float = 0.0
-    agg: str = "token-mean"
-    epochs: int = 1
-    mini_batches: int = 4
-    micro_batch_tokens: int = 8192
-    max_grad_norm: float = 1.0
-    max_nonfinite_steps: int = 3
-    seed: int = 0
-    mode: str = "rl"  # rl: method loss (+ SFT steps at sft_ratio); sft: SFT steps only
-    sft_ratio: float = 0.0  # SFT steps per RL step, on the successful rows
-    sft_stop_at_loss: float = 0.0  # mode sft: stop once the mean loss of the last steps is at or below it
-    max_steps: int = 0  # 0: epochs x mini_batches
-    save_every: int = 50  # steps between checkpoints (when the caller checkpoints)
+    mode: str = opt(
+        "rl",
+        "rl: the --method objective (plus SFT steps at --sft-ratio); sft: warm start, NLL on successful rows only",
+        choices=("rl", "sft"),
+    )
+    advantage: str = opt(
+        "outcome",
+        "outcome (GRPO) or progress: + progress_coef * (old - reference log-prob) per token (needs ref_logprobs)",
+        choices=ADVANTAGES,
+    )
+    progress_coef: float = opt(0.1, "weight of the progress term (with --advantage progress)", ge=0)
+    sft_ratio: float = opt(
+        0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off", ge=0
+    )
+    sft_stop_at_loss: float = opt(
+        0.0,
+        f"mode sft: stop once the mean loss of the last {STOP_WINDOW} steps is at or below this (early-stopped warm "
+        f"start); 0 = every step",
+        ge=0,
+    )
+    epochs: int = opt(1, "passes over the round's rows", ge=1)
+    mini_batches: int = opt(4, "optimizer steps per epoch", ge=1)
+    max_steps: int = opt(0, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches", ge=0)
+    micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)", ge=1)
+    max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off", ge=0)
+    max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
+    seed: int = opt(0, "seed for init and shuffling", ge=0, le=MAX_SEED)
+    save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
 
 
 def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
@@ -105,7 +101,12 @@ def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
 
 
 def micro_step(
-    model, samples: list[RLSample], hp: RLHyper, pad_id: int, device: torch.device | None = None
+    model,
+    samples: list[RLSample],
+    cfg: TrainLoop,
+    rl_step: int,
+    pad_id: int,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss and metrics of one micro-batch (not yet scaled for accumulation)."""
     batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad_id)
@@ -115,52 +116,30 @@ def micro_step(
     width = batch.targets.shape[1]
     old = _pad_right_aligned([s.old_logprobs for s in samples], width).to(device)
     teacher = _pad_right_aligned([s.teacher_logprobs for s in samples], width).to(device)
+    progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
     ref = None
-    if hp.kl_coef != 0 or hp.progress_coef != 0:  # the stage checked that every sample has them
+    if cfg.kl_coef or progress_coef:  # the stage checked that every sample has them
         ref = _pad_right_aligned([s.ref_logprobs for s in samples], width).to(device)
     adv = broadcast_advantages(torch.tensor([s.advantage for s in samples], device=device), batch.mask)
-    if hp.progress_coef != 0:
-        adv = progress_advantages(adv, old, ref, batch.mask, hp.progress_coef)
+    if progress_coef:
+        adv = progress_advantages(adv, old, ref, batch.mask, progress_coef)
     loss, metrics = method_loss(
-        hp.method,
-        logprobs=logp,
-        old_logprobs=old,
-        teacher_logprobs=teacher,
-        advantages=adv,
-        mask=batch.mask,
-        lam=hp.lam,
-        beta=hp.beta,
-        clip_low=hp.clip_low,
-        clip_high=hp.clip_high,
-        clip_ratio_c=hp.clip_ratio_c or None,
-        rlsd_lam=hp.rlsd_lam,
-        rlsd_clip_eps=hp.rlsd_clip_eps,
-        rlsd_warmdown_steps=hp.rlsd_warmdown_steps,
-        step=hp.rl_step,
-        skill_sd_coef=hp.skill_sd_coef,
-        ref_logprobs=ref if hp.kl_coef != 0 else None,
-        kl_coef=hp.kl_coef,
-        kl_kind=hp.kl_kind,
-        agg=hp.agg,
+        logp,
+        old,
+        teacher,
+        adv,
+        batch.mask,
+        cfg,
+        ref_logprobs=ref if cfg.kl_coef else None,
+        entropy=ent,
+        step=rl_step,
     )
-    if hp.entropy_coef != 0:
-        # verl's actor: pg_loss - entropy_coeff * agg(entropy), the bonus keeping exploration alive.
-        loss = loss - hp.entropy_coef * agg_loss(ent, batch.mask, hp.agg)
-        metrics["loss/total"] = float(loss.detach())
     if not torch.isfinite(loss):
         # A NaN in a constant input (old or teacher log-probs) can leave the gradient finite (min/max route it to
         # neither branch), and the step would go through. Make the gradient non-finite too, so every engine skips.
         loss = loss.detach() + float("nan") * logp.sum()
-    metrics = {k: float(v) for k, v in metrics.items()}
-    metrics["actor/entropy"] = masked_mean_value(ent, batch.mask)
-    # Methods without a distillation term still get the teacher-gap diagnostics (what the gate would be at this
-    # beta), so every method's run shows whether the teacher is informative; absent loss terms are 0.
-    gate = sdar_gate(logp, teacher, hp.beta)
-    metrics.setdefault("sdar/gate_mean", masked_mean_value(gate, batch.mask))
-    metrics.setdefault("sdar/gate_active_ratio", masked_mean_value((gate > 0.5).float(), batch.mask))
-    metrics.setdefault("sdar/teacher_gap_mean", masked_mean_value(teacher - logp.detach(), batch.mask))
     for key in ("loss/pg", "loss/aux", "actor/clipfrac"):
-        metrics.setdefault(key, 0.0)
+        metrics.setdefault(key, 0.0)  # absent loss terms are 0
     return loss, metrics
 
 
@@ -218,31 +197,35 @@ class TrainData:
     samples: list[RLSample]
     sft_pairs: list[SFTPair]
     pad_id: int
+    # The RL step these rows train at (the reference's global_steps: round + 1); RLSD's decay reads it.
+    rl_step: int = 1
+    # At least this many SFT steps per RL step (the format repair's cadence, a fraction so 1/3 lands on time).
+    sft_floor: Fraction = Fraction(0)
 
 
 def _one_step(
-    engine: TrainEngine, data: TrainData, hp: RLHyper, state: TrainState, kind: str, lr: float
+    engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, kind: str, lr: float
 ) -> dict:
     t0 = time.perf_counter()
     if kind == "rl":
-        n_mini = min(hp.mini_batches, len(data.samples))
-        epoch, position, idx = mini_batch(len(data.samples), n_mini, hp.seed, state.rl_steps, "rl")
+        n_mini = min(cfg.mini_batches, len(data.samples))
+        epoch, position, idx = mini_batch(len(data.samples), n_mini, cfg.seed, state.rl_steps, "rl")
         items: list = [data.samples[i] for i in idx]
-        agg = hp.agg
+        agg = cfg.agg
 
         def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
-            return micro_step(engine.forward_model, micro, hp, data.pad_id, engine.device)
+            return micro_step(engine.forward_model, micro, cfg, data.rl_step, data.pad_id, engine.device)
 
     else:
-        n_mini = min(hp.mini_batches, len(data.sft_pairs))
-        epoch, position, idx = mini_batch(len(data.sft_pairs), n_mini, hp.seed, state.sft_steps, "sft")
+        n_mini = min(cfg.mini_batches, len(data.sft_pairs))
+        epoch, position, idx = mini_batch(len(data.sft_pairs), n_mini, cfg.seed, state.sft_steps, "sft")
         items = [data.sft_pairs[i] for i in idx]
         agg = "token-mean"
 
         def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
             return sft_micro_step(engine.forward_model, micro, data.pad_id, engine.device)
 
-    metrics, tokens = accumulate(engine, items, loss_fn, agg, hp.micro_batch_tokens)
+    metrics, tokens = accumulate(engine, items, loss_fn, agg, cfg.micro_batch_tokens)
     result = engine.step(lr)
     dt = time.perf_counter() - t0
     finite = result.applied and all(math.isfinite(v) for v in metrics.values())
@@ -262,32 +245,34 @@ def _one_step(
     }
 
 
-def extra_sft_step(engine: TrainEngine, data: TrainData, hp: RLHyper, state: TrainState, lr: float) -> dict:
+def extra_sft_step(
+    engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, lr: float
+) -> dict:
     """One SFT step outside the run's schedule (the format guard's remedy, :mod:`sdarflow.train.format_probe`):
     the next mini-batch of the SFT stream, counted in ``state.sft_steps`` (so the stream's later batches, and a
     resumed run, stay in order) but not in ``state.step``. Returns the step's record."""
-    record = _one_step(engine, data, hp, state, "sft", lr)
+    record = _one_step(engine, data, cfg, state, "sft", lr)
     state.sft_steps += 1
     return record
 
 
-def _sft_ratio(data: TrainData, hp: RLHyper) -> float:
-    """The SFT steps per RL step this run takes; NoTrainingData when the mode has nothing to train on."""
-    if hp.mode == "sft" and not data.sft_pairs:
+def _sft_ratio(data: TrainData, cfg: TrainLoop) -> float | Fraction:
+    """The SFT steps per RL step this run takes (``--sft-ratio``, at least the data's floor); NoTrainingData when
+    the mode has nothing to train on."""
+    if cfg.mode == "sft" and not data.sft_pairs:
         raise NoTrainingData(
             "mode sft: the input has no successful rows (success = True) with a response; "
             "fix: pass trajectories that contain solved episodes (e.g. expert walkthroughs)"
         )
-    if hp.mode == "rl" and not data.samples:
+    if cfg.mode == "rl" and not data.samples:
         raise NoTrainingData(
             "the input has no rows with a response to train on; fix: check the --input dataset"
         )
-    if hp.mode == "rl" and hp.sft_ratio > 0 and not data.sft_pairs:
-        log.warning(
-            "sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", hp.sft_ratio
-        )
+    ratio = max(Fraction(str(cfg.sft_ratio)), data.sft_floor) if data.sft_floor else cfg.sft_ratio
+    if cfg.mode == "rl" and ratio > 0 and not data.sft_pairs:
+        log.warning("sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", ratio)
         return 0.0
-    return hp.sft_ratio
+    return ratio
 
 
 def _skipped(step: int, in_row: int, limit: int) -> None:
@@ -303,7 +288,7 @@ def _skipped(step: int, in_row: int, limit: int) -> None:
 def train(
     engine: TrainEngine,
     data: TrainData,
-    hp: RLHyper,
+    cfg: TrainLoop,
     schedule: WarmupConstant,
     *,
     state: TrainState | None = None,
@@ -314,23 +299,23 @@ def train(
 
     Step kinds (RL or SFT), mini-batch contents and the learning rate are functions of the counters in ``state``,
     so a run resumed from a checkpointed state takes exactly the steps the uninterrupted run would have taken.
-    ``on_checkpoint`` is called every ``hp.save_every`` steps.
+    ``on_checkpoint`` is called every ``cfg.save_every`` steps.
     """
     state = state or TrainState()
-    ratio = _sft_ratio(data, hp)
-    main_rows = data.sft_pairs if hp.mode == "sft" else data.samples
-    total = total_steps(hp.mode, hp.epochs, min(hp.mini_batches, len(main_rows)), ratio, hp.max_steps)
-    kinds = itertools.islice(step_kinds(ratio, hp.mode), state.step, None)
+    ratio = _sft_ratio(data, cfg)
+    main_rows = data.sft_pairs if cfg.mode == "sft" else data.samples
+    total = total_steps(cfg.mode, cfg.epochs, min(cfg.mini_batches, len(main_rows)), ratio, cfg.max_steps)
+    kinds = itertools.islice(step_kinds(ratio, cfg.mode), state.step, None)
     main_rank = engine.rank == 0  # every rank computes the same records; one reports them
     # On a terminal a live bar; in a log the step lines below (every 10 s) are the progress.
     live = main_rank and progress.interactive()
     bar = progress.bar(
-        total=total, initial=state.step, desc=f"train ({hp.mode})", unit="step", disable=not live
+        total=total, initial=state.step, desc=f"train ({cfg.mode})", unit="step", disable=not live
     )
     ticker = progress.Ticker()
     while state.step < total:
         kind = next(kinds)
-        record = _one_step(engine, data, hp, state, kind, schedule.lr_at(state.step))
+        record = _one_step(engine, data, cfg, state, kind, schedule.lr_at(state.step))
         state.step += 1
         state.rl_steps += kind == "rl"
         state.sft_steps += kind == "sft"
@@ -342,16 +327,16 @@ def train(
         if main_rank and ticker(last=state.step == total):
             log.info(progress_line(record))
         if record["skipped"]:
-            _skipped(record["step"], state.nonfinite_in_row, hp.max_nonfinite_steps)
-        if on_checkpoint and hp.save_every > 0 and state.step % hp.save_every == 0:
+            _skipped(record["step"], state.nonfinite_in_row, cfg.max_nonfinite_steps)
+        if on_checkpoint and cfg.save_every > 0 and state.step % cfg.save_every == 0:
             on_checkpoint(state)
         if (
-            hp.mode == "sft"
-            and hp.sft_stop_at_loss > 0
-            and reached(state.history, hp.sft_stop_at_loss, "loss/total")
+            cfg.mode == "sft"
+            and cfg.sft_stop_at_loss > 0
+            and reached(state.history, cfg.sft_stop_at_loss, "loss/total")
         ):
             log.info(
-                "train: stopped at step %d of %d: mean loss <= %g", state.step, total, hp.sft_stop_at_loss
+                "train: stopped at step %d of %d: mean loss <= %g", state.step, total, cfg.sft_stop_at_loss
             )
             break
     bar.close()

@@ -53,7 +53,7 @@ RECIPE_VERSION = 4
 @dataclass(frozen=True)
 class BaseModelSpec:
     env: str = "textworld-cooking"
-    # What moved held-out test pass@1, measured: README "Base model recipe".
+    # What moved held-out test pass@1, measured: docs/training.md, "Base model recipe".
     tasks: int = 144
     sft_steps: int = 500
     sft_batch_size: int = 16
