@@ -1,5 +1,5 @@
 """``python -m bench [--quick] [names...]``: run the benchmarks, write bench/results/*.json, and rewrite the
-README's result tables from the results (``python -m bench.tables``)."""
+result tables of README.md and docs/*.md from the results (``python -m bench.tables``)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench import tables
 
     tables.update()
-    print(f"\n{tables.README}: result tables rewritten")
+    print("\nREADME.md, docs/*.md: result tables rewritten")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Commit a method study: ``sdarflow study``'s ``DIR/study.json`` as ``bench/results/study_NAME.json``, with the
 provenance the study recorded (code, base model, command, machine) lifted to the top as every result has it; its
-README table is then rendered by ``python -m bench.tables`` (markers ``study_NAME``).
+table (README.md or docs/*.md) is then rendered by ``python -m bench.tables`` (markers ``study_NAME``).
 
     python -m bench.study_result DIR NAME
 """

@@ -1,13 +1,15 @@
-"""Every result table in the README, rendered from ``bench/results/*.json`` between its markers
-(``<!-- generated: NAME ... -->`` ... ``<!-- end generated: NAME -->``), with the provenance of the files it shows.
+"""Every result table of the pages (``README.md`` and every ``docs/*.md``), rendered from ``bench/results/*.json``
+between its markers (``<!-- generated: NAME ... -->`` ... ``<!-- end generated: NAME -->``), with the provenance of
+the files it shows. A table may stand on any page; a page without markers is left alone.
 
-    python -m bench.tables           # rewrite every table from its JSON
-    python -m bench.tables --check   # exit 1, naming the table, when the README and the JSON disagree
+    python -m bench.tables           # rewrite every table on every page from its JSON
+    python -m bench.tables --check   # exit 1, naming the table, when a page and the JSON disagree
 
 ``make bench`` rewrites them after its runs; a test runs ``--check``, so a table edited by hand, or a result
-committed without its table, fails the suite. Tables: ``bench`` (one row per benchmark: what was measured, the
-ratio that is judged, the target), ``grpo_tuning`` (the RL setting chosen on valid, reported on test) and ``demo``
-(``make demo``'s base model and rounds), ``learning_check`` and the ``format_collapse*`` runs.
+committed without a table on some page, fails the suite. Tables: ``bench`` (one row per benchmark: what was
+measured, the ratio that is judged, the target), ``grpo_tuning`` (the RL setting chosen on valid, reported on test)
+and ``demo`` (``make demo``'s base model and rounds), ``learning_check``, the ``format_collapse*`` runs, and one per
+committed ``study_*.json`` and ``premise_*.json``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bench.common import RESULTS
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]  # the pages whose generated tables are rendered and checked
 
 
 def _pct(x: float) -> str:
@@ -432,30 +437,66 @@ def render(text: str, results_dir: Path = RESULTS) -> str:
     return text
 
 
-def update(readme: Path = README, results_dir: Path = RESULTS) -> None:
-    """Rewrite every generated table of ``readme`` from ``results_dir``."""
-    readme.write_text(render(readme.read_text(), results_dir))
+def _pages(pages: Path | str | Iterable[Path | str] | None) -> list[Path]:
+    """``pages`` as a list: one page, several, or (None) ``PAGES``."""
+    if pages is None:
+        return list(PAGES)
+    if isinstance(pages, (str, Path)):
+        return [Path(pages)]
+    return [Path(page) for page in pages]
 
 
-def stale(readme: Path = README, results_dir: Path = RESULTS) -> list[str]:
-    """The generated tables of ``readme`` that differ from what their JSON renders, and the result files that no
-    table of ``readme`` shows."""
-    text, fresh = readme.read_text(), render(readme.read_text(), results_dir)
-    names, shown = [], set()
-    for name in _tables(results_dir):
-        start, end = _markers(name)
-        if start not in text:
+def _on_page(text: str, names: Iterable[str]) -> list[str]:
+    """The tables of ``names`` whose two markers ``text`` holds."""
+    return [name for name in names if all(marker in text for marker in _markers(name))]
+
+
+def _between(text: str, name: str) -> str:
+    start, end = _markers(name)
+    return text.split(start, 1)[1].split(end, 1)[0]
+
+
+def update(pages: Path | str | Iterable[Path | str] | None = None, results_dir: Path = RESULTS) -> None:
+    """Rewrite every generated table of every page (``PAGES`` by default, or one page) from ``results_dir``; a page
+    without markers is skipped, and SystemExit when no page has any."""
+    pages, names, found = _pages(pages), list(_tables(results_dir)), False
+    for page in pages:
+        text = page.read_text()
+        if not _on_page(text, names):
             continue
-        shown |= _shows(name)
-        if text.split(start, 1)[1].split(end, 1)[0] != fresh.split(start, 1)[1].split(end, 1)[0]:
-            names.append(name)
+        found = True
+        fresh = render(text, results_dir)
+        if fresh != text:
+            page.write_text(fresh)
+    if not found:
+        raise SystemExit(
+            f"error: no generated-table markers on any page ({', '.join(map(str, pages))}); "
+            "fix: put them around each table"
+        )
+
+
+def stale(pages: Path | str | Iterable[Path | str] | None = None, results_dir: Path = RESULTS) -> list[str]:
+    """The generated tables that differ from what their JSON renders on any page (``PAGES`` by default, or one
+    page), and the result files that no table on any page shows."""
+    names = list(_tables(results_dir))
+    bad, shown = set(), set()
+    for page in _pages(pages):
+        text = page.read_text()
+        on_page = _on_page(text, names)
+        if not on_page:
+            continue
+        fresh = render(text, results_dir)
+        for name in on_page:
+            shown |= _shows(name)
+            if _between(text, name) != _between(fresh, name):
+                bad.add(name)
     unshown = sorted({p.stem for p in results_dir.glob("*.json")} - shown)
-    return names + [f"{stem} (no table shows it)" for stem in unshown]
+    return [name for name in names if name in bad] + [f"{stem} (no table shows it)" for stem in unshown]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.tables", description="render the README's result tables"
+        prog="python -m bench.tables", description="render the result tables of README.md and docs/*.md"
     )
     p.add_argument(
         "--check", action="store_true", help="only check: exit 1 when a table disagrees with its JSON"
@@ -465,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         bad = stale()
         if bad:
             print(
-                f"error: README table(s) {', '.join(bad)} disagree with bench/results; fix: python -m bench.tables"
+                f"error: page table(s) {', '.join(bad)} disagree with bench/results; fix: python -m bench.tables"
             )
             return 1
         return 0

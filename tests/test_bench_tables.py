@@ -1,5 +1,5 @@
-"""The README's result tables are rendered from the result files: every benchmark's row, what made them, nothing
-outside the markers; and the committed README agrees with the committed results."""
+"""The result tables of the pages (README.md, docs/*.md) are rendered from the result files: every benchmark's row,
+what made them, nothing outside the markers; and the committed pages agree with the committed results."""
 
 from __future__ import annotations
 
@@ -89,8 +89,25 @@ def test_provenance_is_shown_per_distinct_origin(results):
     assert any(ln.startswith(f"Made by: sdarflow {made['sdarflow']} at ") for ln in last)
 
 
+def test_tables_stand_on_any_page_and_a_page_without_markers_is_left_alone(results, tmp_path):
+    readme, doc, plain = (tmp_path / name for name in ("README.md", "doc.md", "plain.md"))
+    start, end = tables._markers("bench")
+    readme.write_text("intro\n")
+    doc.write_text(f"{start}\nold table\n{end}\n")
+    plain.write_text("no markers\n")
+    pages = [readme, doc, plain]
+    assert tables.stale(pages, results) == ["bench"]
+    tables.update(pages, results)
+    assert readme.read_text() == "intro\n" and plain.read_text() == "no markers\n"
+    assert "| benchmark |" in doc.read_text()
+    assert tables.stale(pages, results) == []
+    assert tables.stale([readme, plain], results) == [
+        f"{stem} (no table shows it)" for stem in sorted(p.stem for p in results.glob("*.json"))
+    ]
+
+
 def test_the_committed_readme_tables_agree_with_the_committed_results():
-    assert tables.stale() == [], "run `python -m bench.tables` and commit the README"
+    assert tables.stale() == [], "run `python -m bench.tables` and commit the README and docs/"
 
 
 def _fig(value: float) -> dict:
