@@ -27,11 +27,11 @@ import pyarrow as pa
 
 from bench.common import write_result
 from sdarflow import storage
+from sdarflow.extensions.format_probe import PROBE_KEY, REMEDY_KEY, ROLLBACK_KEY
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.rounds import Carry, run_round
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages import generate, train
-from sdarflow.train.format_probe import PROBE_KEY, REMEDY_KEY, ROLLBACK_KEY
 from sdarflow.train.warmstart import SEED_SKILLS, BaseModelSpec, build_base_model
 
 DRIFT = ('"tool"', '"tol"')  # the one-token slip in the call wrapper

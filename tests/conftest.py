@@ -1,5 +1,6 @@
 """Shared fixtures: a moto S3 server over HTTP on 127.0.0.1, a private game cache, the tiny base model and a LoRA
-adapter for it, and pip installs into a user's environment."""
+adapter for it, a small rescored dataset, and pip installs into a user's environment (helpers that make test data
+live in ``factories.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from factories import publish_rescored
 
 BUCKET = "sdarflow-test"
 S3_ENV = {
@@ -133,3 +135,9 @@ def pip_install_into_a_user_env():
         return venv
 
     return install
+
+
+@pytest.fixture(scope="module")
+def rescored(tmp_path_factory) -> str:
+    """A small rescored dataset: 4 groups x 4 episodes x 2 turns = 32 rows, half of them from solved episodes."""
+    return publish_rescored(str(tmp_path_factory.mktemp("data") / "rescored"))

@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"rollout"},
     {"skills"},
     {"teacher", "train", "evaluate"},
+    {"extensions"},
     {"registry"},
     {"stages"},
     {
@@ -46,7 +47,6 @@ LAYERS: list[set[str]] = [
         "plan",
         "study",
         "provenance",
-        "training_options",
         "study_report",
         "run_report",
         "start_point",

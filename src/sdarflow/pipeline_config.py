@@ -26,11 +26,11 @@ from sdarflow import storage
 from sdarflow.config import StageConfig, like, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
+from sdarflow.extensions.options import OPTIONS, option_settings
 from sdarflow.registry.gate import GATE, GATE_HELP
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
 from sdarflow.train.format_guard import GUARD_HELP
-from sdarflow.training_options import OPTIONS, option_settings
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError
-from sdarflow.training_options import split_method
+from sdarflow.extensions.options import split_method
 
 log = logging.getLogger(__name__)
 

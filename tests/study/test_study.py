@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sdarflow.cli import main
-from sdarflow.training_options import OPTIONS
+from sdarflow.extensions.options import OPTIONS
 
 
 def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, capsys):

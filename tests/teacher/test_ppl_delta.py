@@ -10,8 +10,8 @@ import pytest
 from sdarflow import storage
 from sdarflow.cli import main
 from sdarflow.errors import ModelError
+from sdarflow.extensions.ppl_delta import ppl_delta_rewards
 from sdarflow.schema import RESCORED_SCHEMA
-from sdarflow.teacher.ppl_delta import ppl_delta_rewards
 
 
 def test_each_turn_is_scored_against_the_context_after_it():

@@ -225,8 +225,8 @@ def adapter_with_ema(tiny_model, tmp_path_factory) -> str:
     the base model's function: an EMA teacher that has not moved from a new LoRA."""
     import torch
 
+    from sdarflow.extensions.ema import EMA_DIR
     from sdarflow.models.policy import load_policy, new_lora
-    from sdarflow.train.ema import EMA_DIR
 
     model = new_lora(load_policy(str(tiny_model)).model, rank=4, alpha=8, targets=["q_proj", "v_proj"])
     staged = tmp_path_factory.mktemp("ema-staged")

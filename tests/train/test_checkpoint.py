@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from train_data import rescored_table
+from factories import rescored_table
 
 from sdarflow.errors import CheckpointError
 from sdarflow.models import load_policy

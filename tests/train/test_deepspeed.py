@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_data import metrics_lines, publish_rescored, rescored_table
+from factories import metrics_lines, publish_rescored, rescored_table
 
 from sdarflow import storage
 from sdarflow.cli import main
+from sdarflow.extensions.format_probe import Rollback
 from sdarflow.models import load_policy
 from sdarflow.models.policy import new_lora
 from sdarflow.train.checkpoint import Checkpoints
 from sdarflow.train.engine import DeepSpeedEngine, make_engine
-from sdarflow.train.format_probe import Rollback
 from sdarflow.train.samples import make_samples
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.trainer import TrainData, TrainingDiverged, TrainLoop, train

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from train_data import metrics_lines
+from factories import metrics_lines
 
 from sdarflow import storage
 from sdarflow.cli import main

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from train_data import adapter_weights, cli, max_abs_diff, metrics_lines, publish_rescored, rescored_table
+from factories import adapter_weights, cli, max_abs_diff, metrics_lines, publish_rescored, rescored_table
 
 from sdarflow import storage
 from sdarflow.cli import main

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from factories import two_episodes
 
 from sdarflow.algo import METHODS
 from sdarflow.errors import ConfigError
@@ -15,7 +16,7 @@ from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
 from sdarflow.train.engine import TorchEngine
-from sdarflow.train.samples import advantage_stats, make_samples, negative_value_rows, row_advantages
+from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import (
@@ -86,53 +87,6 @@ def test_row_advantages_by_hand():
     std_e = (2 * 0.55**2) ** 0.5
     per_episode = [(x - 0.45) / (std_e + 1e-6) for x in a] + [0.5 / (1 + 1e-6)] * 2
     assert row_advantages(rows, penalty=0.1, per_episode=True) == pytest.approx(per_episode, rel=1e-5)
-
-
-def _two_episodes() -> list[dict]:
-    """Group a: S succeeds in 2 turns; F fails in 2, its first turn identical to S's, its second not."""
-    turn = {"group_id": "a", "format_ok": True}
-    return [
-        {**turn, "traj_id": "S", "turn": 0, "success": True, "episode_return": 1.0,
-         "prompt_token_ids": [1, 2], "response_token_ids": [7]},
-        {**turn, "traj_id": "S", "turn": 1, "success": True, "episode_return": 1.0,
-         "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [8]},
-        {**turn, "traj_id": "F", "turn": 0, "success": False, "episode_return": 0.0,
-         "prompt_token_ids": [1, 2], "response_token_ids": [7]},
-        {**turn, "traj_id": "F", "turn": 1, "success": False, "episode_return": 0.0,
-         "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [9]},
-    ]  # fmt: skip
-
-
-def test_scpo_row_advantages_by_hand():
-    # scores 1, 1, 0, 0: mean 0.5, unbiased std sqrt(1/3), so A = +-0.5 / (sqrt(1/3) + 1e-6)
-    a = 0.5 / (3**-0.5 + 1e-6)
-    rows = _two_episodes()
-    assert row_advantages(rows) == pytest.approx([a, a, -a, -a], rel=1e-6)
-    # F's first turn is S's: S's credit; its second (the divergent one) keeps the failure's
-    assert row_advantages(rows, credit="scpo") == pytest.approx([a, a, a, -a], rel=1e-6)
-    rows[2]["response_token_ids"] = [6]  # the first turns differ now: no shared prefix
-    assert row_advantages(rows, credit="scpo") == pytest.approx([a, a, -a, -a], rel=1e-6)
-
-
-def test_negative_value_filter_drops_the_turns_after_a_divergence_that_failed():
-    # states: turn 0 [1, 2] shared (value (1 + 0) / 2 - 0.5 = 0); turn 1 [1, 2, 7, 3] is also shared (the
-    # same action led there), value 0: nothing dropped
-    assert negative_value_rows(_two_episodes()) == [False] * 4
-    rows = _two_episodes()
-    rows[3]["prompt_token_ids"] = [1, 2, 7, 4]  # F saw another observation: its own state, value 0 - 0.5
-    assert negative_value_rows(rows) == [False, False, False, True]
-    for r in rows:
-        r.update(old_logprobs=[-1.0], teacher_logprobs=[-1.0])
-    kept = make_samples(rows, dropped=negative_value_rows(rows))
-    assert [s.response for s in kept] == [[7], [8], [7]]
-
-
-def test_negative_value_filter_with_head_values_compares_with_the_groups_first_turn():
-    # rows S0, S1, F0, F1 (turns 0, 1, 0, 1): the start's value is the mean of the turn-0 rows (one state, 0.5);
-    # S1 at 0.7 is above it, F1 at 0.45 below: only F1 is dropped, whatever the returns say
-    values = torch.tensor([0.5, 0.7, 0.5, 0.45], dtype=torch.float64)
-    assert negative_value_rows(_two_episodes(), values=values) == [False, False, False, True]
-    assert negative_value_rows(_two_episodes(), values=torch.full((4,), 0.3)) == [False] * 4
 
 
 def test_advantage_stats_by_hand():
@@ -317,7 +271,7 @@ def _shaping(rows, **settings):
 
 def test_the_stage_settings_reach_the_advantages():
     a = 0.5 / (3**-0.5 + 1e-6)
-    rows = [{**r, "ppl_delta": None, "env": "test"} for r in _two_episodes()]
+    rows = [{**r, "ppl_delta": None, "env": "test"} for r in two_episodes()]
     assert _shaping(rows).advantages == pytest.approx([a, a, -a, -a], rel=1e-6)
     assert _shaping(rows, credit="scpo").advantages == pytest.approx([a, a, a, -a], rel=1e-6)
     rows[3]["prompt_token_ids"] = [1, 2, 7, 4]

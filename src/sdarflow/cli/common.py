@@ -118,8 +118,8 @@ def pairs(values: list[str] | None, flag: str) -> dict[str, str]:
 
 def study_flags(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """--methods and --seeds, shared by ``sdarflow study`` and ``pipeline compile --pipeline study``."""
+    from sdarflow.extensions.options import OPTIONS
     from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
-    from sdarflow.training_options import OPTIONS
 
     p.add_argument(
         "--methods",

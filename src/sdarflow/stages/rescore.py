@@ -8,7 +8,6 @@ Sanity guards (``sdarflow.teacher.guards``) fail the stage before anything is pu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
+from sdarflow.teacher import TEACHER_WEIGHTS
 from sdarflow.teacher.rescore import BATCHINGS
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class RescoreConfig(StageConfig):
         "current",
         "the teacher's weights: current (the student's, as SDAR) or ema (the adapter's moving average, from train "
         "--ema-decay); either way with skills in its prompt",
-        choices=("current", "ema"),
+        choices=TEACHER_WEIGHTS.names(),
     )
     ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0", ge=0)
     seed: int = opt(0, "random retrieval: seed of the skill draws", ge=0, le=MAX_SEED)
@@ -270,7 +270,7 @@ def _columns(old: list, teacher: list, ref: list | None, teach, ppl_delta: list 
 def _ppl_rows(cfg: RescoreConfig, table: pa.Table, policy) -> tuple[list[dict], dict] | None:
     """With --ppl-delta: the rows' episode columns and each task's reference continuation, looked up before any
     scoring pass so an env without one fails at once."""
-    from sdarflow.teacher.ppl_delta import references
+    from sdarflow.extensions.ppl_delta import references
 
     if not cfg.ppl_delta:
         return None
@@ -279,8 +279,8 @@ def _ppl_rows(cfg: RescoreConfig, table: pa.Table, policy) -> tuple[list[dict], 
 
 
 def _ppl_delta(cfg: RescoreConfig, ppl: tuple[list[dict], dict], policy, budget: int) -> list[float | None]:
-    """Each row's perplexity-delta reward (:mod:`sdarflow.teacher.ppl_delta`), scored by the student policy."""
-    from sdarflow.teacher.ppl_delta import ppl_delta_rewards
+    """Each row's perplexity-delta reward (:mod:`sdarflow.extensions.ppl_delta`), scored by the student policy."""
+    from sdarflow.extensions.ppl_delta import ppl_delta_rewards
     from sdarflow.teacher.rescore import score
 
     rows, refs = ppl
@@ -312,7 +312,6 @@ def _score_passes(
     budget of a batch and the tokens of every scored sequence. The teacher is the student with skills in its
     prompt, with the adapter's EMA weights under ``--teacher ema``."""
     from sdarflow.teacher.rescore import score
-    from sdarflow.train.ema import ema_teacher
 
     t0 = time.perf_counter()
     pad = policy.tokenizer.pad_token_id
@@ -321,7 +320,7 @@ def _score_passes(
     responses = [r["response_token_ids"] for r in rows]
     budget = cfg.batch_tokens(model_device(policy.model))
     old = score(policy.model, prompts, responses, pad, budget, "rescore student", **kw)
-    with ema_teacher(policy.model, adapter) if cfg.teacher == "ema" else contextlib.nullcontext():
+    with TEACHER_WEIGHTS.get(cfg.teacher)(policy.model, adapter):
         teacher = score(policy.model, teacher_prompts, responses, pad, budget, "rescore teacher", **kw)
     ref = _reference_logprobs(cfg, policy, prompts, responses, old, budget, **kw)
     passes = [prompts, teacher_prompts] + ([prompts] if cfg.ref_logprobs and cfg.adapter else [])

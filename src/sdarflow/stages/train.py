@@ -25,24 +25,25 @@ import torch
 
 from sdarflow.config import StageConfig, opt
 from sdarflow.errors import ConfigError
+from sdarflow.extensions.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
+from sdarflow.extensions.format_probe import LINEAGE_KEY as PROBE_LINEAGE
+from sdarflow.extensions.format_probe import round_probe, with_probe
+from sdarflow.extensions.options import TrainOptions
+from sdarflow.extensions.value_head import ValueHead, fit_round, policy_states
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
 from sdarflow.train import presets
 from sdarflow.train.checkpoint import checkpointing
-from sdarflow.train.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
 from sdarflow.train.format_guard import GUARD_HELP, GUARDS, lineage_rates
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
-from sdarflow.train.format_probe import LINEAGE_KEY as PROBE_LINEAGE
-from sdarflow.train.format_probe import PROBES, round_probe, with_probe
 from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.output import publish_run
 from sdarflow.train.rl_setup import resolve_objective, rl_shaping, settings_record, train_inputs
-from sdarflow.train.samples import CREDITS, FILTERS, REWARDS, read_rows
+from sdarflow.train.samples import read_rows
 from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.trainer import TrainLoop, train
-from sdarflow.train.value_head import ESTIMATES, ValueHead, policy_states
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,9 @@ RESUMABLE_CHANGES = frozenset(
 
 
 @dataclass
-class TrainConfig(StageConfig, TrainLoop):
-    """The train stage's flags: the trainer's and the loss's (:class:`TrainLoop`, an Objective), then the stage's."""
+class TrainConfig(StageConfig, TrainOptions, TrainLoop):
+    """The train stage's flags: the loss's and the trainer's (:class:`TrainLoop`, an Objective), the research
+    options' (:class:`~sdarflow.extensions.options.TrainOptions`), then the stage's own."""
 
     stage = "train"
     input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", reads=True)
@@ -81,54 +83,12 @@ class TrainConfig(StageConfig, TrainLoop):
         "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes",
         choices=("turn", "episode"),
     )
-    credit: str = opt(
-        "outcome",
-        "turn credit: outcome (GRPO, every turn its episode's advantage) or scpo (a failed episode's turns shared "
-        "with a successful sibling take the sibling's advantage)",
-        choices=CREDITS,
-    )
-    reward: str = opt(
-        "outcome",
-        "outcome (the episode's return) or perplexity-delta: + reward_coef * the turn's ppl_delta (rescore "
-        "--ppl-delta) in its GRPO score",
-        choices=REWARDS,
-    )
-    reward_coef: float = opt(1.0, "weight of the turn reward (with --reward perplexity-delta)", ge=0)
-    filter: str = opt(
-        "none",
-        "negative-value: drop turns whose state's value (--value-estimate) is below the value of the group's start",
-        choices=FILTERS,
-    )
-    value_estimate: str = opt(
-        "group",
-        "--filter negative-value: group (the Monte-Carlo return of the group's rollouts through the state) or head "
-        "(a linear value head on the policy's hidden state, refitted every round, carried in the adapter)",
-        choices=ESTIMATES,
-    )
-    value_warmup_rounds: int = opt(
-        0,
-        "--value-estimate head: the first this many rounds fit only the head (the policy is not updated)",
-        ge=0,
-    )
     format_repair_every: int = opt(
         4,
         "--format-guard repair: one SFT step on the repaired malformed turns after every this many RL steps",
         ge=1,
     )
-    ema_decay: float = opt(
-        0.0,
-        "EMA teacher: after every optimizer step the adapter's ema/ (the teacher of rescore --teacher ema) moves "
-        "to decay * ema + (1 - decay) * student; e.g. 0.99; 0 = off (LoRA only)",
-        ge=0,
-        le=1,
-    )
     format_guard: str = opt("warn", GUARD_HELP, choices=GUARDS)
-    format_probe_every: int = opt(
-        0,
-        "--format-guard: also check within the round, before the first step and after every this many steps "
-        f"(greedy answers to {PROBES} of the round's prompts, parsed by the env); 0 = per round only",
-        ge=0,
-    )
     norm_by_std: bool = opt(True, "GRPO: divide by the group's score std (False: Dr. GRPO)")
     engine: str = opt(
         "auto",
@@ -170,29 +130,7 @@ class TrainConfig(StageConfig, TrainLoop):
                 "train: sdar_coef %.3g > 0.1: distillation tends to dominate GRPO and degrade results",
                 self.sdar_coef,
             )
-        if self.ema_decay and (
-            self.zero_stage == 3 and self.engine != "torch" or not (self.lora_rank or self.adapter)
-        ):
-            raise ConfigError(
-                "train: --ema-decay averages LoRA weights every step, which needs a LoRA adapter whose weights every "
-                "rank holds; fix: train a LoRA (--lora-rank > 0) with --engine torch or --zero-stage 2, or pass "
-                "--ema-decay 0"
-            )
-        if self.format_probe_every and self.zero_stage == 3 and self.engine != "torch":
-            raise ConfigError(
-                "train: --format-probe-every generates with the training model, which under ZeRO-3 hangs when "
-                "ranks stop generating at different lengths (its layers are gathered by every rank together); fix: "
-                "--zero-stage 2, or --format-probe-every 0"
-            )
-        if self.format_probe_every and (self.format_guard == "off" or self.mode == "sft"):
-            log.warning("train: --format-probe-every has no effect with --format-guard off or --mode sft")
-        if (self.value_estimate == "head" or self.value_warmup_rounds) and (
-            self.filter != "negative-value" or self.value_estimate != "head"
-        ):
-            raise ConfigError(
-                "train: --value-estimate head and --value-warmup-rounds fit the value head of the negative-value "
-                "filter; fix: pass --filter negative-value --value-estimate head, or leave both unset"
-            )
+        self.validate_options()
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
             raise ConfigError(
                 f"train: checkpoint_dir '{self.checkpoint_dir}' must be a local folder (a volume), not a URI; "
@@ -253,8 +191,14 @@ def _train(cfg: TrainConfig) -> dict:
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
-    states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens) if head else None
-    shaping = rl_shaping(cfg, rows, head, states) if cfg.mode == "rl" else None
+    shaping = None
+    if cfg.mode == "rl":
+        values, fitted, warm = None, {}, False
+        if head:
+            states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens)
+            values, fitted, warm = fit_round(head, states, cfg, rows)
+        shaping = rl_shaping(cfg, rows, values, warm)
+        shaping.metrics.update(fitted)
     data = train_inputs(cfg, rows, shaping, policy, rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
     state, save_checkpoint = checkpointing(cfg, engine, data, schedule, ema)

@@ -1,3 +1,21 @@
 """Teacher rescoring: student and privileged-context teacher log-probs for every sampled response token
 (``rescore``: padded or packed batching), sanity guards that fail loudly (``guards``), and the stage's metrics and
-Markdown/HTML report (``report``)."""
+Markdown/HTML report (``report``).
+
+The teacher's weights are chosen by name (``rescore --teacher``): a factory ``(student model, its adapter folder) ->
+context manager`` inside which the model scores as the teacher. ``current`` is SDAR's (the student's own weights);
+research options plug in as env suites do, named here as ``"module:function"`` and imported on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from sdarflow.names import NameRegistry
+
+TeacherWeights = Callable[[object, "str | None"], AbstractContextManager]
+TEACHER_WEIGHTS: NameRegistry[TeacherWeights] = NameRegistry("teacher")
+TEACHER_WEIGHTS.register("current")(lambda model, adapter: contextlib.nullcontext())
+TEACHER_WEIGHTS.add_lazy("ema", "sdarflow.extensions.ema:ema_teacher")

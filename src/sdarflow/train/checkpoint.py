@@ -288,7 +288,7 @@ def _mismatches(folder: Path, sums: object):
 def checkpointing(cfg, engine: TrainEngine, data, schedule, ema=None):
     """(state restored from the train config's ``checkpoint_dir`` or None, the trainer's on_checkpoint callback or
     None without a folder); ``data`` and ``schedule`` are the run's, for the saved cursor. ``ema``
-    (:class:`~sdarflow.train.ema.EmaWeights`) is saved with every checkpoint and restored with the state."""
+    (:class:`~sdarflow.extensions.ema.EmaWeights`) is saved with every checkpoint and restored with the state."""
     if not cfg.checkpoint_dir:
         return None, None
     checkpoints = Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)

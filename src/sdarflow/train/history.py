@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-# The format probe's (train.format_probe) keys in the record of a step after which it repaired or rolled back.
+# The format probe's (extensions.format_probe) keys in the record of a step after which it repaired or rolled back.
 REMEDY_KEY = "format/remedy_steps"  # the remedy's SFT steps
 ROLLBACK_KEY = "format/rolled_back_to_step"  # after a spike the remedy did not mend: the step returned to
 

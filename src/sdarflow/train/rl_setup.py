@@ -9,19 +9,14 @@ import logging
 from dataclasses import dataclass
 from fractions import Fraction
 
+import torch
+
 from sdarflow.errors import ConfigError
 from sdarflow.train import presets
 from sdarflow.train.format_guard import check_round, repair_pairs
-from sdarflow.train.samples import (
-    advantage_stats,
-    make_samples,
-    negative_value_rows,
-    row_advantages,
-    row_scores,
-)
+from sdarflow.train.samples import ROW_FILTERS, advantage_stats, make_samples, row_advantages, row_scores
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import TrainData
-from sdarflow.train.value_head import States, ValueHead, warming_up
 
 log = logging.getLogger(__name__)
 
@@ -58,44 +53,29 @@ def resolve_objective(cfg, rows: list[dict]):
     penalty = (
         preset.invalid_action_penalty if cfg.invalid_action_penalty is None else cfg.invalid_action_penalty
     )
-    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), _rl_step(rows)
+    return dataclasses.replace(cfg, kl_coef=kl_coef, invalid_action_penalty=penalty), rl_step_of(rows)
 
 
-def _rl_step(rows: list[dict]) -> int:
+def rl_step_of(rows: list[dict]) -> int:
+    """The RL step the rows train at (the reference's global step): their round + 1."""
     return max((int(r["round"]) for r in rows), default=0) + 1
 
 
-def rl_shaping(cfg, rows: list[dict], head: ValueHead | None = None, states: States | None = None) -> Shaping:
+def rl_shaping(cfg, rows: list[dict], values: torch.Tensor | None = None, warm: bool = False) -> Shaping:
     """The round's advantages and dropped rows (cfg resolved by :func:`resolve_objective`); raises
-    :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``. With
-    ``--value-estimate head``, ``head`` is refitted on the rows' ``states`` first and its values drive the filter.
+    :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``. ``values``
+    (each row's state value from a learned head, ``--value-estimate head``) drive the filter in place of the
+    group's estimate; ``warm`` marks a warm-up round, which updates no policy weight.
     """
     rates, metrics = check_round(rows, cfg.adapter, cfg.format_guard)
-    penalty, coef = cfg.invalid_action_penalty, _reward_coef(cfg, rows)
+    penalty, coef = cfg.invalid_action_penalty, reward_coef(cfg, rows)
     advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit, coef)
-    values = None
-    if head is not None:
-        features = states([r["prompt_token_ids"] for r in rows])
-        values, fit_metrics = head.fit(features, row_scores(rows, penalty, coef))
-        metrics.update(fit_metrics)
-    dropped = (
-        negative_value_rows(rows, penalty, coef, values)
-        if cfg.filter == "negative-value"
-        else [False] * len(rows)
-    )
+    dropped = ROW_FILTERS.get(cfg.filter)(rows, row_scores(rows, penalty, coef), values)
     metrics.update(advantage_stats(rows, advantages))
     if cfg.filter != "none":
         metrics["filter/dropped_share"] = sum(dropped) / max(1, len(rows))
     kept = [r for r, d in zip(rows, dropped, strict=True) if r["response_token_ids"] and not d]
-    rl_step = _rl_step(rows) if head is not None else 0  # only the head's warm-up reads it
-    warm = head is not None and warming_up(cfg.value_warmup_rounds, rl_step)
-    if warm:
-        log.info(
-            "train: value warm-up round %d of %d: only the value head is fitted, the policy is not updated",
-            rl_step,
-            cfg.value_warmup_rounds,
-        )
-    elif cfg.filter != "none" and rows and not kept:
+    if not warm and cfg.filter != "none" and rows and not kept:
         raise ConfigError(
             f"train: --filter {cfg.filter} dropped every row of this round ({len(rows)}); fix: pass --filter "
             f"none for it, or generate more rollouts per task (a larger group shares more states)"
@@ -103,7 +83,7 @@ def rl_shaping(cfg, rows: list[dict], head: ValueHead | None = None, states: Sta
     return Shaping(advantages, dropped, rates, metrics, warm)
 
 
-def _reward_coef(cfg, rows: list[dict]) -> float:
+def reward_coef(cfg, rows: list[dict]) -> float:
     """The turn reward's weight in the GRPO score: ``--reward-coef`` with ``--reward perplexity-delta``, else 0."""
     if cfg.reward == "outcome":
         return 0.0

@@ -1,22 +1,38 @@
-"""Rescored turn rows (read by :func:`read_rows`) -> RL training samples: each row's GRPO advantage (as verl-agent computes it), optionally
-re-credited (SCPO) or filtered (negative state value), and the sample the trainer takes (prompt, response,
-old/teacher/reference log-probs, advantage)."""
+"""Rescored turn rows (read by :func:`read_rows`) -> RL training samples: each row's GRPO advantage (as verl-agent
+computes it), optionally re-credited or filtered by a research option, and the sample the trainer takes (prompt,
+response, old/teacher/reference log-probs, advantage).
+
+Credit assigners and row filters plug in by name, as env suites do: the built-in options live in
+:mod:`sdarflow.extensions`, named here as ``"module:function"`` and imported on first use.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from sdarflow import storage
-from sdarflow.algo import grpo_advantages, penalized_scores, relative_to_start, scpo_advantages, state_values
+from sdarflow.algo import grpo_advantages, penalized_scores
 from sdarflow.errors import ConfigError
+from sdarflow.names import NameRegistry
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
 
-CREDITS = ("outcome", "scpo")
+# (the rows' GRPO advantages, the rows) -> each row's advantage
+CreditFn = Callable[[torch.Tensor, list[dict]], torch.Tensor]
+CREDIT_ASSIGNERS: NameRegistry[CreditFn] = NameRegistry("credit assigner")
+CREDIT_ASSIGNERS.register("outcome")(lambda advantages, rows: advantages)  # GRPO: each turn its episode's
+CREDIT_ASSIGNERS.add_lazy("scpo", "sdarflow.extensions.credit:scpo_credit")
+
+# (the rows, their GRPO scores, each row's state value from a learned head or None) -> which rows leave the update
+FilterFn = Callable[[list[dict], torch.Tensor, torch.Tensor | None], list[bool]]
+ROW_FILTERS: NameRegistry[FilterFn] = NameRegistry("row filter")
+ROW_FILTERS.register("none")(lambda rows, scores, values: [False] * len(rows))
+ROW_FILTERS.add_lazy("negative-value", "sdarflow.extensions.filters:negative_value_rows")
+
 ADVANTAGES = ("outcome", "progress")
 REWARDS = ("outcome", "perplexity-delta")
-FILTERS = ("none", "negative-value")
 
 
 def read_rows(mode: str, inputs: list[str]) -> list[dict]:
@@ -59,11 +75,6 @@ def row_scores(rows: list[dict], penalty: float, reward_coef: float = 0.0) -> to
     return scores
 
 
-def _turn_key(r: dict) -> tuple:
-    # In a group (one task) an equal prompt at a turn means an equal history; with the action, the same turn.
-    return (tuple(r["prompt_token_ids"]), tuple(r["response_token_ids"]))
-
-
 def row_advantages(
     rows: list[dict],
     norm_by_std: bool = True,
@@ -74,8 +85,8 @@ def row_advantages(
 ) -> list[float]:
     """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
     ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
-    score each, with ``per_episode``). ``credit="scpo"``: a failed episode's turns shared with a successful
-    sibling take that sibling's advantage (:func:`sdarflow.algo.scpo_advantages`). ``reward_coef`` adds each
+    score each, with ``per_episode``), then re-credited by the ``credit`` assigner (e.g. ``scpo``, a failed
+    episode's turns shared with a successful sibling take that sibling's advantage). ``reward_coef`` adds each
     turn's own reward to its score (``--reward perplexity-delta``)."""
     groups = [r["group_id"] for r in rows]
     trajs = [r["traj_id"] for r in rows]
@@ -85,31 +96,7 @@ def row_advantages(
         norm_by_std=norm_by_std,
         traj_ids=trajs if per_episode else None,
     )
-    if credit == "scpo":
-        turns = [int(r["turn"]) for r in rows]
-        success = [bool(r["success"]) for r in rows]
-        adv = scpo_advantages(adv, groups, trajs, turns, [_turn_key(r) for r in rows], success)
-    return adv.tolist()
-
-
-def negative_value_rows(
-    rows: list[dict], penalty: float = 0.0, reward_coef: float = 0.0, values: torch.Tensor | None = None
-) -> list[bool]:
-    """Which rows the negative-value filter drops: those whose state (the turn's index and prompt, in its group)
-    has a negative value relative to the group's start: turns taken from a state the rollouts did worse from than
-    from the task's first one, whose negative advantage mostly blames them for the turns that led there.
-
-    The value is the group's Monte-Carlo estimate (:func:`sdarflow.algo.state_values`), or, given ``values``
-    (each row's state value from a learned head, :mod:`sdarflow.train.value_head`), that head's value minus its
-    value at the group's first turn (:func:`sdarflow.algo.relative_to_start`)."""
-    groups = [r["group_id"] for r in rows]
-    if values is not None:
-        relative = relative_to_start(values, groups, [int(r["turn"]) for r in rows])
-    else:
-        keys = [(int(r["turn"]), tuple(r["prompt_token_ids"])) for r in rows]
-        scores = row_scores(rows, penalty, reward_coef).double()
-        relative = state_values(scores, groups, [r["traj_id"] for r in rows], keys)
-    return (relative < -1e-9).tolist()
+    return CREDIT_ASSIGNERS.get(credit)(adv, rows).tolist()
 
 
 def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, float]:

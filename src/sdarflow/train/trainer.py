@@ -248,7 +248,7 @@ def _one_step(
 def extra_sft_step(
     engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, lr: float
 ) -> dict:
-    """One SFT step outside the run's schedule (the format guard's remedy, :mod:`sdarflow.train.format_probe`):
+    """One SFT step outside the run's schedule (the format guard's remedy, :mod:`sdarflow.extensions.format_probe`):
     the next mini-batch of the SFT stream, counted in ``state.sft_steps`` (so the stream's later batches, and a
     resumed run, stay in order) but not in ``state.step``. Returns the step's record."""
     record = _one_step(engine, data, cfg, state, "sft", lr)

@@ -1,5 +1,5 @@
-"""Helpers for training tests: a synthetic rescored dataset published the way the rescore stage publishes it,
-adapter weights, metrics lines, and the CLI in a subprocess."""
+"""Test data factories: a synthetic rescored dataset published the way the rescore stage publishes it, adapter
+weights, metrics lines, and the CLI in a subprocess."""
 
 from __future__ import annotations
 
@@ -96,3 +96,18 @@ def cli(*argv: str, **kwargs) -> subprocess.Popen:
         text=True,
         **kwargs,
     )
+
+
+def two_episodes() -> list[dict]:
+    """Group a: S succeeds in 2 turns; F fails in 2, its first turn identical to S's, its second not."""
+    turn = {"group_id": "a", "format_ok": True}
+    return [
+        {**turn, "traj_id": "S", "turn": 0, "success": True, "episode_return": 1.0,
+         "prompt_token_ids": [1, 2], "response_token_ids": [7]},
+        {**turn, "traj_id": "S", "turn": 1, "success": True, "episode_return": 1.0,
+         "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [8]},
+        {**turn, "traj_id": "F", "turn": 0, "success": False, "episode_return": 0.0,
+         "prompt_token_ids": [1, 2], "response_token_ids": [7]},
+        {**turn, "traj_id": "F", "turn": 1, "success": False, "episode_return": 0.0,
+         "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [9]},
+    ]  # fmt: skip

@@ -9,14 +9,14 @@ import json
 import pyarrow as pa
 import pytest
 import torch
-from train_data import adapter_weights, rescored_table
+from factories import adapter_weights, rescored_table
 
 from sdarflow import storage
 from sdarflow.cli import main
 from sdarflow.errors import ModelError
+from sdarflow.extensions.value_head import VALUE_FILE, ValueHead
 from sdarflow.models.forward import prompt_states
 from sdarflow.schema import RESCORED_SCHEMA
-from sdarflow.train.value_head import VALUE_FILE, ValueHead
 
 
 def test_prompt_states_are_each_prompts_own_last_hidden_state(tiny_model):

@@ -10,13 +10,11 @@ import logging
 import pyarrow as pa
 import pytest
 import torch
-from train_data import adapter_weights, metrics_lines, rescored_table
+from factories import adapter_weights, metrics_lines, rescored_table
 
 from sdarflow import storage
 from sdarflow.cli import main
-from sdarflow.schema import RESCORED_SCHEMA
-from sdarflow.train.format_guard import FormatCollapse
-from sdarflow.train.format_probe import (
+from sdarflow.extensions.format_probe import (
     AFTER_KEY,
     AFTER_ROLLBACK_KEY,
     LINEAGE_KEY,
@@ -29,6 +27,8 @@ from sdarflow.train.format_probe import (
     Rollback,
     probe_rows,
 )
+from sdarflow.schema import RESCORED_SCHEMA
+from sdarflow.train.format_guard import FormatCollapse
 from sdarflow.train.schedule import TrainState
 
 
@@ -272,7 +272,7 @@ def test_a_resumed_run_rolls_back_to_the_same_target(tiny_model, expert_prompts,
 def test_a_rollback_also_returns_the_ema_teacher_to_the_good_probe(tiny_model, expert_prompts, tmp_path):
     from safetensors.torch import load_file
 
-    from sdarflow.train.ema import EMA_DIR, PEFT_WEIGHTS
+    from sdarflow.extensions.ema import EMA_DIR, PEFT_WEIGHTS
 
     data = _real_prompt_data(expert_prompts, str(tmp_path / "data"))
     out = str(tmp_path / "out")

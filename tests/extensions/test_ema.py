@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import adapter_weights
 from safetensors.torch import load_file
-from train_data import adapter_weights
 
 from sdarflow.cli import main
-from sdarflow.train.ema import EMA_DIR, PEFT_WEIGHTS, EmaWeights, ema_update
+from sdarflow.extensions.ema import EMA_DIR, PEFT_WEIGHTS, EmaWeights, ema_update
 
 
 def test_ema_update_by_hand():
@@ -38,8 +38,8 @@ def test_the_average_follows_the_student_step_by_step():
 
 
 def test_a_rollback_restores_the_average_it_kept(tmp_path):
+    from sdarflow.extensions.format_probe import Rollback
     from sdarflow.train.engine import make_engine
-    from sdarflow.train.format_probe import Rollback
 
     model = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():

@@ -10,6 +10,7 @@ its input adapter's weights (a new LoRA: the base model's behaviour) with the he
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,10 @@ import torch
 
 from sdarflow.algo import fit_value_head, head_values
 from sdarflow.errors import ModelError
+from sdarflow.train.rl_setup import reward_coef, rl_step_of
+from sdarflow.train.samples import row_scores
+
+log = logging.getLogger(__name__)
 
 ESTIMATES = ("group", "head")
 VALUE_FILE = "value_head.pt"
@@ -68,9 +73,22 @@ class ValueHead:
         return values, metrics
 
 
-def warming_up(warmup_rounds: int, rl_step: int) -> bool:
-    """Whether the round at ``rl_step`` (1-based) is one of the first ``warmup_rounds``: only the head trains."""
-    return rl_step <= warmup_rounds
+def fit_round(
+    head: ValueHead, states: States, cfg, rows: list[dict]
+) -> tuple[torch.Tensor, dict[str, float], bool]:
+    """The head refitted on the round's states and GRPO scores (cfg resolved): (each row's state value, the fit's
+    metrics, whether this round is one of the first ``--value-warmup-rounds``, where only the head trains)."""
+    features = states([r["prompt_token_ids"] for r in rows])
+    values, metrics = head.fit(features, row_scores(rows, cfg.invalid_action_penalty, reward_coef(cfg, rows)))
+    rl_step = rl_step_of(rows)
+    warm = rl_step <= cfg.value_warmup_rounds
+    if warm:
+        log.info(
+            "train: value warm-up round %d of %d: only the value head is fitted, the policy is not updated",
+            rl_step,
+            cfg.value_warmup_rounds,
+        )
+    return values, metrics, warm
 
 
 def policy_states(engine, pad_id: int, max_tokens: int) -> States:

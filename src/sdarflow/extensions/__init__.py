@@ -1,0 +1,18 @@
+"""Research options beyond SDAR (docs/training.md, "Beyond SDAR"), kept out of the core so the trainer reads as one
+recipe. All are off by default, and none has measured better than GRPO yet.
+
+Each plugs into a named extension point of the core, the way env suites do (the core names the built-in ones as
+``"module:function"`` strings and imports them on first use):
+
+- credit assigners, ``train --credit`` (:data:`sdarflow.train.samples.CREDIT_ASSIGNERS`): ``scpo``
+  (:mod:`.credit`);
+- row filters, ``train --filter`` (:data:`sdarflow.train.samples.ROW_FILTERS`): ``negative-value``
+  (:mod:`.filters`), on the group's Monte-Carlo value or a learned value head (FORCE, :mod:`.value_head`);
+- teacher weights, ``rescore --teacher`` (:data:`sdarflow.teacher.TEACHER_WEIGHTS`): ``ema`` (:mod:`.ema`, whose
+  moving average train updates after every step with ``--ema-decay``);
+- turn rewards, ``rescore --ppl-delta`` + ``train --reward perplexity-delta`` (:mod:`.ppl_delta`);
+- training hooks: the format probe inside a round (``train --format-probe-every``, :mod:`.format_probe`).
+
+:mod:`.options` holds their train flags (``TrainOptions``, which the train stage's config extends) and the
+options by name for a study row or the pipeline's ``options`` parameter (``grpo+scpo``).
+"""
