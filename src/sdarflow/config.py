@@ -25,6 +25,14 @@ import yaml
 from sdarflow.errors import ConfigError
 
 
+def content_hash(value: Any, length: int = 12) -> str:
+    """The one hash of settings and requests: sha256 of ``value`` as canonical JSON (sorted keys; what JSON cannot
+    hold, as ``str``), its first ``length`` hex digits. Every "the same settings" check (config hashes, request
+    hashes, resume fingerprints, model and game caches, study settings) compares these."""
+    blob = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
 def cache_dir() -> Path:
     """Where sdarflow caches generated things on this machine (games, imported and downloaded models):
     ``$SDARFLOW_CACHE`` if set, else ``~/.cache/sdarflow``."""
@@ -124,8 +132,7 @@ class StageConfig:
 
     def config_hash(self) -> str:
         params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("io")}
-        blob = json.dumps({"stage": self.stage, **params}, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return content_hash({"stage": self.stage, **params})
 
 
 def _out_of_bounds(value: Any, ge: float | None, gt: float | None, le: float | None) -> str:

@@ -11,8 +11,6 @@ is reused by a rerun only when settings and provenance (code, base build, machin
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import storage
+from sdarflow.config import content_hash
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import split_method
 
@@ -151,7 +150,7 @@ def settings_key(s: StudySettings) -> str:
         "warm_start": SIZES[s.preset].get("warm_start"),
         "stage_settings": s.stage_settings,
     }
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+    return content_hash(content)
 
 
 def _finished(s: StudySettings, name: str) -> dict | None:

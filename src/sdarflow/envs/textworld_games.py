@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 import textworld
 from textworld.challenges.tw_cooking import cooking
 
+from sdarflow.config import content_hash
 from sdarflow.envs.base import EnvError
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class SplitSpec:
             k: v for k, v in dataclasses.asdict(self).items() if k not in ("seed_base", "size", "max_turns")
         }
         content.update(textworld=textworld.__version__, generator=GENERATOR_VERSION)
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+        return content_hash(content)
 
 
 SPLIT_SPECS: dict[str, SplitSpec] = {

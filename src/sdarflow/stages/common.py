@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import __version__, storage
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import StageConfig, content_hash, opt
 from sdarflow.errors import ConfigError, ModelError, StorageError
 
 log = logging.getLogger(__name__)
@@ -89,10 +88,7 @@ def request_hash(cfg: StageConfig) -> str:
             for uri in values if isinstance(values, list) else [values]:
                 if isinstance(uri, str) and uri:
                     inputs[uri] = content_id(uri)
-    blob = json.dumps(
-        {"stage": cfg.stage, "version": __version__, "inputs": inputs, **request}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return content_hash({"stage": cfg.stage, "version": __version__, "inputs": inputs, **request}, 16)
 
 
 def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], dict]]:

@@ -12,8 +12,6 @@ With more than one GPU and the deepspeed engine, the stage re-launches itself wi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import StageConfig, content_hash, opt
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.extensions.format_probe import LINEAGE_KEY as PROBE_LINEAGE
@@ -140,7 +138,7 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     def resume_fingerprint(self) -> str:
         """Identity of the run a checkpoint belongs to: settings and inputs, minus what may change on resume."""
         params = {k: v for k, v in self.to_dict().items() if k not in RESUMABLE_CHANGES}
-        return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return content_hash(params, 16)
 
 
 Config = TrainConfig  # the stage's exports are Config and run (sdarflow.stages)

@@ -11,7 +11,6 @@ settings hash matches is reused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -23,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sdarflow import progress, storage
-from sdarflow.config import MAX_SEED
+from sdarflow.config import MAX_SEED, content_hash
 from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import resolve_device
@@ -92,8 +91,7 @@ class BaseModelSpec:
                 "sft_stop_at_loss"
             ]  # off, the recipe before the field existed: models built then stay valid
         content = {**spec, "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
-        blob = json.dumps(content, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return content_hash(content)
 
 
 @dataclass
