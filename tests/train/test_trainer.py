@@ -3,7 +3,6 @@ micro-batching never changes the gradient; SFT steps interleave at the ratio."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -16,7 +15,7 @@ from sdarflow.models import load_policy
 from sdarflow.models.forward import make_batch, response_logprobs
 from sdarflow.models.policy import new_lora
 from sdarflow.train.engine import TorchEngine
-from sdarflow.train.samples import advantage_stats, make_samples, row_advantages
+from sdarflow.train.samples import TOKEN_ADVANTAGES, advantage_stats, make_samples, row_advantages
 from sdarflow.train.schedule import WarmupConstant
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import (
@@ -171,7 +170,7 @@ def test_splitting_a_mini_batch_never_changes_its_gradient(tiny_model, agg):
     for budget in (10_000, 1):  # one micro-batch, then one per sample
 
         def loss_fn(micro):
-            return micro_step(model, micro, hp, 1, pad)
+            return micro_step(model, micro, hp, TrainData([], [], pad))
 
         metrics, _ = accumulate(engine, samples, loss_fn, agg, budget)
         grads.append((_grads(model), metrics["loss/total"]))
@@ -213,8 +212,8 @@ def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
     with torch.no_grad():
         logp, ent = response_logprobs(model, batch, with_entropy=True)
     entropy = float((ent * batch.mask).sum() / batch.mask.sum())
-    plain, _ = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.0), 1, pad)
-    bonus, m = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.01), 1, pad)
+    plain, _ = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.0), TrainData([], [], pad))
+    bonus, m = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.01), TrainData([], [], pad))
     assert bonus.item() == pytest.approx(plain.item() - 0.01 * entropy, rel=1e-5, abs=1e-7)
     assert m["actor/entropy"] == pytest.approx(entropy, rel=1e-5)
     # a reference 0.3 nats off the model on every token: k3 = e^0.3 - 0.3 - 1 (and e^-0.3 + 0.3 - 1)
@@ -225,7 +224,9 @@ def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
     k3 = [math.exp(0.3) - 0.3 - 1, math.exp(-0.3) + 0.3 - 1]
     n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (1, 0)]
     expected = (n[0] * k3[0] + n[1] * k3[1]) / sum(n)
-    with_kl, m = micro_step(model, samples, TrainLoop(method="grpo", entropy_coef=0.0, kl_coef=0.1), 1, pad)
+    with_kl, m = micro_step(
+        model, samples, TrainLoop(method="grpo", entropy_coef=0.0, kl_coef=0.1), TrainData([], [], pad)
+    )
     assert m["actor/kl_loss"] == pytest.approx(expected, rel=1e-4)
     assert with_kl.item() == pytest.approx(plain.item() + 0.1 * expected, rel=1e-4)
     # with zero advantages the bonus is the whole gradient: -0.01 * d(mean entropy), so descent raises entropy
@@ -240,6 +241,8 @@ def test_entropy_bonus_and_kl_terms_in_the_trainer(tiny_model):
 
 
 def test_progress_term_adds_coef_times_the_log_ratio_to_every_tokens_advantage(tiny_model):
+    from sdarflow.stages.train import TrainConfig
+
     model, pad = lora_model(tiny_model)
     samples = make_samples(rescored_rows())
     batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad)
@@ -250,10 +253,9 @@ def test_progress_term_adds_coef_times_the_log_ratio_to_every_tokens_advantage(t
         s.old_logprobs = [x + 0.01 for x in logp[i, width - len(s.response) :].tolist()]
         s.ref_logprobs = [x - 0.2 - 0.1 * (i % 2) for x in s.old_logprobs]  # old - ref = 0.2 or 0.3
     hp = TrainLoop(method="grpo", entropy_coef=0.0)
-    _, plain = micro_step(model, samples, hp, 1, pad)
-    _, shaped = micro_step(
-        model, samples, dataclasses.replace(hp, advantage="progress", progress_coef=0.5), 1, pad
-    )
+    _, plain = micro_step(model, samples, hp, TrainData([], [], pad))
+    progress = TOKEN_ADVANTAGES.get("progress")(TrainConfig(advantage="progress", progress_coef=0.5))
+    _, shaped = micro_step(model, samples, hp, TrainData([], [], pad, token_advantages=progress))
     # grpo inside the clip: loss/pg = -token-mean(A * ratio); the term adds 0.5 * (old - ref), 0.2 or 0.3, to A on
     # each token (with the current log-probs in place of old it would add 0.19 or 0.29)
     n = [sum(len(s.response) for i, s in enumerate(samples) if i % 2 == j) for j in (0, 1)]

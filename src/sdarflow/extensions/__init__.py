@@ -6,6 +6,8 @@ Each plugs into a named extension point of the core, the way env suites do (the 
 
 - credit assigners, ``train --credit`` (:data:`sdarflow.train.samples.CREDIT_ASSIGNERS`): ``scpo``
   (:mod:`.credit`);
+- token advantages, ``train --advantage`` (:data:`sdarflow.train.samples.TOKEN_ADVANTAGES`): ``progress``
+  (:mod:`.progress`);
 - row filters, ``train --filter`` (:data:`sdarflow.train.samples.ROW_FILTERS`): ``negative-value``
   (:mod:`.filters`), on the group's Monte-Carlo value or a learned value head (FORCE, :mod:`.value_head`);
 - teacher weights, ``rescore --teacher`` (:data:`sdarflow.teacher.TEACHER_WEIGHTS`): ``ema`` (:mod:`.ema`, whose

@@ -13,7 +13,7 @@ from sdarflow.config import opt
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.format_probe import PROBES
 from sdarflow.extensions.value_head import ESTIMATES
-from sdarflow.train.samples import CREDIT_ASSIGNERS, REWARDS, ROW_FILTERS
+from sdarflow.train.samples import CREDIT_ASSIGNERS, REWARDS, ROW_FILTERS, TOKEN_ADVANTAGES
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,12 @@ class TrainOptions:
         "with a successful sibling take the sibling's advantage)",
         choices=CREDIT_ASSIGNERS.names(),
     )
+    advantage: str = opt(
+        "outcome",
+        "outcome (GRPO) or progress: + progress_coef * (old - reference log-prob) per token (needs ref_logprobs)",
+        choices=TOKEN_ADVANTAGES.names(),
+    )
+    progress_coef: float = opt(0.1, "weight of the progress term (with --advantage progress)", ge=0)
     reward: str = opt(
         "outcome",
         "outcome (the episode's return) or perplexity-delta: + reward_coef * the turn's ppl_delta (rescore "

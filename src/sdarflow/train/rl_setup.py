@@ -14,7 +14,14 @@ import torch
 from sdarflow.errors import ConfigError
 from sdarflow.train import presets
 from sdarflow.train.format_guard import check_round, repair_pairs
-from sdarflow.train.samples import ROW_FILTERS, advantage_stats, make_samples, row_advantages, row_scores
+from sdarflow.train.samples import (
+    ROW_FILTERS,
+    TOKEN_ADVANTAGES,
+    advantage_stats,
+    make_samples,
+    row_advantages,
+    row_scores,
+)
 from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import TrainData
 
@@ -109,7 +116,8 @@ def train_inputs(cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step
             sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired
             floor = Fraction(1, cfg.format_repair_every)
     samples = make_samples(rows, shaping.advantages, shaping.dropped) if shaping else []
-    return TrainData(samples, sft, policy.tokenizer.pad_token_id, rl_step, floor)
+    token_advantages = TOKEN_ADVANTAGES.get(cfg.advantage)(cfg)
+    return TrainData(samples, sft, policy.tokenizer.pad_token_id, rl_step, floor, token_advantages)
 
 
 def settings_record(cfg, rl_step: int) -> dict:

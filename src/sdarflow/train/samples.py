@@ -31,7 +31,13 @@ ROW_FILTERS: NameRegistry[FilterFn] = NameRegistry("row filter")
 ROW_FILTERS.register("none")(lambda rows, scores, values: [False] * len(rows))
 ROW_FILTERS.add_lazy("negative-value", "sdarflow.extensions.filters:negative_value_rows")
 
-ADVANTAGES = ("outcome", "progress")
+# (the advantages broadcast over the response tokens, old log-probs, reference log-probs, mask) -> per-token
+# advantages; the registry maps a name to a factory of that function from the train config (None: no token term)
+TokenAdvantages = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+TOKEN_ADVANTAGES: NameRegistry[Callable[..., TokenAdvantages | None]] = NameRegistry("advantage")
+TOKEN_ADVANTAGES.register("outcome")(lambda cfg: None)
+TOKEN_ADVANTAGES.add_lazy("progress", "sdarflow.extensions.progress:progress_term")
+
 REWARDS = ("outcome", "perplexity-delta")
 
 

@@ -22,13 +22,13 @@ from fractions import Fraction
 import torch
 
 from sdarflow import progress
-from sdarflow.algo import Objective, broadcast_advantages, method_loss, progress_advantages
+from sdarflow.algo import Objective, broadcast_advantages, method_loss
 from sdarflow.config import MAX_SEED, opt
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
 from sdarflow.train.engine import TrainEngine
 from sdarflow.train.history import progress_line
-from sdarflow.train.samples import ADVANTAGES, RLSample
+from sdarflow.train.samples import RLSample, TokenAdvantages
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
 from sdarflow.train.sft import STOP_WINDOW, SFTPair, reached, sft_micro_step
 
@@ -67,12 +67,6 @@ class TrainLoop(Objective):
         "rl: the --method objective (plus SFT steps at --sft-ratio); sft: warm start, NLL on successful rows only",
         choices=("rl", "sft"),
     )
-    advantage: str = opt(
-        "outcome",
-        "outcome (GRPO) or progress: + progress_coef * (old - reference log-prob) per token (needs ref_logprobs)",
-        choices=ADVANTAGES,
-    )
-    progress_coef: float = opt(0.1, "weight of the progress term (with --advantage progress)", ge=0)
     sft_ratio: float = opt(
         0.0, "SFT steps per RL step on the successful rows (0.25: one after every 4 RL steps); 0 = off", ge=0
     )
@@ -101,28 +95,22 @@ def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
 
 
 def micro_step(
-    model,
-    samples: list[RLSample],
-    cfg: TrainLoop,
-    rl_step: int,
-    pad_id: int,
-    device: torch.device | None = None,
+    model, samples: list[RLSample], cfg: TrainLoop, data: TrainData, device: torch.device | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss and metrics of one micro-batch (not yet scaled for accumulation)."""
-    batch = make_batch([s.prompt for s in samples], [s.response for s in samples], pad_id)
+    """Loss and metrics of one micro-batch of ``data`` (not yet scaled for accumulation)."""
+    batch = make_batch([s.prompt for s in samples], [s.response for s in samples], data.pad_id)
     device = device or batch.mask.device
     batch = to_device(batch, device)
     logp, ent = response_logprobs(model, batch, with_entropy=True)
     width = batch.targets.shape[1]
     old = _pad_right_aligned([s.old_logprobs for s in samples], width).to(device)
     teacher = _pad_right_aligned([s.teacher_logprobs for s in samples], width).to(device)
-    progress_coef = cfg.progress_coef if cfg.advantage == "progress" else 0.0
     ref = None
-    if cfg.kl_coef or progress_coef:  # the stage checked that every sample has them
+    if cfg.kl_coef or data.token_advantages:  # the stage checked that every sample has them
         ref = _pad_right_aligned([s.ref_logprobs for s in samples], width).to(device)
     adv = broadcast_advantages(torch.tensor([s.advantage for s in samples], device=device), batch.mask)
-    if progress_coef:
-        adv = progress_advantages(adv, old, ref, batch.mask, progress_coef)
+    if data.token_advantages:
+        adv = data.token_advantages(adv, old, ref, batch.mask)
     loss, metrics = method_loss(
         logp,
         old,
@@ -132,7 +120,7 @@ def micro_step(
         cfg,
         ref_logprobs=ref if cfg.kl_coef else None,
         entropy=ent,
-        step=rl_step,
+        step=data.rl_step,
     )
     if not torch.isfinite(loss):
         # A NaN in a constant input (old or teacher log-probs) can leave the gradient finite (min/max route it to
@@ -201,6 +189,8 @@ class TrainData:
     rl_step: int = 1
     # At least this many SFT steps per RL step (the format repair's cadence, a fraction so 1/3 lands on time).
     sft_floor: Fraction = Fraction(0)
+    # A per-token term on the advantages (train --advantage; samples.TOKEN_ADVANTAGES), or None.
+    token_advantages: TokenAdvantages | None = None
 
 
 def _one_step(
@@ -214,7 +204,7 @@ def _one_step(
         agg = cfg.agg
 
         def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
-            return micro_step(engine.forward_model, micro, cfg, data.rl_step, data.pad_id, engine.device)
+            return micro_step(engine.forward_model, micro, cfg, data, engine.device)
 
     else:
         n_mini = min(cfg.mini_batches, len(data.sft_pairs))
