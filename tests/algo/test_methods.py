@@ -248,23 +248,51 @@ def test_duplicate_registration_raises():
         register_method("sdar")(lambda x: x)
 
 
+# One SGD step on a tiny linear policy, in two cases where every token's pull is the same: the sampled tokens'
+# mean log-prob must rise where a method has a reason to raise it and stay put where it has none.
+# Case "advantage": A = +1 on every token, teacher = rollout log-probs (no gap). Every method's policy gradient
+# raises the tokens; the gated term g * (q - s) also pulls s up at zero gap (its gradient is -g, g = 0.5).
+# Case "teacher": A = 0, teacher 1 nat above the rollout on every token: only the distillers move, upward.
+RAISES = {
+    "advantage": {
+        "grpo": True,
+        "sdar": True,
+        "opsd": True,
+        "grpo_opsd": True,
+        "rlsd": True,
+        "skill_sd": True,
+    },
+    "teacher": {
+        "grpo": False,
+        "sdar": True,
+        "opsd": True,
+        "grpo_opsd": True,
+        "rlsd": False,
+        "skill_sd": True,
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAISES))
 @pytest.mark.parametrize("method", METHODS)
-def test_one_step_moves_a_tiny_policy(method):
+def test_one_step_moves_the_sampled_tokens_the_right_way(method, case):
     torch.manual_seed(7)
     vocab, hidden = 11, 8
     policy = torch.nn.Linear(hidden, vocab)
-    before = policy.weight.detach().clone()
     states = torch.randn(B, T, hidden)
     actions = torch.randint(0, vocab, (B, T))
     mask = torch.ones(B, T, dtype=torch.bool)
+
+    def mean_logprob():
+        return token_logprobs(policy(states), actions, chunk_size=5)
+
     with torch.no_grad():
-        old = token_logprobs(policy(states), actions)
-    teacher = old + torch.randn(B, T)  # a teacher that disagrees with the student token by token
-    advantages = torch.randn(B, 1).expand(B, T).contiguous()
-    logprobs = token_logprobs(policy(states), actions, chunk_size=5)
+        old = mean_logprob()
+    advantages = torch.full((B, T), 1.0 if case == "advantage" else 0.0)
+    teacher = old + (1.0 if case == "teacher" else 0.0)
     loss, _ = _call(
         method,
-        logprobs=logprobs,
+        logprobs=mean_logprob(),
         old_logprobs=old,
         teacher_logprobs=teacher,
         advantages=advantages,
@@ -272,5 +300,11 @@ def test_one_step_moves_a_tiny_policy(method):
         sdar_coef=0.1,
     )
     loss.backward()
-    torch.optim.SGD(policy.parameters(), lr=0.5).step()
-    assert not torch.allclose(policy.weight, before)
+    before = policy.weight.detach().clone()
+    torch.optim.SGD(policy.parameters(), lr=0.05).step()
+    with torch.no_grad():
+        change = float((mean_logprob() - old).mean())
+    if RAISES[case][method]:
+        assert change > 1e-6
+    else:
+        assert torch.equal(policy.weight, before) and change == 0.0

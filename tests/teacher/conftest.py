@@ -116,7 +116,7 @@ def dataset(tmp_path, tokenizer):
 
 
 @pytest.fixture(scope="session")
-def lora_adapter(tiny_model, tmp_path_factory) -> str:
+def published_adapter(tiny_model, tmp_path_factory) -> str:
     """A LoRA adapter on the tiny model whose B weights are random (PEFT starts them at zero, a no-op adapter), so
     the adapted policy differs from the base model."""
     import torch

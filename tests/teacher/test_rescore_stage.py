@@ -148,13 +148,13 @@ def test_ucb_statistics_carry_across_rounds(dataset, rescore, reference_library,
 
 
 def test_reference_logprobs_are_the_base_model_without_the_adapter(
-    dataset, rescore, reference_library, tmp_path, tiny_model, lora_adapter
+    dataset, rescore, reference_library, tmp_path, tiny_model, published_adapter
 ):
     from sdarflow.models import load_policy
     from sdarflow.teacher.rescore import score
 
     out = str(tmp_path / "out")
-    code, result = rescore(dataset(), reference_library, out, "--adapter", lora_adapter)
+    code, result = rescore(dataset(), reference_library, out, "--adapter", published_adapter)
     assert code == 0, result
     rows = read(out)
     base = load_policy(str(tiny_model))
@@ -173,15 +173,17 @@ def test_reference_logprobs_are_the_base_model_without_the_adapter(
     assert any(abs(r["progress"]) > 1e-3 for r in rows)
 
 
-def test_no_ref_logprobs_writes_nulls(dataset, rescore, reference_library, tmp_path, lora_adapter):
+def test_no_ref_logprobs_writes_nulls(dataset, rescore, reference_library, tmp_path, published_adapter):
     out = str(tmp_path / "out")
-    code, result = rescore(dataset(), reference_library, out, "--adapter", lora_adapter, "--no-ref-logprobs")
+    code, result = rescore(
+        dataset(), reference_library, out, "--adapter", published_adapter, "--no-ref-logprobs"
+    )
     assert code == 0, result
     assert all(r["ref_logprobs"] is None and r["progress"] is None for r in read(out))
     assert "rescore/ref_kl_mean" not in result["metrics"]
 
 
-def test_a_merged_adapter_gets_the_base_reloaded(tiny_model, lora_adapter, tokenizer, student_rows):
+def test_a_merged_adapter_gets_the_base_reloaded(tiny_model, published_adapter, tokenizer, student_rows):
     from sdarflow.models import load_policy
     from sdarflow.teacher.rescore import reference_model, score
 
@@ -189,7 +191,7 @@ def test_a_merged_adapter_gets_the_base_reloaded(tiny_model, lora_adapter, token
     prompts, responses = [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows]
     pad = tokenizer.pad_token_id
     base = score(load_policy(str(tiny_model)).model, prompts, responses, pad, 16384)
-    merged = load_policy(str(tiny_model), lora_adapter).model.merge_and_unload()
+    merged = load_policy(str(tiny_model), published_adapter).model.merge_and_unload()
     with reference_model(merged, str(tiny_model)) as ref:
         assert ref is not merged
         got = score(ref, prompts, responses, pad, 16384)
@@ -243,7 +245,7 @@ def adapter_with_ema(tiny_model, tmp_path_factory) -> str:
 
 
 def test_the_ema_teacher_scores_with_the_adapters_average(
-    dataset, rescore, reference_library, tmp_path, adapter_with_ema, lora_adapter, caplog
+    dataset, rescore, reference_library, tmp_path, adapter_with_ema, published_adapter, caplog
 ):
     traj = dataset()
     runs = {}
@@ -264,10 +266,10 @@ def test_the_ema_teacher_scores_with_the_adapters_average(
     assert gap("current", "base", "teacher_logprobs") > 1e-3  # and the adapter does change the policy
     # an adapter without an average yet (a pipeline's start adapter): train starts one at the current weights,
     # so this round's teacher is the current student, with a warning
-    code, _ = rescore(traj, reference_library, str(tmp_path / "no-ema"), "--adapter", lora_adapter)
+    code, _ = rescore(traj, reference_library, str(tmp_path / "no-ema"), "--adapter", published_adapter)
     assert code == 0
     code, _ = rescore(
-        traj, reference_library, str(tmp_path / "x"), "--adapter", lora_adapter, "--teacher", "ema"
+        traj, reference_library, str(tmp_path / "x"), "--adapter", published_adapter, "--teacher", "ema"
     )
     assert code == 0 and "has no ema/ yet; the teacher is the current student" in caplog.text
     same = [(a, b) for ra, rb in zip(read(str(tmp_path / "x")), read(str(tmp_path / "no-ema")))
