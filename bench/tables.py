@@ -216,31 +216,31 @@ def grpo_tuning_table(results_dir: Path = RESULTS) -> str:
     )
 
 
-def _figure(fig: dict, split: str) -> str:
-    lo, hi = fig[f"{split}_pass@1_ci95"]
-    return f"{fig[f'{split}_pass@1']:.3f} [{lo:.3f}, {hi:.3f}]"
+def _figure(fig: dict) -> str:
+    lo, hi = fig["pass@1_ci95"]
+    return f"{fig['pass@1']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def demo_table(results_dir: Path = RESULTS) -> str:
-    """The demo's base model and rounds: held-out pass@1 with intervals, and each round against the base model as
-    the promotion gate compares them."""
+    """The demo's base model and rounds (its run report's figures): held-out pass@1 with intervals, and each round
+    against the base model as the promotion gate compares them."""
     r = _load(results_dir, "demo")
     if r is None:
         return "(no result yet: `python -m bench.demo_result`)"
+    base = r["base"]
     lines = [
         "| | test pass@1 [95% CI] | ood pass@1 [95% CI] | tasks x samples | test pass@1 - base (paired), lower bound "
         "| skill rules right / wrong / recipe-blind |",
         "|---|---|---|---|---|---|",
-        f"| base model | {_figure(r['base'], 'test')} | {_figure(r['base'], 'ood')} | "
-        f"{r['base']['test_tasks_x_samples']} | | |",
+        f"| base model | {_figure(base['test'])} | {_figure(base['ood'])} | {base['test']['tasks_x_samples']} | | |",
     ]
-    for row, vs, sk in zip(r["per_round"], r["vs_base"], r["skills"], strict=True):
-        d = vs["test"]
+    for row in r["per_round"]:
+        test, d = row["eval"]["test"], row["eval"]["test"]["vs_base"]
         bound = "none" if d["lower"] is None else f"{d['lower']:+.3f}"
-        rules = " / ".join(str(sk.get(f"skills/rules_{v}", "-")) for v in ("right", "wrong", "recipe_blind"))
+        rules = " / ".join(str(row["skills"].get(v, "-")) for v in ("right", "wrong", "recipe_blind"))
         lines.append(
-            f"| round {row['round']} | {_figure(row, 'test')} | {_figure(row, 'ood')} | "
-            f"{row['test_tasks_x_samples']} | {d['diff']:+.3f}, {bound} | {rules} |"
+            f"| round {row['round']} | {_figure(test)} | {_figure(row['eval']['ood'])} | "
+            f"{test['tasks_x_samples']} | {d['diff']:+.3f}, {bound} | {rules} |"
         )
     took = f"The run took {r['seconds'] / 60:.1f} min. " if r.get("seconds") else ""
     return "\n".join([*lines, "", took + _made_by([r])])

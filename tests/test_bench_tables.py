@@ -144,12 +144,13 @@ def test_the_rl_setting_is_selected_on_valid_and_shown_with_its_test_figures(tmp
 
 def test_the_demo_table_shows_each_round_against_the_base(tmp_path):
     def figures(test: float) -> dict:
-        return {"test_pass@1": test, "test_pass@1_ci95": [test - 0.1, test + 0.1], "test_tasks_x_samples": "32 x 4",
-                "ood_pass@1": 0.0, "ood_pass@1_ci95": [0.0, 0.05], "ood_tasks_x_samples": "32 x 4"}  # fmt: skip
+        return {"test": {"pass@1": test, "pass@1_ci95": [test - 0.1, test + 0.1], "tasks_x_samples": "32 x 4"},
+                "ood": {"pass@1": 0.0, "pass@1_ci95": [0.0, 0.05], "tasks_x_samples": "32 x 4"}}  # fmt: skip
 
-    result = {"benchmark": "demo", "machine": machine(), "base": figures(0.1), "per_round": [{"round": 0, **figures(0.2)}],
-              "vs_base": [{"test": {"diff": 0.1, "lower": -0.01}, "ood": {"diff": 0.0, "lower": None}}],
-              "skills": [{"skills/rules_right": 7, "skills/rules_wrong": 2, "skills/rules_recipe_blind": 1}]}  # fmt: skip
+    evaluation = figures(0.2)
+    evaluation["test"]["vs_base"] = {"diff": 0.1, "lower": -0.01, "tasks": 32}
+    rounds = [{"round": 0, "eval": evaluation, "skills": {"right": 7, "wrong": 2, "recipe_blind": 1}}]
+    result = {"benchmark": "demo", "machine": machine(), "base": figures(0.1), "per_round": rounds}
     (tmp_path / "demo.json").write_text(json.dumps(result))
     table = tables.demo_table(tmp_path)
     assert "| base model | 0.100 [0.000, 0.200] | 0.000 [0.000, 0.050] | 32 x 4 | | |" in table

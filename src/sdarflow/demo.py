@@ -1,5 +1,6 @@
 """``sdarflow demo``: build the tiny base model if needed, run the SDAR training DAG through the KFP local runner
-on the embedded defaults, and write ``summary.json`` with the last round's outputs (each one validated)."""
+on the embedded defaults, and write ``summary.json``: the run report's figures and the last round's outputs (each
+one validated)."""
 
 from __future__ import annotations
 
@@ -152,21 +153,9 @@ def base_and_sizes(out: Path, base_model: str | None, preset: str | None) -> tup
     return build_base_model(out / "base-model", spec, time_limit_s=sizes["sft_time_limit_s"]), sizes
 
 
-def eval_figures(report_uri: str) -> dict:
-    """pass@1 per split with its 95% interval and the counts behind it: what is shown wherever a pass@1 is."""
-    from sdarflow.registry.intake import load_report
-
-    report = load_report(report_uri)
-    out = {}
-    for split, d in report["splits"].items():
-        out[f"{split}_pass@1"] = d["pass_at_k"]["1"]
-        out[f"{split}_pass@1_ci95"] = d["ci95"]["1"]
-        out[f"{split}_tasks_x_samples"] = f"{d['n_tasks']} x {d['samples_per_task']}"
-    return out
-
-
 def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str, shards: int = 1) -> dict:
-    """The last round's output URIs (validated), plus each round's headline metrics.
+    """The run report's JSON (``run_report.json``, which the pipeline's last task published: the base model's and
+    each round's figures, three transcripts) with the base model and the last round's output URIs, each validated.
 
     With shards, ``trajectories`` is the list of the last round's shard URIs (readers take a list)."""
     last = rounds - 1
@@ -175,37 +164,20 @@ def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str
         for stage in ("extract-skills", "rescore", "train", "evaluate")
     }
     gen_uris = generate_uris(storage_root, run_id, last, shards)
-    uri["generate"] = gen_uris[0] if shards == 1 else gen_uris
     storage.read_table(gen_uris, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     storage.read_table(uri["rescore"], kind="rescored", schema=RESCORED_SCHEMA)
     storage.read_manifest(uri["extract-skills"], "skills")
     storage.read_manifest(uri["train"], "adapter")
     storage.read_manifest(uri["evaluate"], REPORT_KIND)
-    per_round = []
-    for r in range(rounds):
-        gens = [storage.read_manifest(u)["metrics"] for u in generate_uris(storage_root, run_id, r, shards)]
-        episodes = sum(g["rollout/episodes"] for g in gens)
-        trn = storage.read_manifest(stage_uri(storage_root, run_id, r, "train"))["metrics"]
-        per_round.append(
-            {
-                "round": r,
-                "train_success": sum(g["rollout/success"] * g["rollout/episodes"] for g in gens)
-                / max(episodes, 1.0),
-                "gate_mean": trn.get("sdar/gate_mean"),
-                **eval_figures(stage_uri(storage_root, run_id, r, "evaluate")),
-            }
-        )
+    report = run_uri(storage_root, run_id, "report")
     return {
-        "run_id": run_id,
+        **json.loads(storage.read_member(report, "run_report.json")),
         "base_model": base_model,
-        "trajectories": uri["generate"],
+        "trajectories": gen_uris[0] if shards == 1 else gen_uris,
         "skills": uri["extract-skills"],
         "rescored": uri["rescore"],
         "adapter": uri["train"],
         "eval_report": uri["evaluate"],
         "registry": storage.join(storage_root, "registry"),
-        "rounds": rounds,
-        "base": eval_figures(run_uri(storage_root, run_id, "base", "evaluate")),
-        "per_round": per_round,
-        "run_report": run_uri(storage_root, run_id, "report"),
+        "run_report": report,
     }

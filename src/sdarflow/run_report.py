@@ -88,6 +88,15 @@ def _vs(report: Mapping[str, Any], base: Mapping[str, Any] | None, split: str, k
     return {"diff": d.diff, "lower": d.lower, "tasks": d.tasks}
 
 
+def _pass1(split: Mapping[str, Any]) -> dict[str, Any]:
+    """A split's pass@1 with its 95% interval and the counts behind it: what is shown wherever a pass@1 is."""
+    return {
+        "pass@1": split["pass_at_k"]["1"],
+        "pass@1_ci95": split["ci95"].get("1"),
+        "tasks_x_samples": f"{split['n_tasks']} x {split['samples_per_task']}",
+    }
+
+
 def _round(
     storage_root: str, run_id: str, r: int, shards: int, base: Mapping[str, Any] | None
 ) -> tuple[dict, list]:
@@ -102,8 +111,7 @@ def _round(
     for split, s in report["splits"].items():
         k = max(s["pass_at_k"], key=int)
         evaluation[split] = {
-            "pass@1": s["pass_at_k"]["1"], "pass@1_ci95": s["ci95"].get("1"), "k": k,
-            f"pass@{k}": s["pass_at_k"][k], "format_error_rate": s.get("format_error_rate"),
+            **_pass1(s), "k": k, f"pass@{k}": s["pass_at_k"][k], "format_error_rate": s.get("format_error_rate"),
             "vs_base": _vs(report, base, split, "1"),
         }  # fmt: skip
     row = {
@@ -128,10 +136,7 @@ def collect(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> dic
         per_round.append(row)
     ranked = sorted(episodes, key=lambda ep: (float(ep[0]["episode_return"]), ep[0]["traj_id"]))
     picks = {"best": ranked[-1], "median": ranked[len(ranked) // 2], "worst": ranked[0]} if ranked else {}
-    base_figures = {
-        split: {"pass@1": s["pass_at_k"]["1"], "pass@1_ci95": s["ci95"].get("1")}
-        for split, s in (base or {}).get("splits", {}).items()
-    }
+    base_figures = {split: _pass1(s) for split, s in (base or {}).get("splits", {}).items()}
     return {
         "run_id": run_id,
         "rounds": per_round,

@@ -29,7 +29,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         base_model=args.base_model,
         shards=args.shards,
     )
-    emit(summary)
+    emit({k: v for k, v in summary.items() if k != "transcripts"})  # they are in summary.json and the report
     return 0
 
 
