@@ -111,3 +111,16 @@ def two_episodes() -> list[dict]:
         {**turn, "traj_id": "F", "turn": 1, "success": False, "episode_return": 0.0,
          "prompt_token_ids": [1, 2, 7, 3], "response_token_ids": [9]},
     ]  # fmt: skip
+
+
+def reseal(folder: str | Path) -> None:
+    """Record the current size and sha256 of every part in a local dataset's manifest, as a producer that wrote
+    those parts would: a test can then change a part and reach the checks behind the checksum."""
+    import hashlib
+
+    folder = Path(folder)
+    manifest = json.loads((folder / storage.MANIFEST).read_text())
+    for entry in manifest["files"]:
+        data = (folder / manifest.get("prefix", "") / entry["path"]).read_bytes()
+        entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / storage.MANIFEST).write_text(json.dumps(manifest))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from factories import reseal
 from test_schema_storage import table, write
 
 from sdarflow import storage
@@ -93,7 +94,8 @@ def test_malformed_manifests_are_one_line(tmp_path, manifest, message):
 
 def test_rows_and_schema_must_match_the_manifest(tmp_path):
     write(str(tmp_path / "d"))
-    pq.write_table(table(3), tmp_path / "d" / "part-00000.parquet")  # truncated after publishing
+    pq.write_table(table(3), tmp_path / "d" / "part-00000.parquet")  # truncated, and its checksum with it
+    reseal(tmp_path / "d")
     with pytest.raises(SchemaError, match="its files hold 3 rows, its manifest says 5"):
         storage.read_table(str(tmp_path / "d"), kind="trajectories", schema=TRAJECTORY_SCHEMA)
     write(str(tmp_path / "e"))

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from factories import reseal
 
 from sdarflow import storage
 from sdarflow.errors import SchemaError, StorageError
@@ -182,14 +183,28 @@ def test_mismatched_list_lengths_are_refused(tmp_path):
         write(str(tmp_path / "c"), pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
 
 
+def test_a_part_changed_after_publishing_is_refused_by_its_checksum(tmp_path):
+    """Each part's size and sha256 are in the manifest and checked on read: a part replaced by another valid one
+    (the same rows, written again) is refused before its rows are read."""
+    uri = str(tmp_path / "d")
+    manifest = write(uri)
+    assert all(len(entry["sha256"]) == 64 and entry["bytes"] > 0 for entry in manifest["files"])
+    pq.write_table(table(), tmp_path / "d" / "part-00000.parquet", compression="snappy")
+    with pytest.raises(StorageError, match=r"part-00000.parquet' does not match its recorded sha256"):
+        storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+
+
 def test_reader_validates_what_it_reads(tmp_path):
-    """A dataset tampered with after publishing (column dropped) is refused with the dataset's name."""
+    """A dataset whose producer wrote a bad part (column dropped, not Parquet) under a manifest that matches it is
+    refused with the dataset's name."""
     uri = str(tmp_path / "d")
     write(uri)
     pq.write_table(table().drop_columns(["success"]), tmp_path / "d" / "part-00000.parquet")
+    reseal(tmp_path / "d")
     with pytest.raises(SchemaError, match=r"dataset .*/d: missing required column 'success'"):
         storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     (tmp_path / "d" / "part-00000.parquet").write_bytes(b"not parquet")
+    reseal(tmp_path / "d")
     with pytest.raises(SchemaError, match="not valid Parquet"):
         storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
 

@@ -84,3 +84,50 @@ def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(registr
     aliases = Path(registry_with_versions) / "pol" / "aliases.json"
     aliases.write_bytes(b'{"stages": {"production": {"version": 1, "history": []}}, "name": "\xff"}')
     one_line_error(capsys, [*argv], "not valid JSON")
+
+
+def test_a_version_folder_linked_out_of_the_registry_is_refused(registry_with_versions, tmp_path, capsys):
+    import shutil
+
+    versions = Path(registry_with_versions) / "pol" / "versions"
+    outside = tmp_path / "elsewhere"
+    shutil.move(versions / "2", outside)  # a published version, moved out and linked back
+    (versions / "2").symlink_to(outside, target_is_directory=True)
+    one_line_error(
+        capsys,
+        ["registry", "fetch", "--registry", registry_with_versions, "--policy-name", "pol", "--version", "2",
+         "--dest", str(tmp_path / "fetched")],
+        "registry version", "resolves outside", "through a symlink",
+    )  # fmt: skip
+
+
+def test_a_claim_file_cannot_move_the_next_version_out_of_range(
+    registry_with_versions, make_adapter, report, lineage
+):
+    from sdarflow.registry import Registry
+
+    claims = Path(registry_with_versions) / "pol" / "claims"
+    (claims / "99999999999999999999.json").write_text("{}")  # a stray or hostile claim name
+    (claims / "1000000.json").write_text("{}")
+    assert (
+        Registry(registry_with_versions).register("pol", make_adapter(seed=2), report(0.5, 0.7, 0.4), lineage)
+        == 3
+    )
+
+
+def test_an_adapter_whose_weights_hold_nan_or_inf_is_refused(local_registry, make_adapter, report, lineage):
+    from safetensors.torch import load_file, save_file
+
+    from sdarflow.errors import ModelError
+    from sdarflow.registry import Registry
+
+    reg = Registry(local_registry)
+    for bad in (float("nan"), float("inf")):
+        adapter = make_adapter()
+        weights = adapter / "adapter_model.safetensors"
+        tensors = load_file(str(weights))
+        next(iter(tensors.values()))[0, 0] = bad
+        save_file(tensors, str(weights))
+        with pytest.raises(ModelError, match=r"holds 1 NaN or infinite value\(s\) .*; fix:"):
+            reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
+    assert reg.list_versions("agent") == []

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from factories import reseal
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -59,6 +60,7 @@ def fake_dataset(folder: Path, table: pa.Table) -> str:
     (folder / "_manifest.json").write_text(
         json.dumps({"kind": "trajectories", "files": [{"path": "part-00000.parquet"}]})
     )
+    reseal(folder)  # its parts' sizes and sha256, as the data contract asks
     return str(folder)
 
 
@@ -113,6 +115,7 @@ def test_no_manifest(tmp_path, capsys):
 def test_malformed_parquet(tmp_path, capsys):
     src = fake_dataset(tmp_path / "in", pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA))
     (Path(src) / "part-00000.parquet").write_bytes(b"garbage")
+    reseal(src)
     fails(capsys, ["extract-skills", "--input", src, "--output", str(tmp_path / "out")], "not valid Parquet")
 
 

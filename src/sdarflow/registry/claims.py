@@ -13,7 +13,7 @@ from sdarflow import storage
 from sdarflow.errors import ConfigError
 from sdarflow.registry import cas
 from sdarflow.registry.errors import RegistryConflict, RegistryError
-from sdarflow.registry.layout import Layout, parse_version
+from sdarflow.registry.layout import MAX_VERSION, Layout, parse_version
 
 # Bounds the claim loop: more than this many writers racing for one name means something is wrong.
 _MAX_CLAIM_ATTEMPTS = 1000
@@ -30,7 +30,9 @@ def claim(layout: Layout, version: int | None, actor: str) -> int:
     if version is not None:
         number = parse_version(version)
         if number is None:
-            raise ConfigError(f"bad version {version!r}: versions are integers >= 1; fix: e.g. --version 3")
+            raise ConfigError(
+                f"bad version {version!r}: versions are integers from 1 to {MAX_VERSION}; fix: e.g. --version 3"
+            )
         if not cas.create_exclusive(layout.claim(number), data):
             raise RegistryError(
                 f"version {number} of '{layout.name}' already exists and versions are immutable; "

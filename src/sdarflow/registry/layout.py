@@ -55,14 +55,22 @@ def validate_stage(stage: str) -> str:
     return stage
 
 
+# No registry holds a million versions of one adapter: a larger number is a stray or hostile file name, which must
+# not move the next version there.
+MAX_VERSION = 999_999
+
+
 def parse_version(value: int | str) -> int | None:
-    """An explicit version number (``3``, ``"3"``, ``"v3"``) or None when ``value`` is not one."""
+    """An explicit version number (``3``, ``"3"``, ``"v3"``, at most :data:`MAX_VERSION`) or None when ``value`` is
+    not one."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if value >= 1 else None
+        return value if 1 <= value <= MAX_VERSION else None
     text = str(value).strip().lower().removeprefix("v")
-    return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_VERSION))):
+        return None
+    return int(text) if 1 <= int(text) <= MAX_VERSION else None
 
 
 @dataclass(frozen=True)
@@ -101,4 +109,9 @@ class Layout:
     def version(self, version: int) -> str:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:  # it becomes a path
             raise ConfigError(f"bad version {version!r} of '{self.name}': versions are integers >= 1")
-        return storage.join(self.versions, str(version))
+        uri = storage.join(self.versions, str(version))
+        if not uri.startswith("s3://"):  # a version folder linked out of the registry is not the registry's
+            storage.inside(
+                storage.resolve(self.root).path, f"{self.name}/versions/{version}", "registry version"
+            )
+        return uri

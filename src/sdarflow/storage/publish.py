@@ -234,16 +234,13 @@ def write_table(
     ``attachments`` (name -> bytes, e.g. reports about the data) are published with it, read by ``read_member``."""
     table = validate(table, schema, f"output {uri}")
     with publishing(uri, overwrite) as target:
-        loc = resolve(target.file(""))
-        with reachable(loc, "write"):
-            loc.fs.create_dir(loc.path, recursive=True)
-            files = []
-            n_parts = max(1, -(-table.num_rows // rows_per_part))
-            for i in range(n_parts):
-                part = table.slice(i * rows_per_part, rows_per_part)
-                name = f"part-{i:05d}.parquet"
-                pq.write_table(part, f"{loc.path}/{name}", filesystem=loc.fs, compression="zstd")
-                files.append({"path": name, "rows": part.num_rows})
+        files = []
+        for i in range(max(1, -(-table.num_rows // rows_per_part))):
+            part = table.slice(i * rows_per_part, rows_per_part)
+            buffer = pa.BufferOutputStream()
+            pq.write_table(part, buffer, compression="zstd")
+            entry = _write_file(target, f"part-{i:05d}.parquet", buffer.getvalue().to_pybytes())
+            files.append({**entry, "rows": part.num_rows})
         return target.manifest(
             kind,
             files,
@@ -271,9 +268,10 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
         with reachable(loc, "read"):
             parts = []
             for entry in manifest["files"]:
-                path = _member_location(loc, manifest, entry["path"], "dataset")
+                data = _read_location(loc, _member_location(loc, manifest, entry["path"], "dataset"))
+                _verify(entry, data, loc.uri)  # the part is the one published: its size and sha256
                 try:
-                    parts.append(pq.read_table(path, filesystem=loc.fs))
+                    parts.append(pq.read_table(pa.BufferReader(data)))
                 except pa.ArrowInvalid as err:
                     raise SchemaError(
                         f"dataset {loc.uri}: '{entry['path']}' is not valid Parquet ({err}); fix: regenerate it"
@@ -375,8 +373,8 @@ def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
 
 
 def _verify(entry: dict, data: bytes, uri: str) -> None:
-    """A file of a published folder (adapter, library, report) against its manifest entry; every such entry
-    carries its sha256 (``publish_dir`` writes it), so an entry without one is refused too."""
+    """A published file (a dataset's part, an adapter's, library's or report's file) against its manifest entry;
+    every entry carries its sha256 (every publish writes it), so an entry without one is refused too."""
     if entry.get("bytes", len(data)) != len(data) or sha256(data) != entry.get("sha256"):
         raise StorageError(
             f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
