@@ -96,7 +96,7 @@ def test_a_version_folder_linked_out_of_the_registry_is_refused(registry_with_ve
     one_line_error(
         capsys,
         ["registry", "fetch", "--registry", registry_with_versions, "--policy-name", "pol", "--version", "2",
-         "--dest", str(tmp_path / "fetched")],
+         "--output", str(tmp_path / "fetched")],
         "registry version", "resolves outside", "through a symlink",
     )  # fmt: skip
 

@@ -110,7 +110,7 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     shown = json.loads(capsys.readouterr().out)
     assert shown["lineage"]["run_id"] == "run-1" and shown["version"] == 1
 
-    assert run(["fetch", *reg, "--version", "production", "--dest", str(tmp_path / "dl")]) == 0
+    assert run(["fetch", *reg, "--version", "production", "--output", str(tmp_path / "dl")]) == 0
     assert capsys.readouterr().out == f"{tmp_path / 'dl'}\n"
     assert (tmp_path / "dl" / "adapter_model.safetensors").is_file()
 
@@ -164,7 +164,7 @@ def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
     registry.promote("agent", 1, force=True, reason="test setup")
     rank_file = tmp_path / "max-lora-rank"
     argv = ["fetch", "--registry", local_registry, "--policy-name", "agent", "--version", "production"]
-    assert run([*argv, "--dest", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0
+    assert run([*argv, "--output", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0
     assert rank_file.read_text() == f"{vllm_rank}\n" and (tmp_path / "a" / "adapter_config.json").is_file()
 
 

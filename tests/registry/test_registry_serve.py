@@ -54,7 +54,7 @@ def test_kubernetes_manifests(reg):
     init = pod["initContainers"][0]
     assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert (
-        "sdarflow registry fetch" in init["command"][-1] and "--dest /adapters/cook/2" in init["command"][-1]
+        "sdarflow registry fetch" in init["command"][-1] and "--output /adapters/cook/2" in init["command"][-1]
     )
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     text = yaml.safe_dump_all([deployment, service])

@@ -139,7 +139,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     registry = _registry(args)
     version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
-    path = registry.fetch_adapter(args.name, version, dest=args.dest)
+    path = registry.fetch_adapter(args.name, version, dest=args.out)
     if args.rank_file:
         from sdarflow.models.lora import max_lora_rank
 
@@ -290,7 +290,7 @@ def _add_rollback(p: argparse.ArgumentParser) -> None:
 def _add_fetch(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--version", default="production", help="version number, 'latest', production or staging")
-    p.add_argument("--dest", help="target folder (default: a temp folder, or in place for a local registry)")
+    output_flag(p, "target folder (default: a temp folder, or in place for a local registry)")
     p.add_argument(
         "--rank-file",
         help="also write the vLLM --max-lora-rank this version needs to this file (the serving Deployment reads it)",

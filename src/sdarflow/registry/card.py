@@ -70,7 +70,7 @@ def model_card(
     use = [
         (
             "fetch",
-            f"sdarflow registry fetch --registry REGISTRY --policy-name {name} --version {version} --dest DIR",
+            f"sdarflow registry fetch --registry REGISTRY --policy-name {name} --version {version} --output DIR",
         ),
         ("serve with vLLM", f"vllm serve {base or 'BASE'} --enable-lora --lora-modules {name}=DIR"),
         (

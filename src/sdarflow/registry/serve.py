@@ -88,7 +88,7 @@ def _fetch_container(
     fetch = " && ".join(
         shlex.join(
             ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--policy-name", a["name"]]
-            + ["--version", str(a["version"]), "--dest", a["path"]]
+            + ["--version", str(a["version"]), "--output", a["path"]]
         )
         for a in adapters
     )
