@@ -78,3 +78,14 @@ def test_sections_with_nothing_to_show_are_left_out():
     r = Report("r", sections=[Section("no header", table=([], [["x"]])), Section("Plots", images=())])
     assert markdown(r) == "# r\n"
     assert "<h2>" not in html(r)
+
+
+def test_every_report_writes_a_figure_alike():
+    from sdarflow.report import number, with_interval
+
+    assert [number(x) for x in (0.1484375, 3, "grpo", None, float("nan"), float("inf"))] == [
+        "0.148", "3", "grpo", "n/a", "n/a", "n/a"
+    ]  # fmt: skip
+    assert number(1.0, 2) == "1.00"
+    assert with_interval(0.1484375, [0.046875, 0.265625]) == "0.148 [0.047, 0.266]"
+    assert with_interval(0.5, None) == with_interval(0.5, []) == "0.500"

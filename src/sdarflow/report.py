@@ -5,6 +5,7 @@ plots. :func:`markdown` renders it for a KFP ``Output[Markdown]`` (every value e
 never turns into markup); :func:`html` renders one self-contained page for a KFP ``Output[HTML]`` (Jinja2 with
 autoescape, the plots inline as base64 ``data:`` URIs, nothing fetched from outside). :func:`png` turns a
 matplotlib figure into PNG bytes. Rendering is deterministic: the same report gives the same bytes.
+:func:`number` and :func:`with_interval` write a figure the way every report's tables write it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -122,6 +124,19 @@ _MARKDOWN = """# {{ r.title|md }}
 # an entity), and a line that starts like a list item would become one.
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!&])")
 _LIST_START = re.compile(r"^(\s*(?:\d{1,9})?)([-+.)])(?=\s|$)")
+
+
+def number(x: Any, digits: int = 3) -> str:
+    """A figure as every report's tables print it: ``digits`` decimals for a float, an integer or text as is, and
+    ``n/a`` where there is none (None, NaN, infinity)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def with_interval(x: float | None, ci: Sequence[float] | None, digits: int = 3) -> str:
+    """``0.148 [0.047, 0.266]``: a figure with its 95% interval (the figure alone where it has none)."""
+    return number(x, digits) + (f" [{number(ci[0], digits)}, {number(ci[1], digits)}]" if ci else "")
 
 
 def md_escape(text: object) -> str:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sdarflow import storage
 from sdarflow.evaluate.compare import difference
 from sdarflow.pipeline_config import run_uri, stage_uri
-from sdarflow.report import Report, Section, html, markdown, png
+from sdarflow.report import Report, Section, html, markdown, number, png, with_interval
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
 from sdarflow.skills.accuracy import VERDICTS
 
@@ -145,35 +145,29 @@ def collect(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> dic
     }
 
 
-def _fmt(x: Any, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
-def _ci(value: float | None, ci: Sequence[float] | None) -> str:
-    return _fmt(value) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-
-
 def _tables(data: Mapping[str, Any]) -> list[Section]:
     rounds = data["rounds"]
     rollout = (["round", "episodes", "train success", "mean return", "format errors", "truncated", "identical groups"],
-               [[str(r["round"]), str(r["rollout"]["episodes"]), *(_fmt(r["rollout"][k]) for k in
-                 ("success", "mean_return", "format_error_rate", "truncated")), _fmt(r["rollout"]["identical_groups"], 0)]
+               [[str(r["round"]), str(r["rollout"]["episodes"]), *(number(r["rollout"][k]) for k in
+                 ("success", "mean_return", "format_error_rate", "truncated")), number(r["rollout"]["identical_groups"], 0)]
                 for r in rounds])  # fmt: skip
     keys = list(rounds[0]["train"]) if rounds else []
     train = (["round", *keys, "teacher gap > 0"],
-             [[str(r["round"]), *(_fmt(r["train"][k]) for k in keys), _fmt(r["teacher_gap_positive_share"])]
+             [[str(r["round"]), *(number(r["train"][k]) for k in keys), number(r["teacher_gap_positive_share"])]
               for r in rounds])  # fmt: skip
     held_out = []
     for split in sorted({s for r in rounds for s in r["eval"]}, key=lambda s: (s != "test", s)):
         b = data["base"].get(split, {})
-        held_out.append(["base model", split, _ci(b.get("pass@1"), b.get("pass@1_ci95")), "-", "-", "-"])
+        held_out.append(
+            ["base model", split, with_interval(b.get("pass@1"), b.get("pass@1_ci95")), "-", "-", "-"]
+        )
         for r in rounds:
             e = r["eval"].get(split)
             vs = (e or {}).get("vs_base") or {}
             if e:
-                held_out.append([f"round {r['round']}", split, _ci(e["pass@1"], e["pass@1_ci95"]),
-                                 f"{_fmt(e['pass@' + e['k']])} (k={e['k']})", _fmt(e["format_error_rate"]),
-                                 "-" if not vs else f"{vs['diff']:+.3f} (lower {_fmt(vs['lower'])}, {vs['tasks']} tasks)"])  # fmt: skip
+                held_out.append([f"round {r['round']}", split, with_interval(e["pass@1"], e["pass@1_ci95"]),
+                                 f"{number(e['pass@' + e['k']])} (k={e['k']})", number(e["format_error_rate"]),
+                                 "-" if not vs else f"{vs['diff']:+.3f} (lower {number(vs['lower'])}, {vs['tasks']} tasks)"])  # fmt: skip
     header = [
         "model",
         "split",
@@ -188,7 +182,7 @@ def _tables(data: Mapping[str, Any]) -> list[Section]:
         Section("Held-out evaluation", table=(header, held_out)),
     ]
     if any(r.get("skills") for r in rounds):
-        rows = [[str(r["round"]), *(_fmt(r["skills"].get(v)) for v in VERDICTS)] for r in rounds]
+        rows = [[str(r["round"]), *(number(r["skills"].get(v)) for v in VERDICTS)] for r in rounds]
         sections.append(
             Section(
                 "Skill library against the env (rules and steps; extract-skills)",

@@ -18,7 +18,6 @@ method's final adapter with the GRPO run of the same seed.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 from sdarflow import report, storage
 from sdarflow.evaluate.compare import mean_interval
 from sdarflow.evaluate.metrics import pass_at_k, pass_at_k_interval
-from sdarflow.report import Report, Section, Table
+from sdarflow.report import Report, Section, Table, number, with_interval
 
 BASELINE = "grpo"
 # valid: what a setting is chosen on (a study made before it existed has only test and ood); test: what is reported
@@ -190,13 +189,8 @@ def analyze(
 # --- rendering ---------------------------------------------------------------------------------------------------
 
 
-def _f(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
-
-
 def _abs(r: Mapping[str, Any]) -> str:
-    lo, hi = r["ci95"]
-    return f"{_f(r['value'])} [{_f(lo)}, {_f(hi)}]"
+    return with_interval(r["value"], r["ci95"])
 
 
 def _comparison_table(study: Mapping[str, Any]) -> Table:
@@ -205,8 +199,8 @@ def _comparison_table(study: Mapping[str, Any]) -> Table:
     for t in study["table"]:
         r = methods[t["method"]]
         rows.append(
-            [t["method"], _f(t["relative_pass@1"], 2), _f(t["relative_pass@k"], 2), _f(t["relative_ood_pass@1"], 2),
-             _f(t["training_overhead"], 2), _abs(r["test_pass@1"]), _abs(r["test_pass@k"]), _abs(r["ood_pass@1"])]
+            [t["method"], number(t["relative_pass@1"], 2), number(t["relative_pass@k"], 2), number(t["relative_ood_pass@1"], 2),
+             number(t["training_overhead"], 2), _abs(r["test_pass@1"]), _abs(r["test_pass@k"]), _abs(r["ood_pass@1"])]
         )  # fmt: skip
     any_run = methods[study["table"][0]["method"]]["test_pass@1"]
     counts = (
@@ -224,8 +218,8 @@ def _runs_table(study: Mapping[str, Any]) -> Table:
     return (
         ["method", "seed", "train success by round", "test pass@1", "OOD pass@1", "seconds (loop)"],
         [
-            [c["method"], str(c["seed"]), " ".join(_f(r["train_success"], 2) for r in c["rounds"]),
-             _f(c["eval"]["test"]["pass_at_k"]["1"]), _f(c["eval"]["ood"]["pass_at_k"]["1"]),
+            [c["method"], str(c["seed"]), " ".join(number(r["train_success"], 2) for r in c["rounds"]),
+             number(c["eval"]["test"]["pass_at_k"]["1"]), number(c["eval"]["ood"]["pass_at_k"]["1"]),
              f"{sum(c['seconds'].values()):.0f}"]
             for c in study["runs"]
         ],
@@ -251,7 +245,7 @@ def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
     tradeoff = (
         ["method", f"pass@{k} / pass@1", "relative to grpo's"],
         [
-            [t["method"], _f(t["pass@k_over_pass@1"], 2), _f(t["relative_pass@k_over_pass@1"], 2)]
+            [t["method"], number(t["pass@k_over_pass@1"], 2), number(t["relative_pass@k_over_pass@1"], 2)]
             for t in study["table"]
         ],
     )

@@ -13,16 +13,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sdarflow.report import Report, Section, Table, png
+from sdarflow.report import Report, Section, Table, number, png
 
 PLOT_KEYS: tuple[str, ...] = ("pass_at_k", "task_type_pass1")
 PLOT_TITLES: dict[str, str] = {"pass_at_k": "pass@k by split", "task_type_pass1": "pass@1 by task type"}
 _FIXED_KEYS = ("adapter", "base_model", "splits")
 _NA = "n/a"
-
-
-def _fmt(x: float | None) -> str:
-    return _NA if x is None else f"{x:.3f}"
 
 
 def _delta(x: float | None, base: float | None) -> str:
@@ -47,7 +43,7 @@ def _overview_table(report: Mapping[str, Any], baseline: Mapping[str, Any] | Non
         base = _split_of(baseline, split)
         row = [split, str(s["n_tasks"]), str(s["samples_per_task"])]
         for key, _ in metrics:
-            row.append(_fmt(s[key]))
+            row.append(number(s[key]))
             if baseline is not None:
                 row.append(_delta(s[key], None if base is None else base[key]))
         rows.append(row)
@@ -64,10 +60,10 @@ def _pass_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | 
     rows = []
     for k, value in s["pass_at_k"].items():
         lo, hi = s["ci95"][k]
-        row = [k, _fmt(value), f"{lo:.3f} – {hi:.3f}", counts]
+        row = [k, number(value), f"{lo:.3f} – {hi:.3f}", counts]
         if baseline is not None:
             b = None if base is None else base["pass_at_k"].get(k)
-            row += [_fmt(b), _delta(value, b)]
+            row += [number(b), _delta(value, b)]
         rows.append(row)
     return header, rows
 
@@ -80,10 +76,10 @@ def _type_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | 
     rows = []
     for task_type, t in s["by_task_type"].items():
         value = t["pass_at_k"].get("1")
-        row = [task_type, str(t["n_tasks"]), _fmt(value)]
+        row = [task_type, str(t["n_tasks"]), number(value)]
         if baseline is not None:
             b = base_types.get(task_type, {}).get("pass_at_k", {}).get("1")
-            row += [_fmt(b), _delta(value, b)]
+            row += [number(b), _delta(value, b)]
         rows.append(row)
     return header, rows
 
