@@ -66,10 +66,11 @@ images:
 	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.cpu -t $(IMAGE_REPO)/sdarflow:$(TAG) .
 	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.train-gpu -t $(IMAGE_REPO)/sdarflow-train-gpu:$(TAG) .
 	DOCKER_BUILDKIT=1 docker build -f images/Dockerfile.rollout-gpu -t $(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG) .
-	@echo "built $(IMAGE_REPO)/{sdarflow,sdarflow-train-gpu,sdarflow-rollout-gpu}:$(TAG); after pushing, pin them:"
+	@printf '{"image": "%s", "train_image": "%s", "rollout_image": "%s"}\n' "$(IMAGE_REPO)/sdarflow:$(TAG)" \
+		"$(IMAGE_REPO)/sdarflow-train-gpu:$(TAG)" "$(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG)" > images/built.json
+	@echo "built $(IMAGE_REPO)/{sdarflow,sdarflow-train-gpu,sdarflow-rollout-gpu}:$(TAG), recorded in images/built.json:"
+	@echo "  sdarflow pipeline compile (run here) pins them; after pushing, pin the manifests' too:"
 	@echo "  (cd k8s/images && kustomize edit set image ghcr.io/sdarflow/sdarflow=$(IMAGE_REPO)/sdarflow:$(TAG))"
-	@echo "  sdarflow pipeline compile ... --image $(IMAGE_REPO)/sdarflow:$(TAG) --train-image \\"
-	@echo "    $(IMAGE_REPO)/sdarflow-train-gpu:$(TAG) --rollout-image $(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG)"
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache

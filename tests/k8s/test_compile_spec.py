@@ -509,3 +509,28 @@ def test_presets_set_the_ui_defaults(tmp_path):
     assert demo["method"] == production["method"] == "sdar"  # what no preset sets stays PipelineConfig's
     with pytest.raises(SystemExit):
         compile_spec(tmp_path / "bad", "--preset", "huge")
+
+
+def _images(spec: dict) -> set[str]:
+    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+
+
+def test_compile_pins_the_images_make_images_built(tmp_path, monkeypatch, caplog, capsys):
+    """`make images` records its tags in images/built.json; compile (run where it is) pins them, a flag wins, a
+    broken record is one line, and without either the release tags are used with a warning."""
+    monkeypatch.chdir(tmp_path)
+    built = {"image": "reg.example/sdarflow:0.1.0-abc", "train_image": "reg.example/train:0.1.0-abc",
+             "rollout_image": "reg.example/rollout:0.1.0-abc"}  # fmt: skip
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "built.json").write_text(json.dumps(built))
+    spec, _, _ = compile_spec(tmp_path, "--image", "reg.example/mine:1")
+    assert _images(spec) == {"reg.example/mine:1", built["train_image"], built["rollout_image"]}
+    (tmp_path / "images" / "built.json").write_text('{"image": "x"}')
+    assert main(["pipeline", "compile", "--output", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "does not name the three images" in err and "fix: run `make images` again" in err
+    (tmp_path / "images" / "built.json").unlink()
+    with caplog.at_level("WARNING"):
+        spec, _, _ = compile_spec(tmp_path)
+    assert "no images/built.json from `make images`: the tasks use the release tags" in caplog.text
+    assert _images(spec) == {IMAGE, TRAIN_GPU_IMAGE, ROLLOUT_GPU_IMAGE}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -30,11 +31,40 @@ PIPELINES = ("training", "promote", "study")
 PACKAGE_FIX = "compile one first: sdarflow pipeline compile --output FILE.yaml"
 
 
+# What `make images` built and tagged; compile pins these images unless --image* flags say otherwise.
+BUILT_IMAGES = Path("images") / "built.json"
+IMAGE_KEYS = ("image", "train_image", "rollout_image")
+
+
+def built_images(path: Path) -> dict[str, str]:
+    """The image references ``make images`` recorded in ``path`` ({} when there is no such file)."""
+    if not path.is_file():
+        return {}
+    fix = "fix: run `make images` again, or pass --image, --train-image and --rollout-image"
+    try:
+        built = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read the built images in '{path}' ({err}); {fix}") from err
+    if not isinstance(built, dict) or not all(isinstance(built.get(k), str) and built[k] for k in IMAGE_KEYS):
+        raise ConfigError(f"'{path}' does not name the three images ({', '.join(IMAGE_KEYS)}); {fix}")
+    return {k: built[k] for k in IMAGE_KEYS}
+
+
 def kube_options(args: argparse.Namespace):
-    """``KubeOptions`` from the compile flags (defaults for anything not given)."""
+    """``KubeOptions`` from the compile flags (defaults for anything not given); the images are the flags', else
+    the ones ``make images`` built (``images/built.json``), else the release tags (a warning says so)."""
     from pipelines.kube import KubeOptions, Toleration
 
     opts = KubeOptions()
+    built = built_images(BUILT_IMAGES)
+    images = {k: getattr(args, k) or built.get(k) or getattr(opts, k) for k in IMAGE_KEYS}
+    if not built and not all(getattr(args, k) for k in IMAGE_KEYS):
+        log.warning(
+            "pipeline compile: no %s from `make images`: the tasks use the release tags (%s); pin the images you "
+            "pushed with `make images` or --image/--train-image/--rollout-image",
+            BUILT_IMAGES,
+            ", ".join(images[k] for k in IMAGE_KEYS),
+        )
     gpus = {}
     for stage, count in pairs(args.gpus, "--gpus").items():
         if not count.isdigit():
@@ -55,9 +85,7 @@ def kube_options(args: argparse.Namespace):
         specs = [t for t in args.toleration if t != "none"]
         tolerations = [Toleration.parse(t) for t in specs]
     return KubeOptions(
-        image=args.image or opts.image,
-        train_image=args.train_image or opts.train_image,
-        rollout_image=args.rollout_image or opts.rollout_image,
+        **images,
         gpu_resource=args.gpu_resource,
         gpus={**opts.gpus, **gpus},
         node_selector=pairs(args.node_selector, "--node-selector"),
