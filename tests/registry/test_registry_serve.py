@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -54,7 +55,8 @@ def test_kubernetes_manifests(reg):
     init = pod["initContainers"][0]
     assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert (
-        "sdarflow registry fetch" in init["command"][-1] and "--output /adapters/cook/2" in init["command"][-1]
+        "sdarflow registry fetch" in init["command"][-1]
+        and "--output /adapters/cook/2" in init["command"][-1]
     )
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     text = yaml.safe_dump_all([deployment, service])
@@ -75,3 +77,20 @@ def test_rank_above_vllm_maximum(local_registry, make_adapter, report, lineage):
     reg.promote("big", 1, force=True, reason="test setup")
     with pytest.raises(ModelError, match="LoRA rank 1024 is above vLLM's maximum 512"):
         serve_config(reg, "/models/qwen")
+
+
+def test_the_serving_image_is_the_pinned_vllm_release():
+    """serve-config's default vLLM image is the release the rollout image installs and k8s/images pins, never a
+    moving tag."""
+    import re
+
+    import yaml
+
+    from sdarflow.registry.serve import DEFAULT_IMAGE
+
+    root = Path(__file__).resolve().parents[2]
+    pins = yaml.safe_load((root / "k8s" / "images" / "kustomization.yaml").read_text())["images"]
+    (tag,) = [p["newTag"] for p in pins if p["name"] == "vllm/vllm-openai"]
+    assert DEFAULT_IMAGE == f"vllm/vllm-openai:{tag}"
+    dockerfile = (root / "images" / "Dockerfile.rollout-gpu").read_text()
+    assert f"vllm=={tag.removeprefix('v')}" in re.sub(r"\s+", " ", dockerfile)

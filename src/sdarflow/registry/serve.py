@@ -23,7 +23,9 @@ from sdarflow.registry.store import Registry
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE = "vllm/vllm-openai:latest"
+# The vLLM release the rollout image installs (images/Dockerfile.rollout-gpu) and k8s/images pins: serving the
+# adapters with another one would serve them with another sampler and kernels than they were evaluated with.
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
 SERVING_CPU, SERVING_MEMORY = "8", "64Gi"
 
