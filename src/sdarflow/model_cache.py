@@ -15,8 +15,8 @@ from sdarflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 # Stages that read the base model's weights (and so need a remote base model copied to local disk first):
-# register reads the safetensors headers and fingerprint to check the adapter fits the base.
-LOADS_MODEL = ("generate", "rescore", "train", "evaluate", "register")
+# (register reads an s3:// base's fingerprint and safetensors headers where it is, by ranges: no copy.)
+LOADS_MODEL = ("generate", "rescore", "train", "evaluate")
 
 
 def local_model(uri: str) -> str:

@@ -188,6 +188,37 @@ def test_an_adapter_is_checked_against_its_base_model(
     assert reg._manifest(reg._layout("agent"), 1)["checked_against_base"] == str(tiny_model)
 
 
+def test_an_s3_base_is_checked_where_it_is(
+    s3_root, local_registry, lora_adapter, tiny_model, report, lineage, tmp_path, monkeypatch
+):
+    """register reads an s3:// base's fingerprint and safetensors headers by ranges: the same fingerprint and
+    shapes as the local folder, the same verdicts, and nothing copied to the model cache."""
+    import shutil
+
+    from sdarflow import storage
+    from sdarflow.models.identity import BASE_FILE, base_fingerprint, weight_shapes
+
+    base = storage.join(s3_root, "models", "tiny")
+    for f in Path(tiny_model).iterdir():
+        if f.is_file():
+            storage.write_bytes(storage.join(base, f.name), f.read_bytes())
+    assert base_fingerprint(base) == base_fingerprint(str(tiny_model))
+    assert weight_shapes(base) == weight_shapes(str(tiny_model)) != {}
+    monkeypatch.setenv("SDARFLOW_CACHE", str(tmp_path / "cache"))
+    reg = Registry(local_registry)
+    assert reg.register("agent", lora_adapter, report(0.5, 0.7, 0.4), lineage, base_model=base) == 1
+    assert reg._manifest(reg._layout("agent"), 1)["checked_against_base"] == base
+    assert not (tmp_path / "cache").exists()  # the model was not copied
+    other = tmp_path / "other-base"
+    shutil.copytree(lora_adapter, other)
+    (other / BASE_FILE).write_text(json.dumps({"fingerprint": "0123456789abcdef"}))
+    with pytest.raises(ModelError, match="trained on a different base model"):
+        reg.register("agent", other, report(0.5, 0.7, 0.4), lineage, base_model=base)
+    widened = _edit_adapter(lora_adapter, tmp_path / "widened", _widen_first_lora_a)
+    with pytest.raises(ModelError, match="does not fit base model"):
+        reg.register("agent", widened, report(0.5, 0.7, 0.4), lineage, base_model=base)
+
+
 def _widen_first_lora_a(tensors):
     name = next(n for n in tensors if ".lora_A." in n)
     return {**tensors, name: tensors[name].new_zeros(tensors[name].shape[0], tensors[name].shape[1] + 1)}
@@ -237,7 +268,7 @@ def test_an_adapter_of_another_base_with_the_same_config_is_refused(
 def test_a_base_model_that_is_not_a_model_folder_is_refused(
     local_registry, make_adapter, report, lineage, tmp_path
 ):
-    with pytest.raises(ConfigError, match="is not a local HF model folder"):
+    with pytest.raises(ConfigError, match="is not an HF model folder"):
         Registry(local_registry).register(
             "agent", make_adapter(), report(0.5, 0.7, 0.4), lineage, base_model=tmp_path
         )

@@ -30,18 +30,43 @@ def check_model_dir(path: str) -> Path:
 _SAMPLES, _WINDOW = 16, 4096  # weight bytes sampled per file for the fingerprint
 
 
+def _model_files(path: str):
+    """(filesystem, folder, config.json bytes, weight files as (name, size), safetensors first) of a model folder,
+    local or ``s3://``: what the fingerprint and the shape check read, by ranges, without copying the model."""
+    import pyarrow.fs as pafs
+
+    from sdarflow import storage
+
+    loc = storage.resolve(path)
+    found = {}
+    try:
+        infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+        found = {Path(i.path).name: i.size for i in infos if i.type == pafs.FileType.File}
+        config = loc.fs.open_input_file(f"{loc.path}/config.json").read() if "config.json" in found else None
+    except OSError as err:
+        raise ModelError(
+            f"model folder '{path}' cannot be read ({err}); fix: check the URI and credentials"
+        ) from err
+    if config is None:
+        check_model_dir(path)  # raises: the one message for a folder without config.json
+    weights = [
+        (n, found[n]) for suffix in (".safetensors", ".bin") for n in sorted(found) if n.endswith(suffix)
+    ]
+    return loc.fs, loc.path, config, weights
+
+
 def base_fingerprint(path: str) -> str:
     """Identity of a base model for adapter compatibility, not its (mount) path: config.json, every weight file's
     name and size, each safetensors header (tensor names, dtypes, shapes) and 16 evenly spaced 4 KiB windows of
-    its weights. Two models with the same config but other weights differ; reading it costs ~64 KiB per file."""
-    folder = check_model_dir(path)
-    digest = hashlib.sha256((folder / "config.json").read_bytes())
-    for weights in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        size = weights.stat().st_size
-        digest.update(f"{weights.name}:{size}".encode())
-        with weights.open("rb") as f:
+    its weights. Two models with the same config but other weights differ; reading it costs ~64 KiB per file, so
+    an ``s3://`` base is fingerprinted where it is."""
+    fs, folder, config, weights = _model_files(path)
+    digest = hashlib.sha256(config)
+    for name, size in weights:
+        digest.update(f"{name}:{size}".encode())
+        with fs.open_input_file(f"{folder}/{name}") as f:
             start = 0
-            if weights.suffix == ".safetensors" and size >= 8:
+            if name.endswith(".safetensors") and size >= 8:
                 header = int.from_bytes(f.read(8), "little")
                 digest.update(f.read(min(header, size - 8)))
                 start = min(size, 8 + header)
@@ -53,7 +78,30 @@ def base_fingerprint(path: str) -> str:
 
 def config_fingerprint(path: str) -> str:
     """The fingerprint adapters recorded before it covered the weights (config.json only); still accepted."""
-    return hashlib.sha256((check_model_dir(path) / "config.json").read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(_model_files(path)[2]).hexdigest()[:16]
+
+
+def weight_shapes(path: str) -> dict[str, list[int]]:
+    """Tensor name -> shape of every safetensors file of a model folder (local or ``s3://``), from the headers
+    alone (8 bytes and a JSON header per file: no weights read); ModelError for a header that is not one."""
+    fs, folder, _, weights = _model_files(path)
+    shapes: dict[str, list[int]] = {}
+    for name, size in weights:
+        if not name.endswith(".safetensors"):
+            continue
+        fix = f"base weights '{path}/{name}' is not a valid safetensors file"
+        with fs.open_input_file(f"{folder}/{name}") as f:
+            length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+            if not 0 < length <= size - 8:
+                raise ModelError(
+                    f"{fix} (header of {length} bytes in a {size}-byte file); fix: save it again"
+                )
+            try:
+                header = json.loads(f.read(length))
+                shapes.update({k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise ModelError(f"{fix} ({err}); fix: save it again") from err
+    return shapes
 
 
 def safetensors_shapes(path: Path, what: str) -> dict[str, list[int]]:

@@ -187,12 +187,10 @@ def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) 
     loaded): ``lora_A`` is (rank, in) and ``lora_B`` (out, rank) of the adapted module's (out, in) weight; an
     embedding's ``lora_embedding_A`` is (rank, vocab) and ``lora_embedding_B`` (dim, rank); any other tensor
     (``modules_to_save``) has the shape of the base tensor it replaces."""
-    from sdarflow.models.identity import check_adapter, safetensors_shapes
+    from sdarflow.models.identity import check_adapter, safetensors_shapes, weight_shapes
 
     check_adapter(str(adapter_dir), base)
-    shapes: dict[str, list[int]] = {}
-    for weights in sorted(Path(base).glob("*.safetensors")):
-        shapes.update(safetensors_shapes(weights, "base weights"))
+    shapes = weight_shapes(base)
     if not shapes:
         raise ModelError(
             f"base model '{base}' has no safetensors weights to check the adapter against; fix: save the base "
@@ -269,16 +267,17 @@ def stage_version(
 
 
 def checked_base(adapter_dir: Path, adapter_config: Mapping[str, Any], base_model: str | Path | None) -> str:
-    """The base model folder ``adapter_dir`` was checked against (fingerprint and every tensor shape): ``base_model``
-    or, by default, the adapter's ``base_model_name_or_path`` when that is a local folder; "" when there is none to
-    check against (logged). ConfigError when ``base_model`` is given but is not a local HF model folder."""
+    """The base model ``adapter_dir`` was checked against (fingerprint and every tensor shape): ``base_model`` (a
+    folder or an ``s3://`` URI, read without copying the weights) or, by default, the adapter's
+    ``base_model_name_or_path`` when that is a local folder; "" when there is none to check against (logged).
+    ConfigError when ``base_model`` is given but is not an HF model folder."""
     base = str(base_model or adapter_config.get("base_model_name_or_path") or "")
-    if base and (Path(base) / "config.json").is_file():
-        check_against_base(adapter_dir, adapter_config, base)
+    if base and (base.startswith("s3://") or (Path(base) / "config.json").is_file()):
+        check_against_base(adapter_dir, adapter_config, base)  # an s3:// base is read where it is, by ranges
     elif base_model:
         raise ConfigError(
-            f"base model '{base_model}' is not a local HF model folder (no config.json); fix: pass the folder "
-            f"the adapter was trained on"
+            f"base model '{base_model}' is not an HF model folder (no config.json); fix: pass the folder (or s3:// "
+            f"URI) the adapter was trained on"
         )
     else:
         log.warning(
