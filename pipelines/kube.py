@@ -107,7 +107,6 @@ class KubeOptions:
     timeout_s: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIMEOUT_S))
     shm_size: str = "16Gi"  # /dev/shm of GPU tasks (memory-backed, counted against the memory limit)
     model_cache_size: str = "200Gi"  # the ephemeral volume holding the base model; "" = none
-    model_cache_class: str = ""  # its StorageClass; "" = the cluster default
     pipeline_root: str = ""
 
     def __post_init__(self) -> None:
@@ -155,13 +154,10 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
         task.set_retry(opts.retries, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="3600s")
     kubernetes.set_timeout(task, opts.timeout_s.get(stage, DEFAULT_TIMEOUT_S[stage]))
     if stage in MODEL_CACHE_STAGES and opts.model_cache_size:
-        kubernetes.add_ephemeral_volume(
-            task,
-            volume_name="model-cache",
-            mount_path=MODEL_CACHE_PATH,
-            access_modes=["ReadWriteOnce"],
-            size=opts.model_cache_size,
-            storage_class_name=opts.model_cache_class or None,
+        # An emptyDir, not a generic ephemeral PVC: the images run as UID 10001, a fresh PVC's root is owned by
+        # root, and KFP cannot set the pod's fsGroup; an emptyDir is writable by any user and goes with the pod.
+        kubernetes.empty_dir_mount(
+            task, volume_name="model-cache", mount_path=MODEL_CACHE_PATH, size_limit=opts.model_cache_size
         )
         task.set_env_variable("SDARFLOW_CACHE", MODEL_CACHE_PATH)
     task.set_container_image(opts.image_for(stage))

@@ -209,10 +209,14 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
             ]
         else:
             assert not shm, name
-        volumes = k8s.get("genericEphemeralVolume", [])
+        # an emptyDir, writable by the images' non-root user (a fresh PVC is root's, and KFP sets no fsGroup)
+        assert "genericEphemeralVolume" not in k8s and "pvcMount" not in k8s, name
+        volumes = [v for v in k8s.get("emptyDirMounts", []) if v["volumeName"] == "model-cache"]
         env = {e["name"]: e["value"] for e in executor(pipeline, task).get("env", [])}
         if stage in MODEL_CACHE_STAGES:
-            assert [(v["mountPath"], v["size"]) for v in volumes] == [(MODEL_CACHE_PATH, "200Gi")], name
+            assert volumes == [
+                {"volumeName": "model-cache", "mountPath": MODEL_CACHE_PATH, "sizeLimit": "200Gi"}
+            ]
             assert env["SDARFLOW_CACHE"] == MODEL_CACHE_PATH
         else:
             assert not volumes and "SDARFLOW_CACHE" not in env, name
@@ -225,7 +229,8 @@ def test_flags_override_the_deadlines_and_volumes(tmp_path):
     tasks = pipeline["root"]["dag"]["tasks"]
     train = k8s_executor(pipeline, platform, tasks["train"])
     assert int(train["activeDeadlineSeconds"]) == 86400
-    assert train["emptyDirMounts"][0]["sizeLimit"] == "64Gi" and "genericEphemeralVolume" not in train
+    assert [v["volumeName"] for v in train["emptyDirMounts"]] == ["dshm"]  # --model-cache-size "": none
+    assert train["emptyDirMounts"][0]["sizeLimit"] == "64Gi"
 
 
 def test_the_run_id_reaches_the_audit_log_as_a_whole_placeholder(spec):

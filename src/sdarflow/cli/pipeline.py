@@ -97,7 +97,6 @@ def kube_options(args: argparse.Namespace):
         timeout_s={**opts.timeout_s, **timeouts},
         shm_size=opts.shm_size if args.shm_size is None else args.shm_size,
         model_cache_size=opts.model_cache_size if args.model_cache_size is None else args.model_cache_size,
-        model_cache_class=args.model_cache_class or opts.model_cache_class,
         pipeline_root=args.pipeline_root,
     )
 
@@ -326,10 +325,9 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
     c.add_argument("--shm-size", help="memory-backed /dev/shm of GPU tasks, for NCCL and vLLM (default 16Gi)")
     c.add_argument(
         "--model-cache-size",
-        help="ephemeral volume holding the base model in model-loading tasks (default 200Gi); '' = the "
-        "container's disk",
+        help="size limit of the emptyDir holding the base model in model-loading tasks (default 200Gi, node "
+        "ephemeral storage); '' = the container's disk",
     )
-    c.add_argument("--model-cache-class", help="StorageClass of that volume (default: the cluster's)")
     c.add_argument("--pipeline-root", default="", help="where KFP keeps its artifacts, e.g. s3://bucket/kfp")
     _scheduling_flags(c)
     c.set_defaults(func=_cmd_compile)
