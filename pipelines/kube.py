@@ -60,6 +60,21 @@ DEFAULT_TIMEOUT_S = {
     "register": 3600,
     "promote": 600,
 }
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def queue_label(queue: str) -> dict[str, str]:
+    """The label Kueue admits a workload by (its LocalQueue), so the namespace's quotas and priority classes apply
+    to the run's pods; {} without a queue. ConfigError for a name that is not a label value."""
+    if queue and not _LABEL_VALUE.fullmatch(queue):
+        raise ConfigError(
+            f"--queue {queue!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
+            f"starting and ending with a letter or digit); fix: the LocalQueue's name, e.g. team-a"
+        )
+    return {KUEUE_LABEL: queue} if queue else {}
+
+
 # Stages that copy an s3:// base model to $SDARFLOW_CACHE (model_cache.local_model).
 MODEL_CACHE_STAGES = LOADS_MODEL
 MODEL_CACHE_PATH = "/var/cache/sdarflow"
@@ -108,6 +123,8 @@ class KubeOptions:
     shm_size: str = "16Gi"  # /dev/shm of GPU tasks (memory-backed, counted against the memory limit)
     model_cache_size: str = "200Gi"  # the ephemeral volume holding the base model; "" = none
     pipeline_root: str = ""
+    queue: str = ""  # a Kueue LocalQueue: every pod gets the kueue.x-k8s.io/queue-name label; "" = none
+    parallelism: int = 0  # the study's cells running at once; 0 = all
 
     def __post_init__(self) -> None:
         for what, mapping, allowed in (
@@ -131,6 +148,11 @@ class KubeOptions:
         if bad:
             raise ConfigError(
                 f"--timeout: seconds must be integers >= 1, got {bad}; fix: e.g. --timeout train=86400"
+            )
+        queue_label(self.queue)  # a bad name fails now
+        if self.parallelism < 0:
+            raise ConfigError(
+                f"--parallelism ({self.parallelism}) must be >= 0; fix: e.g. 4, or 0 for all cells"
             )
 
     def gpus_for(self, stage: str) -> int:
@@ -181,6 +203,8 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
                 value=tol.value,
                 effect=tol.effect,
             )
+    for key, value in queue_label(opts.queue).items():
+        kubernetes.add_pod_label(task, key, value)
     if opts.s3_secret:
         # Credentials reach the pod only as env vars from the Secret: nothing secret is in the pipeline spec.
         kubernetes.use_secret_as_env(task, opts.s3_secret, {k: k for k in S3_KEYS})

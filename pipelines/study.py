@@ -29,7 +29,7 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
     # (here the settings URI) the loop item instead; a sub-pipeline's inputs arrive correctly.
     @dsl.pipeline(name="study-cells", description="every (method, seed) cell in parallel")
     def study_cells(settings: str) -> list[str]:
-        with dsl.ParallelFor(cells) as cell:
+        with dsl.ParallelFor(cells, parallelism=kube.parallelism if kube else 0) as cell:
             run = study_cell(settings=settings, method=cell.method, seed=cell.seed)
             wire(run, "train", kube, "study: cell")
         return dsl.Collected(run.output)

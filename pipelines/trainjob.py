@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any
 
-from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration
+from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration, queue_label
 from sdarflow.config import StageConfig
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
@@ -72,6 +72,7 @@ def trainjob_manifest(
     s3_secret: str = S3_SECRET,
     node_selector: dict[str, str] | None = None,
     tolerations: list[Toleration] | None = None,
+    queue: str = "",
 ) -> dict[str, Any]:
     """The TrainJob for one train stage config (``TrainConfig``) on ``nodes`` x ``gpus_per_node`` GPUs. Its ranks
     train with DeepSpeed whatever ``cfg.engine`` says (the torch engine trains in one process)."""
@@ -84,7 +85,11 @@ def trainjob_manifest(
         raise ConfigError(f"nodes ({nodes}) must be >= 1 and gpus_per_node ({gpus_per_node}) >= 0")
     metadata: dict[str, Any] = {
         "name": job_name(name),
-        "labels": {"app.kubernetes.io/part-of": "sdarflow", "sdarflow.io/stage": "train"},
+        "labels": {
+            "app.kubernetes.io/part-of": "sdarflow",
+            "sdarflow.io/stage": "train",
+            **queue_label(queue),
+        },
         "annotations": {"sdarflow.io/config-hash": cfg.config_hash()},
     }
     if namespace:

@@ -539,3 +539,32 @@ def test_compile_pins_the_images_make_images_built(tmp_path, monkeypatch, caplog
         spec, _, _ = compile_spec(tmp_path)
     assert "no images/built.json from `make images`: the tasks use the release tags" in caplog.text
     assert _images(spec) == {IMAGE, TRAIN_GPU_IMAGE, ROLLOUT_GPU_IMAGE}
+
+
+def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path):
+    """--queue puts every pod in a Kueue LocalQueue (so the namespace's quotas and priority classes apply);
+    --parallelism caps how many study cells run at once; a queue that is not a label value is one line."""
+    pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "1", "--queue", "team-a")
+    for name, task in pipeline["root"]["dag"]["tasks"].items():
+        labels = k8s_executor(pipeline, platform, task).get("podMetadata", {}).get("labels", {})
+        assert labels == {"kueue.x-k8s.io/queue-name": "team-a"}, name
+    flags = [
+        "--pipeline",
+        "study",
+        "--methods",
+        "grpo",
+        "sdar",
+        "--seeds",
+        "0",
+        "1",
+        "2",
+        "--parallelism",
+        "2",
+    ]
+    pipeline, _, _ = compile_spec(tmp_path, *flags)
+    cells = pipeline["root"]["dag"]["tasks"]["study-cells"]
+    (loop,) = pipeline["components"][cells["componentRef"]["name"]]["dag"]["tasks"].values()
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 2
+    out = str(tmp_path / "bad.yaml")
+    assert main(["pipeline", "compile", "--output", out, "--queue", "team a"]) == 2
+    assert not Path(out).exists()

@@ -176,3 +176,12 @@ def test_stage_flags_and_tolerations_parse():
     assert stage_flags(TrainConfig()) == []
     assert Toleration.parse("pool=gpu:NoExecute") == Toleration("pool", "NoExecute", "gpu")
     assert Toleration.parse("nvidia.com/gpu") == Toleration("nvidia.com/gpu")
+
+
+def test_a_kueue_queue_labels_the_trainjob():
+    labels = trainjob_manifest(train_config(), name="t", image="img", queue="team-a")["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert (
+        "kueue.x-k8s.io/queue-name"
+        not in trainjob_manifest(train_config(), name="t", image="img")["metadata"]["labels"]
+    )

@@ -98,6 +98,8 @@ def kube_options(args: argparse.Namespace):
         shm_size=opts.shm_size if args.shm_size is None else args.shm_size,
         model_cache_size=opts.model_cache_size if args.model_cache_size is None else args.model_cache_size,
         pipeline_root=args.pipeline_root,
+        queue=args.queue,
+        parallelism=args.parallelism,
     )
 
 
@@ -247,6 +249,7 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
         s3_secret=args.s3_secret,
         node_selector=pairs(args.node_selector, "--node-selector"),
         tolerations=[Toleration.parse(t) for t in specs] if args.toleration else None,
+        queue=args.queue,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -266,6 +269,12 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         help="replaces the default nvidia.com/gpu:NoSchedule; 'none' for no tolerations [repeatable]",
     )
     p.add_argument("--s3-secret", default=S3_SECRET, help="Secret with AWS_* keys; '' = none (IRSA etc.)")
+    p.add_argument(
+        "--queue",
+        default="",
+        help="Kueue LocalQueue of every task (the kueue.x-k8s.io/queue-name pod label), so the namespace's quotas "
+        "and priority classes apply; '' = none",
+    )
 
 
 def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
@@ -329,6 +338,9 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
         "ephemeral storage); '' = the container's disk",
     )
     c.add_argument("--pipeline-root", default="", help="where KFP keeps its artifacts, e.g. s3://bucket/kfp")
+    c.add_argument(
+        "--parallelism", type=int, default=0, help="--pipeline study: cells running at once (default 0: all)"
+    )
     _scheduling_flags(c)
     c.set_defaults(func=_cmd_compile)
 
