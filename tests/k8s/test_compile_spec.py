@@ -541,7 +541,7 @@ def test_compile_pins_the_images_make_images_built(tmp_path, monkeypatch, caplog
     assert _images(spec) == {IMAGE, TRAIN_GPU_IMAGE, ROLLOUT_GPU_IMAGE}
 
 
-def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path):
+def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path, capsys):
     """--queue puts every pod in a Kueue LocalQueue (so the namespace's quotas and priority classes apply);
     --parallelism caps how many study cells run at once; a queue that is not a label value is one line."""
     pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "1", "--queue", "team-a")
@@ -566,5 +566,7 @@ def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path
     (loop,) = pipeline["components"][cells["componentRef"]["name"]]["dag"]["tasks"].values()
     assert loop["iteratorPolicy"]["parallelismLimit"] == 2
     out = str(tmp_path / "bad.yaml")
+    capsys.readouterr()
     assert main(["pipeline", "compile", "--output", out, "--queue", "team a"]) == 2
+    assert "--queue 'team a' is not a Kubernetes label value" in capsys.readouterr().err
     assert not Path(out).exists()

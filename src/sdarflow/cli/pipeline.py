@@ -58,13 +58,6 @@ def kube_options(args: argparse.Namespace):
     opts = KubeOptions()
     built = built_images(BUILT_IMAGES)
     images = {k: getattr(args, k) or built.get(k) or getattr(opts, k) for k in IMAGE_KEYS}
-    if not built and not all(getattr(args, k) for k in IMAGE_KEYS):
-        log.warning(
-            "pipeline compile: no %s from `make images`: the tasks use the release tags (%s); pin the images you "
-            "pushed with `make images` or --image/--train-image/--rollout-image",
-            BUILT_IMAGES,
-            ", ".join(images[k] for k in IMAGE_KEYS),
-        )
     gpus = {}
     for stage, count in pairs(args.gpus, "--gpus").items():
         if not count.isdigit():
@@ -84,7 +77,7 @@ def kube_options(args: argparse.Namespace):
         # Any --toleration replaces the default one; '--toleration none' drops them all.
         specs = [t for t in args.toleration if t != "none"]
         tolerations = [Toleration.parse(t) for t in specs]
-    return KubeOptions(
+    kube = KubeOptions(
         **images,
         gpu_resource=args.gpu_resource,
         gpus={**opts.gpus, **gpus},
@@ -101,6 +94,15 @@ def kube_options(args: argparse.Namespace):
         queue=args.queue,
         parallelism=args.parallelism,
     )
+    # after the settings' checks, so a bad flag is the only line a failing compile prints
+    if not built and not all(getattr(args, k) for k in IMAGE_KEYS):
+        log.warning(
+            "pipeline compile: no %s from `make images`: the tasks use the release tags (%s); pin the images you "
+            "pushed with `make images` or --image/--train-image/--rollout-image",
+            BUILT_IMAGES,
+            ", ".join(images[k] for k in IMAGE_KEYS),
+        )
+    return kube
 
 
 def compile_pipeline(
