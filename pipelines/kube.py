@@ -10,11 +10,13 @@ applies it to one task. The KFP local runner ignores it, so local runs and the c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from kfp import dsl, kubernetes
 
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
+from sdarflow.config import Checked, opt
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
 from sdarflow.model_cache import LOADS_MODEL
@@ -104,56 +106,32 @@ class Toleration:
 
 
 @dataclass
-class KubeOptions:
+class KubeOptions(Checked):
     """Compile-time Kubernetes settings. GPU stages with 0 GPUs run on the CPU image without GPU scheduling."""
 
-    image: str = IMAGE
-    train_image: str = TRAIN_GPU_IMAGE
-    rollout_image: str = ROLLOUT_GPU_IMAGE
-    gpu_resource: str = "nvidia.com/gpu"
-    gpus: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GPU_STAGES, 1))
-    node_selector: dict[str, str] = field(default_factory=dict)
-    # GPU node pools are commonly tainted nvidia.com/gpu (GKE, AKS, the NVIDIA operator's docs): tolerate it.
-    tolerations: list[Toleration] = field(default_factory=lambda: [Toleration("nvidia.com/gpu")])
-    s3_secret: str = S3_SECRET
-    cpu: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_CPU))
-    memory: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MEMORY))
-    retries: int = 2
-    timeout_s: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIMEOUT_S))
-    shm_size: str = "16Gi"  # /dev/shm of GPU tasks (memory-backed, counted against the memory limit)
-    model_cache_size: str = "200Gi"  # the ephemeral volume holding the base model; "" = none
-    pipeline_root: str = ""
-    queue: str = ""  # a Kueue LocalQueue: every pod gets the kueue.x-k8s.io/queue-name label; "" = none
-    parallelism: int = 0  # the study's cells running at once; 0 = all
+    what: ClassVar[str] = "pipeline compile"
 
-    def __post_init__(self) -> None:
-        for what, mapping, allowed in (
-            ("gpus", self.gpus, GPU_STAGES),
-            ("cpu", self.cpu, TASKS),
-            ("memory", self.memory, TASKS),
-            ("timeout", self.timeout_s, TASKS),
-        ):
-            unknown = sorted(set(mapping) - set(allowed))
-            if unknown:
-                raise ConfigError(
-                    f"--{what}: unknown stage(s) {unknown}; allowed: {', '.join(allowed)}; fix: e.g. "
-                    f"--{what} {allowed[0]}=..."
-                )
-        bad = {s: n for s, n in self.gpus.items() if not isinstance(n, int) or n < 0}
-        if bad:
-            raise ConfigError(f"--gpus: counts must be integers >= 0, got {bad}; fix: e.g. --gpus train=8")
-        if self.retries < 0:
-            raise ConfigError(f"--retries ({self.retries}) must be >= 0")
-        bad = {s: n for s, n in self.timeout_s.items() if not isinstance(n, int) or n < 1}
-        if bad:
-            raise ConfigError(
-                f"--timeout: seconds must be integers >= 1, got {bad}; fix: e.g. --timeout train=86400"
-            )
+    image: str = opt(IMAGE, "the CPU image")
+    train_image: str = opt(TRAIN_GPU_IMAGE, "the GPU image of rescore and train (DeepSpeed)")
+    rollout_image: str = opt(ROLLOUT_GPU_IMAGE, "the GPU image of generate and evaluate (vLLM)")
+    gpu_resource: str = opt("nvidia.com/gpu", "the extended resource a GPU is")
+    gpus: dict[str, int] = opt(dict.fromkeys(GPU_STAGES, 1), "GPUs per stage", ge=0, keys=GPU_STAGES)
+    node_selector: dict[str, str] = opt({}, "node labels GPU tasks are scheduled by")
+    # GPU node pools are commonly tainted nvidia.com/gpu (GKE, AKS, the NVIDIA operator's docs): tolerate it.
+    tolerations: list[Toleration] = opt([Toleration("nvidia.com/gpu")], "taints GPU tasks tolerate")
+    s3_secret: str = opt(S3_SECRET, "the Secret holding the S3 credentials")
+    cpu: dict[str, str] = opt(DEFAULT_CPU, "CPU request per task", keys=TASKS)
+    memory: dict[str, str] = opt(DEFAULT_MEMORY, "memory request and limit per task", keys=TASKS)
+    retries: int = opt(2, "retries of the tasks whose failure is usually transient", ge=0)
+    timeout_s: dict[str, int] = opt(DEFAULT_TIMEOUT_S, "seconds a task may run", ge=1, keys=TASKS)
+    shm_size: str = opt("16Gi", "/dev/shm of GPU tasks (memory-backed, counted against the memory limit)")
+    model_cache_size: str = opt("200Gi", "the ephemeral volume holding the base model; '' = none")
+    pipeline_root: str = opt("", "where KFP keeps the run's artifacts; '' = the deployment's default")
+    queue: str = opt("", "a Kueue LocalQueue: every pod gets the kueue.x-k8s.io/queue-name label; '' = none")
+    parallelism: int = opt(0, "the study's cells running at once; 0 = all", ge=0)
+
+    def validate(self) -> None:
         queue_label(self.queue)  # a bad name fails now
-        if self.parallelism < 0:
-            raise ConfigError(
-                f"--parallelism ({self.parallelism}) must be >= 0; fix: e.g. 4, or 0 for all cells"
-            )
 
     def gpus_for(self, stage: str) -> int:
         return self.gpus.get(stage, 0)

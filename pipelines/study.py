@@ -21,7 +21,7 @@ PIPELINE_NAME = "sdar-study"
 
 def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions | None = None):
     """Return the ``@dsl.pipeline`` function comparing ``methods`` over ``seeds`` (validated now)."""
-    StudySettings(methods=list(methods), seeds=list(seeds), rounds=1, out="-").validate()
+    StudySettings(methods=list(methods), seeds=list(seeds), rounds=1, out="-")
     cells = [{"method": m, "seed": s} for m in methods for s in seeds]
     root = kube.pipeline_root if kube and kube.pipeline_root else None
 

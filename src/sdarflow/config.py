@@ -16,6 +16,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -49,13 +50,22 @@ def opt(
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
+    keys: tuple | None = None,
 ) -> Any:
-    """A documented config field; ``ge``/``gt``/``le`` bound a number (checked on construction, so every stage, the
-    CLI and the KFP ``prepare`` task refuse an out-of-range value in one line). ``reads``: a path or URI the stage
-    reads (an input, so ``io`` too): the CLI refuses a local one that does not exist before the stage starts."""
-    meta = {"help": help, "io": io or reads, "reads": reads, "choices": choices, "bounds": (ge, gt, le)}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+    """A documented setting of a ``Checked`` class; ``ge``/``gt``/``le`` bound a number (every number in a list or
+    mapping too), ``keys`` names the keys a mapping may have: checked on construction, so every stage, the CLI and
+    the KFP ``prepare`` task refuse an out-of-range value in one line. ``reads``: a path or URI the stage reads (an
+    input, so ``io`` too): the CLI refuses a local one that does not exist before the stage starts."""
+    meta = {
+        "help": help,
+        "io": io or reads,
+        "reads": reads,
+        "choices": choices,
+        "bounds": (ge, gt, le),
+        "keys": keys,
+    }
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -67,48 +77,98 @@ def like(cls: type, name: str, help: str | None = None) -> Any:
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default
     ge, gt, le = meta["bounds"]
     return opt(
-        default, help or meta["help"], meta["io"], meta["choices"], reads=meta["reads"], ge=ge, gt=gt, le=le
+        default,
+        help or meta["help"],
+        meta["io"],
+        meta["choices"],
+        reads=meta["reads"],
+        ge=ge,
+        gt=gt,
+        le=le,
+        keys=meta["keys"],
     )
 
 
-@dataclass
-class StageConfig:
-    """Base: construction from dicts/YAML with unknown-key errors, validation, and a stable hash."""
+class Checked:
+    """Settings and file schemas, validated one way: on construction every field's ``choices``, ``keys`` and
+    bounds (``opt``) are checked, then ``validate`` (cross-field rules); ``from_dict`` refuses unknown keys (unless
+    ``extra``) and converts YAML, CLI and JSON values to the annotated types, nested ``Checked`` classes included.
+    Every refusal is a ConfigError of one line naming ``what``, the key, the value and the fix."""
 
-    stage: ClassVar[str] = ""
+    what: ClassVar[str] = ""  # the thing's name in messages ("train", "gate", "study")
+    extra: ClassVar[bool] = False  # keys without a field are ignored rather than refused (a report's extras)
+    strict: ClassVar[bool] = False  # values must have their types already (JSON files), no text to number
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
+            meta, value = f.metadata, getattr(self, f.name)
+            choices = meta.get("choices")
             if choices and value not in choices:
                 raise ConfigError(
-                    f"{self.stage}: {f.name} = {value!r} is not one of {', '.join(map(str, choices))}; "
+                    f"{_prefix(self.what)}{f.name} = {value!r} is not one of {', '.join(map(str, choices))}; "
                     f"fix: pick one of those"
                 )
-            rule = _out_of_bounds(value, *f.metadata.get("bounds", (None, None, None)))
-            if rule:
-                target = rule if rule.startswith("a ") else f"a value {rule}"
+            keys = meta.get("keys")
+            unknown = sorted(set(value) - set(keys)) if keys and isinstance(value, dict) else []
+            if unknown:
                 raise ConfigError(
-                    f"{self.stage}: {f.name} = {value!r} must be {rule} ({f.metadata['help']}); "
-                    f"fix: set {f.name} to {target}"
+                    f"{_prefix(self.what)}{f.name}: unknown key(s) {', '.join(map(str, unknown))}; "
+                    f"fix: use {', '.join(keys)}"
                 )
+            for path, leaf in _leaves(value):
+                rule = _out_of_bounds(leaf, *meta.get("bounds", (None, None, None)))
+                if rule:
+                    target = rule if rule.startswith("a ") else f"a value {rule}"
+                    raise ConfigError(
+                        f"{_prefix(self.what)}{f.name}{path} = {leaf!r} must be {rule} ({meta.get('help', '')}); "
+                        f"fix: set {f.name}{path} to {target}"
+                    )
         self.validate()
 
     def validate(self) -> None:
         """Cross-field checks; subclasses raise ConfigError with the numbers and the fix."""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> typing.Self:
-        names = {f.name: f for f in dataclasses.fields(cls)}
+    def from_dict(cls, data: Any) -> typing.Self:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{_prefix(cls.what)}{data!r} is not a mapping of keys to values")
+        names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(str(k) for k in data if k not in names)  # a YAML key may be a number
-        if unknown:
+        if unknown and not cls.extra:
             raise ConfigError(
-                f"{cls.stage}: unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
+                f"{_prefix(cls.what)}unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
             )
         hints = typing.get_type_hints(cls)
-        values = {k: _coerce(cls.stage, k, v, hints[k]) for k, v in data.items()}
-        return cls(**values)
+        return cls(
+            **{k: _coerce(cls.what, k, v, hints[k], cls.strict) for k, v in data.items() if k in names}
+        )
+
+
+def _prefix(what: str) -> str:
+    return f"{what}: " if what else ""
+
+
+def _leaves(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, value) of every scalar in ``value``: itself, or each item of a list, tuple or mapping (``.key``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    elif not isinstance(value, Checked):
+        yield path, value
+
+
+@dataclass
+class StageConfig(Checked):
+    """A stage's settings: loaded from YAML and CLI flags, and a stable hash of what is not ``io``."""
+
+    stage: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.what = cls.stage
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> typing.Self:
@@ -166,32 +226,53 @@ _NUMBER = re.compile(
 MAX_SEED = 2**32 - 1
 
 
-def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
+def _coerce(stage: str, name: str, value: Any, hint: Any, strict: bool = False) -> Any:
     """Convert YAML/CLI values to the annotated type, with an error naming the key and the expected type."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    if hint is Any or isinstance(hint, type) and isinstance(value, hint) and not isinstance(value, bool):
+        return value
     if value is None:
         if origin in (types.UnionType, typing.Union) and type(None) in args:
             return None
-        raise ConfigError(f"{stage}: {name} is empty (null); fix: give it a value or leave the key out")
+        raise ConfigError(
+            f"{_prefix(stage)}{name} is empty (null); fix: give it a value or leave the key out"
+        )
     if origin in (types.UnionType, typing.Union):
         inner = [a for a in args if a is not type(None)]
-        return _coerce(stage, name, value, inner[0])
+        return _coerce(stage, name, value, inner[0], strict)
+    if isinstance(hint, type) and issubclass(hint, Checked):
+        try:
+            return hint.from_dict(value)
+        except ConfigError as err:
+            raise ConfigError(f"{_prefix(stage)}{name}: {err}") from None
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{_prefix(stage)}{name} = {value!r} is not a mapping; fix: e.g. {{key: value}}"
+            )
+        return {k: _coerce(stage, f"{name}.{k}", v, args[1], strict) for k, v in value.items()}
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not {len(args)} values")
+        return tuple(
+            _coerce(stage, f"{name}[{i}]", v, a, strict) for i, (v, a) in enumerate(zip(value, args))
+        )
     if origin is list:
         if isinstance(value, str):
             value = [value]  # one item: never split, a URI may hold a comma (S3 keys do)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{stage}: {name} = {value!r} is not a list; fix: a list, e.g. [a, b]")
-        return [_coerce(stage, name, v, args[0]) for v in value]
+            raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a list; fix: a list, e.g. [a, b]")
+        return [_coerce(stage, f"{name}[{i}]", v, args[0], strict) for i, v in enumerate(value)]
     if origin is Literal:
         return value
-    if hint in (int, float) and isinstance(value, bool):
-        raise ConfigError(f"{stage}: {name} = {value!r} is not a valid {hint.__name__}")
+    if hint in (int, float) and (isinstance(value, bool) or strict and isinstance(value, str)):
+        raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a valid {hint.__name__}")
     if hint is int and isinstance(value, float) and not value.is_integer():
         # int(1.9) would silently become 1; a KFP parameter may carry 8 as 8.0, which is fine
-        raise ConfigError(f"{stage}: {name} = {value!r} is not a whole number; fix: pass an integer")
+        raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a whole number; fix: pass an integer")
     if hint is str and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
-        raise ConfigError(f"{stage}: {name} = {value!r} is not a text value; fix: pass a string")
+        raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a text value; fix: pass a string")
     try:
         if hint is bool:
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
@@ -204,7 +285,7 @@ def _coerce(stage: str, name: str, value: Any, hint: Any) -> Any:
             raise ValueError(value)
         return hint(value)
     except (TypeError, ValueError, OverflowError) as err:
-        raise ConfigError(f"{stage}: {name} = {value!r} is not a valid {hint.__name__}") from err
+        raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a valid {hint.__name__}") from err
 
 
 def field_help(cls: type[StageConfig]) -> list[tuple[str, Any, dataclasses.Field]]:

@@ -16,7 +16,7 @@ import re
 import tempfile
 import typing
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from sdarflow.config import StageConfig, like, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import OPTIONS, option_settings
-from sdarflow.registry.gate import GATE, GATE_HELP
+from sdarflow.registry.gate import GatePolicy
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
 from sdarflow.train.format_guard import GUARD_HELP
@@ -104,23 +104,21 @@ class PipelineConfig(StageConfig):
         "the last round's version through the gate (a refusal is reported, the run still succeeds)",
         choices=PROMOTE_TO,
     )
-    gate_min_gain: float = opt(GATE.min_gain, GATE_HELP["min_gain"])
-    gate_passk_tolerance: float = opt(GATE.passk_tolerance, GATE_HELP["passk_tolerance"])
-    gate_ood_tolerance: float = opt(GATE.ood_tolerance, GATE_HELP["ood_tolerance"])
-    gate_floor: float = opt(GATE.floor, GATE_HELP["floor"])
+    gate_min_gain: float = like(GatePolicy, "min_gain")
+    gate_passk_tolerance: float = like(GatePolicy, "passk_tolerance")
+    gate_ood_tolerance: float = like(GatePolicy, "ood_tolerance")
+    gate_floor: float = like(GatePolicy, "floor")
     seed: int = like(_GENERATE, "seed", "base seed of every stage")
     tracking_uri: str = tracking_opt()
     shards: int = opt(
-        1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True
+        1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True, ge=1
     )
-    stage_settings: dict[str, dict[str, Any]] = field(
-        default_factory=dict,
-        metadata={
-            "help": "per-stage settings beyond these parameters, {stage: {field: value}}, e.g. "
-            '{"train": {"lora_alpha": 64}}: a stage\'s fields are its `sdarflow <stage> --help` flags, and they '
-            "win over the parameters above",
-            "io": False,
-        },
+    stage_settings: dict[str, dict[str, Any]] = opt(
+        {},
+        "per-stage settings beyond these parameters, {stage: {field: value}}, e.g. "
+        '{"train": {"lora_alpha": 64}}: a stage\'s fields are its `sdarflow <stage> --help` flags, and they '
+        "win over the parameters above",
+        keys=tuple(STAGES),
     )
 
     def validate(self) -> None:
@@ -136,11 +134,6 @@ class PipelineConfig(StageConfig):
                 f"'..' or slashes); fix: e.g. run_id 20261201-nightly, or leave it empty for a generated one"
             )
         validate_name(self.policy_name)
-        unknown = sorted(set(self.stage_settings) - set(STAGES))
-        if unknown:
-            raise ConfigError(f"stage_settings: unknown stage(s) {unknown}; valid: {', '.join(STAGES)}")
-        if self.shards < 1:
-            raise ConfigError(f"pipeline: shards ({self.shards}) must be >= 1; fix: compile with --shards 1")
         if self.tasks < self.shards:
             raise ConfigError(
                 f"pipeline: tasks ({self.tasks}) must be >= shards ({self.shards}): every generate shard "
@@ -148,9 +141,7 @@ class PipelineConfig(StageConfig):
             )
         self.gate_policy()  # raises ConfigError naming the bad tolerance
 
-    def gate_policy(self):
-        from sdarflow.registry.gate import GatePolicy
-
+    def gate_policy(self) -> GatePolicy:
         return GatePolicy(
             min_gain=self.gate_min_gain,
             passk_tolerance=self.gate_passk_tolerance,

@@ -13,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sdarflow import storage
-from sdarflow.config import content_hash
+from sdarflow.config import MAX_SEED, Checked, content_hash, opt
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import split_method
+from sdarflow.sizes import SIZES
+from sdarflow.stages import STAGES
 
 log = logging.getLogger(__name__)
 
@@ -32,39 +34,32 @@ BASE_CELL = "base"
 
 
 @dataclass
-class StudySettings:
-    methods: list[str]
-    seeds: list[int]
-    rounds: int
-    out: str
-    base_model: str = ""  # empty: build the preset's demo base model into OUT/base-model
-    env: str = "textworld-cooking"
-    preset: str = "demo"  # sizes from sdarflow.sizes.SIZES
-    stage_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # on top of the preset's
+class StudySettings(Checked):
+    what: ClassVar[str] = "study"
+
+    methods: list[str] = opt(
+        [], "methods to compare (grpo, the baseline, among them); a method may add options"
+    )
+    seeds: list[int] = opt([], "training seeds: each method trains once per seed", ge=0, le=MAX_SEED)
+    rounds: int = opt(1, "RL rounds per cell", ge=1)
+    out: str = opt("", "the study's folder or URI", io=True)
+    base_model: str = opt(
+        "", "base model; empty: build the preset's demo base model into OUT/base-model", io=True
+    )
+    env: str = opt("textworld-cooking", "the environment suite")
+    preset: str = opt("demo", "sizes from sdarflow.sizes.SIZES", choices=tuple(SIZES))
+    stage_settings: dict[str, dict[str, Any]] = opt(
+        {}, "per-stage settings on top of the preset's, e.g. {train: {lr: 0.002}}", keys=tuple(STAGES)
+    )
 
     def validate(self) -> None:
         for name in self.methods:
             split_method(name)
         if "grpo" not in self.methods:
             raise ConfigError("study: methods must include grpo, the baseline every figure is relative to")
-        if self.rounds < 1:
-            raise ConfigError(f"study: rounds ({self.rounds}) must be >= 1")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(
                 f"study: seeds {self.seeds} must be distinct and at least one; fix: e.g. --seeds 0 1 2"
-            )
-        from sdarflow.stages import STAGES
-
-        if not isinstance(self.stage_settings, dict) or not all(
-            isinstance(v, dict) for v in self.stage_settings.values()
-        ):
-            raise ConfigError(
-                'study: stage settings must map stage names to settings, e.g. {"train": {"lr": 0.002}}'
-            )
-        unknown = sorted(set(self.stage_settings) - set(STAGES))
-        if unknown:
-            raise ConfigError(
-                f"study: stage settings name unknown stage(s) {unknown}; valid: {', '.join(STAGES)}"
             )
 
 
@@ -74,14 +69,12 @@ def cell_name(method: str, seed: int) -> str:
 
 def preset_sizes(s: StudySettings) -> dict[str, Any]:
     """The preset's task, group and evaluation sizes (its stage settings are in ``stage_settings``)."""
-    from sdarflow.sizes import SIZES
 
     return {k: v for k, v in SIZES[s.preset]["pipeline"].items() if k != "stage_settings"}
 
 
 def stage_settings(s: StudySettings) -> dict[str, dict[str, Any]]:
     """Per-stage settings every cell runs with: the preset's, then the study's own on top."""
-    from sdarflow.sizes import SIZES
 
     settings = {k: dict(v) for k, v in SIZES[s.preset]["pipeline"].get("stage_settings", {}).items()}
     for stage, values in s.stage_settings.items():
@@ -115,7 +108,6 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
 def start_of(s: StudySettings, base: str) -> dict[str, str]:
     """Every cell's seed skills and start adapter (``sdarflow.start_point``); what is made for them (a pretrained
     base's library and warm start) is made once, in ``out``/start, and read back after."""
-    from sdarflow.sizes import SIZES
     from sdarflow.start_point import makes_anything, start_point
 
     sizes, folder = SIZES[s.preset], storage.join(s.out, "start")
@@ -139,7 +131,6 @@ def settings_key(s: StudySettings) -> str:
     ``out`` may reuse a finished cell only when this matches, so also the code, the base model's build and content,
     and the machine (``provenance.reuse_key``)."""
     from sdarflow.provenance import provenance, reuse_key
-    from sdarflow.sizes import SIZES
 
     content = {
         "base_model": s.base_model,
@@ -276,10 +267,9 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 
 def run_study(s: StudySettings) -> dict:
     """Every cell (finished ones read back), then ``study.json`` and the reports in ``s.out``; returns study.json."""
-    from sdarflow.sizes import SIZES, model_spec
+    from sdarflow.sizes import model_spec
     from sdarflow.train.warmstart import build_base_model
 
-    s.validate()
     if not s.base_model:
         if storage.resolve(s.out).uri.startswith("s3://"):
             raise ConfigError(
@@ -308,7 +298,6 @@ def local_base(s: StudySettings) -> str:
 def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     """Read every cell, write ``study.json``, ``report.md``, ``report.html`` and ``curves.png`` to ``s.out``."""
     from sdarflow.provenance import provenance
-    from sdarflow.sizes import SIZES
     from sdarflow.study_report import analyze, write_reports
 
     names = [cell_name(m, seed) for m in (BASE_CELL, *s.methods) for seed in s.seeds]

@@ -41,11 +41,7 @@ def run_step(
     setup_logging()
     if isinstance(settings, str):
         settings = storage.read_json(settings)
-    # KFP hands JSON numbers in lists over as floats
-    s = StudySettings(
-        **{**settings, "seeds": [int(x) for x in settings["seeds"]], "rounds": int(settings["rounds"])}
-    )
-    s.validate()
+    s = StudySettings.from_dict(settings)  # KFP hands JSON numbers in lists over as floats: converted
     if step == "check":
         uri = storage.join(s.out, SETTINGS_FILE)
         storage.write_json(uri, dataclasses.asdict(s))

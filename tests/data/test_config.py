@@ -76,3 +76,25 @@ def test_hash_ignores_io_but_not_settings():
     a = TrainConfig(input=["a"], output="x")
     assert a.config_hash() == TrainConfig(input=["b"], output="y").config_hash()
     assert a.config_hash() != TrainConfig(sdar_coef=0.02).config_hash()
+
+
+def test_one_validation_for_settings_and_file_schemas():
+    """Checked: bounds reach every number in a mapping, ``keys`` bounds a mapping's keys, a nested schema's
+    refusal names its path, and a strict (file) schema takes no text for a number."""
+    from sdarflow.evaluate.schema import EvalReport
+    from sdarflow.registry.gate import GatePolicy
+
+    with pytest.raises(ConfigError, match=r"^gate: floor = 1.5 must be in \[0, 1\]"):
+        GatePolicy(floor=1.5)
+    report = {"splits": {"test": {"pass_at_k": {"1": 0.5, "2": 1.5}}}, "anything": "kept"}
+    with pytest.raises(ConfigError, match=r"^splits.test: pass_at_k.2 = 1.5 must be in \[0, 1\]"):
+        EvalReport.from_dict(report)
+    report["splits"]["test"]["pass_at_k"]["2"] = "0.9"
+    with pytest.raises(ConfigError, match=r"splits.test: pass_at_k.2 = '0.9' is not a valid float"):
+        EvalReport.from_dict(report)
+    report["splits"]["test"]["pass_at_k"]["2"] = 0.9
+    assert EvalReport.from_dict(report).splits["test"].pass_at_k == {"1": 0.5, "2": 0.9}
+    from sdarflow.pipeline_config import PipelineConfig
+
+    with pytest.raises(ConfigError, match="stage_settings: unknown key"):
+        PipelineConfig.from_dict({"stage_settings": {"trian": {}}})

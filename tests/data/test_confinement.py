@@ -54,7 +54,7 @@ def _tamper_manifest(folder: Path, **changes) -> None:
 def test_dataset_manifest_cannot_point_outside(tmp_path, secret, rel):
     write(str(tmp_path / "d"))
     _tamper_manifest(tmp_path / "d", files=[{"path": rel, "rows": 5}])
-    with pytest.raises(StorageError, match=r"_manifest.json' files\[0\]: path .* leaves its folder"):
+    with pytest.raises(StorageError, match=r"_manifest.json': files\[0\]: file: path .* leaves its folder"):
         storage.read_table(str(tmp_path / "d"), kind="trajectories", schema=TRAJECTORY_SCHEMA)
 
 
@@ -74,14 +74,20 @@ def test_symlink_out_of_a_dataset_is_refused(tmp_path):
     [
         ([], "is not a manifest"),
         ({"kind": "trajectories"}, "is not a manifest"),
-        ({"kind": "trajectories", "files": ["part-00000.parquet"]}, r"files\[0\] is not an object"),
+        (
+            {"kind": "trajectories", "files": ["part-00000.parquet"]},
+            r"files\[0\]: 'part-00000.parquet' is not a mapping",
+        ),
         (
             {"kind": "trajectories", "files": [{"path": "p", "rows": -1}]},
-            r"files\[0\].rows = -1 is not a count",
+            r"files\[0\]: rows = -1 must be >= 0",
         ),
-        ({"kind": "trajectories", "files": [{"path": "p", "bytes": "9"}]}, r"files\[0\].bytes = '9'"),
+        (
+            {"kind": "trajectories", "files": [{"path": "p", "bytes": "9"}]},
+            r"files\[0\]: bytes = '9' is not a valid int",
+        ),
         ({"kind": "trajectories", "files": [{"path": "p", "sha256": "xyz"}]}, "is not a sha256 digest"),
-        ({"kind": "trajectories", "files": [], "rows": 1.5}, "rows = 1.5 is not a count"),
+        ({"kind": "trajectories", "files": [], "rows": 1.5}, "rows = 1.5 is not a whole number"),
     ],
 )
 def test_malformed_manifests_are_one_line(tmp_path, manifest, message):

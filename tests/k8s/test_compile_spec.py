@@ -370,13 +370,13 @@ def test_study_pipeline_needs_grpo(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--gpus", "trian=1"], "unknown stage(s) ['trian']"),
-        (["--gpus", "train=x"], "must be an integer"),
+        (["--gpus", "trian=1"], "pipeline compile: gpus: unknown key(s) trian"),
+        (["--gpus", "train=x"], "gpus.train = 'x' is not a valid int"),
         (["--toleration", "gpu:Sometimes"], "bad toleration"),
         (["--node-selector", "pool"], "is not KEY=VALUE"),
         (["--shards", "0"], "shards (0) must be >= 1"),
-        (["--timeout", "train=0"], "seconds must be an integer >= 1"),
-        (["--timeout", "trian=60"], "unknown stage(s) ['trian']"),
+        (["--timeout", "train=0"], "timeout_s.train = 0 must be >= 1"),
+        (["--timeout", "trian=60"], "timeout_s: unknown key(s) trian"),
     ],
 )
 def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):

@@ -119,7 +119,10 @@ def test_eval_report_from_path_and_bad_report(local_registry, make_adapter, repo
     path = tmp_path / "eval_report.json"
     path.write_text(json.dumps(report(0.5, 0.7, 0.4)))
     assert reg.register("agent", make_adapter(), path, lineage) == 1
-    with pytest.raises(ConfigError, match=r"eval report \(dict\): splits: Field required"):
+    with pytest.raises(
+        ConfigError,
+        match=r"eval report \(dict\): splits: the test split, which the promotion gate compares, is missing",
+    ):
         reg.register("agent", make_adapter(), {"pass": 1}, lineage)
 
 

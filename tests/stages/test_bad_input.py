@@ -260,7 +260,7 @@ def test_a_baseline_report_the_gate_cannot_trust_fails_before_any_episode(tmp_pa
         "--output",
         str(tmp_path / "o"),
     ]
-    fails(capsys, argv, "splits.test.pass_at_k.1: Input should be a finite number")
+    fails(capsys, argv, "splits.test: pass_at_k.1 = nan must be a finite number")
     assert not (tmp_path / "o").exists()
 
 
@@ -311,7 +311,7 @@ def test_an_adapter_whose_weights_file_is_corrupt_is_one_line(capsys, tmp_path, 
     [
         (["--sft-time-limit", "nan"], "--sft-time-limit (nan) must be seconds >= 0"),
         (["--sft-time-limit", "-1"], "--sft-time-limit (-1.0) must be seconds >= 0"),
-        (["--seed", "-1"], "seed (-1) must be in [0,"),
+        (["--seed", "-1"], "seed = -1 must be in [0,"),
     ],
 )
 def test_build_model_refuses_bad_numbers_before_any_work(capsys, tmp_path, flags, message):

@@ -9,7 +9,7 @@ from sdarflow.study_report import analyze, study_report
 
 
 def _split(successes: dict[str, int], n: int = 4) -> dict:
-    return {"samples_per_task": n, "task_successes": successes, "pass_at_k": {"1": 0.0, "2": 0.0, "4": 0.0}}
+    return {"samples_per_task": n, "task_successes": successes, "pass_at_k": {"1": 0.0, "2": 1.0, "4": 1.0}}
 
 
 def _cell(method: str, seed: int, test: dict[str, int], ood: dict[str, int], seconds: float) -> dict:
@@ -99,9 +99,9 @@ def test_markdown_has_the_comparison_table():
         ),
         (["--methods", "grpo", "grpo+scpo+scpo"], "repeated option(s) ['scpo', 'scpo']"),
         (["--seeds", "0", "0"], "seeds [0, 0] must be distinct"),
-        (["--rounds", "0"], "rounds (0) must be >= 1"),
+        (["--rounds", "0"], "study: rounds = 0 must be >= 1"),
         (["--stage-settings", "{bad"], "--stage-settings is not JSON"),
-        (["--stage-settings", '{"trian": {}}'], "unknown stage(s) ['trian']"),
+        (["--stage-settings", '{"trian": {}}'], "study: stage_settings: unknown key(s) trian"),
     ],
 )
 def test_bad_study_settings_fail_in_one_line_and_write_nothing(argv, message, tmp_path, capsys):

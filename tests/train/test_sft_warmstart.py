@@ -78,10 +78,10 @@ def test_a_build_past_its_time_limit_leaves_no_model(tmp_path, game_cache):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tasks", "0"], "must be >= 1; fix:"),
-        (["--sft-steps", "0"], "must be >= 1; fix:"),
-        (["--sft-stop-at-loss", "-1"], "must be a loss >= 0; fix:"),
-        (["--sft-stop-at-loss", "nan"], "must be a loss >= 0; fix:"),
+        (["--tasks", "0"], "tasks = 0 must be >= 1"),
+        (["--sft-steps", "0"], "sft_steps = 0 must be >= 1"),
+        (["--sft-stop-at-loss", "-1"], "sft_stop_at_loss = -1.0 must be >= 0"),
+        (["--sft-stop-at-loss", "nan"], "sft_stop_at_loss = nan must be a finite number"),
     ],
 )
 def test_build_model_rejects_bad_sizes_in_one_line(tmp_path, capsys, flags, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -200,38 +201,21 @@ def add_study(p: argparse.ArgumentParser) -> None:
 
 
 def add_build_model(p: argparse.ArgumentParser) -> None:
-    from sdarflow.train.sft import STOP_WINDOW
     from sdarflow.train.warmstart import BaseModelSpec
 
-    spec = BaseModelSpec()
+    spec = {f.name: f for f in dataclasses.fields(BaseModelSpec)}
     output_flag(p, "the model folder to write (a normal HF folder)", required=True)
-    p.add_argument(
-        "--env", default=spec.env, help=f"environment whose walkthroughs train it (default {spec.env})"
-    )
-    p.add_argument(
-        "--tasks", type=int, default=spec.tasks, help="train games whose walkthroughs make the SFT data"
-    )
-    p.add_argument(
-        "--sft-steps", type=int, default=spec.sft_steps, help=f"most SFT steps (default {spec.sft_steps})"
-    )
-    p.add_argument(
-        "--sft-stop-at-loss",
-        type=float,
-        default=spec.sft_stop_at_loss,
-        help=f"stop the SFT once its mean loss over {STOP_WINDOW} steps is at or below this (--sft-steps is then the "
-        f"most it takes); 0 = every step",
-    )
+    for name in ("env", "tasks", "sft_steps", "sft_stop_at_loss", "seed"):
+        f = spec[name]
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(
+            flag, type=type(f.default), default=f.default, help=f"{f.metadata['help']} ({f.default})"
+        )
     p.add_argument(
         "--sft-time-limit",
         type=float,
         default=0.0,
         help="fail (never stop early) if SFT takes longer than this many seconds; 0 = no limit",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=spec.seed,
-        help=f"seed of the games, weights and SFT (default {spec.seed})",
     )
     p.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
     p.add_argument(

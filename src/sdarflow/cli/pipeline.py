@@ -58,41 +58,30 @@ def kube_options(args: argparse.Namespace):
     opts = KubeOptions()
     built = built_images(BUILT_IMAGES)
     images = {k: getattr(args, k) or built.get(k) or getattr(opts, k) for k in IMAGE_KEYS}
-    gpus = {}
-    for stage, count in pairs(args.gpus, "--gpus").items():
-        if not count.isdigit():
-            raise ConfigError(
-                f"--gpus {stage}={count!r}: the count must be an integer >= 0; fix: e.g. train=8"
-            )
-        gpus[stage] = int(count)
-    timeouts = {}
-    for stage, seconds in pairs(args.timeout, "--timeout").items():
-        if not seconds.isdigit() or int(seconds) < 1:
-            raise ConfigError(
-                f"--timeout {stage}={seconds!r}: seconds must be an integer >= 1; fix: e.g. train=86400"
-            )
-        timeouts[stage] = int(seconds)
     tolerations = opts.tolerations
     if args.toleration:
         # Any --toleration replaces the default one; '--toleration none' drops them all.
-        specs = [t for t in args.toleration if t != "none"]
-        tolerations = [Toleration.parse(t) for t in specs]
-    kube = KubeOptions(
-        **images,
-        gpu_resource=args.gpu_resource,
-        gpus={**opts.gpus, **gpus},
-        node_selector=pairs(args.node_selector, "--node-selector"),
-        tolerations=tolerations,
-        s3_secret=args.s3_secret,
-        cpu={**opts.cpu, **pairs(args.cpu, "--cpu")},
-        memory={**opts.memory, **pairs(args.memory, "--memory")},
-        retries=args.retries,
-        timeout_s={**opts.timeout_s, **timeouts},
-        shm_size=opts.shm_size if args.shm_size is None else args.shm_size,
-        model_cache_size=opts.model_cache_size if args.model_cache_size is None else args.model_cache_size,
-        pipeline_root=args.pipeline_root,
-        queue=args.queue,
-        parallelism=args.parallelism,
+        tolerations = [Toleration.parse(t) for t in args.toleration if t != "none"]
+    kube = KubeOptions.from_dict(
+        {
+            **images,
+            "gpu_resource": args.gpu_resource,
+            "gpus": {**opts.gpus, **pairs(args.gpus, "--gpus")},
+            "node_selector": pairs(args.node_selector, "--node-selector"),
+            "tolerations": tolerations,
+            "s3_secret": args.s3_secret,
+            "cpu": {**opts.cpu, **pairs(args.cpu, "--cpu")},
+            "memory": {**opts.memory, **pairs(args.memory, "--memory")},
+            "retries": args.retries,
+            "timeout_s": {**opts.timeout_s, **pairs(args.timeout, "--timeout")},
+            "shm_size": opts.shm_size if args.shm_size is None else args.shm_size,
+            "model_cache_size": opts.model_cache_size
+            if args.model_cache_size is None
+            else args.model_cache_size,
+            "pipeline_root": args.pipeline_root,
+            "queue": args.queue,
+            "parallelism": args.parallelism,
+        }
     )
     # after the settings' checks, so a bad flag is the only line a failing compile prints
     if not built and not all(getattr(args, k) for k in IMAGE_KEYS):

@@ -23,11 +23,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
+from sdarflow.config import Checked, opt
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.compare import Difference, difference
+from sdarflow.evaluate.schema import SplitReport
 
 log = logging.getLogger(__name__)
 
@@ -44,38 +46,30 @@ FORCE_HINT = (
 
 
 @dataclass(frozen=True)
-class GatePolicy:
+class GatePolicy(Checked):
     """Thresholds of the production gate, as fractions of tasks (0.05 = five points), on one-sided 95% lower
-    bounds of paired task differences (see the module docstring).
+    bounds of paired task differences (see the module docstring)."""
 
-    min_gain: the bound of test pass@1's gain must be above this (0 = a gain the evaluation can tell).
-    passk_tolerance: how far the bound of test pass@k (largest k) may fall below 0.
-    ood_tolerance: how far the bound of ood pass@1 may fall below 0.
-    floor: the candidate's test pass@1 must be above this (an adapter that solves nothing never ships).
-    """
+    what: ClassVar[str] = "gate"
 
-    min_gain: float = 0.0
-    passk_tolerance: float = 0.05
-    ood_tolerance: float = 0.05
-    floor: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.min_gain) or abs(self.min_gain) > 1:
-            raise ConfigError(f"min_gain ({self.min_gain}) must be a finite number in [-1, 1]; fix: e.g. 0.0")
-        for name in ("passk_tolerance", "ood_tolerance", "floor"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or not 0 <= value <= 1:
-                raise ConfigError(f"{name} ({value}) must be in [0, 1]; fix: e.g. 0.05 (five points)")
+    min_gain: float = opt(
+        0.0,
+        "gate: the lower 95-percent bound of test pass@1's gain over production and the base must be above this",
+        ge=-1,
+        le=1,
+    )
+    passk_tolerance: float = opt(
+        0.05, "gate: how far the lower bound of test pass@k's change (largest k) may fall below 0", ge=0, le=1
+    )
+    ood_tolerance: float = opt(
+        0.05, "gate: how far the lower bound of ood pass@1's change may fall below 0", ge=0, le=1
+    )
+    floor: float = opt(0.0, "gate: the candidate's test pass@1 must be above this", ge=0, le=1)
 
 
 GATE = GatePolicy()  # the defaults every entry point (CLI, pipelines, config) shows
 # What each threshold means, for every entry point's help (CLI flags, pipeline parameters)
-GATE_HELP = {
-    "min_gain": "gate: the lower 95-percent bound of test pass@1's gain over production and the base must be above this",
-    "passk_tolerance": "gate: how far the lower bound of test pass@k's change (largest k) may fall below 0",
-    "ood_tolerance": "gate: how far the lower bound of ood pass@1's change may fall below 0",
-    "floor": "gate: the candidate's test pass@1 must be above this",
-}
+GATE_HELP = {f.name: f.metadata["help"] for f in fields(GatePolicy)}
 
 
 @dataclass
@@ -101,39 +95,23 @@ def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + _fmt(abs(x))
 
 
-def _is_probability(v: Any) -> bool:
-    # NaN compares False with everything: a value that is not a number in [0, 1] is a refusal, never a pass
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
-
-
 def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str, Any] | None, str | None]:
     """The split as the gate compares it (pass@k and per-task results that agree), or what is wrong with it."""
     splits = report.get("splits")
     entry = splits.get(split) if isinstance(splits, Mapping) else None
     if not isinstance(entry, Mapping):
         return None, f"{split} split missing from the {who} eval report"
-    pass_at_k = entry.get("pass_at_k")
-    if not isinstance(pass_at_k, Mapping) or "1" not in pass_at_k:
-        return None, f"{split} pass@1 missing from the {who} eval report"
-    for k, v in pass_at_k.items():
-        if not _is_probability(v) or not (str(k).isascii() and str(k).isdigit() and int(k) >= 1):
-            return None, f"{split} pass@{k} = {v!r} in the {who} eval report is not a number in [0, 1]"
-    n, successes = entry.get("samples_per_task"), entry.get("task_successes")
-    counts_ok = (
-        isinstance(successes, Mapping) and successes and isinstance(n, int) and not isinstance(n, bool)
-    )
-    if not counts_ok or not all(type(c) is int and 0 <= c <= n for c in successes.values()):
-        return None, (
-            f"{split} of the {who} eval report has no valid per-task results (samples_per_task, task_successes "
-            f"as counts), which the gate compares task by task; fix: evaluate it again with `sdarflow evaluate`"
+    try:
+        checked = SplitReport.from_dict(dict(entry))
+    except ConfigError as err:
+        return (
+            None,
+            f"{split} of the {who} eval report: {str(err).split('; fix:')[0]}; fix: evaluate it again",
         )
-    if any(int(k) > n for k in pass_at_k):
-        return None, f"{split} of the {who} eval report has pass@k with k above its {n} samples per task"
-    per_task = sum(successes.values()) / (n * len(successes))
-    if abs(per_task - pass_at_k["1"]) > 1e-6:
+    if not checked.task_successes:
         return None, (
-            f"{split} pass@1 {_fmt(pass_at_k['1'])} of the {who} eval report disagrees with its per-task results "
-            f"({_fmt(per_task)}); fix: evaluate it again"
+            f"{split} of the {who} eval report has no per-task results (samples_per_task, task_successes), "
+            f"which the gate compares task by task; fix: evaluate it again with `sdarflow evaluate`"
         )
     return entry, None
 
@@ -257,4 +235,5 @@ def pass_at_1(report: Mapping[str, Any], split: str) -> float | None:
     entry = splits.get(split) if isinstance(splits, Mapping) else None
     pass_at_k = entry.get("pass_at_k") if isinstance(entry, Mapping) else None
     value = pass_at_k.get("1") if isinstance(pass_at_k, Mapping) else None
-    return float(value) if _is_probability(value) else None
+    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if number and 0 <= value <= 1 else None

@@ -12,13 +12,12 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from typing import Any
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
+from sdarflow.evaluate.schema import EvalReport
 from sdarflow.models.lora import lora_rank
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 
@@ -34,60 +33,15 @@ def _link_or_copy(src: str, dst: str) -> str:
     return dst
 
 
-_Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True)]
-_Count = Annotated[int, Field(gt=0, strict=True)]
-
-
-class _SplitReport(BaseModel):
-    """One split of an eval report as the gate reads it (other keys are kept, unchecked)."""
-
-    model_config = ConfigDict(extra="allow")
-    pass_at_k: dict[str, _Probability]
-    ci95: dict[str, tuple[_Probability, _Probability]] = {}
-    n_tasks: _Count | None = None
-    samples_per_task: _Count | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> _SplitReport:
-        if (
-            not all(k.isascii() and k.isdigit() and int(k) > 0 for k in self.pass_at_k)
-            or "1" not in self.pass_at_k
-        ):
-            raise ValueError(f"pass_at_k keys {sorted(self.pass_at_k)} must be k = 1, 2, ... and include 1")
-        values = [self.pass_at_k[k] for k in sorted(self.pass_at_k, key=int)]
-        if any(b < a - 1e-9 for a, b in zip(values, values[1:])):
-            raise ValueError(f"pass@k {values} must not decrease as k grows")
-        if self.samples_per_task is not None and max(map(int, self.pass_at_k)) > self.samples_per_task:
-            raise ValueError(f"pass@k with k above samples_per_task ({self.samples_per_task})")
-        for k, (lo, hi) in self.ci95.items():
-            if k not in self.pass_at_k or lo > hi:
-                raise ValueError(f"ci95[{k}] = [{lo}, {hi}] is not an interval for a reported pass@{k}")
-        return self
-
-
-class _EvalReport(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    splits: dict[str, _SplitReport]
-
-    @model_validator(mode="after")
-    def _has_test(self) -> _EvalReport:
-        if "test" not in self.splits:
-            raise ValueError("the test split, which the promotion gate compares, is missing")
-        return self
-
-
 def validate_report(report: Any, source: str, require: tuple[str, ...] = ()) -> dict[str, Any]:
     """``report`` when it is an eval report the gate can trust: a ``test`` split (and every split in ``require``),
     every pass@k a finite number in [0, 1] that does not decrease with k, intervals that are intervals.
     ConfigError (one line) otherwise."""
     try:
-        _EvalReport.model_validate(report)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        msg = first["msg"].removeprefix("Value error, ")
+        EvalReport.from_dict(report)
+    except ConfigError as err:
         raise ConfigError(
-            f"eval report {source}: {where}: {msg}; "
+            f"eval report {source}: {str(err).split('; fix:')[0]}; "
             f"fix: pass the eval_report.json written by `sdarflow evaluate`"
         ) from None
     missing = [s for s in require if s not in report["splits"]]

@@ -169,7 +169,7 @@ class Registry:
         """A version's eval report, validated again as at register: a report replaced together with its
         manifest never reaches the gate or a listing."""
         report = self._read_verified_json(layout, version, EVAL_REPORT)
-        return intake.validate_report(report, f"eval report of {layout.name} v{version}")
+        return intake.validate_report(report, f"of {layout.name} v{version}")
 
     def base_eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any] | None:
         """The base model's eval report a version was registered with, or None (validated like its own)."""
@@ -178,7 +178,7 @@ class Registry:
         if storage.member_entry(self._manifest(layout, version), BASE_EVAL_REPORT) is None:
             return None
         report = self._read_verified_json(layout, version, BASE_EVAL_REPORT)
-        return intake.validate_report(report, f"base eval report of {layout.name} v{version}")
+        return intake.validate_report(report, f"(base) of {layout.name} v{version}")
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)

@@ -16,13 +16,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sdarflow import __version__
-from sdarflow.errors import SchemaError, StorageError
+from sdarflow.config import Checked, opt
+from sdarflow.errors import ConfigError, SchemaError, StorageError
 from sdarflow.schema import check_turns_unique, fingerprint, validate
 from sdarflow.storage.files import (
     Location,
@@ -181,40 +183,56 @@ def read_manifest(uri: str, kind: str | None = None) -> dict:
     return manifest
 
 
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+@dataclass
+class _Member(Checked):
+    """One file a manifest lists."""
+
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    path: str = opt("", "the file's path inside the artifact")
+    rows: int | None = opt(None, "rows of a Parquet part", ge=0)
+    bytes: int | None = opt(None, "the file's size", ge=0)
+    sha256: str = opt("0" * 64, "the file's sha256 digest")
+
+    def validate(self) -> None:
+        try:
+            confined(self.path, "file")
+        except StorageError as err:
+            raise ConfigError(str(err)) from None
+        if not (len(self.sha256) == 64 and all(c in "0123456789abcdef" for c in self.sha256)):
+            raise ConfigError(f"sha256 = {self.sha256!r} is not a sha256 digest")
+
+
+@dataclass
+class _Manifest(Checked):
+    """A manifest's shape, checked before any entry is used."""
+
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    files: list[_Member] = opt([], "the artifact's files")
+    attachments: list[_Member] = opt([], "reports beside a dataset")
+    rows: int | None = opt(None, "rows of a dataset", ge=0)
+    prefix: str = opt("", "the generation folder holding the files")
+
+    def validate(self) -> None:
+        if self.prefix and not (self.prefix.startswith(GENERATION) and "/" not in self.prefix):
+            raise ConfigError(f"prefix {self.prefix!r} is not a generation folder")
+        paths = [m.path for m in [*self.files, *self.attachments]]
+        if len(set(paths)) != len(paths):
+            raise ConfigError("it lists a file more than once")
 
 
 def _check_manifest(manifest: object, where: str) -> None:
-    """A manifest's shape, before any entry is used: an object whose ``files`` entries each name a confined path,
-    with counts that are non-negative integers and sha256 sums that are 64 hex digits."""
+    """A manifest's shape (``_Manifest``): StorageError naming what is wrong."""
     fix = "fix: republish the artifact with the stage that writes it"
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
         raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
-    if "rows" in manifest and not _count(manifest["rows"]):
-        raise StorageError(f"'{where}': rows = {manifest['rows']!r} is not a count; {fix}")
-    prefix = manifest.get("prefix", "")
-    if prefix and not (isinstance(prefix, str) and prefix.startswith(GENERATION) and "/" not in prefix):
-        raise StorageError(f"'{where}': prefix {prefix!r} is not a generation folder; {fix}")
-    if prefix:
-        confined(prefix, f"'{where}' prefix")
-    if not isinstance(manifest.get("attachments", []), list):
-        raise StorageError(f"'{where}': 'attachments' is not a list; {fix}")
-    n_files = len(manifest["files"])
-    for i, entry in enumerate(members(manifest)):
-        name = f"files[{i}]" if i < n_files else f"attachments[{i - n_files}]"
-        if not isinstance(entry, dict):
-            raise StorageError(f"'{where}': {name} is not an object; {fix}")
-        confined(entry.get("path"), f"'{where}' {name}")
-        for key in ("rows", "bytes"):
-            if key in entry and not _count(entry[key]):
-                raise StorageError(f"'{where}': {name}.{key} = {entry[key]!r} is not a count; {fix}")
-        sha = entry.get("sha256", "0" * 64)
-        if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
-            raise StorageError(f"'{where}': {name}.sha256 = {sha!r} is not a sha256 digest; {fix}")
-    paths = [entry["path"] for entry in members(manifest)]
-    if len(set(paths)) != len(paths):
-        raise StorageError(f"'{where}' lists a file more than once; {fix}")
+    try:
+        _Manifest.from_dict(manifest)
+    except ConfigError as err:
+        raise StorageError(f"'{where}': {str(err).split('; fix:')[0]}; {fix}") from None
 
 
 def write_table(

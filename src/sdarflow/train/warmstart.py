@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from sdarflow import progress, storage
-from sdarflow.config import MAX_SEED, content_hash
+from sdarflow.config import MAX_SEED, Checked, content_hash, opt
 from sdarflow.envs import get_suite
-from sdarflow.errors import ConfigError
 from sdarflow.models.device import resolve_device
 from sdarflow.models.tiny import TinyShape, build_model, save, train_tokenizer
 from sdarflow.rollout.prompt import (
@@ -37,7 +36,7 @@ from sdarflow.rollout.prompt import (
 from sdarflow.skills.extract import EpisodeActions, extract_skills
 from sdarflow.skills.library import SkillLibrary
 from sdarflow.skills.retrieve import keyword
-from sdarflow.train.sft import SFTPair, sft
+from sdarflow.train.sft import STOP_WINDOW, SFTPair, sft
 
 log = logging.getLogger(__name__)
 
@@ -50,39 +49,28 @@ RECIPE_VERSION = 4
 
 
 @dataclass(frozen=True)
-class BaseModelSpec:
-    env: str = "textworld-cooking"
-    # What moved held-out test pass@1, measured: docs/training.md, "Base model recipe".
-    tasks: int = 144
-    sft_steps: int = 500
-    sft_batch_size: int = 16
-    sft_lr: float = 3e-3
-    skill_share: float = 0.5
-    # Where skilled SFT prompts carry the skills: rescore's --skill-place (in the hash, so a change rebuilds).
-    skill_place: str = "prefix"
-    history_turns: int = 4
-    vocab_size: int = 2048
-    seed: int = 0
-    # > 0: stop the SFT once its mean loss reaches this (train.sft.sft); sft_steps is then the most it takes
-    sft_stop_at_loss: float = 0.0
+class BaseModelSpec(Checked):
+    """What the demo base model is built from (what moved held-out test pass@1, measured: docs/training.md, "Base
+    model recipe")."""
 
-    def __post_init__(self) -> None:
-        for name in ("tasks", "sft_steps", "sft_batch_size"):
-            if getattr(self, name) < 1:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(
-                    f"build-model: {name} ({getattr(self, name)}) must be >= 1; fix: {flag} 1 or more"
-                )
-        if not (math.isfinite(self.sft_stop_at_loss) and self.sft_stop_at_loss >= 0):
-            raise ConfigError(
-                f"build-model: sft_stop_at_loss ({self.sft_stop_at_loss}) must be a loss >= 0; fix: 0 for every step"
-            )
-        if not 0.0 <= self.skill_share <= 1.0:
-            raise ConfigError(f"build-model: skill_share ({self.skill_share}) must be in [0, 1]")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(
-                f"build-model: seed ({self.seed}) must be in [0, {MAX_SEED}]; fix: e.g. --seed 0"
-            )
+    what: ClassVar[str] = "build-model"
+
+    env: str = opt("textworld-cooking", "environment whose walkthroughs train it")
+    tasks: int = opt(144, "train games whose walkthroughs make the SFT data", ge=1)
+    sft_steps: int = opt(500, "most SFT steps", ge=1)
+    sft_batch_size: int = opt(16, "SFT pairs per step", ge=1)
+    sft_lr: float = opt(3e-3, "SFT learning rate", gt=0)
+    skill_share: float = opt(0.5, "share of SFT prompts that carry their task type's skills", ge=0, le=1)
+    skill_place: str = opt("prefix", "where skilled SFT prompts carry the skills: rescore's --skill-place")
+    history_turns: int = opt(4, "past turns each SFT prompt shows", ge=0)
+    vocab_size: int = opt(2048, "the trained tokenizer's vocabulary", ge=64)
+    seed: int = opt(0, "seed of the games, weights and SFT", ge=0, le=MAX_SEED)
+    sft_stop_at_loss: float = opt(
+        0.0,
+        f"stop the SFT once its mean loss over {STOP_WINDOW} steps is at or below this (sft_steps is then the most "
+        f"it takes); 0 = every step",
+        ge=0,
+    )
 
     def hash(self) -> str:
         spec = asdict(self)
