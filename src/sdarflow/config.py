@@ -8,6 +8,7 @@ different data, and the data URIs are recorded next to the hash.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -138,10 +139,28 @@ class Checked:
             raise ConfigError(
                 f"{_prefix(cls.what)}unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
             )
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+            and f.name not in data
+        ]
+        if missing:
+            raise ConfigError(f"{_prefix(cls.what)}missing key(s) {', '.join(missing)}")
         hints = typing.get_type_hints(cls)
         return cls(
             **{k: _coerce(cls.what, k, v, hints[k], cls.strict) for k, v in data.items() if k in names}
         )
+
+    @classmethod
+    def check(cls, data: Any, where: str, fix: str, error: type[Exception] = ConfigError) -> typing.Self:
+        """``from_dict`` for a file read back: a refusal is ``error`` naming the file (``where``), what in it is
+        wrong, and the file's own ``fix``."""
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise error(f"{where}: {str(err).split('; fix:')[0]}; {fix}") from None
 
 
 def _prefix(what: str) -> str:
@@ -239,8 +258,11 @@ def _coerce(stage: str, name: str, value: Any, hint: Any, strict: bool = False) 
             f"{_prefix(stage)}{name} is empty (null); fix: give it a value or leave the key out"
         )
     if origin in (types.UnionType, typing.Union):
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(stage, name, value, inner[0], strict)
+        *others, last = [a for a in args if a is not type(None)]
+        for alternative in others:
+            with contextlib.suppress(ConfigError):
+                return _coerce(stage, name, value, alternative, strict)
+        return _coerce(stage, name, value, last, strict)
     if isinstance(hint, type) and issubclass(hint, Checked):
         try:
             return hint.from_dict(value)
@@ -259,7 +281,7 @@ def _coerce(stage: str, name: str, value: Any, hint: Any, strict: bool = False) 
             _coerce(stage, f"{name}[{i}]", v, a, strict) for i, (v, a) in enumerate(zip(value, args))
         )
     if origin is list:
-        if isinstance(value, str):
+        if isinstance(value, str) and not strict:
             value = [value]  # one item: never split, a URI may hold a comma (S3 keys do)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a list; fix: a list, e.g. [a, b]")
@@ -271,7 +293,12 @@ def _coerce(stage: str, name: str, value: Any, hint: Any, strict: bool = False) 
     if hint is int and isinstance(value, float) and not value.is_integer():
         # int(1.9) would silently become 1; a KFP parameter may carry 8 as 8.0, which is fine
         raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a whole number; fix: pass an integer")
-    if hint is str and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+    if hint is str and (
+        isinstance(value, bool)
+        or not isinstance(value, (str, int, float))
+        or strict
+        and not isinstance(value, str)
+    ):
         raise ConfigError(f"{_prefix(stage)}{name} = {value!r} is not a text value; fix: pass a string")
     try:
         if hint is bool:

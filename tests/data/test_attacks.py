@@ -186,7 +186,7 @@ def test_ucb_statistics_of_another_shape_are_refused(tmp_path, stats):
 
     published_library(tmp_path)
     (tmp_path / "made" / STATS).write_text(json.dumps(stats))
-    with pytest.raises(StorageError, match=f"{STATS} .* fix: delete"):
+    with pytest.raises(StorageError, match=f"{STATS}: .* fix: delete"):
         SkillLibrary.load(tmp_path / "made")
 
 

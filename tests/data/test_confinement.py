@@ -177,9 +177,9 @@ def test_library_save_writes_only_inside(tmp_path, secret):
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"skill_files": ["skill_cut.md"]}, "'skill_files' must be a JSON object, not list"),
-        ({"task_to_skill": {"cut": 3}}, r"task_to_skill\['cut'\] must name a skill"),
-        ({"task_keywords": {"cut": 3}}, r"task_keywords\['cut'\] must be a list of words"),
+        ({"skill_files": ["skill_cut.md"]}, r"skill_files = \['skill_cut.md'\] is not a mapping"),
+        ({"task_to_skill": {"cut": 3}}, "task_to_skill.cut = 3 is not a list"),
+        ({"task_keywords": {"cut": 3}}, "task_keywords.cut = 3 is not a list"),
     ],
 )
 def test_malformed_mappings_are_one_line(tmp_path, mapping, message):

@@ -39,12 +39,15 @@ def registry_with_versions(tmp_path, make_adapter, report, lineage) -> str:
     [
         (
             lambda s: s["stages"]["production"].update(version="../../../evil"),
-            "names version '../../../evil'",
+            "stages.production: version = '../../../evil' is not a valid int",
         ),
-        (lambda s: s["stages"]["production"]["history"].append({"version": "abc"}), "names version 'abc'"),
-        (lambda s: s.update(stages=[]), "is not an alias state"),
-        (lambda s: s["stages"].update(production="x"), "is not an object with a 'history' list"),
-        (lambda s: s["stages"]["production"].update(history="x"), "is not an object with a 'history' list"),
+        (
+            lambda s: s["stages"]["production"]["history"].append({"version": "abc"}),
+            "stages.production: history[1]: version = 'abc' is not a valid int",
+        ),
+        (lambda s: s.update(stages=[]), "is not an alias state: stages = [] is not a mapping"),
+        (lambda s: s["stages"].update(production="x"), "stages.production: 'x' is not a mapping"),
+        (lambda s: s["stages"]["production"].update(history="x"), "history = 'x' is not a list"),
     ],
 )
 def test_an_alias_state_that_names_a_path_or_has_another_shape_is_refused(

@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from sdarflow.errors import StorageError
+from sdarflow.config import Checked, opt
+from sdarflow.errors import ConfigError, StorageError
 from sdarflow.registry import cas
 from sdarflow.registry.errors import RegistryConflict
 from sdarflow.registry.layout import Layout
@@ -61,29 +63,48 @@ def alias_stack(history: list[dict[str, Any]]) -> list[int]:
     return stack
 
 
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+@dataclass
+class _Event(Checked):
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    version: int | None = opt(None, "the version a promotion pointed the stage at", ge=1)
+    action: str = opt("", "promote or rollback")
+
+    def validate(self) -> None:
+        # a promotion event carries its version; a rollback's may be empty
+        if self.version is None and self.action != "rollback":
+            raise ConfigError("a promotion in the history names no version")
+
+
+@dataclass
+class _Stage(Checked):
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    version: int | None = opt(None, "the version the stage points at now", ge=1)
+    history: list[_Event] = opt([], "every promotion and rollback of the stage")
+
+
+@dataclass
+class _AliasState(Checked):
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    stages: dict[str, _Stage] = opt({}, "each stage's alias")
 
 
 def checked_alias_state(state: object, where: str) -> dict[str, Any]:
-    """The alias state when its shape is what the registry writes: ``{"stages": {stage: {"version": N | null,
-    "history": [{"version": N, ...}, ...]}}}``; a version is used to build a path, so it must be a number >= 1.
-    StorageError (one line) for anything else."""
-    fix = "fix: restore it from a backup (the registry's audit log records every change)"
-    if not isinstance(state, dict) or not isinstance(state.setdefault("stages", {}), dict):
-        raise StorageError(f"'{where}' is not an alias state (an object with a 'stages' object); {fix}")
-    for stage, entry in state["stages"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.setdefault("history", []), list):
-            raise StorageError(f"'{where}': stage {stage!r} is not an object with a 'history' list; {fix}")
-        events = entry["history"]
-        if not all(isinstance(e, dict) for e in events):
-            raise StorageError(f"'{where}': stage {stage!r} has a history entry that is not an object; {fix}")
-        # a promotion event carries its version; the current version and a rollback's may be empty
-        named = [(entry.get("version"), True)]
-        named += [(e.get("version"), e.get("action") == "rollback") for e in events]
-        for version, optional in named:
-            if not (_positive(version) or (optional and version is None)):
-                raise StorageError(
-                    f"'{where}': stage {stage!r} names version {version!r}, not a number >= 1; {fix}"
-                )
+    """The alias state when its shape is what the registry writes (``_AliasState``: a version is used to build a
+    path, so it must be a number >= 1), with an empty ``stages`` and ``history`` where absent. StorageError (one
+    line) for anything else."""
+    try:
+        _AliasState.from_dict(state)
+    except ConfigError as err:
+        raise StorageError(
+            f"'{where}' is not an alias state: {str(err).split('; fix:')[0]}; fix: restore it from a backup (the "
+            f"registry's audit log records every change)"
+        ) from None
+    for entry in state.setdefault("stages", {}).values():
+        entry.setdefault("history", [])
     return state

@@ -102,12 +102,11 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str
     if not isinstance(entry, Mapping):
         return None, f"{split} split missing from the {who} eval report"
     try:
-        checked = SplitReport.from_dict(dict(entry))
-    except ConfigError as err:
-        return (
-            None,
-            f"{split} of the {who} eval report: {str(err).split('; fix:')[0]}; fix: evaluate it again",
+        checked = SplitReport.check(
+            dict(entry), f"{split} of the {who} eval report", "fix: evaluate it again"
         )
+    except ConfigError as err:
+        return None, str(err)
     if not checked.task_successes:
         return None, (
             f"{split} of the {who} eval report has no per-task results (samples_per_task, task_successes), "

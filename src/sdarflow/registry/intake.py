@@ -37,13 +37,9 @@ def validate_report(report: Any, source: str, require: tuple[str, ...] = ()) -> 
     """``report`` when it is an eval report the gate can trust: a ``test`` split (and every split in ``require``),
     every pass@k a finite number in [0, 1] that does not decrease with k, intervals that are intervals.
     ConfigError (one line) otherwise."""
-    try:
-        EvalReport.from_dict(report)
-    except ConfigError as err:
-        raise ConfigError(
-            f"eval report {source}: {str(err).split('; fix:')[0]}; "
-            f"fix: pass the eval_report.json written by `sdarflow evaluate`"
-        ) from None
+    EvalReport.check(
+        report, f"eval report {source}", "fix: pass the eval_report.json written by `sdarflow evaluate`"
+    )
     missing = [s for s in require if s not in report["splits"]]
     if missing:
         raise ConfigError(

@@ -26,11 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
+from sdarflow.config import Checked, opt
 from sdarflow.errors import StorageError
 from sdarflow.storage import inside
 
@@ -152,32 +153,18 @@ class SkillLibrary:
     def load(cls, folder: str | Path) -> SkillLibrary:
         folder = Path(folder)
         mapping = _read_json(folder / MAPPING, folder, required=True)
-        for key in ("skill_files", "task_to_skill", "task_keywords", "evidence"):
-            if not isinstance(mapping.get(key, {}), dict):
-                raise StorageError(
-                    f"skill library '{folder}': {MAPPING} '{key}' must be a JSON object, not "
-                    f"{type(mapping[key]).__name__}; fix: write it as in the reference layout"
-                )
+        fix = "fix: write it as in the reference layout"
+        _Mapping.check(mapping, f"skill library '{folder}': {MAPPING}", fix, StorageError)
         files = _skill_files(mapping, folder)
         types: dict[str, list[str]] = {}
         for task_type, names in mapping.get("task_to_skill", {}).items():
             # The reference maps a task type to one skill; a list (several skills per type) is accepted too.
-            names = [names] if isinstance(names, str) else names
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise StorageError(
-                    f"skill library '{folder}': {MAPPING} task_to_skill[{task_type!r}] must name a skill or a "
-                    f'list of skills; fix: e.g. "skill_cut"'
-                )
-            for name in names:
+            for name in [names] if isinstance(names, str) else names:
                 types.setdefault(name, []).append(task_type)
-        bad = [t for t, v in mapping.get("task_keywords", {}).items() if not isinstance(v, (str, list))]
-        if bad:
-            raise StorageError(
-                f"skill library '{folder}': {MAPPING} task_keywords[{bad[0]!r}] must be a list of words; "
-                f'fix: e.g. ["slice", "knife"]'
-            )
         task_keywords = {t: _keyword_list(v) for t, v in mapping.get("task_keywords", {}).items()}
-        stats = _checked_stats(_read_json(folder / STATS, folder, required=False), folder)
+        stats = _read_json(folder / STATS, folder, required=False)
+        fix = f"fix: delete {STATS} to start the ucb statistics afresh"
+        _Stats.check(stats, f"skill library '{folder}': {STATS}", fix, StorageError)
         lib = cls(task_keywords=task_keywords, stats=stats)
         for name, fname in files.items():
             path = inside(folder, fname, f"skill library '{folder}': {MAPPING} skill_files[{name!r}]")
@@ -196,41 +183,45 @@ class SkillLibrary:
                     f"skill library '{folder}': skill '{name}' ({fname}) is not readable UTF-8 text ({err}); "
                     f"fix: write skills as Markdown"
                 ) from err
-            lib.skills[name] = Skill(
-                name, text, ts, keywords, evidence if isinstance(evidence, dict) else {}, fname
-            )
+            lib.skills[name] = Skill(name, text, ts, keywords, evidence, fname)
         unknown = sorted(set(types) - set(lib.skills))
         if unknown:
             log.warning("skill library %s: task_to_skill names unknown skill(s) %s; ignored", folder, unknown)
         return lib
 
 
-def _checked_stats(stats: dict, folder: Path) -> dict:
-    """``skill_stats.json`` in the layout ``skills.bandit`` writes: arms per task type and skill, each a count of
-    pulls and a finite reward sum (they feed UCB scores). StorageError naming the entry otherwise."""
-    arms = stats.get("arms", {})
-    fix = f"fix: delete {STATS} to start the ucb statistics afresh"
-    if not isinstance(arms, dict) or not all(isinstance(a, dict) for a in arms.values()):
-        raise StorageError(
-            f"skill library '{folder}': {STATS} 'arms' is not task type -> skill -> arm; {fix}"
-        )
-    for task_type, per_skill in arms.items():
-        for skill, arm in per_skill.items():
-            pulls = arm.get("pulls") if isinstance(arm, dict) else None
-            total = arm.get("reward_sum") if isinstance(arm, dict) else None
-            if not (
-                isinstance(pulls, int)
-                and not isinstance(pulls, bool)
-                and pulls >= 0
-                and isinstance(total, (int, float))
-                and not isinstance(total, bool)
-                and math.isfinite(total)
-            ):
-                raise StorageError(
-                    f"skill library '{folder}': {STATS} arm {task_type}/{skill} = {arm!r} is not a pull count "
-                    f"and a finite reward sum; {fix}"
-                )
-    return stats
+@dataclass
+class _Mapping(Checked):
+    """``skill_mapping.json`` (the reference layout, and our ``evidence``)."""
+
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    skill_files: dict[str, str] = opt({}, "each skill's Markdown file")
+    task_to_skill: dict[str, str | list[str]] = opt({}, "each task type's skill (or skills)")
+    task_keywords: dict[str, str | list[str]] = opt(
+        {}, "each task type's keywords (a list, or comma-separated)"
+    )
+    evidence: dict[str, dict[str, Any]] = opt({}, "what each skill was extracted from")
+
+
+@dataclass
+class _Arm(Checked):
+    strict: ClassVar[bool] = True
+
+    pulls: int = opt(0, "times the bandit chose the skill", ge=0)
+    reward_sum: float = opt(0.0, "the rewards of those pulls, summed")
+
+
+@dataclass
+class _Stats(Checked):
+    """``skill_stats.json`` in the layout ``skills.bandit`` writes: task type -> skill -> arm (they feed UCB
+    scores)."""
+
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+    arms: dict[str, dict[str, _Arm]] = opt({}, "the bandit's arms by task type and skill")
 
 
 def _read_json(path: Path, folder: Path, required: bool) -> dict:
