@@ -17,10 +17,7 @@ def promote(
     stage: str,
     force: bool,
     reason: str,
-    min_gain: float,
-    passk_tolerance: float,
-    ood_tolerance: float,
-    floor: float,
+    tighten: dict,
     kfp_run_id: str,
     summary: Output[Markdown],
 ) -> str:
@@ -33,10 +30,7 @@ def promote(
         stage,
         force=force,
         reason=reason,
-        min_gain=min_gain,
-        passk_tolerance=passk_tolerance,
-        ood_tolerance=ood_tolerance,
-        floor=floor,
+        thresholds=tighten,
         actor=kfp_actor(kfp_run_id),
         markdown=summary,
     )

@@ -2,14 +2,16 @@
 when the run asked for it (``promote_to=production``); a refusal is reported, not a failure."""
 
 from kfp import dsl
-from kfp.dsl import Markdown, Output
+from kfp.dsl import Markdown, Metrics, Output
 
 from components import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def promote_candidate(config_uri: str, registered: str, kfp_run_id: str, summary: Output[Markdown]) -> str:
+def promote_candidate(
+    config_uri: str, registered: str, kfp_run_id: str, summary: Output[Markdown], metrics: Output[Metrics]
+) -> str:
     from sdarflow.kfp_runtime import kfp_actor
     from sdarflow.kfp_runtime import promote_candidate as run
 
-    return run(config_uri, registered, actor=kfp_actor(kfp_run_id), markdown=summary)
+    return run(config_uri, registered, actor=kfp_actor(kfp_run_id), markdown=summary, metrics=metrics)

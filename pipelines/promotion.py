@@ -9,13 +9,13 @@ from components.promote import promote
 from pipelines.kube import KubeOptions, wire
 from pipelines.params import describe
 from sdarflow.defaults import DEFAULT_POLICY_NAME
-from sdarflow.registry.gate import GATE, GATE_HELP
+from sdarflow.registry.gate import GATE_HELP
 
 PIPELINE_NAME = "sdar-promotion"
 
 
 def build_promotion_pipeline(kube: KubeOptions | None = None):
-    """Return the ``@dsl.pipeline`` function; gate defaults are ``GatePolicy``'s."""
+    """Return the ``@dsl.pipeline`` function; the gate is the registry's policy."""
     root = kube.pipeline_root if kube and kube.pipeline_root else None
 
     def sdar_promotion(
@@ -25,10 +25,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         stage: str = "production",
         force: bool = False,
         reason: str = "",
-        min_gain: float = GATE.min_gain,
-        passk_tolerance: float = GATE.passk_tolerance,
-        ood_tolerance: float = GATE.ood_tolerance,
-        floor: float = GATE.floor,
+        tighten: dict = {},  # noqa: B006 - KFP reads the default; the function never changes it
     ) -> str:
         task = promote(
             registry=registry,
@@ -37,10 +34,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
             stage=stage,
             force=force,
             reason=reason,
-            min_gain=min_gain,
-            passk_tolerance=passk_tolerance,
-            ood_tolerance=ood_tolerance,
-            floor=floor,
+            tighten=tighten,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
         wire(task, "promote", kube, "promote")
@@ -54,10 +48,11 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         "registry": "adapter registry URI: local folder or s3://bucket/prefix",
         "version": "version number, latest, or staging",
         "name": "policy name in the registry",
-        "stage": "production (gated) or staging (ungated)",
+        "stage": "production (gated) or staging (gated when the registry has a staging policy)",
         "force": "override a gate refusal (needs a reason; audited)",
         "reason": "why; written to the alias history and the audit log (required with force)",
-        **GATE_HELP,
+        "tighten": 'gate thresholds this promotion tightens the registry\'s policy to, e.g. {"min_gain": 0.02} '
+        f"({', '.join(GATE_HELP)}); empty: the registry's policy (`sdarflow registry gate`)",
     }
     describe(sdar_promotion, description, helps)
     return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(sdar_promotion)

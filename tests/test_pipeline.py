@@ -238,8 +238,10 @@ def test_pipeline_config_checks(tmp_path):
 
     with pytest.raises(ConfigError, match=r"tasks \(2\) must be >= shards \(4\)"):
         make_config(tmp_path, tasks=2, shards=4)
-    with pytest.raises(ConfigError, match="passk_tolerance"):
-        make_config(tmp_path, gate_passk_tolerance=2.0)
+    with pytest.raises(ConfigError, match=r"gate: passk_tolerance = 2.0 must be in \[0, 1\]"):
+        make_config(tmp_path, gate={"passk_tolerance": 2.0})
+    with pytest.raises(ConfigError, match="gate: unknown key"):
+        make_config(tmp_path, gate={"min_gian": 0.1})
     with pytest.raises(ConfigError, match="promote_to"):
         make_config(tmp_path, promote_to="prod")
     # production is promoted by the gated promote task, never by register

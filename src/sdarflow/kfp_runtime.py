@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from sdarflow import progress, storage
 from sdarflow.errors import ConfigError
 from sdarflow.model_cache import with_local_model
 from sdarflow.pipeline_config import base_eval_config, load, stage_config
-from sdarflow.registry.gate import GATE
 from sdarflow.registry.layout import VERSION_KIND
 from sdarflow.stages import STAGES
 
@@ -137,23 +137,18 @@ def run_promotion(
     *,
     force: bool = False,
     reason: str = "",
-    min_gain: float = GATE.min_gain,
-    passk_tolerance: float = GATE.passk_tolerance,
-    ood_tolerance: float = GATE.ood_tolerance,
-    floor: float = GATE.floor,
+    thresholds: Mapping[str, float] | None = None,
     actor: str | None = None,
     markdown=None,
 ) -> str:
-    """The promotion pipeline's step: ``Registry.promote`` through the gate. A refusal raises GateRefused (the
-    task fails with the gate's message); returns one summary line, also written to the Markdown artifact."""
-    from sdarflow.registry import GatePolicy, Registry
+    """The promotion pipeline's step: ``Registry.promote`` through the registry's gate, which ``thresholds``
+    (``{"min_gain": 0.02}``) may only tighten. A refusal raises GateRefused (the task fails with the gate's
+    message); returns one summary line, also written to the Markdown artifact."""
+    from sdarflow.registry import Registry
 
     setup_logging()
-    policy = GatePolicy(
-        min_gain=min_gain, passk_tolerance=passk_tolerance, ood_tolerance=ood_tolerance, floor=floor
-    )
     event = Registry(registry).promote(
-        name, version, stage=stage, policy=policy, force=force, reason=reason, actor=actor
+        name, version, stage=stage, thresholds=thresholds, force=force, reason=reason, actor=actor
     )
     line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
     _write_markdown(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
@@ -161,10 +156,14 @@ def run_promotion(
     return line
 
 
-def promote_candidate(config_uri: str, registered: str, actor: str | None = None, markdown=None) -> str:
+def promote_candidate(
+    config_uri: str, registered: str, actor: str | None = None, markdown=None, metrics=None
+) -> str:
     """After the last round: promote its registered version to production when the run asked for it
-    (``promote_to=production``). A gate refusal is an expected outcome of retraining, so it is reported in the
-    result and the UI, and the run still succeeds; production is left as it was."""
+    (``promote_to=production``), through the registry's gate, which the run's gate parameters may only tighten.
+    A gate refusal is an expected outcome of retraining, so it is reported (the result, the Markdown summary,
+    the Metrics ``promoted`` 0 and ``gate_refused`` 1, the run report) and the run still succeeds; production
+    is left as it was."""
     from sdarflow.registry import GateRefused
 
     setup_logging()
@@ -172,6 +171,7 @@ def promote_candidate(config_uri: str, registered: str, actor: str | None = None
     if pc.promote_to != "production":
         line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"
         _write_markdown(markdown, line + "\n")
+        _log_promotion(metrics, promoted=False, refused=False)
         return line
     # the version folder's manifest records its number (registry.store.Registry.register)
     version = storage.read_manifest(registered, kind=VERSION_KIND).get("version")
@@ -181,23 +181,29 @@ def promote_candidate(config_uri: str, registered: str, actor: str | None = None
             f"fix: pass the register task's output"
         )
     try:
-        return run_promotion(
+        line = run_promotion(
             pc.registry,
             pc.policy_name,
             str(version),
             force=False,
-            min_gain=pc.gate_min_gain,
-            passk_tolerance=pc.gate_passk_tolerance,
-            ood_tolerance=pc.gate_ood_tolerance,
-            floor=pc.gate_floor,
+            thresholds=pc.gate,
             actor=actor,
             markdown=markdown,
         )
     except GateRefused as err:
         log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)
-        line = f"refused: {err}"
         _write_markdown(markdown, f"**{pc.policy_name} v{version} not promoted**\n\n{err}\n")
-        return line
+        _log_promotion(metrics, promoted=False, refused=True)
+        return f"refused: {err}"
+    _log_promotion(metrics, promoted=True, refused=False)
+    return line
+
+
+def _log_promotion(metrics, *, promoted: bool, refused: bool) -> None:
+    # a check the UI shows per run, and a schedule's runs side by side
+    if metrics is not None:
+        metrics.log_metric("promoted", float(promoted))
+        metrics.log_metric("gate_refused", float(refused))
 
 
 def _write_markdown(artifact, text: str) -> None:

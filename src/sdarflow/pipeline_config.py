@@ -27,7 +27,7 @@ from sdarflow.config import StageConfig, like, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import OPTIONS, option_settings
-from sdarflow.registry.gate import GatePolicy
+from sdarflow.registry.gate import GATE_HELP, GatePolicy
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
 from sdarflow.train.format_guard import GUARD_HELP
@@ -104,10 +104,13 @@ class PipelineConfig(StageConfig):
         "the last round's version through the gate (a refusal is reported, the run still succeeds)",
         choices=PROMOTE_TO,
     )
-    gate_min_gain: float = like(GatePolicy, "min_gain")
-    gate_passk_tolerance: float = like(GatePolicy, "passk_tolerance")
-    gate_ood_tolerance: float = like(GatePolicy, "ood_tolerance")
-    gate_floor: float = like(GatePolicy, "floor")
+    gate: dict[str, float] = opt(
+        {},
+        'the gate thresholds this run tightens the registry\'s policy to, e.g. {"min_gain": 0.02} (min_gain, '
+        "passk_tolerance, ood_tolerance, floor); empty: the registry's policy (`sdarflow registry gate`); a looser "
+        "value refuses the promotion",
+        keys=tuple(GATE_HELP),
+    )
     seed: int = like(_GENERATE, "seed", "base seed of every stage")
     tracking_uri: str = tracking_opt()
     shards: int = opt(
@@ -139,15 +142,7 @@ class PipelineConfig(StageConfig):
                 f"pipeline: tasks ({self.tasks}) must be >= shards ({self.shards}): every generate shard "
                 f"needs a task; fix: raise tasks or compile with fewer --shards"
             )
-        self.gate_policy()  # raises ConfigError naming the bad tolerance
-
-    def gate_policy(self) -> GatePolicy:
-        return GatePolicy(
-            min_gain=self.gate_min_gain,
-            passk_tolerance=self.gate_passk_tolerance,
-            ood_tolerance=self.gate_ood_tolerance,
-            floor=self.gate_floor,
-        )
+        GatePolicy(**self.gate)  # each threshold within its bounds
 
 
 def kfp_parameters(

@@ -250,9 +250,7 @@ def test_ui_parameters_and_report_artifacts(spec):
     assert params["method"]["defaultValue"] == "sdar"
     for name in ("base_model", "env", "group_size", "retrieval", "registry", "policy_name", "start_adapter"):
         assert name in params
-    assert params["gate_passk_tolerance"]["defaultValue"] == 0.05
-    assert params["gate_ood_tolerance"]["defaultValue"] == 0.05
-    assert params["gate_min_gain"]["defaultValue"] == 0.0 and params["gate_floor"]["defaultValue"] == 0.0
+    assert params["gate"]["defaultValue"] == {}  # the registry's gate policy
     assert "defaultValue" not in params["storage"] and "defaultValue" not in params["base_model"]
     for component in ("comp-generate", "comp-train", "comp-rescore", "comp-evaluate", "comp-evaluate-base"):
         artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]
@@ -308,7 +306,7 @@ def test_promotion_pipeline_spec(tmp_path):
     assert pipeline["pipelineInfo"]["name"] == "sdar-promotion"
     params = pipeline["root"]["inputDefinitions"]["parameters"]
     assert {"name", "version", "stage", "force", "reason", "registry"} <= set(params)
-    assert {"min_gain", "passk_tolerance", "ood_tolerance"} <= set(params)
+    assert params["tighten"]["defaultValue"] == {}  # the registry's policy
     assert params["stage"]["defaultValue"] == "production" and params["force"]["defaultValue"] is False
     tasks = pipeline["root"]["dag"]["tasks"]
     assert set(tasks) == {"promote"}

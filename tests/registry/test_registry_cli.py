@@ -10,6 +10,7 @@ import yaml
 
 from sdarflow import storage
 from sdarflow.cli.registry import add_arguments
+from sdarflow.errors import ConfigError
 from sdarflow.registry import GateRefused
 
 
@@ -90,8 +91,16 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
         run(["promote", *reg, "--version", "2"])
     assert err.value.exit_code == 3
     assert "test pass@1 vs production v1: 0.55 - 0.50 = +0.05, lower bound -0.05 " in str(err.value)
-    # A looser policy from the flags lets it through: no worse than production beyond 0.1.
-    assert run(["promote", *reg, "--version", "2", "--min-gain", "-0.1"]) == 0
+    # A caller may only tighten the registry's policy: a looser threshold is refused (and audited) ...
+    with pytest.raises(GateRefused) as err:
+        run(["promote", *reg, "--version", "2", "--min-gain", "-0.1"])
+    assert "min_gain -0.1 is looser than the registry's 0" in str(err.value)
+    # ... until the registry's own policy is set, with a reason, audited: no worse than production beyond 0.1
+    with pytest.raises(ConfigError, match="needs --reason"):
+        run(["gate", *reg, "--min-gain", "-0.1"])
+    assert run(["gate", *reg, "--min-gain", "-0.1", "--reason", "noisy eval set"]) == 0
+    assert json.loads(capsys.readouterr().out)["production"]["min_gain"] == -0.1
+    assert run(["promote", *reg, "--version", "2"]) == 0
     capsys.readouterr()
     assert run(["rollback", *reg]) == 0
     assert capsys.readouterr().out == "agent production -> v1 (was v2)\n"

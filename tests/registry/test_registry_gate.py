@@ -243,11 +243,44 @@ def test_force_needs_reason_and_is_audited(reg_with_production, make_adapter, li
     assert reg.alias_history("agent")[-1]["reason"] == "hotfix: v1 leaks tool tokens"
 
 
-def test_staging_is_ungated(reg_with_production, make_adapter, lineage, report):
+def test_staging_is_gated_once_the_registry_has_a_staging_policy(reg_with_production, make_adapter, lineage,
+                                                                   report, tasks):  # fmt: skip
     reg = reg_with_production
     v = _register(reg, make_adapter, lineage, report(0.1, 0.1, 0.1))
     assert reg.promote("agent", v, stage="staging")["gate"] == "not-applicable"
     assert reg.aliases("agent") == {"production": 1, "staging": v}
+    reg.set_gate("agent", "staging", {"floor": 0.2}, reason="staging serves a canary")
+    worse = _register(reg, make_adapter, lineage, report(0.15, 0.15, 0.15))
+    with pytest.raises(GateRefused, match="not above the floor 0.20"):
+        reg.promote("agent", worse, stage="staging")
+    assert reg.aliases("agent")["staging"] == v
+
+
+def test_the_gate_policy_lives_in_the_registry_and_callers_may_only_tighten_it(reg_with_production, make_adapter,
+                                                                              lineage, tasks):  # fmt: skip
+    reg = reg_with_production
+    v = _register(reg, make_adapter, lineage, tasks(GAIN, PROD))
+    # a looser threshold than the registry's is refused before any comparison counts, and audited
+    with pytest.raises(GateRefused, match="ood_tolerance 0.5 is looser than the registry's 0.05"):
+        reg.promote("agent", v, thresholds={"ood_tolerance": 0.5})
+    assert reg.audit_log("agent")[-1]["event"] == "promote-refused"
+    # the registry's policy is set by a command, with a reason, audited before and after
+    with pytest.raises(ConfigError, match="needs --reason"):
+        reg.set_gate("agent", "production", {"min_gain": 0.3}, reason="")
+    event = reg.set_gate("agent", "production", {"min_gain": 0.3}, reason="tighter for Q4", actor="dana")
+    assert (event["event"], event["by"], event["before"]["min_gain"], event["after"]["min_gain"]) == (
+        "set-gate", "dana", 0.0, 0.3,
+    )  # fmt: skip
+    assert reg.gate_policies("agent")[0].production.min_gain == 0.3
+    # the candidate that passed the default policy is now held back; tightening further is allowed
+    with pytest.raises(GateRefused, match="not above min_gain 0.30"):
+        reg.promote("agent", v)
+    with pytest.raises(GateRefused, match="min_gain 0.1 is looser than the registry's 0.3"):
+        reg.promote("agent", v, thresholds={"min_gain": 0.1})
+    assert (
+        reg.promote("agent", v, thresholds={"min_gain": 0.1}, force=True, reason="ok'd")["gate"]
+        == "overridden"
+    )
     with pytest.raises(ConfigError, match="unknown stage 'prod'; allowed: production, staging"):
         reg.promote("agent", v, stage="prod")
 

@@ -112,21 +112,35 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_promote(args: argparse.Namespace) -> int:
-    from sdarflow.registry.gate import GATE_HELP, GatePolicy
+def _thresholds(args: argparse.Namespace) -> dict[str, float | None]:
+    """The gate threshold flags ``_gate_flags`` made (None where not given)."""
+    from sdarflow.registry.gate import GATE_HELP
 
-    policy = GatePolicy(**{name: getattr(args, name) for name in GATE_HELP})  # the flags _add_promote made
+    return {name: getattr(args, name) for name in GATE_HELP}
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
     event = _registry(args).promote(
         args.name,
         args.version,
         stage=args.stage,
-        policy=policy,
+        thresholds=_thresholds(args),
         force=args.force,
         reason=args.reason or "",
         actor=args.actor,
     )
     gate = event.get("gate", "unchanged")
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (gate: {gate})\n")
+    return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    registry, thresholds = _registry(args), _thresholds(args)
+    if any(v is not None for v in thresholds.values()):
+        registry.set_gate(args.name, args.stage, thresholds, args.reason or "", actor=args.actor)
+    emit(dataclasses.asdict(registry.gate_policies(args.name)[0]))
     return 0
 
 
@@ -251,27 +265,40 @@ def _add_show(p: argparse.ArgumentParser) -> None:
 
 
 def _add_promote(p: argparse.ArgumentParser) -> None:
-    from sdarflow.registry.gate import GATE, GATE_HELP
-
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
     p.add_argument(
         "--stage",
         default="production",
         choices=RELEASE_STAGES,
-        help="the alias to move (production is gated)",
+        help="the alias to move (gated by the registry's policy: production always, staging when set)",
     )
     p.add_argument("--force", action="store_true", help="override a gate refusal (needs --reason)")
     p.add_argument(
         "--reason", help="why (required with --force); written to the alias history and the audit log"
     )
-    for name, help_text in GATE_HELP.items():
-        default = getattr(GATE, name)
-        p.add_argument(
-            f"--{name.replace('_', '-')}", type=float, default=default, help=f"{help_text} ({default})"
-        )
+    _gate_flags(p, "for this promotion only: may tighten the registry's policy (`sdarflow registry gate`)")
     p.add_argument("--actor", help="who promotes (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_promote)
+
+
+def _gate_flags(p: argparse.ArgumentParser, scope: str) -> None:
+    from sdarflow.registry.gate import GATE, GATE_HELP
+
+    for name, help_text in GATE_HELP.items():
+        flag = f"--{name.replace('_', '-')}"
+        p.add_argument(flag, type=float, help=f"{help_text}; {scope} (default policy: {getattr(GATE, name)})")
+
+
+def _add_gate(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument(
+        "--stage", default="production", choices=RELEASE_STAGES, help="the stage whose gate to set"
+    )
+    _gate_flags(p, "sets the registry's policy; the others keep theirs")
+    p.add_argument("--reason", help="why (required to set); written to the audit log")
+    p.add_argument("--actor", help="who sets it (default: $SDARFLOW_ACTOR or user@host)")
+    p.set_defaults(func=cmd_gate)
 
 
 def _add_rollback(p: argparse.ArgumentParser) -> None:
@@ -320,6 +347,7 @@ SUBCOMMANDS = {
     "list": ("names with their aliases, or the versions of one name", _add_list),
     "show": ("lineage, eval summary, files and aliases of one version", _add_show),
     "promote": ("point a stage at a version (production is gated)", _add_promote),
+    "gate": ("show, or with thresholds set, a name's promotion gate policy (audited)", _add_gate),
     "rollback": ("point a stage back at its previous version", _add_rollback),
     "fetch": ("download a version (sha256-verified) to a local folder", _add_fetch),
     "serve-config": ("vLLM multi-LoRA command and Kubernetes manifests for production", _add_serve_config),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from sdarflow.config import Checked, opt
@@ -67,9 +67,36 @@ class GatePolicy(Checked):
     floor: float = opt(0.0, "gate: the candidate's test pass@1 must be above this", ge=0, le=1)
 
 
-GATE = GatePolicy()  # the defaults every entry point (CLI, pipelines, config) shows
+GATE = GatePolicy()  # a registry's policy until `sdarflow registry gate` sets one
 # What each threshold means, for every entry point's help (CLI flags, pipeline parameters)
 GATE_HELP = {f.name: f.metadata["help"] for f in fields(GatePolicy)}
+_HIGHER_IS_TIGHTER = ("min_gain", "floor")  # the tolerances are tighter when lower
+
+
+@dataclass
+class GatePolicies(Checked):
+    """A registry name's gate policies (``gate_policy.json``, set by ``sdarflow registry gate``): production's,
+    and staging's when one is set (staging is ungated without it)."""
+
+    strict: ClassVar[bool] = True
+
+    production: GatePolicy = opt(GATE, "the gate of production")
+    staging: GatePolicy | None = opt(None, "the gate of staging; none: staging is ungated")
+
+
+def tightened(stored: GatePolicy, requested: Mapping[str, float | None]) -> tuple[GatePolicy, list[str]]:
+    """The policy one promotion applies: ``stored`` (the registry's) with each ``requested`` threshold (None: not
+    requested) in its place, and a line for each requested threshold looser than the stored one (a run or a
+    caller may only tighten the registry's gate)."""
+    values, looser = asdict(stored), []
+    for name, value in requested.items():
+        if value is None:
+            continue
+        tighter = value >= values[name] if name in _HIGHER_IS_TIGHTER else value <= values[name]
+        if not tighter:
+            looser.append(f"{name} {value:g} is looser than the registry's {values[name]:g}")
+        values[name] = value
+    return GatePolicy(**values), looser
 
 
 @dataclass

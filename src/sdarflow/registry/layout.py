@@ -7,6 +7,7 @@
                                                base_eval_report.json (when given), lineage.json,
                                                _manifest.json (sha256 of each, written last)
     <registry>/<name>/aliases.json             stage -> version, with history (compare-and-swap updated)
+    <registry>/<name>/gate_policy.json         the promotion gate's thresholds per stage (compare-and-swap)
     <registry>/<name>/audit/<utc>-<uuid>.json  one event per object: appends never race
 
 Versions are integers in the API and in JSON, and their decimal string in paths.
@@ -33,6 +34,7 @@ BASE_EVAL_REPORT = "base_eval_report.json"  # the base model's evaluation on the
 LINEAGE = "lineage.json"
 MODEL_CARD = "README.md"  # written by the registry from lineage and evaluation (registry.card)
 ALIASES = "aliases.json"
+GATE_POLICY = "gate_policy.json"
 # Files the registry writes into a version folder itself; an adapter folder must not bring its own.
 RESERVED_FILES: tuple[str, ...] = (EVAL_REPORT, BASE_EVAL_REPORT, LINEAGE, storage.MANIFEST)
 
@@ -98,6 +100,10 @@ class Layout:
     @property
     def aliases(self) -> str:
         return storage.join(self.base, ALIASES)
+
+    @property
+    def gate_policy(self) -> str:
+        return storage.join(self.base, GATE_POLICY)
 
     @property
     def audit(self) -> str:

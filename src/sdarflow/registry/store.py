@@ -13,7 +13,9 @@ concurrent pipeline runs and people, so every shared write is conditional (:mod:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -27,7 +29,7 @@ from sdarflow import storage
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.lora import lora_rank
-from sdarflow.registry import aliases, claims, gate, intake
+from sdarflow.registry import aliases, cas, claims, gate, intake
 from sdarflow.registry.card import model_card
 from sdarflow.registry.errors import GateRefused, RegistryError
 from sdarflow.registry.layout import (
@@ -40,6 +42,7 @@ from sdarflow.registry.layout import (
     parse_version,
     validate_stage,
 )
+from sdarflow.storage.files import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -281,19 +284,61 @@ class Registry:
 
     # ------------------------------------------------------------------------------------------------ aliases
 
+    def gate_policies(self, name: str) -> tuple[gate.GatePolicies, str | None]:
+        """The name's gate policies (``GATE`` for production until ``set_gate`` stores one) and their etag."""
+        layout = self._layout(name)
+        data, etag = cas.read_versioned(layout.gate_policy)
+        if data is None:
+            return gate.GatePolicies(), None
+        fix = "fix: set it again with `sdarflow registry gate` (the audit log records every change)"
+        where = f"'{layout.gate_policy}'"
+        return gate.GatePolicies.check(parse_json(data, where), where, fix, StorageError), etag
+
+    def set_gate(
+        self,
+        name: str,
+        stage: str,
+        thresholds: Mapping[str, float | None],
+        reason: str,
+        actor: str | None = None,
+    ) -> dict[str, Any]:
+        """Set ``stage``'s gate thresholds (those not None; the others keep their value) for every later
+        promotion of ``name``; audited with the policy before and after. Runs and callers may then only tighten
+        it (:func:`gate.tightened`). Returns the audit event."""
+        layout = self._layout(name)
+        validate_stage(stage)
+        if not reason.strip():
+            raise ConfigError(
+                "registry gate: setting a policy needs --reason TEXT (it is audited); fix: add it"
+            )
+        policies, etag = self.gate_policies(name)
+        before = getattr(policies, stage)
+        given = {k: v for k, v in thresholds.items() if v is not None}
+        after = dataclasses.replace(before or gate.GATE, **given)
+        updated = dataclasses.replace(policies, **{stage: after})
+        blob = json.dumps(dataclasses.asdict(updated), indent=2, sort_keys=True).encode()
+        cas.cas_write(layout.gate_policy, blob, etag)
+        before = None if before is None else dataclasses.asdict(before)
+        return self._audit(
+            layout, "set-gate", stage=stage, by=actor or default_actor(), reason=reason, before=before,
+            after=dataclasses.asdict(after),
+        )  # fmt: skip
+
     def promote(
         self,
         name: str,
         version: int | str,
         stage: str = "production",
-        policy: gate.GatePolicy | None = None,
+        thresholds: Mapping[str, float | None] | None = None,
         force: bool = False,
         reason: str = "",
         actor: str | None = None,
     ) -> dict[str, Any]:
-        """Point ``stage`` at ``version``. Production is gated (:mod:`sdarflow.registry.gate`) against the current
-        production version and the base model's report the version was registered with, unless ``force`` (with a
-        ``reason``, recorded in history and audit). A refusal is audited too. Returns the audit event."""
+        """Point ``stage`` at ``version``. Production (and staging, when the registry has a staging policy) is
+        gated (:mod:`sdarflow.registry.gate`) by the registry's policy (``set_gate``), which ``thresholds`` may
+        only tighten, against the current version of the stage and the base model's report the version was
+        registered with, unless ``force`` (with a ``reason``, recorded in history and audit). A refusal is
+        audited too. Returns the audit event."""
         layout = self._layout(name)
         validate_stage(stage)
         if force and not reason.strip():
@@ -308,7 +353,7 @@ class Registry:
             log.info("%s %s already points at v%d: nothing to do", name, stage, number)
             return {"event": "promote", "name": name, "stage": stage, "version": number, "changed": False}
 
-        verdict = self._gate(layout, number, current, stage, policy, force)
+        verdict = self._gate(layout, number, current, stage, thresholds or {}, force)
         event = {"version": number, "action": "promote", "from": current, "gate": verdict.pop("gate")}
         if verdict.get("gate_failures") and not force:
             self._audit(layout, "promote-refused", stage=stage, by=actor, **event, **verdict)
@@ -321,12 +366,15 @@ class Registry:
         )
 
     def _gate(
-        self, layout: Layout, number: int, current: int | None, stage: str, policy, force: bool
+        self, layout: Layout, number: int, current: int | None, stage: str, thresholds: Mapping, force: bool
     ) -> dict[str, Any]:
         """The gate's decision for the audit log: ``gate`` ('passed', 'overridden', 'refused' or
-        'not-applicable'), and for production every comparison's numbers and the failures."""
-        if stage != "production":
-            return {"gate": "not-applicable"}  # staging is ungated
+        'not-applicable'), the policy applied, every comparison's numbers and the failures (a threshold looser
+        than the registry's among them)."""
+        stored = getattr(self.gate_policies(layout.name)[0], stage)
+        if stored is None:
+            return {"gate": "not-applicable"}  # no staging policy: staging is ungated
+        policy, looser = gate.tightened(stored, thresholds)
         candidate = self._eval_report(layout, number)
         if force:
             # Unchecked when overridden, yet every later candidate is compared with it: its report must be one the
@@ -334,12 +382,18 @@ class Registry:
             intake.validate_report(candidate, f"of {layout.name} v{number}", require=gate.SPLITS)
         production = None if current is None else self._eval_report(layout, current)
         references = {
-            "production" if current is None else f"production v{current}": production,
+            stage if current is None else f"{stage} v{current}": production,
             "base model": self.base_eval_report(layout.name, number),
         }
         verdict = gate.check_gate(candidate, references, policy, candidate_label=f"candidate v{number}")
-        outcome = "passed" if verdict.passed else "overridden" if force else "refused"
-        return {"gate": outcome, "gate_checks": verdict.checks, "gate_failures": verdict.failures}
+        failures = [*looser, *verdict.failures]
+        outcome = "overridden" if failures and force else "refused" if failures else "passed"
+        return {
+            "gate": outcome,
+            "gate_policy": dataclasses.asdict(policy),
+            "gate_checks": verdict.checks,
+            "gate_failures": failures,
+        }
 
     def rollback(
         self, name: str, stage: str = "production", reason: str = "", actor: str | None = None
