@@ -264,6 +264,8 @@ def test_the_gate_policy_lives_in_the_registry_and_callers_may_only_tighten_it(r
     with pytest.raises(GateRefused, match="ood_tolerance 0.5 is looser than the registry's 0.05"):
         reg.promote("agent", v, thresholds={"ood_tolerance": 0.5})
     assert reg.audit_log("agent")[-1]["event"] == "promote-refused"
+    with pytest.raises(ConfigError, match="gate: unknown config key\\(s\\) min_gian"):
+        reg.promote("agent", v, thresholds={"min_gian": 0.5})
     # the registry's policy is set by a command, with a reason, audited before and after
     with pytest.raises(ConfigError, match="needs --reason"):
         reg.set_gate("agent", "production", {"min_gain": 0.3}, reason="")

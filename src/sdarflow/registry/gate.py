@@ -87,16 +87,15 @@ class GatePolicies(Checked):
 def tightened(stored: GatePolicy, requested: Mapping[str, float | None]) -> tuple[GatePolicy, list[str]]:
     """The policy one promotion applies: ``stored`` (the registry's) with each ``requested`` threshold (None: not
     requested) in its place, and a line for each requested threshold looser than the stored one (a run or a
-    caller may only tighten the registry's gate)."""
-    values, looser = asdict(stored), []
-    for name, value in requested.items():
-        if value is None:
-            continue
-        tighter = value >= values[name] if name in _HIGHER_IS_TIGHTER else value <= values[name]
-        if not tighter:
-            looser.append(f"{name} {value:g} is looser than the registry's {values[name]:g}")
-        values[name] = value
-    return GatePolicy(**values), looser
+    caller may only tighten the registry's gate). An unknown name or a value out of range is a ConfigError."""
+    given = {name: value for name, value in requested.items() if value is not None}
+    policy = GatePolicy.from_dict({**asdict(stored), **given})
+    looser = []
+    for name in given:
+        new, old = getattr(policy, name), getattr(stored, name)
+        if not (new >= old if name in _HIGHER_IS_TIGHTER else new <= old):
+            looser.append(f"{name} {new:g} is looser than the registry's {old:g}")
+    return policy, looser
 
 
 @dataclass
