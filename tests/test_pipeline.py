@@ -71,6 +71,47 @@ def test_demo_dag_on_local_storage(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_the_gate(tiny_model, tmp_path):
+    """Two runs as ``pipeline schedule`` starts them (from production, promoting through the gate), through the
+    KFP local runner: the second plays train tasks the first did not, with the next seed, and its looser ``gate``
+    parameter is refused and audited, production unchanged."""
+    import kfp.local
+
+    from pipelines.training import build_training_pipeline
+    from sdarflow.registry import Registry
+    from sdarflow.train.warmstart import SEED_SKILLS
+
+    kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"))
+    pipeline = build_training_pipeline(rounds=1, preset="smoke")
+    store = str(tmp_path / "store")
+    scheduled = {
+        "storage": store,
+        "base_model": str(tiny_model),
+        "seed_skills": str(tiny_model / SEED_SKILLS),
+        "start_adapter": "production",
+        "promote_to": "production",
+    }
+    pipeline(**scheduled, run_id="nightly-1")
+    registry = Registry(storage.join(store, "registry"))
+    production = registry.aliases("sdar-policy").get("production")
+    pipeline(**scheduled, run_id="nightly-2", gate={"min_gain": -1.0})
+
+    def played(run_id: str) -> tuple[int, set[str]]:
+        config = yaml.safe_load(storage.read_bytes(storage.join(store, "runs", run_id, "pipeline.yaml")))
+        uri = storage.join(store, "runs", run_id, "round=0", "generate")
+        rows = storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+        return config["seed"], set(rows.column("task_id").to_pylist())
+
+    (seed1, tasks1), (seed2, tasks2) = played("nightly-1"), played("nightly-2")
+    assert seed2 == seed1 + 1 and tasks2 and not tasks1 & tasks2
+    assert registry.lineage("sdar-policy", 2)["cursor"]["next_task"] == 2 * len(tasks1)
+    refused = registry.audit_log("sdar-policy")[-1]
+    assert (refused["event"], refused["version"]) == ("promote-refused", 2)
+    assert "min_gain -1 is looser than the registry's" in json.dumps(refused)
+    assert registry.aliases("sdar-policy").get("production") == production
+
+
+@pytest.mark.slow
 def test_demo_dag_on_s3(tiny_model, tmp_path, s3_root):
     summary = run_demo(
         tmp_path / "demo", storage_root=s3_root, rounds=1, preset="smoke", base_model=str(tiny_model)
@@ -230,6 +271,36 @@ def test_each_round_plays_the_next_tasks(tmp_path):
     pc = make_config(tmp_path, run_id="r1", tasks=4, stage_settings={"generate": {"first_task": None}})
     with pytest.raises(ConfigError, match=r"first_task \(None\) and tasks \(4\) must be whole numbers"):
         stage_config(pc, "generate", 1, adapter="")
+
+
+def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_with_production, tmp_path):
+    from sdarflow.errors import ConfigError
+    from sdarflow.pipeline_config import load, prepare, stage_config
+
+    registry = registry_with_production  # v1-v3 were registered by hand, without a cursor: the settings stand
+
+    def started(**overrides):
+        pc = load(prepare(make_config(tmp_path, registry=str(registry.uri), tasks=4, seed=7, **overrides)))
+        played = [stage_config(pc, "generate", r) for r in (0, 1)]
+        return played[0].seed, [g.first_task for g in played]
+
+    assert started() == (7, [0, 4])
+    # round 1 of a run registers where its tasks stopped, with its seed ...
+    pc = make_config(tmp_path, run_id="r", registry=str(registry.uri), tasks=4, seed=7)
+    cursor = stage_config(pc, "register", 1, adapter="a", eval_report="e").cursor
+    assert cursor == {"env": pc.env, "next_task": 8, "seed": 7}
+    registry.register("sdar-policy", fake_adapter(tmp_path / "a4"), eval_report([1] * 10), {"cursor": cursor})
+    # ... and the next run starts there with the next seed, whether v4 was promoted or not
+    assert started() == (8, [8, 12])
+    assert started(stage_settings={"generate": {"seed": 3}}) == (8, [8, 12])  # generate's own seed moves too
+    assert started(data_cursor="fixed") == (7, [0, 4])  # to reproduce a run
+    assert started(env="search-qa") == (7, [0, 4])  # another env's tasks are another sequence
+    bad = {"cursor": {"env": pc.env, "next_task": -1, "seed": 0}}
+    registry.register("sdar-policy", fake_adapter(tmp_path / "a5"), eval_report([1] * 10), bad)
+    with pytest.raises(
+        ConfigError, match=r"v5's lineage: cursor: next_task = -1 must be >= 0 .*; fix: run with"
+    ):
+        started()
 
 
 def test_pipeline_config_checks(tmp_path):

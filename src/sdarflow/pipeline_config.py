@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from sdarflow import storage
-from sdarflow.config import StageConfig, like, opt
+from sdarflow.config import MAX_SEED, StageConfig, like, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import OPTIONS, option_settings
@@ -35,6 +35,7 @@ from sdarflow.train.format_guard import GUARD_HELP
 log = logging.getLogger(__name__)
 
 PROMOTE_TO = ("", "staging", "production")
+DATA_CURSORS = ("continue", "fixed")
 # kl_coef: the train stage's env preset (a KFP parameter cannot be None, which is the stage's "unset")
 KL_FROM_ENV = -1.0
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
@@ -112,6 +113,13 @@ class PipelineConfig(StageConfig):
         keys=tuple(GATE_HELP),
     )
     seed: int = like(_GENERATE, "seed", "base seed of every stage")
+    data_cursor: str = opt(
+        "continue",
+        "where the train tasks and the seed start: continue = after the tasks of the newest version of "
+        "policy_name registered on this env, with the next seed (a scheduled run trains on new tasks with new "
+        "samples); fixed = first_task and seed as set (to reproduce a run)",
+        choices=DATA_CURSORS,
+    )
     tracking_uri: str = tracking_opt()
     shards: int = opt(
         1, "generate tasks per round (set at compile time: `pipeline compile --shards`)", io=True, ge=1
@@ -245,6 +253,13 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
                 f"generate: first_task ({values.get('first_task')!r}) and tasks ({values['tasks']!r}) must be whole "
                 f"numbers; fix: e.g. first_task 0, tasks 8"
             ) from err
+    if stage == "register":
+        played = stage_config(pc, "generate", round_)
+        values["cursor"] = {
+            "env": played.env,
+            "next_task": played.first_task + played.tasks,
+            "seed": played.seed,
+        }
     if "output" in names and stage != "register":
         shard = values.get("shard", 0) if stage == "generate" and pc.shards > 1 else None
         values["output"] = stage_uri(pc.storage, pc.run_id, round_, stage, shard)
@@ -285,6 +300,8 @@ def prepare(pc: PipelineConfig) -> str:
         pc.run_id = new_run_id()
     if not pc.registry:
         pc.registry = storage.join(pc.storage, "registry")
+    if pc.data_cursor == "continue":
+        continue_cursor(pc)
     for stage in STAGES:
         stage_config(pc, stage, 0)  # raises ConfigError naming the stage and the key
     pc.start_adapter = resolve_start_adapter(pc)
@@ -292,6 +309,36 @@ def prepare(pc: PipelineConfig) -> str:
     storage.write_bytes(uri, yaml.safe_dump(pc.to_dict(), sort_keys=True).encode())
     log.info("pipeline config %s (hash %s) -> %s", pc.run_id, pc.config_hash(), uri)
     return uri
+
+
+def continue_cursor(pc: PipelineConfig) -> None:
+    """Start the run's train tasks where the newest version of ``policy_name`` registered on this env stopped
+    (its lineage's cursor), with the seed after its seed: a scheduled run trains on new tasks with new samples, as
+    an RL trainer steps through its prompt dataset (a finite split wraps, and the new seed still samples anew).
+    Counted from every registered version, promoted or not, so a refused promotion does not replay its tasks.
+    A registry with no such version keeps the settings."""
+    from sdarflow.registry import Registry
+    from sdarflow.stages.register import Cursor
+
+    registry = Registry(pc.registry)
+    for version in reversed(registry.versions(pc.policy_name)):
+        recorded = registry.lineage(pc.policy_name, version).get("cursor")
+        if isinstance(recorded, dict) and recorded.get("env") == pc.env:
+            break
+    else:
+        return
+    where = f"'{pc.policy_name}' v{version}'s lineage: cursor"
+    cursor = Cursor.check(recorded, where, "fix: run with data_cursor fixed and set first_task and seed")
+    seed = (cursor.seed + 1) % (MAX_SEED + 1)
+    generate = {**pc.stage_settings.get("generate", {}), "first_task": cursor.next_task}
+    if "seed" in generate:  # where generate's seed is set, the new one goes
+        generate["seed"] = seed
+    pc.stage_settings = {**pc.stage_settings, "generate": generate}
+    pc.seed = seed
+    log.info(
+        "data cursor: %s v%d stopped at train task %d with seed %d; this run starts there with seed %d",
+        pc.policy_name, version, cursor.next_task, cursor.seed, seed,
+    )  # fmt: skip
 
 
 def resolve_start_adapter(pc: PipelineConfig) -> str:

@@ -251,6 +251,7 @@ def test_ui_parameters_and_report_artifacts(spec):
     for name in ("base_model", "env", "group_size", "retrieval", "registry", "policy_name", "start_adapter"):
         assert name in params
     assert params["gate"]["defaultValue"] == {}  # the registry's gate policy
+    assert params["data_cursor"]["defaultValue"] == "continue"  # a scheduled run moves on through the tasks
     assert "defaultValue" not in params["storage"] and "defaultValue" not in params["base_model"]
     for component in ("comp-generate", "comp-train", "comp-rescore", "comp-evaluate", "comp-evaluate-base"):
         artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]

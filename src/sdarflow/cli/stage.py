@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from collections.abc import Callable
 
 from sdarflow.cli.common import ReadsPath, emit
 from sdarflow.stages import STAGES, config_class
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object; fix: e.g. '{{\"key\": 1}}'")
+    return value
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
@@ -43,6 +54,11 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
             )
             continue
         choices = f.metadata.get("choices")
+        if typing.get_origin(hint) is dict:
+            parser.add_argument(
+                flag, dest=name, default=None, type=_json_object, help=f"{help_text} (a JSON object)"
+            )
+            continue
         parser.add_argument(
             flag,
             dest=name,

@@ -187,6 +187,10 @@ class Registry:
         layout = self._layout(name)
         return self._eval_report(layout, self.resolve(name, version_or_alias))
 
+    def versions(self, name: str) -> list[int]:
+        """The name's published version numbers, oldest first ([] for a name with none)."""
+        return self._published(self._layout(name))
+
     def lineage(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         layout = self._layout(name)
         return self._lineage(layout, self.resolve(name, version_or_alias))

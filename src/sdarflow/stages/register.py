@@ -6,13 +6,26 @@ from __future__ import annotations
 import logging
 import tempfile
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from sdarflow import storage
-from sdarflow.config import StageConfig, opt
+from sdarflow.config import MAX_SEED, Checked, StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.stages.common import require
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Cursor(Checked):
+    """Where a run's train tasks stopped (a version's lineage records it): the next unplayed task of the env's
+    train split, and the base seed the run sampled with."""
+
+    strict: ClassVar[bool] = True
+
+    env: str = opt("", "the environment suite")
+    next_task: int = opt(0, "index of the first train task not played yet", ge=0)
+    seed: int = opt(0, "the run's base seed", ge=0, le=MAX_SEED)
 
 
 @dataclass
@@ -39,6 +52,18 @@ class RegisterConfig(StageConfig):
     promote_to: str = opt(
         "", "alias the new version ('staging'; production goes through the gate)", choices=("", "staging")
     )
+    cursor: dict[str, Any] = opt(
+        {},
+        'where the run\'s train tasks stopped after this round, {"env": ..., "next_task": N, "seed": S}: a '
+        "pipeline run with data_cursor continue starts after it",
+        io=True,
+    )
+
+    def validate(self) -> None:
+        if self.cursor:
+            Cursor.check(
+                self.cursor, "register: cursor", 'fix: e.g. {"env": "search-qa", "next_task": 48, "seed": 1}'
+            )
 
 
 Config = RegisterConfig  # the stage's exports are Config and run (sdarflow.stages)
@@ -65,6 +90,7 @@ def run(cfg: RegisterConfig) -> dict:
         "base_eval_report_uri": cfg.base_eval_report or None,
         "data": list(cfg.data),
         "skill_library_version": storage.read_manifest(skills[0]).get("version") if skills else None,
+        "cursor": cfg.cursor or None,
     }
     registry = Registry(cfg.registry)
     with tempfile.TemporaryDirectory() as tmp:
