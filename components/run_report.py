@@ -1,5 +1,6 @@
-"""Component ``run_report``: the whole run on one page (every round's rollouts, learning signal and held-out
-evaluation against the base model, three transcripts), in the KFP UI and at ``<storage>/runs/<run_id>/report``."""
+"""Component ``run_report``: the whole run on one page (the promotion's outcome, every round's rollouts, learning
+signal and held-out evaluation against the base model, three transcripts), in the KFP UI and at
+``<storage>/runs/<run_id>/report``."""
 
 from kfp import dsl
 from kfp.dsl import HTML, Markdown, Output
@@ -10,7 +11,7 @@ from components import IMAGE
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def run_report(
     config_uri: str,
-    registered: str,
+    promotion: str,
     rounds: int,
     shards: int,
     report: Output[HTML],
@@ -18,5 +19,5 @@ def run_report(
 ) -> str:
     from sdarflow.kfp_runtime import run_report_component
 
-    # `registered` (the last round's version) only orders this task after every round
-    return run_report_component(config_uri, rounds, shards, html=report, markdown=summary)
+    # `promotion` (the promote task's outcome) also orders this task after every round
+    return run_report_component(config_uri, rounds, shards, promotion, html=report, markdown=summary)

@@ -109,6 +109,10 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
     assert (refused["event"], refused["version"]) == ("promote-refused", 2)
     assert "min_gain -1 is looser than the registry's" in json.dumps(refused)
     assert registry.aliases("sdar-policy").get("production") == production
+    # the run report says so
+    report = storage.join(store, "runs", "nightly-2", "report")
+    assert json.loads(storage.read_member(report, "run_report.json"))["promotion"].startswith("refused: ")
+    assert "<h2>Promotion</h2>" in storage.read_member(report, "report.html").decode()
 
 
 @pytest.mark.slow

@@ -117,13 +117,16 @@ def _write_reports(html, markdown, uri: str, stage: str) -> None:
             _write_report(artifact, uri, name, stage)
 
 
-def run_report_component(config_uri: str, rounds: int, shards: int, *, html=None, markdown=None) -> str:
-    """The training pipeline's run report (``sdarflow.run_report``), also shown in the KFP UI."""
+def run_report_component(
+    config_uri: str, rounds: int, shards: int, promotion: str = "", *, html=None, markdown=None
+) -> str:
+    """The training pipeline's run report (``sdarflow.run_report``), also shown in the KFP UI; ``promotion`` is
+    the promote task's outcome (promoted, refused and why, or not asked for)."""
     from sdarflow.run_report import publish_run_report
 
     setup_logging()
     pc = load(config_uri)
-    uri = publish_run_report(pc.storage, pc.run_id, rounds, shards)
+    uri = publish_run_report(pc.storage, pc.run_id, rounds, shards, promotion)
     _write_reports(html, markdown, uri, "run-report")
     log.info("run report -> %s", uri)
     return uri

@@ -126,8 +126,10 @@ def _round(
     return row, episodes
 
 
-def collect(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> dict[str, Any]:
-    """Everything the report shows, as JSON (``run_report.json``)."""
+def collect(
+    storage_root: str, run_id: str, rounds: int, shards: int = 1, promotion: str = ""
+) -> dict[str, Any]:
+    """Everything the report shows, as JSON (``run_report.json``); ``promotion`` is the promote task's outcome."""
     base_uri = run_uri(storage_root, run_id, "base", "evaluate")
     base = _read_report(base_uri) if storage.is_published(base_uri) else None
     per_round, episodes = [], []
@@ -139,6 +141,7 @@ def collect(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> dic
     base_figures = {split: _pass1(s) for split, s in (base or {}).get("splits", {}).items()}
     return {
         "run_id": run_id,
+        "promotion": promotion,
         "rounds": per_round,
         "base": base_figures,
         "transcripts": {name: transcript(ep) for name, ep in picks.items()},
@@ -226,6 +229,7 @@ def build(data: Mapping[str, Any]) -> Report:
     """The report to render from :func:`collect`'s data."""
     sections = [
         Section("How to read this", text=HOW_TO_READ),
+        *([Section("Promotion", text=data["promotion"])] if data.get("promotion") else []),
         *_tables(data),
         Section("Plots", images=("rounds",)),
     ]
@@ -239,9 +243,11 @@ def build(data: Mapping[str, Any]) -> Report:
     )
 
 
-def publish_run_report(storage_root: str, run_id: str, rounds: int, shards: int = 1) -> str:
+def publish_run_report(
+    storage_root: str, run_id: str, rounds: int, shards: int = 1, promotion: str = ""
+) -> str:
     """Collect, render and publish the run report at ``<storage>/runs/<run_id>/report``; its URI."""
-    data = collect(storage_root, run_id, rounds, shards)
+    data = collect(storage_root, run_id, rounds, shards, promotion)
     doc = build(data)
     uri = run_uri(storage_root, run_id, "report")
     with tempfile.TemporaryDirectory() as tmp:
