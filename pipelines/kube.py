@@ -9,6 +9,7 @@ applies it to one task. The KFP local runner ignores it, so local runs and the c
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,8 +26,9 @@ GPU_STAGES = ("generate", "rescore", "train", "evaluate")
 # Which GPU image a stage uses: rollouts (generate, evaluate) want vLLM; log-probs and training want DeepSpeed.
 GPU_IMAGE_ROLE = {"generate": "rollout", "evaluate": "rollout", "rescore": "train", "train": "train"}
 # Tasks whose failure is usually transient (preempted GPU node, engine start-up, S3 hiccup) and whose output
-# is safe to redo: every run writes its own folder with overwrite on.
-RETRIED = ("generate", "rescore")
+# is safe to redo: every run writes its own folder with overwrite on; train resumes from the checkpoints it
+# publishes to the run's storage (PipelineConfig.checkpoint_every), not from the start.
+RETRIED = ("generate", "rescore", "train", "evaluate")
 # Required Secret keys, then keys a Secret may omit (AWS S3 needs no endpoint; MinIO needs no region).
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 S3_OPTIONAL_KEYS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
@@ -51,7 +53,8 @@ DEFAULT_MEMORY = {
     "promote": "1Gi",
 }
 # Seconds a task may run before Kubernetes stops it (activeDeadlineSeconds): a hung vLLM engine or NCCL
-# collective must not hold its GPU forever. Sized for the gpu preset with room to spare; --timeout overrides.
+# collective must not hold its GPU forever. Sized for the gpu preset with room to spare (PRESET_RESOURCES sizes the
+# others); --timeout overrides.
 DEFAULT_TIMEOUT_S = {
     "prepare": 600,
     "generate": 6 * 3600,
@@ -61,6 +64,34 @@ DEFAULT_TIMEOUT_S = {
     "evaluate": 6 * 3600,
     "register": 3600,
     "promote": 600,
+}
+# What each `pipeline compile --preset` (sdarflow.sizes.PIPELINE_PRESETS) asks of the cluster, per GPU stage, over
+# the defaults above (sized for `gpu`: a small model, one GPU a stage). The CPU presets' tiny or 135M model runs
+# without GPUs. `production` is a 7B model's LoRA: `sdarflow plan --model-params 7e9` on its round (128 tasks x 8,
+# 256 x 8 evaluated on each split, ~30 turns of 2048 + 128 tokens) estimates, from published H100 rates, generate
+# 0.6 h and rescore 1.6 h on one GPU, train 0.3 h on eight, evaluate 2.4 h on one: the deadlines are 4x or more.
+# Each train rank loads its bf16 base straight onto its GPU (stages.train.weights_placement), so host memory holds
+# the ranks' runtimes and the memory-backed /dev/shm, not eight copies of the weights.
+_CPU_ONLY = {
+    "gpus": dict.fromkeys(GPU_STAGES, 0),
+    "cpu": dict.fromkeys(GPU_STAGES, "2"),
+    "memory": dict.fromkeys(GPU_STAGES, "8Gi"),
+    "timeout_s": dict.fromkeys(GPU_STAGES, 2 * 3600),
+    "model_cache_size": "10Gi",
+}
+PRESET_RESOURCES: dict[str, dict] = {
+    "demo": _CPU_ONLY,
+    "smoke": _CPU_ONLY,
+    "pretrained": _CPU_ONLY,
+    "gpu": {},
+    "production": {
+        "gpus": {"generate": 1, "rescore": 1, "train": 8, "evaluate": 1},
+        "cpu": {"generate": "16", "rescore": "8", "train": "64", "evaluate": "16"},
+        "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "192Gi", "evaluate": "96Gi"},
+        "timeout_s": {"generate": 4 * 3600, "rescore": 8 * 3600, "train": 6 * 3600, "evaluate": 12 * 3600},
+        "shm_size": "32Gi",
+        "model_cache_size": "100Gi",
+    },
 }
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
@@ -132,6 +163,14 @@ class KubeOptions(Checked):
 
     def validate(self) -> None:
         queue_label(self.queue)  # a bad name fails now
+
+    @classmethod
+    def for_preset(cls, preset: str | None) -> KubeOptions:
+        """The defaults with ``preset``'s sizes (:data:`PRESET_RESOURCES`) merged in, stage by stage."""
+        base = cls()
+        sizes = PRESET_RESOURCES.get(preset or "", {})
+        merged = {k: {**getattr(base, k), **v} if isinstance(v, dict) else v for k, v in sizes.items()}
+        return dataclasses.replace(base, **merged)
 
     def gpus_for(self, stage: str) -> int:
         return self.gpus.get(stage, 0)

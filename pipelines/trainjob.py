@@ -80,7 +80,9 @@ def trainjob_manifest(
         raise ConfigError(
             f"a TrainJob runs the train stage, got a {cfg.stage!r} config; fix: pass a train config"
         )
-    cfg = dataclasses.replace(cfg, engine="deepspeed")
+    # No mirrored checkpoints: its rank 0 publishes only the files on its own node, and a TrainJob's ranks span
+    # nodes (a shared --checkpoint-dir volume is what resumes a multi-node run).
+    cfg = dataclasses.replace(cfg, engine="deepspeed", checkpoint_uri="")
     if nodes < 1 or gpus_per_node < 0:
         raise ConfigError(f"nodes ({nodes}) must be >= 1 and gpus_per_node ({gpus_per_node}) >= 0")
     metadata: dict[str, Any] = {

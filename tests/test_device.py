@@ -1,5 +1,5 @@
 """Device placement with a fake CUDA device check (no GPU here): ``auto`` resolves to this rank's GPU, read-only
-models load in bf16 and are moved there, ``--engine auto`` picks vLLM on a GPU, training picks DeepSpeed on a
+models and a training rank's frozen base load in bf16 straight onto it, ``--engine auto`` picks vLLM on a GPU, training picks DeepSpeed on a
 multi-GPU node; and without a GPU everything stays on the CPU in float32."""
 
 from __future__ import annotations
@@ -66,15 +66,46 @@ def test_a_device_that_is_not_there_is_one_line(request_, message, monkeypatch):
     assert "fix:" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_read_only_model_loads_in_bf16_and_moves_to_the_gpu(fake_gpus, tiny_model):
+def test_a_read_only_model_loads_in_bf16_straight_onto_the_gpu(fake_gpus, tiny_model, monkeypatch):
+    """On a GPU the weights go from the files to the device (transformers' device_map), never whole through host
+    memory; here the load records where it was sent and stays on the CPU."""
+    from transformers import AutoModelForCausalLM
+
     from sdarflow.models import load_policy
 
-    moves = fake_gpus(1)
+    maps = []
+    load = AutoModelForCausalLM.from_pretrained.__func__
+
+    def recorded(cls, path, **kwargs):
+        maps.append(kwargs.pop("device_map", None))
+        return load(cls, path, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(recorded))
+    fake_gpus(2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
     policy = load_policy(str(tiny_model))
     assert next(policy.model.parameters()).dtype == torch.bfloat16
-    assert moves[-1] == torch.device("cuda", 0)
+    assert maps[-1] == {"": torch.device("cuda", 1)}
     trainable = load_policy(str(tiny_model), trainable=True, device="cpu")
-    assert next(trainable.model.parameters()).dtype == torch.float32 and moves[-1] == torch.device("cpu")
+    assert next(trainable.model.parameters()).dtype == torch.float32 and maps[-1] is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "dtype"),
+    [
+        ({}, torch.bfloat16),  # a LoRA's frozen base
+        ({"lora_rank": 0, "engine": "deepspeed"}, torch.bfloat16),  # bf16 copies, float32 masters
+        ({"lora_rank": 0, "engine": "torch"}, torch.float32),  # AdamW on bf16 weights would lose updates
+        ({"precision": "fp32"}, torch.float32),
+    ],
+)
+def test_each_training_rank_loads_its_base_onto_its_own_gpu(fake_gpus, monkeypatch, settings, dtype):
+    from sdarflow.stages.train import TrainConfig, weights_placement
+
+    fake_gpus(8)
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    cfg = TrainConfig.from_dict({"engine": "deepspeed", **settings})
+    assert weights_placement(cfg) == (torch.device("cuda", 5), dtype)
 
 
 def test_engine_auto_picks_vllm_on_a_gpu_when_installed(monkeypatch):

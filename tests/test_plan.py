@@ -50,6 +50,9 @@ def test_estimate_matches_the_formulas_by_hand():
         assert got["stages_seconds"][stage] == pytest.approx(seconds + 7.0)
     assert got["round_seconds"] == pytest.approx(53.48 + 8 * 7.0)
     assert got["gpu_hours"] == pytest.approx(2 * 109.48 / 3600)
+    assert got["weights_gib_per_gpu"] == pytest.approx(2e9 / 2**30)  # bf16: 2 bytes a parameter
+    fp32 = plan.estimate(dataclasses.replace(WORK, precision="fp32"), CONSTANTS)
+    assert fp32["weights_gib_per_gpu"] == pytest.approx(4e9 / 2**30)
     overlapped = plan.estimate(dataclasses.replace(WORK, envs="process"), CONSTANTS)
     assert overlapped["work_seconds"]["generate"] == pytest.approx(8.0)  # the envs' 1.2 s hide behind it
 
@@ -77,7 +80,8 @@ def test_cli_plans_a_cluster_round_with_published_figures(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["constants"]["source"].startswith("published") and out["workload"]["envs"] == "process"
     assert out["gpu_hours"] == pytest.approx(8 * out["round_seconds"] / 3600) and out["round_seconds"] > 0
-    assert main(argv) == 0 and "GPU-hours per round" in capsys.readouterr().out
+    text = capsys.readouterr().out if main(argv) == 0 else ""
+    assert "GPU-hours per round" in text and "weights per GPU: 13.0 GiB (bf16)" in text
 
 
 def test_cli_on_the_cpu_needs_measured_constants(tmp_path, capsys):

@@ -112,6 +112,12 @@ class PipelineConfig(StageConfig):
         "value refuses the promotion",
         keys=tuple(GATE_HELP),
     )
+    checkpoint_every: int = opt(
+        2,
+        "train checkpoints every this many optimizer steps to the run's storage (round=<r>/train-checkpoints, "
+        "removed once the round's adapter is published), so a retried train task resumes there; 0 = none",
+        ge=0,
+    )
     seed: int = like(_GENERATE, "seed", "base seed of every stage")
     data_cursor: str = opt(
         "continue",
@@ -231,6 +237,9 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     cls = config_class(stage)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {dst: getattr(pc, src) for src, dst in _SHARED[stage].items()}
+    if stage == "train" and pc.checkpoint_every:
+        values["save_every"] = pc.checkpoint_every
+        values["checkpoint_uri"] = stage_uri(pc.storage, pc.run_id, round_, "train-checkpoints")
     if values.get("kl_coef") == KL_FROM_ENV:
         del values["kl_coef"]  # the stage's own default: the env preset's
     if values.get("promote_to") == "production":

@@ -14,7 +14,9 @@ and each constant an *effective* rate on one device (FLOP/s as achieved, not pea
   two held-out splits.
 - every task (prepare, the six stages, promote): ``task_start_s`` (process or pod start and imports).
 
-``GPU-hours = G x round seconds / 3600``. Constants come from ``sdarflow plan --calibrate MODEL`` (measured on this
+``GPU-hours = G x round seconds / 3600``. Each GPU holds the model's weights in ``precision`` (``N x 2`` bytes in
+bf16, what every stage's ``--precision auto`` loads on a GPU, a training rank's frozen base included; ``N x 4`` in
+fp32), besides its KV cache or activations. Constants come from ``sdarflow plan --calibrate MODEL`` (measured on this
 machine with that model), from ``bench/results/gpu_check.json``, or from ``PUBLISHED`` (data-sheet peaks times
 utilisation figures reported for vLLM and FSDP/DeepSpeed training; a rough start, not a measurement).
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 from sdarflow.errors import ConfigError
 
 SPLITS = 2  # evaluate plays the test and ood splits
+WEIGHT_BYTES = {"bf16": 2, "fp32": 4}  # per parameter, by models.device precision
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class Workload:
     epochs: int = 1
     rescore_passes: int = 3
     envs: str = "process"  # local: env work adds to generation; process: overlaps it
+    precision: str = "bf16"  # the weights on each GPU
 
     def check(self) -> None:
         for name in ("model_params", "tasks", "group_size", "turns", "prompt_tokens", "response_tokens"):
@@ -104,6 +108,10 @@ class Workload:
                 raise ConfigError(
                     f"plan: --{name.replace('_', '-')} must be > 0; fix: pass a positive number"
                 )
+        if self.precision not in WEIGHT_BYTES:
+            raise ConfigError(
+                f"plan: --precision {self.precision!r} is not one of {', '.join(WEIGHT_BYTES)}; fix: pick one"
+            )
         if self.gpus < 0:
             raise ConfigError("plan: --gpus must be >= 0 (0: one CPU machine); fix: e.g. --gpus 8")
 
@@ -141,6 +149,7 @@ def estimate(w: Workload, c: Constants) -> dict:
         "work_seconds": work,
         "round_seconds": total,
         "gpu_hours": w.gpus * total / 3600,
+        "weights_gib_per_gpu": w.model_params * WEIGHT_BYTES[w.precision] / 2**30,
         "constants": dataclasses.asdict(c),
         "workload": dataclasses.asdict(w),
     }
@@ -251,4 +260,8 @@ def render(plan: dict) -> str:
     lines += [f"{name:<16}{seconds:>12.1f}" for name, seconds in plan["stages_seconds"].items()]
     lines.append(f"{'round':<16}{plan['round_seconds']:>12.1f}")
     lines.append(f"GPU-hours per round: {plan['gpu_hours']:.2f}  (constants: {plan['constants']['source']})")
+    precision = plan["workload"]["precision"]
+    lines.append(
+        f"weights per GPU: {plan['weights_gib_per_gpu']:.1f} GiB ({precision}), plus KV cache or activations"
+    )
     return "\n".join(lines)

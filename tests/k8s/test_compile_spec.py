@@ -180,10 +180,11 @@ def test_requests_retries_caching_and_root(spec):
         assert float(resources["cpuRequest"]) > 0 and resources["resourceMemoryRequest"], name
         # caching off everywhere: every run writes its own folder and registers a new version
         assert not task.get("cachingOptions", {}).get("enableCache", False), name
-    assert executor(pipeline, tasks["train"])["resources"]["resourceMemoryRequest"] == "64Gi"
-    for name in ("generate", "rescore"):
+    assert executor(pipeline, tasks["train"])["resources"]["resourceMemoryRequest"] == "192Gi"  # production
+    # train resumes from the checkpoints it publishes (PipelineConfig.checkpoint_every), the others redo
+    for name in ("generate", "rescore", "train", "evaluate", "evaluate-base"):
         assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2
-    for name in ("prepare", "extract-skills", "train", "evaluate", "register"):
+    for name in ("prepare", "extract-skills", "register"):
         assert "retryPolicy" not in tasks[name]
     assert pipeline["defaultPipelineRoot"] == "s3://kfp-artifacts/sdar"
 
@@ -192,8 +193,9 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     """Every task has a deadline (a hung vLLM or NCCL pod must not hold its GPU forever); GPU tasks get a
     memory-backed /dev/shm; model-loading tasks keep the base model on an ephemeral volume, not the container
     layer."""
-    from pipelines.kube import DEFAULT_TIMEOUT_S, MODEL_CACHE_PATH, MODEL_CACHE_STAGES
+    from pipelines.kube import MODEL_CACHE_PATH, MODEL_CACHE_STAGES, KubeOptions
 
+    production = KubeOptions.for_preset("production")  # the default preset
     pipeline, platform, _ = spec
     tasks = pipeline["root"]["dag"]["tasks"]
     for name, task in tasks.items():
@@ -201,11 +203,11 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
             name, name
         )
         k8s = k8s_executor(pipeline, platform, task)
-        assert int(k8s["activeDeadlineSeconds"]) == DEFAULT_TIMEOUT_S[stage], name
+        assert int(k8s["activeDeadlineSeconds"]) == production.timeout_s[stage], name
         shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
         if name in GPU:
             assert shm == [
-                {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory", "sizeLimit": "16Gi"}
+                {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory", "sizeLimit": "32Gi"}
             ]
         else:
             assert not shm, name
@@ -215,7 +217,7 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
         env = {e["name"]: e["value"] for e in executor(pipeline, task).get("env", [])}
         if stage in MODEL_CACHE_STAGES:
             assert volumes == [
-                {"volumeName": "model-cache", "mountPath": MODEL_CACHE_PATH, "sizeLimit": "200Gi"}
+                {"volumeName": "model-cache", "mountPath": MODEL_CACHE_PATH, "sizeLimit": "100Gi"}
             ]
             assert env["SDARFLOW_CACHE"] == MODEL_CACHE_PATH
         else:
@@ -448,6 +450,10 @@ def test_the_training_knobs_reach_the_stages(tmp_path):
     assert train.engine == "torch"
     assert stage_config(pc, "generate", 0).engine == "hf" and stage_config(pc, "evaluate", 0).engine == "hf"
     assert stage_config(PipelineConfig(storage="s", base_model="m"), "train", 0).kl_coef is None  # the env's
+    # each round's train publishes its checkpoints in the run's folder, so a retried task resumes there
+    assert (train.save_every, train.checkpoint_uri) == (2, str(tmp_path / "runs/r/round=0/train-checkpoints"))
+    pc.checkpoint_every = 0
+    assert stage_config(pc, "train", 1).checkpoint_uri == ""
     # stage_settings win over the first-class parameters
     pc.stage_settings = {"train": {"lr": 1e-4}}
     assert stage_config(pc, "train", 0).lr == 1e-4
@@ -513,6 +519,64 @@ def test_presets_set_the_ui_defaults(tmp_path):
     assert demo["method"] == production["method"] == "sdar"  # what no preset sets stays PipelineConfig's
     with pytest.raises(SystemExit):
         compile_spec(tmp_path / "bad", "--preset", "huge")
+
+
+def _gib(quantity: str) -> float:
+    number, unit = float(quantity.rstrip("GMTi")), quantity.lstrip("0123456789.")
+    return number * {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024}[unit]
+
+
+def _sizes(spec: dict, platform: dict, name: str) -> tuple[int, float, float, int]:
+    """(GPUs, memory limit GiB, /dev/shm GiB, deadline seconds) of task ``name``."""
+    task = spec["root"]["dag"]["tasks"][name]
+    resources = executor(spec, task)["resources"]
+    k8s = k8s_executor(spec, platform, task)
+    shm = [v["sizeLimit"] for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
+    gpus = int(resources.get("accelerator", {}).get("resourceCount", 0))
+    return (
+        gpus,
+        _gib(resources["resourceMemoryLimit"]),
+        _gib(shm[0]) if shm else 0.0,
+        int(k8s["activeDeadlineSeconds"]),
+    )
+
+
+def test_presets_size_the_cluster(tmp_path):
+    """`production` asks for what a 7B model's LoRA needs: train on 8 GPUs, deadlines several times the capacity
+    plan's estimate of its round; the demo sizes run without GPUs on the CPU image; a memory-backed /dev/shm always
+    fits inside its task's memory limit (it counts against it)."""
+    from sdarflow import plan
+    from sdarflow.sizes import PIPELINE_PRESETS
+
+    stages = ("generate", "rescore", "train", "evaluate")
+    for preset in PIPELINE_PRESETS:
+        spec, platform, _ = compile_spec(tmp_path / preset, "--rounds", "1", "--preset", preset)
+        sizes = {s: _sizes(spec, platform, s) for s in stages}
+        for stage, (gpus, memory, shm, _) in sizes.items():
+            assert shm < memory and (shm > 0) == (gpus > 0), (preset, stage)
+        if preset in ("demo", "smoke", "pretrained"):
+            assert {gpus for gpus, *_ in sizes.values()} == {0}, preset
+            assert _images(spec) == {IMAGE}
+        if preset == "production":
+            assert {s: g for s, (g, *_) in sizes.items()} == {
+                "generate": 1,
+                "rescore": 1,
+                "train": 8,
+                "evaluate": 1,
+            }
+            # eight ranks, each with its runtime in host memory (its bf16 weights go straight to its GPU)
+            assert (sizes["train"][1] - sizes["train"][2]) / 8 >= 16
+            settings = PIPELINE_PRESETS[preset]
+            workload = dict(
+                model_params=7e9, tasks=settings["tasks"], group_size=settings["group_size"], turns=30,
+                prompt_tokens=2048, response_tokens=128, eval_tasks=settings["eval_tasks"],
+                eval_samples=settings["eval_samples"], eval_turns=30,
+            )  # fmt: skip
+            for stage, (gpus, _, _, deadline) in sizes.items():
+                seconds = plan.estimate(plan.Workload(gpus=gpus, **workload), plan.PUBLISHED)[
+                    "stages_seconds"
+                ]
+                assert deadline >= 4 * seconds[stage], stage
 
 
 def _images(spec: dict) -> set[str]:

@@ -147,6 +147,7 @@ def test_cli_from_a_runs_pipeline_config(tmp_path):
     assert command[command.index("--sdar-coef") + 1] == "0.05"
     assert command[command.index("--input") + 1] == "s3://sdarflow/r/round=1/rescore"
     assert command[command.index("--output") + 1].endswith("/round=1/train")
+    assert "--checkpoint-uri" not in command  # a mirror would hold only rank 0's node's files
     assert manifest["metadata"]["name"].startswith("sdar-train-") and manifest["metadata"]["name"].endswith(
         "-r1"
     )

@@ -101,6 +101,26 @@ def test_packed_and_padded_stage_outputs_agree(dataset, rescore, reference_libra
     assert diff < 1e-5
 
 
+def test_bf16_weights_give_float32_logprobs_near_the_float32_weights(
+    dataset, rescore, reference_library, tmp_path
+):
+    """--precision bf16 (auto's choice on a GPU; auto is fp32 on this CPU) scores with bf16 weights; the log-probs
+    stay float32 and within bf16's rounding of the float32 weights' ones."""
+    traj = dataset()
+    for precision in ("auto", "fp32", "bf16"):
+        out = str(tmp_path / precision)
+        assert rescore(traj, reference_library, out, "--precision", precision)[0] == 0
+    auto, fp32, bf16 = (read(str(tmp_path / p)) for p in ("auto", "fp32", "bf16"))
+    assert auto == fp32
+    gaps = [
+        abs(a - b)
+        for p, q in zip(bf16, fp32)
+        for col in ("old_logprobs", "teacher_logprobs", "ref_logprobs")
+        for a, b in zip(p[col] or [], q[col] or [])
+    ]
+    assert gaps and 0 < max(gaps) < 0.25 and sum(gaps) / len(gaps) < 0.05
+
+
 def test_shards_partition_the_groups(dataset, rescore, reference_library, tmp_path):
     traj = dataset()
     shards = []

@@ -215,6 +215,37 @@ def test_a_full_disk_is_one_line_and_keeps_the_checkpoints_before(tmp_path):
     assert ckpt.restore(engine).step == 2
 
 
+def test_a_retry_on_an_empty_disk_resumes_from_the_mirror(tmp_path, s3_root, caplog):
+    """Each checkpoint is published to the mirror (S3, moto) and pruned there as locally; a restore on another
+    node's empty disk fetches the newest, a damaged one falls back to the one before, and a mirror that cannot be
+    written costs only its copy there."""
+    from sdarflow import storage
+
+    mirror = storage.join(s3_root, "ck")
+    pod_a, engine = Checkpoints(tmp_path / "node-a", "fp", keep=2, mirror=mirror), FakeEngine()
+    for step in (2, 4, 6):
+        pod_a.save(engine, TrainState(step=step), {})
+    assert storage.children(mirror) == ["step-00000004", "step-00000006"]
+
+    pod_b = Checkpoints(tmp_path / "node-b", "fp", mirror=mirror)
+    assert pod_b.restore(engine).step == 6
+    assert engine.loaded == tmp_path / "node-b" / "step-00000006" / "engine"
+    assert pod_b.restore(engine).step == 6  # nothing newer in the mirror: nothing fetched again
+
+    storage.write_bytes(storage.join(mirror, "step-00000006", "engine", "w"), b"flipped bits")
+    with caplog.at_level("WARNING"):
+        assert Checkpoints(tmp_path / "node-c", "fp", mirror=mirror).restore(engine).step == 4
+    assert "cannot fetch" in caplog.text and "step-00000006" in caplog.text
+    assert not list((tmp_path / "node-c").glob("*.tmp"))
+
+    caplog.clear()
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the mirror should be")
+    with caplog.at_level("WARNING"):
+        Checkpoints(tmp_path / "node-d", "fp", mirror=str(blocked)).save(engine, TrainState(step=2), {})
+    assert "could not copy" in caplog.text and (tmp_path / "node-d" / "step-00000002").is_dir()
+
+
 def test_rng_states_round_trip():
     import numpy as np
 

@@ -4,6 +4,7 @@ config errors, and a real SIGKILL + resume that ends with the same adapter as an
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
@@ -66,6 +67,23 @@ def test_full_fine_tune_publishes_a_loadable_model(tiny_model, rescored, tmp_pat
     assert max(float((base[k] - tuned[k]).abs().max()) for k in base if k in tuned) > 0
     policy = load_policy(out)  # a complete HF folder: config, weights, tokenizer
     assert policy.tokenizer.eos_token_id == load_policy(str(tiny_model)).tokenizer.eos_token_id
+
+
+def test_a_bf16_base_trains_a_float32_lora_that_tracks_the_float32_runs(tiny_model, rescored, tmp_path):
+    """--precision bf16 (what auto is on a GPU) loads the frozen base in bf16; the LoRA weights still train and
+    publish in float32, and move as a float32 base's do, up to bf16's rounding."""
+    runs = {}
+    for precision in ("bf16", "fp32"):
+        out = str(tmp_path / precision)
+        args = ["--input", rescored, "--model", str(tiny_model), "--output", out, "--lr", "1e-2"]
+        assert train_cli(*args, "--precision", precision, "--seed", "3") == 0
+        summary = json.loads(Path(out, "train_summary.json").read_text())
+        assert summary["weights_dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[precision]
+        runs[precision] = adapter_weights(out)
+    assert {t.dtype for t in runs["bf16"].values()} == {torch.float32}
+    # lora_B starts at zero, so its weights are the whole update: the same direction, not the same bits
+    bf16, fp32 = (torch.cat([v.flatten() for k, v in sorted(runs[p].items()) if "lora_B" in k]) for p in runs)
+    assert torch.nn.functional.cosine_similarity(bf16, fp32, dim=0) > 0.98 and not torch.equal(bf16, fp32)
 
 
 def test_sft_mode_trains_on_successful_rows_only(tiny_model, rescored, tmp_path):
@@ -195,7 +213,10 @@ def _wait(proc, timeout: float = 600) -> str:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tiny_model, tmp_path):
+@pytest.mark.parametrize("where", ["folder", "mirror"])
+def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tiny_model, tmp_path, where):
+    """Killed after a checkpoint, a rerun resumes: from the same --checkpoint-dir, or (mirror) as a retried pod on
+    another node does, from the checkpoints published to --checkpoint-uri with an empty local cache."""
     data = publish_rescored(str(tmp_path / "data"), prompt_len=64)
     common = [
         "train",
@@ -221,10 +242,13 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tiny_model, tmp
     _wait(cli(*common, "--output", ref))
 
     ck, out = tmp_path / "ck", str(tmp_path / "out")
-    resumable = [*common, "--output", out, "--save-every", "2", "--checkpoint-dir", str(ck)]
-    proc = cli(*resumable)
+    keep = ["--checkpoint-dir", str(ck)] if where == "folder" else ["--checkpoint-uri", str(ck)]
+    resumable = [*common, "--output", out, "--save-every", "2", *keep]
+    pod = {"env": {**os.environ, "SDARFLOW_CACHE": str(tmp_path / "node-a")}}
+    proc = cli(*resumable, **pod)
     deadline = time.monotonic() + 300
-    while not (ck / "step-00000002").is_dir():
+    first = ck / "step-00000002"
+    while not (storage.is_published(str(first)) if where == "mirror" else first.is_dir()):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
@@ -235,8 +259,12 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(tiny_model, tmp
     done = sorted(p.name for p in ck.iterdir() if not p.name.endswith(".tmp"))
     assert "step-00000006" not in done
 
-    result = json.loads(_wait(cli(*resumable)))
+    if where == "mirror":
+        pod = {"env": {**os.environ, "SDARFLOW_CACHE": str(tmp_path / "node-b")}}  # an empty disk
+    result = json.loads(_wait(cli(*resumable, **pod)))
     assert result["resumed_from_step"] in (2, 4) and result["steps"] == 6
+    if where == "mirror":  # published: the checkpoints are spent, in the mirror and on the node
+        assert not ck.exists() and not list((tmp_path / "node-b").glob("checkpoints/*"))
     diff = max_abs_diff(adapter_weights(out), adapter_weights(ref))
     print(f"kill/resume max abs diff: {diff:.3g} (resumed from step {result['resumed_from_step']})")
     assert diff <= 1e-6

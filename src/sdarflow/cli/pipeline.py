@@ -51,11 +51,12 @@ def built_images(path: Path) -> dict[str, str]:
 
 
 def kube_options(args: argparse.Namespace):
-    """``KubeOptions`` from the compile flags (defaults for anything not given); the images are the flags', else
-    the ones ``make images`` built (``images/built.json``), else the release tags (a warning says so)."""
+    """``KubeOptions`` from the compile flags over the training preset's sizes (``pipelines.kube.PRESET_RESOURCES``;
+    the other pipelines get the defaults); the images are the flags', else the ones ``make images`` built
+    (``images/built.json``), else the release tags (a warning says so)."""
     from pipelines.kube import KubeOptions, Toleration
 
-    opts = KubeOptions()
+    opts = KubeOptions.for_preset(args.preset if args.pipeline == "training" else None)
     built = built_images(BUILT_IMAGES)
     images = {k: getattr(args, k) or built.get(k) or getattr(opts, k) for k in IMAGE_KEYS}
     tolerations = opts.tolerations
@@ -297,9 +298,9 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
         "--preset",
         default="production",
         choices=("production", *PRESET_NAMES),
-        help="the training pipeline's parameter defaults in the KFP UI: production (a 7B model's LoRA on 8 "
-        "GPUs, vLLM and DeepSpeed: 128 tasks x 8 a round, 256 x 8 evaluated) or a demo size (default "
-        "production)",
+        help="the training pipeline's parameter defaults in the KFP UI and its tasks' GPUs, memory and deadlines: "
+        "production (a 7B model's LoRA, train on 8 GPUs, vLLM and DeepSpeed: 128 tasks x 8 a round, 256 x 8 "
+        "evaluated) or a demo size (demo, smoke and pretrained run without GPUs; default production)",
     )
     study_flags(c, "--pipeline study: ")
     c.add_argument("--image", help="CPU image (default: components.IMAGE)")
@@ -311,22 +312,30 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
         "--gpus",
         action="append",
         metavar="STAGE=N",
-        help="GPUs of generate|rescore|train|evaluate (default 1)",
+        help="GPUs of generate|rescore|train|evaluate (default: the preset's, e.g. production's train 8; "
+        "pipelines.kube.PRESET_RESOURCES)",
     )
     c.add_argument("--cpu", action="append", metavar="STAGE=CPU", help="CPU request of a task [repeatable]")
     c.add_argument("--memory", action="append", metavar="STAGE=SIZE", help="memory of a task [repeatable]")
-    c.add_argument("--retries", type=int, default=2, help="retries of generate and rescore")
+    c.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="retries of generate, rescore, train (resuming from its checkpoints) and evaluate",
+    )
     c.add_argument(
         "--timeout",
         action="append",
         metavar="STAGE=SECONDS",
-        help="a task's deadline (default: pipelines.kube.DEFAULT_TIMEOUT_S, e.g. train 12 h) [repeatable]",
+        help="a task's deadline (default: the preset's, pipelines.kube.PRESET_RESOURCES) [repeatable]",
     )
-    c.add_argument("--shm-size", help="memory-backed /dev/shm of GPU tasks, for NCCL and vLLM (default 16Gi)")
+    c.add_argument(
+        "--shm-size", help="memory-backed /dev/shm of GPU tasks, for NCCL and vLLM (default: the preset's)"
+    )
     c.add_argument(
         "--model-cache-size",
-        help="size limit of the emptyDir holding the base model in model-loading tasks (default 200Gi, node "
-        "ephemeral storage); '' = the container's disk",
+        help="size limit of the emptyDir holding the base model in model-loading tasks (default: the preset's, "
+        "node ephemeral storage); '' = the container's disk",
     )
     c.add_argument("--pipeline-root", default="", help="where KFP keeps its artifacts, e.g. s3://bucket/kfp")
     c.add_argument(

@@ -43,6 +43,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         rescore_passes=args.rescore_passes,
         envs=args.envs or ("process" if args.gpus > 0 else "local"),
+        precision=args.precision,
     )
     workload.check()  # before choosing constants: a bad --gpus is named as such
     if args.constants:
@@ -72,6 +73,12 @@ def add_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-turns", type=float, default=None, help="evaluate: mean turns (default --turns)")
     p.add_argument("--epochs", type=int, default=1, help="train: passes over the round's rows")
     p.add_argument("--rescore-passes", type=int, default=3, help="student, teacher, reference (2 in round 0)")
+    p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=("bf16", "fp32"),
+        help="the weights on each GPU: the stages' --precision (auto is bf16 on a GPU; default bf16)",
+    )
     p.add_argument(
         "--envs",
         choices=("local", "process"),

@@ -1,6 +1,7 @@
 """Where a model runs, chosen once: ``auto`` is the GPU when torch sees one (the one of this process's
 ``LOCAL_RANK`` under torchrun), else the CPU. On a GPU, weights that are only read (rollouts, rescoring,
-evaluation) are bf16; log-probs are float32 either way (``models.forward`` upcasts before ``log_softmax``)."""
+evaluation, a LoRA's frozen base) are bf16 (``--precision auto``); log-probs are float32 either way
+(``models.forward`` upcasts before ``log_softmax``)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,28 @@ if TYPE_CHECKING:
     import torch
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 def device_opt() -> str:
     """The ``device`` field of every stage that runs a model."""
     return opt("auto", f"where the model runs: {DEVICE_CHOICES} (auto: CUDA when present, else CPU)")
+
+
+def precision_opt(what: str) -> str:
+    """The ``precision`` field of a stage: what its model's weights load as."""
+    return opt(
+        "auto", f"{what}: bf16, fp32, or auto (bf16 on a GPU that has it, else fp32)", choices=PRECISIONS
+    )
+
+
+def weights_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype ``precision`` (one of :data:`PRECISIONS`) loads weights as on ``device``."""
+    import torch
+
+    if precision == "auto":
+        return inference_dtype(device)
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def resolve_device(request: str = "auto") -> torch.device:

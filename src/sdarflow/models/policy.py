@@ -38,14 +38,17 @@ def load_policy(
     trainable: bool = False,
     device: str = "auto",
     dtype: torch.dtype | None = None,
+    flash_attention: bool = True,
 ) -> Policy:
-    """Load the base model from an HF folder onto ``device`` (``models.device``); apply ``adapter`` (a local PEFT
-    folder) if given.
+    """Load the base model from an HF folder onto ``device`` (``models.device``; on a GPU straight from the files,
+    without a copy in host memory: eight ranks of a 7B model would otherwise hold eight); apply ``adapter`` (a
+    local PEFT folder) if given.
 
-    ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter) and the weights
-    float32 (the training engine places and casts them); otherwise the weights are ``dtype`` or ``inference_dtype``
-    (bf16 on a GPU), with flash-attention 2 on a GPU with flash-attn installed for half-precision weights (padded
-    batches only: its packed-sequence path needs one row, so rescoring's packed batches, in float32, use SDPA).
+    The weights are ``dtype``, else float32 when ``trainable``, else ``inference_dtype`` (bf16 on a GPU).
+    ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter); PEFT keeps
+    them float32 on a half-precision base. ``flash_attention``: flash-attention 2 on a GPU with flash-attn
+    installed for half-precision weights; packed batches (rescore's default) need it off, since its
+    packed-sequence path takes one row, and use SDPA.
     """
     from transformers import AutoModelForCausalLM
 
@@ -56,7 +59,10 @@ def load_policy(
     place = resolve_device(device)
     dtype = dtype or (torch.float32 if trainable else inference_dtype(place))
     kwargs = {"dtype": dtype}
-    if place.type == "cuda" and dtype != torch.float32 and importlib.util.find_spec("flash_attn"):
+    if place.type == "cuda":
+        kwargs["device_map"] = {"": place}
+    half = dtype != torch.float32
+    if flash_attention and place.type == "cuda" and half and importlib.util.find_spec("flash_attn"):
         kwargs["attn_implementation"] = "flash_attention_2"
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
-from sdarflow.models.device import device_opt, model_device
+from sdarflow.models.device import device_opt, model_device, precision_opt, resolve_device, weights_dtype
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
@@ -83,6 +83,10 @@ class RescoreConfig(StageConfig):
         return self.max_batch_tokens or (16384 if device.type == "cuda" else 4096)
 
     device: str = device_opt()
+    # These log-probs are the PPO ratio's old policy and the KL's reference; the trainer computes the new ones
+    # from bf16 weights on a GPU too (the frozen base, DeepSpeed's bf16 copies), so the ratio starts at 1 within
+    # bf16's error either way, at half the memory and twice the speed of fp32.
+    precision: str = precision_opt("the weights the log-probs are taken with (float32 log-probs either way)")
     pack_length: int = opt(0, "packed bin size in tokens; 0 = the longest row", ge=0)
     uniform_tol: float = opt(
         0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate", ge=0
@@ -192,7 +196,6 @@ def _reference_logprobs(
 
 @once("rescored")
 def run(cfg: RescoreConfig) -> dict:
-    import torch
 
     from sdarflow.models import load_policy
     from sdarflow.rollout.expert import EXPERT_POLICY
@@ -213,10 +216,11 @@ def run(cfg: RescoreConfig) -> dict:
             f"sampled, so RL cannot learn from them; fix: train --mode sft on them, and rescore the policy's rollouts"
         )
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
-    # float32 weights even on a GPU: these log-probs are the PPO ratio's old policy and the KL's reference, and
-    # the trainer computes the new ones from float32 weights; bf16's error would start the ratio away from 1
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
-    policy = load_policy(cfg.model, adapter, device=cfg.device, dtype=torch.float32)
+    dtype = weights_dtype(cfg.precision, resolve_device(cfg.device))
+    policy = load_policy(
+        cfg.model, adapter, device=cfg.device, dtype=dtype, flash_attention=cfg.batching == "padded"
+    )
     rows = table.select(
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
     ).to_pylist()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -21,13 +22,15 @@ from pathlib import Path
 
 import torch
 
-from sdarflow.config import StageConfig, content_hash, opt
+from sdarflow import storage
+from sdarflow.config import StageConfig, cache_dir, content_hash, opt
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.extensions.format_probe import LINEAGE_KEY as PROBE_LINEAGE
 from sdarflow.extensions.format_probe import round_probe, with_probe
 from sdarflow.extensions.options import TrainOptions
 from sdarflow.extensions.value_head import ValueHead, fit_round, policy_states
+from sdarflow.models.device import precision_opt, resolve_device, weights_dtype
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
 from sdarflow.train import presets
@@ -48,7 +51,7 @@ log = logging.getLogger(__name__)
 ZERO_STAGES = (2, 3)
 # Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
 RESUMABLE_CHANGES = frozenset(
-    {"output", "overwrite", "checkpoint_dir", "max_steps", "save_every", "keep_checkpoints"}
+    {"output", "overwrite", "checkpoint_dir", "checkpoint_uri", "max_steps", "save_every", "keep_checkpoints"}
 )
 
 
@@ -94,6 +97,11 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
         "when the node has more than one GPU or this is one of several launched workers, else torch",
         choices=("auto", *TRAIN_ENGINES),
     )
+    precision: str = precision_opt(
+        "the base weights on this rank's GPU (a LoRA's frozen base; DeepSpeed trains bf16 copies against float32 "
+        "masters either way); auto keeps float32 for a full fine-tune with --engine torch. LoRA weights train in "
+        "float32"
+    )
     zero_stage: int = opt(
         2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)", choices=ZERO_STAGES
     )
@@ -112,7 +120,14 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     checkpoint_dir: str = opt(
         "", "local folder for checkpoints; a rerun with the same folder resumes; empty = off", io=True
     )
-    keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir", ge=1)
+    checkpoint_uri: str = opt(
+        "",
+        "storage URI (s3:// or folder) every checkpoint is also published to, and a rerun resumes from when it is "
+        "newer than the local ones (a retried pod on another node); removed once the output is published; "
+        "without --checkpoint-dir the local copies go to the cache folder ($SDARFLOW_CACHE); empty = off",
+        io=True,
+    )
+    keep_checkpoints: int = opt(2, "newest checkpoints kept in --checkpoint-dir (and --checkpoint-uri)", ge=1)
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing adapter at --output", io=True)
     tracking_uri: str = tracking_opt()
@@ -144,6 +159,17 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
 Config = TrainConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
+def weights_placement(cfg: TrainConfig) -> tuple[torch.device, torch.dtype]:
+    """Where and as what the model loads: on this rank's GPU (``LOCAL_RANK``) when there is one, else the CPU;
+    ``--precision`` there, except that ``auto`` keeps float32 for a full fine-tune with the torch engine (AdamW
+    on bf16 weights loses updates smaller than their rounding). Eight ranks of a 7B model so hold 14 GB each on
+    their GPUs, not 28 GB each in host memory."""
+    place = resolve_device("auto")
+    full_torch = cfg.engine == "torch" and cfg.lora_rank == 0 and not cfg.adapter
+    precision = "fp32" if cfg.precision == "auto" and full_torch else cfg.precision
+    return place, weights_dtype(precision, place)
+
+
 def build_model(cfg: TrainConfig):
     """(policy, trainable model, EMA teacher or None, value head or None): the base with the given adapter, a new
     LoRA, or all weights (rank 0); with ``--ema-decay``, the moving average the input adapter carries (or the start
@@ -151,9 +177,9 @@ def build_model(cfg: TrainConfig):
     from sdarflow.models import load_policy
     from sdarflow.models.policy import new_lora
 
-    # on the CPU: the engine places the model (torch: onto the GPU; DeepSpeed: sharded across the ranks' GPUs)
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
-    policy = load_policy(cfg.model, adapter, trainable=True, device="cpu")
+    place, dtype = weights_placement(cfg)
+    policy = load_policy(cfg.model, adapter, trainable=True, device=str(place), dtype=dtype)
     model = policy.model
     if not cfg.adapter and cfg.lora_rank > 0:
         model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -170,15 +196,28 @@ def run(cfg: TrainConfig) -> dict:
     require("train", input=cfg.input, model=cfg.model, output=cfg.output)
     check_available(cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, engine=resolve_engine(cfg.engine, torch.cuda.device_count()))
+    own_folder = bool(cfg.checkpoint_uri and not cfg.checkpoint_dir)
+    if own_folder:
+        # chosen before a relaunch, so every rank writes to the same folder; by mirror and settings, so a rerun in
+        # this pod finds its own and nothing else's
+        key = content_hash({"mirror": cfg.checkpoint_uri, "run": cfg.resume_fingerprint()}, 16)
+        cfg = dataclasses.replace(cfg, checkpoint_dir=str(cache_dir() / "checkpoints" / key))
     if should_relaunch(cfg.engine, torch.cuda.device_count()):
-        return relaunch(cfg.to_dict(), cfg.output, torch.cuda.device_count())
-    if cfg.engine == "torch" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            f"train: engine torch trains in one process, but this is one of {os.environ['WORLD_SIZE']} launched "
-            f"workers; fix: pass --engine deepspeed for multi-process training"
-        )
-    with deterministic_mode(cfg.deterministic):
-        return _train(cfg)
+        result = relaunch(cfg.to_dict(), cfg.output, torch.cuda.device_count())
+    else:
+        if cfg.engine == "torch" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ConfigError(
+                f"train: engine torch trains in one process, but this is one of {os.environ['WORLD_SIZE']} "
+                f"launched workers; fix: pass --engine deepspeed for multi-process training"
+            )
+        with deterministic_mode(cfg.deterministic):
+            result = _train(cfg)
+    if cfg.checkpoint_uri and int(os.environ.get("RANK", "0")) == 0:
+        # published: the mirrored checkpoints (and the local ones this run chose a folder for) are spent
+        storage.delete_tree(cfg.checkpoint_uri)
+        if own_folder:
+            shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
+    return result
 
 
 def _train(cfg: TrainConfig) -> dict:
@@ -186,6 +225,8 @@ def _train(cfg: TrainConfig) -> dict:
     cfg, rl_step = resolve_objective(cfg, rows)
     torch.manual_seed(cfg.seed)  # LoRA initialization
     policy, model, ema, head = build_model(cfg)
+    # what the base loaded as (DeepSpeed on a GPU then trains bf16 copies of any float32 weights)
+    weights = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     engine = make_engine(
         cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
     )
@@ -237,7 +278,7 @@ def _train(cfg: TrainConfig) -> dict:
                     lineage[PROBE_LINEAGE] = (
                         state.probe_rates if probe else lineage_rates(cfg.adapter, PROBE_LINEAGE)
                     )
-                record = {**summary, "objective": objective, **lineage}
+                record = {**summary, "objective": objective, "weights_dtype": weights, **lineage}
                 if ema:
                     ema.save(out / EMA_DIR)
                 if head:

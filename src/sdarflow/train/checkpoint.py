@@ -1,4 +1,5 @@
-"""Atomic checkpoints of a training run in a local folder (a PVC on Kubernetes), and resuming from the newest one.
+"""Atomic checkpoints of a training run in a local folder, optionally mirrored to storage, and resuming from the
+newest one.
 
 Layout: ``<dir>/step-00000006/`` holding ``engine/`` (weights + optimizer, written by the engine), one
 ``rng-rank<r>.pt`` per rank (python, numpy, torch and CUDA generator states) and ``state.json`` (counters, data
@@ -7,6 +8,12 @@ cursor, LR schedule, metrics history, run fingerprint), written last. A checkpoi
 the new one, never a half-written folder that looks complete; leftover ``.tmp`` folders are removed on restore.
 ``state.json`` records every file's sha256; restore skips a checkpoint whose files do not match (disk or copy
 damage), sets it aside as ``step-N.damaged`` and resumes from the one before, with one warning.
+
+With a ``mirror`` URI (``s3://`` or a folder), rank 0 publishes each checkpoint there too (``<mirror>/step-N``, a
+published folder: files listed with their sha256 in its manifest, the manifest last), keeping as many as locally;
+a restore first fetches a mirrored checkpoint newer than any local one. So a retried pipeline task, on another
+node with an empty disk, resumes where the killed one stopped: no volume to provision, own or attach (a fresh
+PVC is root's, and KFP sets no fsGroup for the images' non-root user; a zonal one pins the retry to its zone).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from sdarflow import storage
 from sdarflow.errors import CheckpointError, StorageError
 from sdarflow.storage import file_sha256, inside
 from sdarflow.train.engine import TrainEngine
@@ -92,10 +100,11 @@ class Checkpoints:
     """The checkpoints of one run. ``fingerprint`` identifies the run's settings and inputs: resuming from a
     folder written with other settings would silently mix two experiments, so it is refused."""
 
-    def __init__(self, root: str | Path, fingerprint: str, keep: int = 2) -> None:
+    def __init__(self, root: str | Path, fingerprint: str, keep: int = 2, mirror: str = "") -> None:
         self.root = Path(root)
         self.fingerprint = fingerprint
         self.keep = max(1, keep)
+        self.mirror = mirror
         self.restored_extra: dict[str, torch.Tensor] | None = None  # what restore() found beside the state
 
     def complete(self) -> list[tuple[int, Path]]:
@@ -170,17 +179,68 @@ class Checkpoints:
             for _, old in self.complete()[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint: step %d -> %s", state.step, final)
+            if self.mirror:
+                self._upload(final)
 
         for phase in (make_tmp, write_parts, commit):
             _on_every_rank(engine, phase)
         return final
 
+    def _mirrored(self) -> list[tuple[int, str]]:
+        """(step, URI) of every checkpoint published in the mirror, oldest first."""
+        found = [(int(m.group(1)), n) for n in storage.children(self.mirror) if (m := _NAME.match(n))]
+        return [(step, storage.join(self.mirror, n)) for step, n in sorted(found)]
+
+    def _upload(self, final: Path) -> None:
+        """Publish ``final`` to the mirror and prune the mirror to ``keep``. A failure (an S3 outage) costs only
+        this checkpoint's copy there: a warning, and training goes on with the local one."""
+        try:
+            storage.publish_dir(
+                final, storage.join(self.mirror, final.name), kind="checkpoint", overwrite=True
+            )
+            for _, uri in self._mirrored()[: -self.keep]:
+                storage.delete_tree(uri)
+        except (StorageError, OSError) as err:
+            reason = str(err).splitlines()[0]
+            log.warning(
+                "checkpoint: could not copy %s to %s (%s); a retry resumes from an older one",
+                final,
+                self.mirror,
+                reason,
+            )
+            return
+        log.info("checkpoint: %s -> %s", final.name, self.mirror)
+
+    def _download(self) -> None:
+        """Fetch the newest mirrored checkpoint newer than every local one (a retried task on an empty disk);
+        one that cannot be fetched is skipped with a warning for the one before."""
+        local = max((step for step, _ in self.complete()), default=-1)
+        for step, uri in reversed(self._mirrored()):
+            if step <= local:
+                return
+            tmp = self.root / f"step-{step:08d}.tmp"
+            try:
+                storage.fetch_dir(uri, kind="checkpoint", dest=tmp)
+            except (StorageError, OSError) as err:
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.warning(
+                    "checkpoint: cannot fetch %s (%s); trying the one before", uri, str(err).splitlines()[0]
+                )
+                continue
+            tmp.rename(self.root / f"step-{step:08d}")
+            log.info("checkpoint: fetched %s", uri)
+            return
+
     def restore(self, engine: TrainEngine) -> TrainState | None:
-        """Load the newest complete checkpoint into ``engine`` and the RNGs; None when there is none."""
+        """Load the newest complete checkpoint (fetched from the mirror when it is newer) into ``engine`` and the
+        RNGs; None when there is none."""
         if engine.rank == 0 and self.root.is_dir():
             for stale in self.root.glob("step-*.tmp"):
                 log.info("checkpoint: removing incomplete %s", stale)
                 shutil.rmtree(stale, ignore_errors=True)
+        if engine.rank == 0 and self.mirror:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._download()
         engine.barrier()
         found = self._newest_intact(set_aside=engine.rank == 0)
         if found is None:
@@ -291,7 +351,9 @@ def checkpointing(cfg, engine: TrainEngine, data, schedule, ema=None):
     (:class:`~sdarflow.extensions.ema.EmaWeights`) is saved with every checkpoint and restored with the state."""
     if not cfg.checkpoint_dir:
         return None, None
-    checkpoints = Checkpoints(cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints)
+    checkpoints = Checkpoints(
+        cfg.checkpoint_dir, cfg.resume_fingerprint(), cfg.keep_checkpoints, cfg.checkpoint_uri
+    )
 
     def save(state) -> None:
         rl_batches, sft_batches = (
