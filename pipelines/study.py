@@ -6,7 +6,8 @@ so a retried or re-run study redoes only the missing cells.
 
 Methods and seeds are fixed at compile time (``sdarflow pipeline compile --pipeline study --methods ... --seeds
 ...``) so the UI shows one task per cell. A cell runs its stages in one pod, so it is wired as a training task
-(the train image and its GPUs); the base evaluation as an evaluate task; the report as a CPU task.
+(its GPUs) on the rollout image, which has vLLM for a preset that rolls out with it and DeepSpeed too (the train
+image has no vLLM); the base evaluation as an evaluate task; the report as a CPU task.
 """
 
 from kfp import dsl
@@ -32,6 +33,8 @@ def build_study_pipeline(methods: list[str], seeds: list[int], kube: KubeOptions
         with dsl.ParallelFor(cells, parallelism=kube.parallelism if kube else 0) as cell:
             run = study_cell(settings=settings, method=cell.method, seed=cell.seed)
             wire(run, "train", kube, "study: cell")
+            if kube and kube.gpus_for("train"):
+                run.set_container_image(kube.rollout_image)
         return dsl.Collected(run.output)
 
     def sdar_study(

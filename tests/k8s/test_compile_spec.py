@@ -343,8 +343,9 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
     inner = pipeline["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
     (cell,) = inner.values()
     container = executor(pipeline, cell)
+    # every stage in one pod: the image with vLLM (and DeepSpeed), as the gpu preset rolls out with vLLM
     assert (
-        container["image"] == TRAIN_GPU_IMAGE
+        container["image"] == ROLLOUT_GPU_IMAGE
         and container["resources"]["accelerator"]["resourceCount"] == "2"
     )
     assert k8s_executor(pipeline, platform, cell)["nodeSelector"]["labels"] == {"pool": "gpu"}
