@@ -127,7 +127,7 @@ def demo_round(settings: dict) -> dict[str, float]:
     io = {"adapter": adapter, "eval_report": report, "base_eval_report": base, "data": data}
     timed("register", run_stage, "register", cfg, 0, **io)
     pc = load(cfg)
-    timed("run-report", publish_run_report, pc.storage, pc.run_id, 1)
+    timed("run-report", publish_run_report, pc.storage, pc.run_id, 1, base_uri=base)
     return seconds
 
 

@@ -12,6 +12,7 @@ from components import IMAGE
 def run_report(
     config_uri: str,
     promotion: str,
+    base_evaluation: str,
     rounds: int,
     shards: int,
     report: Output[HTML],
@@ -20,4 +21,6 @@ def run_report(
     from sdarflow.kfp_runtime import run_report_component
 
     # `promotion` (the promote task's outcome) also orders this task after every round
-    return run_report_component(config_uri, rounds, shards, promotion, html=report, markdown=summary)
+    return run_report_component(
+        config_uri, rounds, shards, promotion, base_evaluation, html=report, markdown=summary
+    )

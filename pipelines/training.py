@@ -145,7 +145,13 @@ def build_training_pipeline(
             config_uri=config_uri, registered=version, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
         )
         wire(pr, "promote", kube, "promote (gated)")
-        rep = run_report(config_uri=config_uri, promotion=pr.outputs["Output"], rounds=rounds, shards=shards)
+        rep = run_report(
+            config_uri=config_uri,
+            promotion=pr.outputs["Output"],
+            base_evaluation=base.outputs["Output"],
+            rounds=rounds,
+            shards=shards,
+        )
         wire(rep, "promote", kube, "run report")
         return version
 

@@ -94,7 +94,12 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
     pipeline(**scheduled, run_id="nightly-1")
     registry = Registry(storage.join(store, "registry"))
     production = registry.aliases("sdar-policy").get("production")
+    (base_eval,) = Path(store, "cache", "base-evaluations").iterdir()
+    evaluated = (base_eval / storage.MANIFEST).stat().st_mtime_ns
     pipeline(**scheduled, run_id="nightly-2", gate={"min_gain": -1.0})
+    # the same base on the same evaluation tasks: the first run's evaluation, not a second one
+    assert list(Path(store, "cache", "base-evaluations").iterdir()) == [base_eval]
+    assert (base_eval / storage.MANIFEST).stat().st_mtime_ns == evaluated
 
     def played(run_id: str) -> tuple[int, set[str]]:
         config = yaml.safe_load(storage.read_bytes(storage.join(store, "runs", run_id, "pipeline.yaml")))
@@ -109,9 +114,10 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
     assert (refused["event"], refused["version"]) == ("promote-refused", 2)
     assert "min_gain -1 is looser than the registry's" in json.dumps(refused)
     assert registry.aliases("sdar-policy").get("production") == production
-    # the run report says so
+    # the run report says so, against the shared base evaluation
     report = storage.join(store, "runs", "nightly-2", "report")
-    assert json.loads(storage.read_member(report, "run_report.json"))["promotion"].startswith("refused: ")
+    data = json.loads(storage.read_member(report, "run_report.json"))
+    assert data["promotion"].startswith("refused: ") and data["base"]["test"]
     assert "<h2>Promotion</h2>" in storage.read_member(report, "report.html").decode()
 
 
@@ -305,6 +311,30 @@ def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_
         ConfigError, match=r"v5's lineage: cursor: next_task = -1 must be >= 0 .*; fix: run with"
     ):
         started()
+
+
+def test_the_base_evaluation_is_keyed_by_the_base_weights_and_the_settings(tiny_model, tmp_path):
+    """One base evaluation per (base weights, evaluation settings), shared by the runs: the same weights at
+    another path share it; other weights, other evaluation tasks, another storage do not."""
+    import shutil
+
+    from sdarflow.pipeline_config import PipelineConfig, base_eval_config
+
+    def key(**settings) -> str:
+        pc = PipelineConfig(**{"storage": str(tmp_path / "s"), "base_model": str(tiny_model), **settings})
+        return base_eval_config(pc).output
+
+    first = key(run_id="a")
+    assert first.startswith(str(tmp_path / "s" / "cache" / "base-evaluations"))
+    assert key(run_id="b", tasks=7) == first
+    copy = shutil.copytree(tiny_model, tmp_path / "copy")
+    assert key(base_model=str(copy)) == first
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # other weights, same shapes
+    weights.write_bytes(bytes(data))
+    assert key(base_model=str(copy)) != first
+    assert key(eval_tasks=5) != first and key(storage=str(tmp_path / "t")) != first
 
 
 def test_pipeline_config_checks(tmp_path):

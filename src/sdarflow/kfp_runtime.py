@@ -26,8 +26,16 @@ def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
 
 
 def run_base_evaluation(config_uri: str) -> dict:
-    """Evaluate the run's base model on the rounds' evaluation tasks (``pipeline_config.base_eval_config``)."""
-    return STAGES.get("evaluate").run(with_local_model(base_eval_config(load(config_uri))))
+    """Evaluate the run's base model on the rounds' evaluation tasks (``pipeline_config.base_eval_config``), or
+    return the evaluation an earlier run published for the same base weights and settings, without fetching the
+    model."""
+    cfg = base_eval_config(load(config_uri))
+    if storage.is_published(cfg.output):
+        result = storage.read_manifest(cfg.output).get("result")  # recorded once the evaluation finished
+        if result is not None:
+            log.info("base model evaluation: reusing %s (same base weights and settings)", cfg.output)
+            return result
+    return STAGES.get("evaluate").run(with_local_model(cfg))
 
 
 def setup_logging() -> None:
@@ -118,15 +126,23 @@ def _write_reports(html, markdown, uri: str, stage: str) -> None:
 
 
 def run_report_component(
-    config_uri: str, rounds: int, shards: int, promotion: str = "", *, html=None, markdown=None
+    config_uri: str,
+    rounds: int,
+    shards: int,
+    promotion: str = "",
+    base_uri: str = "",
+    *,
+    html=None,
+    markdown=None,
 ) -> str:
     """The training pipeline's run report (``sdarflow.run_report``), also shown in the KFP UI; ``promotion`` is
-    the promote task's outcome (promoted, refused and why, or not asked for)."""
+    the promote task's outcome (promoted, refused and why, or not asked for), ``base_uri`` the base model's
+    evaluation."""
     from sdarflow.run_report import publish_run_report
 
     setup_logging()
     pc = load(config_uri)
-    uri = publish_run_report(pc.storage, pc.run_id, rounds, shards, promotion)
+    uri = publish_run_report(pc.storage, pc.run_id, rounds, shards, promotion, base_uri)
     _write_reports(html, markdown, uri, "run-report")
     log.info("run report -> %s", uri)
     return uri

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from sdarflow import storage
-from sdarflow.config import MAX_SEED, StageConfig, like, opt
+from sdarflow.config import MAX_SEED, StageConfig, content_hash, like, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import OPTIONS, option_settings
@@ -225,6 +225,12 @@ def run_uri(storage_root: str, run_id: str, *parts: str) -> str:
     return storage.join(storage_root, "runs", run_id, *parts)
 
 
+def shared_cache(pc: PipelineConfig) -> str:
+    """What a run's tasks share with other runs' (the base model's evaluation, TextWorld games): ``<storage>/cache``,
+    where everything is keyed by what made it."""
+    return storage.join(pc.storage, "cache")
+
+
 def stage_uri(storage_root: str, run_id: str, round_: int, stage: str, shard: int | None = None) -> str:
     """A stage's output in a round: ``.../round=<r>/<stage>``, and ``.../shard=<i>`` for one generate shard."""
     return run_uri(
@@ -287,12 +293,22 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
 
 
 def base_eval_config(pc: PipelineConfig) -> StageConfig:
-    """The evaluate config of the base model (no adapter) on the rounds' tasks, samples and seeds, at
-    ``<storage>/runs/<run_id>/base/evaluate``: the gate's reference for a first version, and the baseline every
-    round's report plots."""
+    """The evaluate config of the base model (no adapter) on the rounds' tasks, samples and seeds: the gate's
+    reference for a first version, and the baseline every round's report plots. Its output is shared by the runs
+    that would compute the same thing: ``<storage>/cache/base-evaluations/<key>``, keyed by the base model's fingerprint
+    (its weights, not its URI) and every evaluation setting, so a nightly run from the same base reuses it."""
+    from sdarflow.model_cache import local_model
+    from sdarflow.models.identity import base_fingerprint
+
     cfg = stage_config(pc, "evaluate", 0)
     cfg.adapter = cfg.baseline = cfg.registry = ""  # the base itself, compared with nothing
-    cfg.output = run_uri(pc.storage, pc.run_id, "base", "evaluate")
+    # an s3:// base is fingerprinted where it is (ranged reads); a known model's name is imported first
+    base = pc.base_model if pc.base_model.startswith("s3://") else local_model(pc.base_model)
+    settings = {
+        k: v for k, v in cfg.to_dict().items() if k not in ("model", "output", "overwrite", "tracking_uri")
+    }
+    key = content_hash({"base": base_fingerprint(base), "settings": settings}, 16)
+    cfg.output = storage.join(shared_cache(pc), "base-evaluations", key)
     return cfg
 
 

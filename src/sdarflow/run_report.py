@@ -127,11 +127,11 @@ def _round(
 
 
 def collect(
-    storage_root: str, run_id: str, rounds: int, shards: int = 1, promotion: str = ""
+    storage_root: str, run_id: str, rounds: int, shards: int = 1, promotion: str = "", base_uri: str = ""
 ) -> dict[str, Any]:
-    """Everything the report shows, as JSON (``run_report.json``); ``promotion`` is the promote task's outcome."""
-    base_uri = run_uri(storage_root, run_id, "base", "evaluate")
-    base = _read_report(base_uri) if storage.is_published(base_uri) else None
+    """Everything the report shows, as JSON (``run_report.json``); ``promotion`` is the promote task's outcome and
+    ``base_uri`` the base model's evaluation ('': none)."""
+    base = _read_report(base_uri) if base_uri and storage.is_published(base_uri) else None
     per_round, episodes = [], []
     for r in range(rounds):
         row, episodes = _round(storage_root, run_id, r, shards, base)
@@ -244,10 +244,10 @@ def build(data: Mapping[str, Any]) -> Report:
 
 
 def publish_run_report(
-    storage_root: str, run_id: str, rounds: int, shards: int = 1, promotion: str = ""
+    storage_root: str, run_id: str, rounds: int, shards: int = 1, promotion: str = "", base_uri: str = ""
 ) -> str:
     """Collect, render and publish the run report at ``<storage>/runs/<run_id>/report``; its URI."""
-    data = collect(storage_root, run_id, rounds, shards, promotion)
+    data = collect(storage_root, run_id, rounds, shards, promotion, base_uri)
     doc = build(data)
     uri = run_uri(storage_root, run_id, "report")
     with tempfile.TemporaryDirectory() as tmp:
