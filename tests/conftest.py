@@ -33,6 +33,15 @@ def game_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+@pytest.fixture(autouse=True)
+def no_shared_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline task sets $SDARFLOW_SHARED_CACHE for its process (kfp_runtime); a test that runs one in this
+    process must not leave it set for the tests after it."""
+    from sdarflow.config import SHARED_CACHE_ENV
+
+    monkeypatch.setenv(SHARED_CACHE_ENV, "")
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """moto's standalone S3 server on a free port; it enforces conditional writes (IfNoneMatch, IfMatch)."""

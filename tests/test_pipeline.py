@@ -440,6 +440,20 @@ def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
     assert "no report.html" in caplog.text
 
 
+def test_a_pipeline_task_shares_the_games_it_makes_in_the_storage_cache(tiny_model, tmp_path, monkeypatch):
+    """A task on a node with an empty cache generates its TextWorld games and publishes them under
+    <storage>/cache/games, where the other tasks and runs find them."""
+    from sdarflow.kfp_runtime import run_stage
+    from sdarflow.pipeline_config import PipelineConfig, prepare
+
+    monkeypatch.setenv("SDARFLOW_CACHE", str(tmp_path / "empty-node"))
+    store = tmp_path / "store"
+    pc = PipelineConfig(storage=str(store), base_model=str(tiny_model), tasks=2, group_size=2, max_turns=2)
+    run_stage("generate", prepare(pc), 0)
+    (games,) = (store / "cache" / "games").iterdir()
+    assert sorted(p.name for p in games.iterdir()) == ["1000.json", "1000.z8", "1001.json", "1001.z8"]
+
+
 def test_base_model_on_s3_is_copied_once(tmp_path, s3_root, monkeypatch):
     import pyarrow.fs as pafs
 

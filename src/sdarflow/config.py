@@ -41,6 +41,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SDARFLOW_CACHE") or Path.home() / ".cache" / "sdarflow")
 
 
+SHARED_CACHE_ENV = "SDARFLOW_SHARED_CACHE"
+
+
+def shared_cache() -> str:
+    """A storage URI (``s3://`` or a folder) where machines share what they generate, keyed by what made it
+    (TextWorld games): ``$SDARFLOW_SHARED_CACHE``, which the pipeline's tasks get as ``<storage>/cache``; '' =
+    nothing shared."""
+    return os.environ.get(SHARED_CACHE_ENV, "")
+
+
 def opt(
     default: Any,
     help: str,

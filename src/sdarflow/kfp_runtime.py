@@ -11,25 +11,34 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdarflow import progress, storage
+from sdarflow.config import SHARED_CACHE_ENV
 from sdarflow.errors import ConfigError
 from sdarflow.model_cache import with_local_model
-from sdarflow.pipeline_config import base_eval_config, load, stage_config
+from sdarflow.pipeline_config import PipelineConfig, base_eval_config, load, shared_cache, stage_config
 from sdarflow.registry.layout import VERSION_KIND
 from sdarflow.stages import STAGES
 
 log = logging.getLogger(__name__)
 
 
+def _load(config_uri: str) -> PipelineConfig:
+    """The run's pipeline config; this task shares what it generates with the other tasks and runs (TextWorld
+    games) in the storage's cache."""
+    pc = load(config_uri)
+    os.environ[SHARED_CACHE_ENV] = shared_cache(pc)
+    return pc
+
+
 def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
     """Load the pipeline config, build the stage config, run the stage."""
-    return STAGES.get(stage).run(with_local_model(stage_config(load(config_uri), stage, round_, **io)))
+    return STAGES.get(stage).run(with_local_model(stage_config(_load(config_uri), stage, round_, **io)))
 
 
 def run_base_evaluation(config_uri: str) -> dict:
     """Evaluate the run's base model on the rounds' evaluation tasks (``pipeline_config.base_eval_config``), or
     return the evaluation an earlier run published for the same base weights and settings, without fetching the
     model."""
-    cfg = base_eval_config(load(config_uri))
+    cfg = base_eval_config(_load(config_uri))
     if storage.is_published(cfg.output):
         result = storage.read_manifest(cfg.output).get("result")  # recorded once the evaluation finished
         if result is not None:

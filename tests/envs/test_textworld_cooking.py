@@ -74,6 +74,36 @@ def test_cache_hit_does_not_regenerate(suite: TextWorldCookingSuite, tasks: list
     )  # no temp dirs or Inform 7 sources left behind
 
 
+def test_machines_share_their_games_through_storage(tmp_path: Path, s3_root: str, caplog) -> None:
+    """A machine that generates games publishes them (S3 here, moto); another with an empty disk copies them
+    instead of generating; a shared store that cannot be written or read is a warning, and the games are made."""
+    from sdarflow import storage
+
+    maker = TextWorldCookingSuite(cache_dir=tmp_path / "node-a", workers=1, shared=s3_root)
+    made = maker.tasks("test", 2)
+    shared = storage.join(s3_root, "games", maker.spec("test").settings_hash())
+    assert storage.children(shared) == ["2000.json", "2000.z8", "2001.json", "2001.z8"]
+
+    with caplog.at_level("INFO"):
+        fetched = TextWorldCookingSuite(cache_dir=tmp_path / "node-b", workers=1, shared=s3_root).tasks(
+            "test", 2
+        )
+    assert "tw-cooking games: 2 from" in caplog.text and "generated tw-cooking game" not in caplog.text
+    assert [Path(t.payload).read_bytes() for t in fetched] == [Path(t.payload).read_bytes() for t in made]
+    assert [t.task_type for t in fetched] == [t.task_type for t in made]
+    assert not list((tmp_path / "node-b").rglob(".fetch-*"))
+
+    caplog.clear()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with caplog.at_level("INFO"):
+        alone = TextWorldCookingSuite(cache_dir=tmp_path / "node-c", workers=1, shared=str(blocked)).tasks(
+            "test", 1
+        )
+    assert "cannot share them" in caplog.text and "generated tw-cooking game" in caplog.text
+    assert Path(alone[0].payload).is_file()
+
+
 def test_same_seed_same_game_different_seeds_different_recipes(tasks: list) -> None:
     metas = [game_metadata(t.payload) for t in tasks]
     rebuilt = build_game(SPLIT_SPECS["train"], 1000).metadata  # regenerated in memory, not from the cache

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import textworld
 
-from sdarflow import config
+from sdarflow import config, storage
 from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
 from sdarflow.envs.textworld_games import (
     DIRECTION_ACTIONS,
@@ -184,7 +184,8 @@ class TextWorldCookingSuite:
     """The ``textworld-cooking`` suite: tasks per split from cached generated games, one env per episode.
 
     cache_dir: game cache root (default ``$SDARFLOW_CACHE`` or ``~/.cache/sdarflow``); games live in
-        ``<cache_dir>/games/<settings-hash>/<seed>.z8``. max_turns: overrides every split's default
+        ``<cache_dir>/games/<settings-hash>/<seed>.z8``. shared: a storage URI machines share their games in
+        (``<shared>/games/<settings-hash>/``; default ``$SDARFLOW_SHARED_CACHE``, '' = none). max_turns: overrides every split's default
         (train/test 20, ood 30). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
     """
 
@@ -198,12 +199,14 @@ class TextWorldCookingSuite:
         max_turns: int | None = None,
         workers: int = 2,
         splits: Mapping[str, SplitSpec] | None = None,
+        shared: str | None = None,
     ) -> None:
         if max_turns is not None and max_turns < 1:
             raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
         # Absolute, so task payloads stay valid for workers started in another directory.
         self.cache_dir = Path(cache_dir or config.cache_dir()).expanduser().resolve()
         self.max_turns, self.workers = max_turns, workers
+        self.shared = config.shared_cache() if shared is None else shared
         self.splits = dict(splits or SPLIT_SPECS)
         ranges = sorted((s.seed_base, s.seed_base + s.size, name) for name, s in self.splits.items())
         for (_, end, a), (start, _, b) in pairwise(ranges):
@@ -227,7 +230,8 @@ class TextWorldCookingSuite:
         """``n`` tasks of ``split`` from ``start`` (``task_indices``), generating games not yet cached."""
         spec = self.spec(split)
         seeds = [spec.seed_base + i for i in task_indices(split, spec.size, n, start)]
-        paths = ensure_games(spec, seeds, self.game_dir(split), self.workers)
+        shared = storage.join(self.shared, "games", spec.settings_hash()) if self.shared else ""
+        paths = ensure_games(spec, seeds, self.game_dir(split), self.workers, shared)
         return [
             Task(
                 task_id=f"tw-cooking-{split}-{seed}",

@@ -24,8 +24,10 @@ from pathlib import Path
 import textworld
 from textworld.challenges.tw_cooking import cooking
 
+from sdarflow import storage
 from sdarflow.config import content_hash
 from sdarflow.envs.base import EnvError
+from sdarflow.errors import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -176,10 +178,46 @@ def _generate_in_subprocess(spec: SplitSpec, seeds: Sequence[int], game_dir: Pat
         )
 
 
-def ensure_games(spec: SplitSpec, seeds: Sequence[int], game_dir: Path, workers: int = 2) -> list[Path]:
-    """Paths of the games for ``seeds``, generating the missing ones (in ``workers`` processes if several)."""
+def _game_files(seed: int) -> tuple[str, str]:
+    return f"{seed}.json", f"{seed}.z8"  # in the order they are written: the z8 marks a complete game
+
+
+def _fetch_shared(shared: str, seeds: Sequence[int], game_dir: Path) -> set[int]:
+    """The seeds among ``seeds`` whose games are in ``shared``, copied into ``game_dir`` (each file renamed into
+    place, so a local z8 is always a whole game)."""
+    there = set(storage.children(shared))
+    fetched = set()
+    for seed in seeds:
+        if _game_files(seed)[1] not in there:
+            continue
+        game_dir.mkdir(parents=True, exist_ok=True)
+        for name in _game_files(seed):
+            with tempfile.NamedTemporaryFile(dir=game_dir, prefix=".fetch-", delete=False) as part:
+                part.write(storage.read_bytes(storage.join(shared, name)))
+            os.replace(part.name, game_dir / name)
+        fetched.add(seed)
+    return fetched
+
+
+def ensure_games(
+    spec: SplitSpec, seeds: Sequence[int], game_dir: Path, workers: int = 2, shared: str = ""
+) -> list[Path]:
+    """Paths of the games for ``seeds``: cached, else copied from ``shared`` (a storage URI other machines
+    generated them into; '' = none), else generated (in ``workers`` processes if several) and shared. The shared
+    store only saves time: when it cannot be read or written, a warning, and the games are made here."""
     paths = [game_dir / f"{seed}.z8" for seed in seeds]
     missing = [seed for seed, path in zip(seeds, paths) if not path.exists()]
+    if shared and missing:
+        try:
+            fetched = _fetch_shared(shared, missing, game_dir)
+        except (StorageError, OSError) as err:
+            log.warning(
+                "tw-cooking games: cannot read %s (%s); generating them", shared, str(err).splitlines()[0]
+            )
+            fetched = set()
+        if fetched:
+            log.info("tw-cooking games: %d from %s", len(fetched), shared)
+        missing = [seed for seed in missing if seed not in fetched]
     if len(missing) > 1 and workers > 1:
         log.info("generating %d tw-cooking games with %d workers", len(missing), workers)
         # Threads only wait on child interpreters; list() re-raises the first failure.
@@ -189,6 +227,13 @@ def ensure_games(spec: SplitSpec, seeds: Sequence[int], game_dir: Path, workers:
     else:
         for seed in missing:
             generate_game(spec, seed, str(game_dir))
+    if shared and missing:
+        try:
+            for seed in missing:
+                for name in _game_files(seed):
+                    storage.write_bytes(storage.join(shared, name), (game_dir / name).read_bytes())
+        except (StorageError, OSError) as err:
+            log.warning("tw-cooking games: cannot share them in %s (%s)", shared, str(err).splitlines()[0])
     return paths
 
 
