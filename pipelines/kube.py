@@ -70,8 +70,10 @@ DEFAULT_TIMEOUT_S = {
 # without GPUs. `production` is a 7B model's LoRA: `sdarflow plan --model-params 7e9` on its round (128 tasks x 8,
 # 256 x 8 evaluated on each split, ~30 turns of 2048 + 128 tokens) estimates, from published H100 rates, generate
 # 0.6 h and rescore 1.6 h on one GPU, train 0.3 h on eight, evaluate 2.4 h on one: the deadlines are 4x or more.
-# Each train rank loads its bf16 base straight onto its GPU (stages.train.weights_placement), so host memory holds
-# the ranks' runtimes and the memory-backed /dev/shm, not eight copies of the weights.
+# `reference` (16 tasks x 8 a round, the reference's step) trains on two GPUs as the reference's LoRA script does;
+# its plan: generate 0.1 h, rescore 0.2 h, train 0.2 h, evaluate 0.6 h. Each train rank loads its bf16 base
+# straight onto its GPU (stages.train.weights_placement), so host memory holds the ranks' runtimes and the
+# memory-backed /dev/shm, not eight copies of the weights.
 _CPU_ONLY = {
     "gpus": dict.fromkeys(GPU_STAGES, 0),
     "cpu": dict.fromkeys(GPU_STAGES, "2"),
@@ -89,6 +91,14 @@ PRESET_RESOURCES: dict[str, dict] = {
         "cpu": {"generate": "16", "rescore": "8", "train": "64", "evaluate": "16"},
         "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "192Gi", "evaluate": "96Gi"},
         "timeout_s": {"generate": 4 * 3600, "rescore": 8 * 3600, "train": 6 * 3600, "evaluate": 12 * 3600},
+        "shm_size": "32Gi",
+        "model_cache_size": "100Gi",
+    },
+    "reference": {
+        "gpus": {"generate": 1, "rescore": 1, "train": 2, "evaluate": 1},
+        "cpu": {"generate": "16", "rescore": "8", "train": "16", "evaluate": "16"},
+        "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "64Gi", "evaluate": "96Gi"},
+        "timeout_s": {"generate": 2 * 3600, "rescore": 2 * 3600, "train": 2 * 3600, "evaluate": 4 * 3600},
         "shm_size": "32Gi",
         "model_cache_size": "100Gi",
     },

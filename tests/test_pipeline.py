@@ -474,6 +474,28 @@ def test_base_model_on_s3_is_copied_once(tmp_path, s3_root, monkeypatch):
     assert local_model(str(model)) == str(model)  # paths pass through
 
 
+def test_the_reference_preset_reaches_the_stages_as_the_reference_sets_them(tmp_path):
+    from sdarflow.pipeline_config import load, prepare, stage_config
+    from sdarflow.sizes import PIPELINE_PRESETS
+
+    load(
+        prepare(make_config(tmp_path, run_id="p", **PIPELINE_PRESETS["production"]))
+    )  # every stage validates
+    pc = load(prepare(make_config(tmp_path, run_id="r", **PIPELINE_PRESETS["reference"])))
+    generate, train = stage_config(pc, "generate", 0), stage_config(pc, "train", 0)
+    evaluate = stage_config(pc, "evaluate", 0)
+    assert (generate.tasks, generate.group_size, generate.max_turns) == (16, 8, 50)
+    for rollout in (generate, evaluate):
+        assert (rollout.max_new_tokens, rollout.history_turns, rollout.max_turns) == (512, 2, 50)
+    assert (train.lr, train.weight_decay, train.lora_rank, train.lora_alpha, train.mini_batches) == (
+        3e-6,
+        0.01,
+        64,
+        64,
+        2,
+    )
+
+
 @pytest.mark.parametrize("name", ["demo", "smoke", "gpu", "pretrained"])
 def test_every_preset_is_a_valid_pipeline(tmp_path, name):
     from sdarflow.cli import PRESET_NAMES

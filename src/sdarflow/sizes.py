@@ -1,7 +1,7 @@
 """The run sizes ``--preset`` picks for ``sdarflow demo`` and ``sdarflow study`` (and the tests and benchmarks): the
 tiny base model's recipe and the pipeline's tasks, samples and per-stage settings; and the parameter defaults
 ``sdarflow pipeline compile --preset`` writes into the KFP UI (``PIPELINE_PRESETS``: those sizes, and
-``production``)."""
+``production`` and ``reference``)."""
 
 from __future__ import annotations
 
@@ -109,6 +109,29 @@ PIPELINE_PRESETS: dict[str, dict] = {
         "rollout_engine": "vllm",
         "train_engine": "deepspeed",
         "stage_settings": {"train": {"lora_alpha": 64}},
+    },
+    # The reference's own step as a round (examples/gigpo_trainer/run_alfworld_lora.sh with GRPO, and verl's
+    # defaults it leaves as they are, verl/trainer/config/ppo_trainer.yaml): 16 tasks x 8 fresh rollouts, one
+    # epoch in mini-batches of 256 x 8 turn rows (about 2 for ALFWorld's episodes), AdamW at 3e-6 with weight
+    # decay 0.01 on a rank-64 LoRA, 50 turns of up to 512 response tokens, the last 2 observations and actions in
+    # the prompt, 128 held-out tasks at temperature 0.4; `pipeline compile --rounds 150` for its 150 steps. For the
+    # ALFWorld family (textworld-cooking); the reference's search and webshop scripts differ (docs/cluster.md).
+    "reference": {
+        "tasks": 16,
+        "group_size": 8,
+        "max_turns": 50,
+        "eval_tasks": 128,
+        "eval_samples": 4,  # the reference samples each once; the gate's pass@k needs several
+        "lr": 3e-6,
+        "lora_rank": 64,
+        "train_steps": 2,
+        "rollout_engine": "vllm",
+        "train_engine": "deepspeed",
+        "stage_settings": {
+            "generate": {"max_new_tokens": 512, "history_turns": 2},
+            "evaluate": {"max_new_tokens": 512, "history_turns": 2},
+            "train": {"lora_alpha": 64, "weight_decay": 0.01},
+        },
     },
 }
 

@@ -518,6 +518,16 @@ def test_presets_set_the_ui_defaults(tmp_path):
         8,
     )
     assert demo["method"] == production["method"] == "sdar"  # what no preset sets stays PipelineConfig's
+    # the SDAR reference's step as a round: 16 tasks x 8, 50 turns, 512 tokens, 2 observations, weight decay 0.01
+    reference = defaults("reference")
+    assert (reference["tasks"], reference["group_size"], reference["max_turns"], reference["lr"]) == (
+        16,
+        8,
+        50,
+        3e-6,
+    )
+    assert reference["stage_settings"]["train"] == {"lora_alpha": 64, "weight_decay": 0.01}
+    assert reference["stage_settings"]["generate"] == {"max_new_tokens": 512, "history_turns": 2}
     with pytest.raises(SystemExit):
         compile_spec(tmp_path / "bad", "--preset", "huge")
 
@@ -543,13 +553,15 @@ def _sizes(spec: dict, platform: dict, name: str) -> tuple[int, float, float, in
 
 
 def test_presets_size_the_cluster(tmp_path):
-    """`production` asks for what a 7B model's LoRA needs: train on 8 GPUs, deadlines several times the capacity
-    plan's estimate of its round; the demo sizes run without GPUs on the CPU image; a memory-backed /dev/shm always
-    fits inside its task's memory limit (it counts against it)."""
+    """The 7B presets ask for what a 7B model's LoRA needs (production trains on 8 GPUs, reference on 2 as the
+    reference's LoRA script), with deadlines several times the capacity plan's estimate of their round; the demo
+    sizes run without GPUs on the CPU image; a memory-backed /dev/shm always fits inside its task's memory limit
+    (it counts against it)."""
     from sdarflow import plan
     from sdarflow.sizes import PIPELINE_PRESETS
 
     stages = ("generate", "rescore", "train", "evaluate")
+    train_gpus = {"production": 8, "reference": 2}
     for preset in PIPELINE_PRESETS:
         spec, platform, _ = compile_spec(tmp_path / preset, "--rounds", "1", "--preset", preset)
         sizes = {s: _sizes(spec, platform, s) for s in stages}
@@ -558,15 +570,11 @@ def test_presets_size_the_cluster(tmp_path):
         if preset in ("demo", "smoke", "pretrained"):
             assert {gpus for gpus, *_ in sizes.values()} == {0}, preset
             assert _images(spec) == {IMAGE}
-        if preset == "production":
-            assert {s: g for s, (g, *_) in sizes.items()} == {
-                "generate": 1,
-                "rescore": 1,
-                "train": 8,
-                "evaluate": 1,
-            }
-            # eight ranks, each with its runtime in host memory (its bf16 weights go straight to its GPU)
-            assert (sizes["train"][1] - sizes["train"][2]) / 8 >= 16
+        if preset in train_gpus:
+            ranks = train_gpus[preset]
+            assert [sizes[s][0] for s in stages] == [1, 1, ranks, 1], preset
+            # each rank's runtime in host memory (its bf16 weights go straight to its GPU)
+            assert (sizes["train"][1] - sizes["train"][2]) / ranks >= 16
             settings = PIPELINE_PRESETS[preset]
             workload = dict(
                 model_params=7e9, tasks=settings["tasks"], group_size=settings["group_size"], turns=30,
@@ -574,10 +582,8 @@ def test_presets_size_the_cluster(tmp_path):
                 eval_samples=settings["eval_samples"], eval_turns=30,
             )  # fmt: skip
             for stage, (gpus, _, _, deadline) in sizes.items():
-                seconds = plan.estimate(plan.Workload(gpus=gpus, **workload), plan.PUBLISHED)[
-                    "stages_seconds"
-                ]
-                assert deadline >= 4 * seconds[stage], stage
+                estimate = plan.estimate(plan.Workload(gpus=gpus, **workload), plan.PUBLISHED)
+                assert deadline >= 4 * estimate["stages_seconds"][stage], (preset, stage)
 
 
 def _images(spec: dict) -> set[str]:

@@ -127,6 +127,23 @@ def test_every_method_moves_the_adapter(tiny_model, method):
     assert all(history[0][k] is not None for k in REQUIRED_METRICS)
 
 
+def test_weight_decay_is_adamws_decoupled_decay(tiny_model):
+    """--weight-decay wd: p <- p - lr * wd * p besides Adam's step; with a zero gradient Adam's step is 0, so every
+    trained weight is scaled by exactly 1 - lr * wd (0.95 here), and the frozen base is untouched."""
+    from sdarflow.train.engine import make_engine
+
+    model = new_lora(load_policy(str(tiny_model), trainable=True).model, 4, 8, ["q_proj"])
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine = make_engine("torch", model, lr=0.1, max_grad_norm=0.0, weight_decay=0.5)
+    for p in trained.values():
+        p.grad = torch.zeros_like(p)
+    assert engine.step(0.1).applied
+    for name, p in model.named_parameters():
+        expected = before[name] * 0.95 if name in trained else before[name]
+        assert torch.allclose(p.detach(), expected, rtol=0, atol=1e-7), name
+
+
 def test_non_finite_steps_are_skipped_then_fail(tiny_model):
     model, pad = lora_model(tiny_model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

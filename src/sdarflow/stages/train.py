@@ -106,6 +106,7 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
         2, "deepspeed: ZeRO stage, 2 (shard optimizer + gradients) or 3 (+ parameters)", choices=ZERO_STAGES
     )
     lr: float = opt(5e-4, "AdamW learning rate (after warmup)", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay (the SDAR reference's, verl's default: 0.01)", ge=0)
     warmup_steps: int = opt(
         0, "linear learning-rate warmup over this many optimizer steps, then constant", ge=0
     )
@@ -228,7 +229,12 @@ def _train(cfg: TrainConfig) -> dict:
     # what the base loaded as (DeepSpeed on a GPU then trains bf16 copies of any float32 weights)
     weights = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     engine = make_engine(
-        cfg.engine, model, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, zero_stage=cfg.zero_stage
+        cfg.engine,
+        model,
+        lr=cfg.lr,
+        max_grad_norm=cfg.max_grad_norm,
+        zero_stage=cfg.zero_stage,
+        weight_decay=cfg.weight_decay,
     )
     shaping = None
     if cfg.mode == "rl":

@@ -55,8 +55,8 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(_trainable(model), lr=lr, weight_decay=0.0)
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    return torch.optim.AdamW(_trainable(model), lr=lr, weight_decay=weight_decay)
 
 
 class TorchEngine:
@@ -154,7 +154,14 @@ class DeepSpeedEngine:
 
     name = "deepspeed"
 
-    def __init__(self, model: torch.nn.Module, lr: float, max_grad_norm: float, zero_stage: int) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lr: float,
+        max_grad_norm: float,
+        zero_stage: int,
+        weight_decay: float = 0.0,
+    ) -> None:
         import deepspeed  # lazy: slow import, and only this engine needs it
 
         from sdarflow.train.launch import ensure_process_group_env
@@ -177,7 +184,7 @@ class DeepSpeedEngine:
             "wall_clock_breakdown": False,
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=adamw(model, lr), config=config
+            model=model, optimizer=adamw(model, lr, weight_decay), config=config
         )
         self.model = model
         # ZeRO-3 gathers a module's weights in that module's forward hook. The fused head + log-prob path reads
@@ -266,22 +273,31 @@ class DeepSpeedEngine:
         return dict(zip(keys, t.tolist()))
 
 
-# name -> builder(model, lr, max_grad_norm, zero_stage) -> TrainEngine
+# name -> builder(model, lr, max_grad_norm, zero_stage, weight_decay) -> TrainEngine
 TRAIN_ENGINES: NameRegistry = NameRegistry("training engine")
 
 
 @TRAIN_ENGINES.register("torch")
-def _torch(model: torch.nn.Module, lr: float, max_grad_norm: float, zero_stage: int) -> TorchEngine:
+def _torch(
+    model: torch.nn.Module, lr: float, max_grad_norm: float, zero_stage: int, weight_decay: float = 0.0
+) -> TorchEngine:
     if torch.cuda.is_available():
         model.to("cuda")
-    return TorchEngine(model, adamw(model, lr), max_grad_norm)
+    return TorchEngine(model, adamw(model, lr, weight_decay), max_grad_norm)
 
 
 TRAIN_ENGINES.register("deepspeed")(DeepSpeedEngine)
 
 
 def make_engine(
-    name: str, model: torch.nn.Module, *, lr: float, max_grad_norm: float, zero_stage: int = 2
+    name: str,
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    max_grad_norm: float,
+    zero_stage: int = 2,
+    weight_decay: float = 0.0,
 ) -> TrainEngine:
-    """Build the named engine around ``model`` (its ``requires_grad`` parameters are the ones trained)."""
-    return TRAIN_ENGINES.get(name)(model, lr, max_grad_norm, zero_stage)
+    """Build the named engine around ``model`` (its ``requires_grad`` parameters are the ones trained, by AdamW
+    with decoupled ``weight_decay``)."""
+    return TRAIN_ENGINES.get(name)(model, lr, max_grad_norm, zero_stage, weight_decay)
