@@ -81,6 +81,7 @@ _CPU_ONLY = {
     "timeout_s": dict.fromkeys(GPU_STAGES, 2 * 3600),
     "model_cache_size": "10Gi",
 }
+_7B_VOLUMES = {"shm_size": "32Gi", "model_cache_size": "100Gi"}  # NCCL and vLLM; a 7B model's files and more
 PRESET_RESOURCES: dict[str, dict] = {
     "demo": _CPU_ONLY,
     "smoke": _CPU_ONLY,
@@ -91,16 +92,14 @@ PRESET_RESOURCES: dict[str, dict] = {
         "cpu": {"generate": "16", "rescore": "8", "train": "64", "evaluate": "16"},
         "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "192Gi", "evaluate": "96Gi"},
         "timeout_s": {"generate": 4 * 3600, "rescore": 8 * 3600, "train": 6 * 3600, "evaluate": 12 * 3600},
-        "shm_size": "32Gi",
-        "model_cache_size": "100Gi",
+        **_7B_VOLUMES,
     },
     "reference": {
         "gpus": {"generate": 1, "rescore": 1, "train": 2, "evaluate": 1},
         "cpu": {"generate": "16", "rescore": "8", "train": "16", "evaluate": "16"},
         "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "64Gi", "evaluate": "96Gi"},
         "timeout_s": {"generate": 2 * 3600, "rescore": 2 * 3600, "train": 2 * 3600, "evaluate": 4 * 3600},
-        "shm_size": "32Gi",
-        "model_cache_size": "100Gi",
+        **_7B_VOLUMES,
     },
 }
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
