@@ -487,6 +487,7 @@ def test_the_reference_preset_reaches_the_stages_as_the_reference_sets_them(tmp_
     assert (generate.tasks, generate.group_size, generate.max_turns) == (16, 8, 50)
     for rollout in (generate, evaluate):
         assert (rollout.max_new_tokens, rollout.history_turns, rollout.max_turns) == (512, 2, 50)
+    assert train.carry_optimizer  # one AdamW for the run, as the reference's
     assert (train.lr, train.weight_decay, train.lora_rank, train.lora_alpha, train.mini_batches) == (
         3e-6,
         0.01,

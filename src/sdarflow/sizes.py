@@ -112,8 +112,8 @@ PIPELINE_PRESETS: dict[str, dict] = {
     },
     # The reference's own step as a round (examples/gigpo_trainer/run_alfworld_lora.sh with GRPO, and verl's
     # defaults it leaves as they are, verl/trainer/config/ppo_trainer.yaml): 16 tasks x 8 fresh rollouts, one
-    # epoch in mini-batches of 256 x 8 turn rows (about 2 for ALFWorld's episodes), AdamW at 3e-6 with weight
-    # decay 0.01 on a rank-64 LoRA, 50 turns of up to 512 response tokens, the last 2 observations and actions in
+    # epoch in mini-batches of 256 x 8 turn rows (about 2 for ALFWorld's episodes), one AdamW for the whole run
+    # (carried from round to round with the adapter) at 3e-6 with weight decay 0.01 on a rank-64 LoRA, 50 turns of up to 512 response tokens, the last 2 observations and actions in
     # the prompt, 128 held-out tasks at temperature 0.4; `pipeline compile --rounds 150` for its 150 steps. For the
     # ALFWorld family (textworld-cooking); the reference's search and webshop scripts differ (docs/cluster.md).
     "reference": {
@@ -130,7 +130,7 @@ PIPELINE_PRESETS: dict[str, dict] = {
         "stage_settings": {
             "generate": {"max_new_tokens": 512, "history_turns": 2},
             "evaluate": {"max_new_tokens": 512, "history_turns": 2},
-            "train": {"lora_alpha": 64, "weight_decay": 0.01},
+            "train": {"lora_alpha": 64, "weight_decay": 0.01, "carry_optimizer": True},
         },
     },
 }

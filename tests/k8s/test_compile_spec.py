@@ -526,7 +526,11 @@ def test_presets_set_the_ui_defaults(tmp_path):
         50,
         3e-6,
     )
-    assert reference["stage_settings"]["train"] == {"lora_alpha": 64, "weight_decay": 0.01}
+    assert reference["stage_settings"]["train"] == {
+        "lora_alpha": 64,
+        "weight_decay": 0.01,
+        "carry_optimizer": True,
+    }
     assert reference["stage_settings"]["generate"] == {"max_new_tokens": 512, "history_turns": 2}
     with pytest.raises(SystemExit):
         compile_spec(tmp_path / "bad", "--preset", "huge")

@@ -86,6 +86,41 @@ def test_a_bf16_base_trains_a_float32_lora_that_tracks_the_float32_runs(tiny_mod
     assert torch.nn.functional.cosine_similarity(bf16, fp32, dim=0) > 0.98 and not torch.equal(bf16, fp32)
 
 
+@pytest.mark.parametrize("engine", ["torch", pytest.param("deepspeed", marks=pytest.mark.slow)])
+def test_a_carried_optimizer_makes_two_rounds_one_run(tiny_model, tmp_path, engine):
+    """--carry-optimizer: two rounds of 2 steps, the second continuing the first's adapter and AdamW state, end
+    with the weights of one 4-step run on the same rows (one mini-batch a step, so the rounds' steps are the run's);
+    without it the second round's AdamW starts over and they do not. DeepSpeed gathers the moments from ZeRO's
+    partitions and scatters them back."""
+    data = publish_rescored(str(tmp_path / "data"), prompt_len=32)
+    common = [
+        "--input",
+        data,
+        "--model",
+        str(tiny_model),
+        "--mini-batches",
+        "1",
+        "--lr",
+        "1e-2",
+        "--seed",
+        "3",
+    ]
+    common += ["--method", "sdar", "--deterministic", "--carry-optimizer", "--engine", engine]
+
+    def run(name: str, steps: int, *flags: str) -> dict[str, torch.Tensor]:
+        out = str(tmp_path / name)
+        assert train_cli(*common, "--output", out, "--max-steps", str(steps), *flags) == 0
+        return adapter_weights(out)
+
+    one = run("one", 4)
+    run("a", 2)
+    assert torch.load(tmp_path / "a" / "optimizer.pt", weights_only=True)["steps"] == 2
+    carried = run("b", 2, "--adapter", str(tmp_path / "a"))
+    assert max_abs_diff(carried, one) <= 1e-6
+    restarted = run("c", 2, "--adapter", str(tmp_path / "a"), "--no-carry-optimizer")
+    assert max_abs_diff(restarted, one) > 1e-4
+
+
 def test_sft_mode_trains_on_successful_rows_only(tiny_model, rescored, tmp_path):
     out = str(tmp_path / "sft")
     assert train_cli("--input", rescored, "--model", str(tiny_model), "--output", out, "--mode", "sft") == 0

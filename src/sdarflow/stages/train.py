@@ -12,6 +12,7 @@ With more than one GPU and the deepspeed engine, the stage re-launches itself wi
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import shutil
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 ZERO_STAGES = (2, 3)
 # Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
+OPTIMIZER_FILE = "optimizer.pt"  # a carried AdamW: {"steps": n, "state": {param name: moments}}
 RESUMABLE_CHANGES = frozenset(
     {"output", "overwrite", "checkpoint_dir", "checkpoint_uri", "max_steps", "save_every", "keep_checkpoints"}
 )
@@ -107,6 +109,11 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     )
     lr: float = opt(5e-4, "AdamW learning rate (after warmup)", gt=0)
     weight_decay: float = opt(0.0, "AdamW weight decay (the SDAR reference's, verl's default: 0.01)", ge=0)
+    carry_optimizer: bool = opt(
+        False,
+        f"one AdamW across rounds, as the SDAR reference keeps one for its whole run: continue the input adapter's "
+        f"moments and step count (its {OPTIMIZER_FILE}, when it carries one) and publish this run's with the output",
+    )
     warmup_steps: int = opt(
         0, "linear learning-rate warmup over this many optimizer steps, then constant", ge=0
     )
@@ -221,6 +228,20 @@ def run(cfg: TrainConfig) -> dict:
     return result
 
 
+def carried_optimizer(cfg: TrainConfig, engine) -> int:
+    """With ``--carry-optimizer``, load the input adapter's AdamW state into ``engine``; the optimizer steps it had
+    taken (0 when there is none to carry: a new LoRA, or an adapter trained without it)."""
+    if not (cfg.carry_optimizer and cfg.adapter and storage.is_published(cfg.adapter)):
+        return 0
+    if storage.member_entry(storage.read_manifest(cfg.adapter), OPTIMIZER_FILE) is None:
+        log.info("train: %s carries no optimizer state; a new AdamW", cfg.adapter)
+        return 0
+    body = torch.load(io.BytesIO(storage.read_member(cfg.adapter, OPTIMIZER_FILE)), weights_only=True)
+    engine.load_optimizer_state(body["state"])
+    log.info("train: continuing the optimizer of %s after %d steps", cfg.adapter, body["steps"])
+    return int(body["steps"])
+
+
 def _train(cfg: TrainConfig) -> dict:
     rows = read_rows(cfg.mode, cfg.input)
     cfg, rl_step = resolve_objective(cfg, rows)
@@ -245,7 +266,7 @@ def _train(cfg: TrainConfig) -> dict:
         shaping = rl_shaping(cfg, rows, values, warm)
         shaping.metrics.update(fitted)
     data = train_inputs(cfg, rows, shaping, policy, rl_step)
-    schedule = WarmupConstant(cfg.lr, cfg.warmup_steps)
+    schedule = WarmupConstant(cfg.lr, cfg.warmup_steps, start=carried_optimizer(cfg, engine))
     state, save_checkpoint = checkpointing(cfg, engine, data, schedule, ema)
     resumed_from = state.step if state else 0
     state = state or TrainState()
@@ -278,7 +299,10 @@ def _train(cfg: TrainConfig) -> dict:
         objective = settings_record(cfg, rl_step)
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()
+            adam = engine.optimizer_state() if cfg.carry_optimizer else None  # collective too
             if engine.rank == 0:
+                if adam is not None:
+                    torch.save({"steps": schedule.start + state.step, "state": adam}, out / OPTIMIZER_FILE)
                 lineage = {FORMAT_RATES: shaping.format_rates} if shaping else {}
                 if probe or warmup:  # a warm-up round passes its input's probes on
                     lineage[PROBE_LINEAGE] = (

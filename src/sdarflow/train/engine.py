@@ -6,7 +6,9 @@
 
 Interface: ``backward(loss)`` accumulates, ``step(lr)`` applies the accumulated gradient (or skips it when the
 gradient is not finite) and reports the pre-clip gradient norm, ``zero_grad()``, ``save(dir)`` / ``load(dir)``
-for weights + optimizer, ``gathered()`` to see full parameters (ZeRO-3), and the rank helpers.
+for weights + optimizer, ``optimizer_state()`` / ``load_optimizer_state(state)`` for AdamW's moments by parameter
+name (whole tensors, whatever the ranks: what carries one optimizer across rounds), ``gathered()`` to see full
+parameters (ZeRO-3), and the rank helpers.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from sdarflow.errors import CheckpointError
+from sdarflow.errors import CheckpointError, ConfigError
 from sdarflow.names import NameRegistry
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,8 @@ class TrainEngine(Protocol):
     def load(self, path: Path) -> None: ...
     def gathered(self) -> contextlib.AbstractContextManager: ...
     def master_weights(self) -> dict[str, torch.Tensor]: ...
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]: ...
+    def load_optimizer_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None: ...
     def barrier(self) -> None: ...
     def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]: ...
 
@@ -57,6 +61,21 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def adamw(model: torch.nn.Module, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     return torch.optim.AdamW(_trainable(model), lr=lr, weight_decay=weight_decay)
+
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _check_state_names(model: torch.nn.Module, state: dict) -> dict[str, torch.nn.Parameter]:
+    """The trainable parameters by name; CheckpointError unless ``state`` holds exactly those."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    differ = sorted(set(state) ^ set(params))
+    if differ:
+        raise CheckpointError(
+            f"the carried optimizer state does not match the trained weights (e.g. {differ[:3]}); fix: continue "
+            f"from an adapter of the same --lora-rank/--lora-targets, or train without --carry-optimizer"
+        )
+    return params
 
 
 class TorchEngine:
@@ -124,6 +143,17 @@ class TorchEngine:
 
     def master_weights(self) -> dict[str, torch.Tensor]:
         return {}  # the module's own fp32 weights are the masters
+
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {
+            n: {k: v.detach().cpu().clone() for k, v in self.optimizer.state[p].items()}
+            for n, p in self.model.named_parameters()
+            if p.requires_grad and self.optimizer.state.get(p)
+        }
+
+    def load_optimizer_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        for name, param in _check_state_names(self.model, state).items():
+            self.optimizer.state[param] = {k: v.to(param.device) for k, v in state[name].items()}
 
     def barrier(self) -> None:
         pass
@@ -260,6 +290,57 @@ class DeepSpeedEngine:
             if p.requires_grad and (full := safe_get_full_fp32_param(p)) is not None:
                 out[name] = full.detach().float().cpu()
         return out
+
+    def optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """AdamW's moments of each trainable parameter, whole (gathered from the ranks' partitions), and the step
+        count. Collective: every rank calls it."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        self._carries_state()
+
+        step = self._adam_step()
+        return {
+            n: {
+                "step": step.clone(),
+                **{k: safe_get_full_optimizer_state(p, k).float().cpu() for k in ADAM_MOMENTS},
+            }
+            for n, p in self.model.named_parameters()
+            if p.requires_grad
+        }
+
+    def load_optimizer_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Each rank takes its partition of the moments (any world size wrote them), before the first step."""
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        self._carries_state()
+        params = _check_state_names(self.model, state)
+        inner, step = self._inner_adam(), next(iter(state.values()))["step"]
+        # AdamW makes its state at its first step, and ZeRO links each parameter to its slice of the flat state
+        # only then: make the state (as AdamW would) and link it now, so the moments can be set before training.
+        for group in inner.param_groups:
+            for flat in group["params"]:
+                zeros = {k: torch.zeros_like(flat, memory_format=torch.preserve_format) for k in ADAM_MOMENTS}
+                inner.state[flat] = {"step": step.clone().float(), **zeros}
+        self.optimizer._hp_optimizer_states_linked = False
+        self.optimizer._lazy_init_hp_params_optimizer_state()
+        for name, param in params.items():
+            for key in ADAM_MOMENTS:
+                safe_set_full_optimizer_state(param, state[name][key].to(self.device), key)
+
+    def _carries_state(self) -> None:
+        if self.zero_stage >= 3:
+            raise ConfigError(
+                "train: --carry-optimizer moves AdamW's moments between rounds with ZeRO-1/2's partitions, not "
+                "ZeRO-3's; fix: pass --zero-stage 2 (a LoRA's optimizer state is small), or no --carry-optimizer"
+            )
+
+    def _inner_adam(self) -> torch.optim.Optimizer:
+        """The client AdamW inside ZeRO's wrapper (its state is per flat partition)."""
+        return self.optimizer.optimizer
+
+    def _adam_step(self) -> torch.Tensor:
+        states = [s for s in self._inner_adam().state.values() if "step" in s]
+        return states[0]["step"].detach().cpu() if states else torch.tensor(0.0)
 
     def barrier(self) -> None:
         torch.distributed.barrier()

@@ -20,19 +20,26 @@ Mode = Literal["rl", "sft"]
 
 @dataclass(frozen=True)
 class WarmupConstant:
-    """``lr * min(1, (step + 1) / warmup_steps)``: linear warmup over ``warmup_steps`` steps, then constant."""
+    """``lr * min(1, (start + step + 1) / warmup_steps)``: linear warmup over ``warmup_steps`` steps, then
+    constant; ``start`` is the optimizer steps taken before this run (a carried optimizer's)."""
 
     lr: float
     warmup_steps: int = 0
+    start: int = 0
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based: the step about to be taken)."""
         if self.warmup_steps <= 0:
             return self.lr
-        return self.lr * min(1.0, (step + 1) / self.warmup_steps)
+        return self.lr * min(1.0, (self.start + step + 1) / self.warmup_steps)
 
     def state_dict(self) -> dict:
-        return {"kind": "warmup_constant", "lr": self.lr, "warmup_steps": self.warmup_steps}
+        return {
+            "kind": "warmup_constant",
+            "lr": self.lr,
+            "warmup_steps": self.warmup_steps,
+            "start": self.start,
+        }
 
 
 def step_kinds(sft_ratio: float, mode: Mode = "rl") -> Iterator[StepKind]:
