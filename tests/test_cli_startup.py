@@ -94,3 +94,19 @@ def test_registry_commands_spell_the_name_as_the_pipeline_does(capsys):
     with pytest.raises(SystemExit):
         build_parser(argv).parse_args([*argv[:4], "--name", "agent", "--version", "1"])
     assert "required: --policy-name" in capsys.readouterr().err  # --name is no spelling of it
+
+
+def test_a_reader_that_stops_reading_is_not_an_error():
+    """`sdarflow plan ... | head -1`: the pipe's reader is gone before the output is written; the command ends
+    quietly with the SIGPIPE status, as a Unix tool does, instead of an 'unexpected BrokenPipeError'."""
+    import os
+    import signal
+
+    read, write = os.pipe()
+    os.close(read)
+    argv = ["plan", "--model-params", "7e9", "--gpus", "8", "--tasks", "64", "--turns", "20"]
+    with os.fdopen(write, "w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "sdarflow.cli", *argv], stdout=out, stderr=subprocess.PIPE, text=True
+        )
+    assert done.returncode == 128 + signal.SIGPIPE and done.stderr == ""

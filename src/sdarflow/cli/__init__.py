@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -90,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     except SdarflowError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:
+        # the reader stopped reading (`sdarflow plan | head -3`): quiet, as a Unix tool killed by SIGPIPE; stdout
+        # goes to /dev/null so flushing it at exit does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as err:
         # Every input problem sdarflow knows of has its own message above; anything else is a file or value it
         # did not expect (or a bug): still one line, with the way to the traceback.
