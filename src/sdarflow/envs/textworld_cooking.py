@@ -185,8 +185,8 @@ class TextWorldCookingSuite:
 
     cache_dir: game cache root (default ``$SDARFLOW_CACHE`` or ``~/.cache/sdarflow``); games live in
         ``<cache_dir>/games/<settings-hash>/<seed>.z8``. shared: a storage URI machines share their games in
-        (``<shared>/games/<settings-hash>/``; default ``$SDARFLOW_SHARED_CACHE``, '' = none). max_turns: overrides every split's default
-        (train/test 20, ood 30). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
+        (``<shared>/games/<settings-hash>/``; default ``$SDARFLOW_SHARED_CACHE``, '' = none). max_turns: overrides
+        every split's default (train/test 20, ood 30). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
     """
 
     name = "textworld-cooking"

@@ -50,8 +50,8 @@ from sdarflow.train.trainer import TrainLoop, train
 log = logging.getLogger(__name__)
 
 ZERO_STAGES = (2, 3)
-# Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
 OPTIMIZER_FILE = "optimizer.pt"  # a carried AdamW: {"steps": n, "state": {param name: moments}}
+# Settings that may change between a run and its resumption: run length, checkpoint cadence, output location.
 RESUMABLE_CHANGES = frozenset(
     {"output", "overwrite", "checkpoint_dir", "checkpoint_uri", "max_steps", "save_every", "keep_checkpoints"}
 )
