@@ -15,6 +15,7 @@ BENCHMARKS = [
     "train_step",
     "rescoring",
     "rollout",
+    "generation",
     "pipeline_overhead",
     "plan_check",
 ]
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller micro-benchmark sizes (rounds stay at the demo's size): ~40 min on 2 cores",
+        help="smaller micro-benchmark sizes (rounds stay at the demo's size): ~60 min on 2 cores",
     )
     parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run (default all)")
     args = parser.parse_args(argv)

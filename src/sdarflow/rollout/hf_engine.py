@@ -36,6 +36,18 @@ class _GumbelSampler:
         return logits + gumbel
 
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask), both (B, longest prompt): prompts padded on the left, so generation continues
+    every row from the right edge."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
+    return ids, mask
+
+
 def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
     cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
@@ -85,12 +97,8 @@ class HFEngine:
     ) -> list[Sample]:
         from transformers import LogitsProcessorList
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, p in enumerate(prompts):  # left padding: generation continues from the right edge
-            ids[row, width - len(p) :] = torch.tensor(p)
-            mask[row, width - len(p) :] = 1
+        ids, mask = left_padded(prompts, self.pad_id)
+        width = ids.shape[1]
         device = model_device(self.model)
         gen = self.model.generate(
             input_ids=ids.to(device),

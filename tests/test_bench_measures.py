@@ -1,0 +1,33 @@
+"""What the benchmarks count: forward FLOPs by hand, and the agent length distribution the rescoring benchmark
+draws."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from bench.common import forward_flops
+from bench.rescoring import agent_lengths
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_forward_flops_by_hand(tied):
+    # hidden 4, one layer, one head (head_dim 4), intermediate 8: q, k, v 4x4 + bias 4 each = 60, o 16, the MLP
+    # 3 x 32 = 96, two norms 8, the final norm 4 -> 184 decoder weights; the 10 x 4 head costs 2 x 40 per token
+    # it runs on, whether or not it shares the embedding's weights
+    config = Qwen2Config(vocab_size=10, hidden_size=4, intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    attention = 2 * 1 * 4 * (3 * 3 + 5 * 5)
+    assert forward_flops(model, [3, 5], head_tokens=2) == 2 * 184 * 8 + attention + 2 * 40 * 2
+    assert forward_flops(model, [3, 5]) == 2 * 184 * 8 + attention + 2 * 40 * 8
+
+
+def test_agent_lengths_grow_with_the_history_within_bounds():
+    prompts, responses = agent_lengths(200, seed=3)
+    assert len(prompts) == len(responses) == 200
+    assert all(300 <= p <= 3000 for p in prompts) and all(20 <= r <= 300 for r in responses)
+    growing = sum(b > a for a, b in zip(prompts, prompts[1:]))
+    assert growing > 150  # within an episode every turn adds history; a new episode starts short again
+    assert max(prompts) == 3000 and min(prompts) < 500
+    assert agent_lengths(200, seed=3) == (prompts, responses) != agent_lengths(200, seed=4)
