@@ -167,6 +167,13 @@ def run(quick: bool = True) -> dict:
     cli = shutil.which("sdarflow", path=str(Path(sys.executable).parent)) or "sdarflow"  # this venv's
     help_s = _seconds([cli, "--help"])
     model = demo_model()
+    # An image's install compiles bytecode (pip does; the GPU images ask uv to); an editable checkout run with
+    # PYTHONDONTWRITEBYTECODE has none for sdarflow itself: compile it, so the probes start as a pod does.
+    import components
+    import sdarflow
+
+    sources = [str(Path(m.__file__).parent) for m in (sdarflow, components)]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *sources], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         config_uri = prepare(PipelineConfig.from_dict(demo_settings(model, f"{tmp}/store", "startup")))
         costs = task_costs(config_uri, model, repeats=3 if quick else 5)
