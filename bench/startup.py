@@ -15,6 +15,7 @@ model's load is longer than the demo model's, so this is a lower bound on a clus
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -129,6 +130,26 @@ def task_costs(config_uri: str, model: str, repeats: int) -> dict[str, dict[str,
     return costs
 
 
+def import_profile(min_s: float = 0.05) -> dict[str, float]:
+    """Where a model task's start goes: ``python -X importtime`` of what the train task imports and loads (KFP's
+    executor, the component, the stage, transformers' auto classes, peft); the modules at the top two levels of
+    the import tree that took at least ``min_s`` seconds, cumulative (importtime's own cost inflates them all:
+    read them as shares)."""
+    code = (
+        "import kfp.dsl.executor_main, components.train, sdarflow.kfp_runtime, sdarflow.stages.train; "
+        "from transformers import AutoModelForCausalLM; import peft"
+    )
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], check=True, capture_output=True, text=True
+    ).stderr
+    profile = {}
+    for line in err.splitlines():
+        found = re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( *)(\S+)", line)
+        if found and len(found.group(2)) <= 2 and int(found.group(1)) >= min_s * 1e6:
+            profile[found.group(3)] = int(found.group(1)) / 1e6
+    return profile
+
+
 def production_share(fixed_cost_s: float) -> dict:
     """The per-task fixed cost against a production round (``sdarflow plan``: 7B, 8 GPUs, the preset's sizes at
     20 turns, published H100 figures), pod scheduling and image pulls left out."""
@@ -187,6 +208,7 @@ def run(quick: bool = True) -> dict:
         "tasks": costs,
         "fixed_cost_median_s": median,
         "train_start_without_bytecode_s": train_no_bytecode,
+        "train_import_profile_s": import_profile(),
         "production": production_share(median),
         "targets": {"help_seconds": f"<= {HELP_TARGET_S}", "fixed_cost_median_s": f"<= {TASK_TARGET_S}"},
     }
