@@ -132,9 +132,10 @@ def task_costs(config_uri: str, model: str, repeats: int) -> dict[str, dict[str,
 
 def import_profile(min_s: float = 0.05) -> dict[str, float]:
     """Where a model task's start goes: ``python -X importtime`` of what the train task imports and loads (KFP's
-    executor, the component, the stage, transformers' auto classes, peft); the modules at the top two levels of
-    the import tree that took at least ``min_s`` seconds, cumulative (importtime's own cost inflates them all:
-    read them as shares)."""
+    executor, the component, the stage, transformers' auto classes, peft): the cumulative seconds of every
+    top-level package (torch, kfp, ...) wherever it was first imported, and of every module the code imports itself
+    (a lazy one included), that took at least ``min_s``. importtime's own cost inflates them all: read them as
+    shares."""
     code = (
         "import kfp.dsl.executor_main, components.train, sdarflow.kfp_runtime, sdarflow.stages.train; "
         "from transformers import AutoModelForCausalLM; import peft"
@@ -145,7 +146,7 @@ def import_profile(min_s: float = 0.05) -> dict[str, float]:
     profile = {}
     for line in err.splitlines():
         found = re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( *)(\S+)", line)
-        if found and len(found.group(2)) <= 2 and int(found.group(1)) >= min_s * 1e6:
+        if found and (not found.group(2) or "." not in found.group(3)) and int(found.group(1)) >= min_s * 1e6:
             profile[found.group(3)] = int(found.group(1)) / 1e6
     return profile
 
