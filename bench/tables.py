@@ -175,11 +175,8 @@ def _made_by(results: list[dict]) -> str:
             " with uncommitted changes" if p["uncommitted"] else ""
         )
         base = p.get("base_model") or {}
-        build = (
-            f"; base model spec {base['spec_hash']}, content {(base['content_id'] or '?')[:12]}"
-            if base
-            else ""
-        )
+        spec = f"spec {base['spec_hash']}, " if base.get("spec_hash") else ""  # an imported model has no spec
+        build = f"; base model {spec}content {(base['content_id'] or '?')[:12]}" if base else ""
         lines.add(f"sdarflow {p['sdarflow']} at {commit}{build}; {_machine(r['machine'])}")
     return "\n".join(f"Made by: {line}." for line in sorted(lines))
 

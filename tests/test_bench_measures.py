@@ -31,3 +31,20 @@ def test_agent_lengths_grow_with_the_history_within_bounds():
     assert growing > 150  # within an episode every turn adds history; a new episode starts short again
     assert max(prompts) == 3000 and min(prompts) < 500
     assert agent_lengths(200, seed=3) == (prompts, responses) != agent_lengths(200, seed=4)
+
+
+def test_the_startup_probe_times_every_phase_of_a_model_task_and_of_a_task_without_one(tiny_model, tmp_path):
+    from bench.common import demo_settings
+    from bench.startup import _probe
+    from sdarflow.pipeline_config import PipelineConfig, prepare
+
+    config_uri = prepare(
+        PipelineConfig.from_dict(demo_settings(str(tiny_model), str(tmp_path / "store"), "t"))
+    )
+    train = _probe("train", "train", config_uri, str(tiny_model))
+    register = _probe("register", "register", config_uri, str(tiny_model))
+    phases = {"interpreter_s", "imports_s", "config_cold_s", "model_cold_s", "config_warm_s", "model_warm_s"}
+    assert set(train) == set(register) == phases
+    assert all(v >= 0 for v in [*train.values(), *register.values()])
+    assert train["imports_s"] > 0.1 and train["model_cold_s"] > train["model_warm_s"] > 0  # loaded, twice
+    assert register["model_cold_s"] == register["model_warm_s"] == 0.0  # register loads no model
