@@ -67,8 +67,9 @@ def bench_model(vocab: int = 32000, hidden: int = 512, layers: int = 8, heads: i
 
 def forward_flops(model, lengths: list[int], head_tokens: int | None = None) -> float:
     """Forward FLOPs of rows of ``lengths`` tokens each (no padding): 2 x the decoder's weights per token (the
-    embedding lookup is free), causal attention's 2 x layers x hidden x L^2 per row (QK^T and AV: L^2 / 2 query-key
-    pairs each, 2 FLOPs per multiply-add), and the LM head on ``head_tokens`` tokens (default: every token)."""
+    embedding lookup is free), causal attention's 2 x layers x (heads x head_dim) x L^2 per row (QK^T and AV: L^2 / 2
+    query-key pairs each, 2 FLOPs per multiply-add), and the LM head on ``head_tokens`` tokens (default: every
+    token)."""
     cfg = model.config
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
@@ -76,7 +77,9 @@ def forward_flops(model, lengths: list[int], head_tokens: int | None = None) -> 
         sum(p.numel() for p in model.parameters()) - embed.numel() - (0 if head is embed else head.numel())
     )
     tokens = sum(lengths)
-    attention = 2 * cfg.num_hidden_layers * cfg.hidden_size * sum(n * n for n in lengths)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    width = cfg.num_attention_heads * head_dim  # the queries' and keys' width (hidden, in most models)
+    attention = 2 * cfg.num_hidden_layers * width * sum(n * n for n in lengths)
     return (
         2 * decoder * tokens + attention + 2 * head.numel() * (tokens if head_tokens is None else head_tokens)
     )

@@ -134,8 +134,8 @@ def import_profile(min_s: float = 0.05) -> dict[str, float]:
     """Where a model task's start goes: ``python -X importtime`` of what the train task imports and loads (KFP's
     executor, the component, the stage, transformers' auto classes, peft): the cumulative seconds of every
     top-level package (torch, kfp, ...) wherever it was first imported, and of every module the code imports itself
-    (a lazy one included), that took at least ``min_s``. importtime's own cost inflates them all: read them as
-    shares."""
+    (a lazy one included), that took at least ``min_s``. Nested: a module's figure includes what it imported (torch
+    is inside ``sdarflow.kfp_runtime``), and importtime's own cost inflates them all."""
     code = (
         "import kfp.dsl.executor_main, components.train, sdarflow.kfp_runtime, sdarflow.stages.train; "
         "from transformers import AutoModelForCausalLM; import peft"

@@ -18,7 +18,10 @@ def test_forward_flops_by_hand(tied):
     config = Qwen2Config(vocab_size=10, hidden_size=4, intermediate_size=8, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
     model = Qwen2ForCausalLM(config)
-    attention = 2 * 1 * 4 * (3 * 3 + 5 * 5)
+    # causal attention: a row of L tokens has L^2 / 2 query-key pairs; QK^T and AV each cost a multiply-add (2
+    # FLOPs) per pair and per hidden unit, in each of the 1 layers
+    pairs = 3 * 3 / 2 + 5 * 5 / 2
+    attention = 1 * pairs * 2 * 2 * 4
     assert forward_flops(model, [3, 5], head_tokens=2) == 2 * 184 * 8 + attention + 2 * 40 * 2
     assert forward_flops(model, [3, 5]) == 2 * 184 * 8 + attention + 2 * 40 * 8
 

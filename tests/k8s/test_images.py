@@ -64,13 +64,23 @@ def test_the_cuda_base_matches_torchs_cuda_build(dockerfile):
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_the_install_compiles_bytecode(dockerfile):
     """The pods run as a non-root user with PYTHONDONTWRITEBYTECODE, so bytecode the build leaves out is compiled
-    again at every task's start (bench/startup.py: 3-4x a model task's imports). pip compiles unless told not to;
-    uv only when asked."""
+    again at every task's start (bench/startup.py: about twice a model task's start). pip compiles the packages
+    unless told not to, uv only when asked; neither compiles the standard library, which the python image and
+    uv's standalone Python ship without bytecode."""
     text = dockerfile.read_text()
     installs = re.findall(r"\b(uv pip|pip) install\b", text)
     assert installs, f"{dockerfile.name} installs nothing"
     assert "--no-compile" not in text
     if "uv pip" in installs:
         assert (
-            re.search(r"^\s*UV_COMPILE_BYTECODE=1\b", text, re.MULTILINE) or "--compile-bytecode" in text
+            re.search(r"^\s*(ENV\s+)?UV_COMPILE_BYTECODE=1\b", text, re.MULTILINE)
+            or "--compile-bytecode" in text
         ), f"{dockerfile.name}: uv installs without bytecode; fix: ENV UV_COMPILE_BYTECODE=1"
+    if "uv python install" in text:
+        assert "uv python install --compile-bytecode" in text, (
+            f"{dockerfile.name}: fix: uv python install --compile-bytecode"
+        )
+    else:
+        assert "python -m compileall" in text and "stdlib" in text, (
+            f"{dockerfile.name}: the standard library has no bytecode; fix: python -m compileall on sysconfig's stdlib"
+        )
