@@ -3,7 +3,9 @@ stage checked to have run on CUDA, in at most 8 minutes. Writes ``bench/results/
 seconds, vLLM vs hf generation tokens/s on the same prompts, train tokens/s and model FLOP utilization.
 
 The stages run as the pipeline runs them (``pipeline_config.stage_config``): generate and evaluate on vLLM with
-the adapter, rescore on the GPU (float32, packed batches), train with DeepSpeed in bf16. The model is the demo's
+the adapter (on the hf engine, on the GPU, where vLLM is not installed: the result names the engine), rescore on
+the GPU (float32, packed batches), train with DeepSpeed in bf16. A smoke base model already built in ``--work/tiny``
+is used as it is (a machine without TextWorld cannot build one). The model is the demo's
 tokenizer with a wider, deeper random-init Qwen2 (``--hidden``, ``--layers``): its success rate is meaningless,
 its throughput is the point. ``--allow-cpu`` runs the same path on the CPU at the smallest sizes (hf engine,
 torch training); the tests use it so the script cannot rot where no GPU is.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -72,10 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     from bench.common import RESULTS
-    from sdarflow.provenance import machine
+    from sdarflow.provenance import provenance
 
+    made_by = provenance()  # the model is random-init at the shape result["model"] gives: no base to name
     path = Path(args.out) if args.out else RESULTS / "gpu_check.json"
-    path.write_text(json.dumps({"benchmark": "gpu_check", "machine": machine(), **result}, indent=2) + "\n")
+    result = {"benchmark": "gpu_check", "machine": made_by.pop("machine"), "provenance": made_by, **result}
+    path.write_text(json.dumps(result, indent=2) + "\n")
     for stage, s in result["seconds"].items():
         where = {True: "cuda", False: "NOT ON CUDA", None: "no model"}[result["on_cuda"][stage]]
         print(f"{stage:>24} {s:8.1f} s  {where}")
@@ -100,7 +105,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     from sdarflow.rounds import run_round
     from sdarflow.sizes import SIZES
     from sdarflow.stages import evaluate, generate
-    from sdarflow.train.warmstart import SEED_SKILLS, build_base_model
+    from sdarflow.train.warmstart import SEED_SKILLS, build_base_model, is_built
 
     device = "cuda" if on_gpu else "cpu"
     seconds: dict[str, float] = {}
@@ -124,11 +129,16 @@ def run(work: Path, on_gpu: bool, args) -> dict:
             seconds[stage] = round(time.perf_counter() - t0, 2)
         return out
 
+    prebuilt = is_built(work / "tiny", SIZES["smoke"]["model"])
     tiny = timed("build-model", build_base_model, work / "tiny", SIZES["smoke"]["model"], device=device)
+    if prebuilt:
+        on_cuda["build-model"] = None  # found up to date: nothing ran
     hidden, layers = (args.hidden, args.layers) if on_gpu else (128, 2)
     model = sized_model(tiny, work / "model", hidden, layers)
     params = n_params(model)
-    engine = "vllm" if on_gpu else "hf"
+    engine = "vllm" if on_gpu and importlib.util.find_spec("vllm") else "hf"
+    if on_gpu and engine == "hf":
+        logging.getLogger(__name__).warning("vLLM is not installed: generate and evaluate run the hf engine")
     pc = PipelineConfig(
         storage=str(work / "store"),
         base_model=str(model),
@@ -157,11 +167,13 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     gen2 = timed("generate-with-adapter", generate.run, stage_config(pc, "generate", 1, adapter=tr["uri"]))
     ev = timed("evaluate", evaluate.run, stage_config(pc, "evaluate", 1, adapter=tr["uri"]))
     on_cuda["extract-skills"] = None  # rule-based: no model, nothing to place
-    for stage in ("generate", "generate-with-adapter", "evaluate"):
-        on_cuda[stage] = on_gpu and engine == "vllm"  # vLLM refuses to start on a GPU machine without CUDA
-    throughput = engine_throughput(model, gen2["uri"], device, on_gpu)
+    if engine == "vllm":
+        for stage in ("generate", "generate-with-adapter", "evaluate"):
+            on_cuda[stage] = on_gpu  # vLLM refuses to start on a GPU machine without CUDA
+    throughput = engine_throughput(model, gen2["uri"], device, on_gpu, engine)
     train_tps = float(tr["metrics"]["train/tokens_per_s"])
-    constants = timed("plan-calibrate", plan.calibrate, str(model), device=device)
+    # the round's own env: its turns are what this machine's rollouts wait on (and TextWorld may not be installed)
+    constants = timed("plan-calibrate", plan.calibrate, str(model), env=pc.env, device=device)
     if "vllm" in throughput:  # the stages generate with vLLM on a GPU; calibrate times the hf engine
         speedup = throughput["vllm"] / throughput["hf"]
         constants = dataclasses.replace(
@@ -173,6 +185,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     return {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
         "model": {"hidden": hidden, "layers": layers, "parameters": params},
+        "generate_engine": engine,
         "seconds": seconds,
         "total_seconds": round(sum(seconds.values()) + throughput.pop("seconds"), 1),
         "limit_seconds": LIMIT_S,
@@ -220,8 +233,9 @@ def n_params(model: Path) -> int:
     return total
 
 
-def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool) -> dict:
-    """Generated tokens/s of the hf engine and (on a GPU) vLLM on the same prompts, seeds and lengths."""
+def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool, engine: str) -> dict:
+    """Generated tokens/s of the hf engine and (where the stages ran it) vLLM on the same prompts, seeds and
+    lengths."""
     from sdarflow import storage
     from sdarflow.rollout.engine import load_engine
     from sdarflow.schema import TRAJECTORY_SCHEMA
@@ -229,7 +243,7 @@ def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool)
     rows = storage.read_table(trajectories, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     prompts = [list(p) for p in rows.column("prompt_token_ids").to_pylist()][: 256 if on_gpu else 4]
     out: dict = {"seconds": 0.0}
-    for name in ("hf", "vllm") if on_gpu else ("hf",):
+    for name in sorted({"hf", engine}):
         engine = load_engine(name, str(model), batch_size=64, device=device)
         try:
             engine.generate(

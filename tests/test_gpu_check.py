@@ -41,6 +41,8 @@ def test_cpu_run_covers_every_stage_and_writes_the_result(tiny_model, tmp_path):
     assert result["device"] == "cpu" and result["generate_tokens_per_s"]["hf"] > 0
     assert result["train_tokens_per_s"] > 0 and result["model"]["parameters"] > 0
     assert {"machine", "total_seconds", "limit_seconds", "mfu"} <= result.keys()
+    assert result["generate_engine"] == "hf" and result["on_cuda"]["build-model"] is None  # found up to date
+    assert result["provenance"]["commit"] and result["provenance"]["command"]
 
 
 def test_allow_cpu_never_replaces_the_committed_gpu_result(capsys):

@@ -35,5 +35,8 @@ def test_code_names_the_commit_and_changes_but_not_result_files(tmp_path):
     assert keys[0] != keys[1]  # a study never reuses a cell made by other code
 
 
-def test_outside_a_checkout_there_is_no_commit(tmp_path):
+def test_outside_a_checkout_the_commit_is_the_one_an_image_was_built_from_or_none(tmp_path, monkeypatch):
+    monkeypatch.delenv("SDARFLOW_COMMIT", raising=False)
     assert code(tmp_path) == {**code(tmp_path), "commit": None, "uncommitted": None}
+    monkeypatch.setenv("SDARFLOW_COMMIT", "0123abc")  # images/Dockerfile.* set it from make images' build arg
+    assert code(tmp_path) == {**code(tmp_path), "commit": "0123abc", "uncommitted": None}

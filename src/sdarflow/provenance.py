@@ -36,16 +36,16 @@ def _git(source: Path, *args: str) -> str | None:
 
 
 def code(source: Path = _SOURCE) -> dict[str, Any]:
-    """sdarflow's version, the git commit ``source`` (sdarflow's own folder) is checked out at (None outside a
-    checkout) and a hash of the uncommitted changes to tracked files other than ``bench/results`` (None when there
-    are none)."""
+    """sdarflow's version, the git commit ``source`` (sdarflow's own folder) is checked out at (outside a checkout:
+    ``$SDARFLOW_COMMIT``, which the images set at build, else None) and a hash of the uncommitted changes to tracked
+    files other than ``bench/results`` (None when there are none)."""
     commit = _git(source, "rev-parse", "HEAD")
     # results written into the checkout are outputs, not code: a benchmark that commits one must not change the
     # code its next run (or a study reusing its cells) is keyed on
     diff = _git(source, "diff", "HEAD", "--", ":(top)", ":(top,exclude)bench/results") if commit else None
     return {
         "sdarflow": __version__,
-        "commit": commit.strip() if commit else None,
+        "commit": commit.strip() if commit else os.environ.get("SDARFLOW_COMMIT") or None,
         "uncommitted": hashlib.sha256(diff.encode()).hexdigest()[:12] if diff else None,
     }
 
