@@ -189,7 +189,7 @@ def _time_model(engine, prompts: list[list[int]], new: int = 16) -> dict[str, fl
     ``prompts`` (one batch), after a warm-up."""
     import torch
 
-    from sdarflow.models.forward import make_batch, response_logprobs
+    from sdarflow.models.forward import make_batch, response_logprobs, to_device
 
     def generate(tokens: int) -> float:
         t0 = time.perf_counter()
@@ -199,18 +199,25 @@ def _time_model(engine, prompts: list[list[int]], new: int = 16) -> dict[str, fl
 
     generate(2)  # warm-up
     t_prefill, t_full = generate(1), generate(new)
-    data = make_batch(prompts, [[engine.eos_id] * 8 for _ in prompts], engine.pad_id)
     model = engine.model
+    device = next(model.parameters()).device
+    data = to_device(make_batch(prompts, [[engine.eos_id] * 8 for _ in prompts], engine.pad_id), device)
+
+    def finished() -> float:  # a GPU runs kernels asynchronously: wait for them before reading the clock
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     with torch.inference_mode():
         response_logprobs(model, data)
-        t0 = time.perf_counter()
+        t0 = finished()
         response_logprobs(model, data)
-        t_forward = time.perf_counter() - t0
+        t_forward = finished() - t0
     model.train()
-    t0 = time.perf_counter()
+    t0 = finished()
     logp, _ = response_logprobs(model, data)
     logp.sum().backward()
-    t_train = time.perf_counter() - t0
+    t_train = finished() - t0
     model.eval()
     return {
         "prefill": t_prefill,
