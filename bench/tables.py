@@ -140,6 +140,21 @@ def _plan_check(r: dict) -> tuple:
     )
 
 
+def _gpu_check(r: dict) -> tuple:
+    m = r["model"]
+    stages = ", ".join(f"{s} {x:.0f}" for s, x in r["seconds"].items() if r["on_cuda"][s] is not None)
+    tps = ", ".join(f"{e} {x:.0f}" for e, x in r["generate_tokens_per_s"].items())
+    off = [s for s, ok in r["on_cuda"].items() if ok is False]
+    return (
+        f"{r['device']}, random-init {m['parameters'] / 1e6:.0f}M Qwen2 ({m['layers']} x {m['hidden']}), generate "
+        f"and evaluate on {r['generate_engine']}: seconds by stage {stages}; generated tokens/s {tps}; train "
+        f"{r['train_tokens_per_s']:.0f} tokens/s",
+        f"off the GPU: {', '.join(off) or 'none'}; {r['total_seconds']:.0f} s; train MFU "
+        f"{_pct(r['mfu']['vs_measured_bf16_matmul'])} of the measured bf16 matmul",
+        f"every stage on CUDA, <= {r['limit_seconds']} s",
+    )
+
+
 ROWS = {
     "startup": _startup,
     "train_step": _train_step,
@@ -149,6 +164,7 @@ ROWS = {
     "data_plane": _data_plane,
     "pipeline_overhead": _pipeline_overhead,
     "plan_check": _plan_check,
+    "gpu_check": _gpu_check,
 }
 
 
