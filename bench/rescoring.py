@@ -14,7 +14,8 @@ bench model where its package is absent), token ids redrawn at random (what is t
 what skipping every pad gains at an equal speed per token (attention over a padded row grows with its square, so
 the baseline can lose more than its share of pads). ``fraction_of_bound`` = speedup / speedup_bound.
 ``fraction_of_peak`` = the packed run's FLOP/s (``bench.common.forward_flops`` of the real rows, the LM head on the
-response tokens) over the measured fp32 matmul peak.
+response tokens) over the measured fp32 matmul peak. ``profile``: one more run of each batching under torch's
+profiler, its self CPU seconds by operator.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def _measure(model, prompt_lens: list[int], response_lens: list[int], passes: in
             methods[name]()
             times[name].append(time.perf_counter() - t0)
     seconds = {name: sum(t) / len(t) for name, t in times.items()}
+    profiled = {name: _profile(fn) for name, fn in methods.items()}
     tokens = sum(lengths)
     padded_tokens = sum(max(lengths[i] for i in idx) * len(idx) for idx in baseline)
     speedup, bound = seconds["padded_in_order"] / seconds["packed"], padded_tokens / tokens
@@ -134,8 +136,21 @@ def _measure(model, prompt_lens: list[int], response_lens: list[int], passes: in
         "fraction_of_bound": speedup / bound,
         "speedup_sorted_padding": seconds["padded_in_order"] / seconds["padded_length_sorted"],
         "achieved_flops": flops / seconds["packed"],
+        "profile": profiled,
         "settings": {"max_batch_tokens": budget, "pack_length": pack_length, "passes": passes},
     }
+
+
+def _profile(fn, top: int = 5) -> dict:
+    """One more run of ``fn`` under torch's profiler: its self CPU seconds in all and by operator (the ``top``
+    slowest): where a batching's time goes, e.g. attention against the linear layers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    slowest = sorted(ops.items(), key=lambda kv: -kv[1])[:top]
+    return {"seconds": round(sum(ops.values()), 3), "top_ops": {k: round(v, 3) for k, v in slowest}}
 
 
 def run(quick: bool = True) -> dict:
