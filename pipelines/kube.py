@@ -71,7 +71,9 @@ DEFAULT_TIMEOUT_S = {
 # 256 x 8 evaluated on each split, ~30 turns of 2048 + 128 tokens) estimates, from published H100 rates, generate
 # 0.6 h and rescore 1.6 h on one GPU, train 0.3 h on eight, evaluate 2.4 h on one: the deadlines are 4x or more.
 # `reference` (16 tasks x 8 a round, the reference's step) trains on two GPUs as the reference's LoRA script does;
-# its plan: generate 0.1 h, rescore 0.2 h, train 0.2 h, evaluate 0.6 h. Each train rank loads its bf16 base
+# its plan: generate 0.1 h, rescore 0.2 h, train 0.2 h, evaluate 0.6 h. `reference-search` (128 questions x 8, 4
+# turns of 4096-token prompts) trains on four as the reference's search script; its plan: generate 0.16 h, rescore
+# 0.42 h, evaluate 0.16 h on one GPU, train 0.16 h on four. Each train rank loads its bf16 base
 # straight onto its GPU (stages.train.weights_placement), so host memory holds the ranks' runtimes and the
 # memory-backed /dev/shm, not eight copies of the weights.
 _CPU_ONLY = {
@@ -98,6 +100,13 @@ PRESET_RESOURCES: dict[str, dict] = {
         "gpus": {"generate": 1, "rescore": 1, "train": 2, "evaluate": 1},
         "cpu": {"generate": "16", "rescore": "8", "train": "16", "evaluate": "16"},
         "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "64Gi", "evaluate": "96Gi"},
+        "timeout_s": {"generate": 2 * 3600, "rescore": 2 * 3600, "train": 2 * 3600, "evaluate": 4 * 3600},
+        **_7B_VOLUMES,
+    },
+    "reference-search": {
+        "gpus": {"generate": 1, "rescore": 1, "train": 4, "evaluate": 1},
+        "cpu": {"generate": "16", "rescore": "8", "train": "32", "evaluate": "16"},
+        "memory": {"generate": "96Gi", "rescore": "64Gi", "train": "96Gi", "evaluate": "96Gi"},
         "timeout_s": {"generate": 2 * 3600, "rescore": 2 * 3600, "train": 2 * 3600, "evaluate": 4 * 3600},
         **_7B_VOLUMES,
     },

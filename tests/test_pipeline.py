@@ -495,6 +495,20 @@ def test_the_reference_preset_reaches_the_stages_as_the_reference_sets_them(tmp_
         64,
         2,
     )
+    # the search family's step: 4 turns with 4 in the prompt, the teacher's prompt cut at 4096 tokens
+    pc = load(prepare(make_config(tmp_path, run_id="s", **PIPELINE_PRESETS["reference-search"])))
+    generate, rescore = stage_config(pc, "generate", 0), stage_config(pc, "rescore", 0)
+    evaluate, train = stage_config(pc, "evaluate", 0), stage_config(pc, "train", 0)
+    assert (generate.env, generate.tasks, generate.group_size) == ("search-qa", 128, 8)
+    for rollout in (generate, evaluate):
+        assert (rollout.max_new_tokens, rollout.history_turns, rollout.max_turns) == (512, 4, 4)
+    assert rescore.max_prompt_tokens == 4096 and evaluate.tasks == 128
+    assert train.carry_optimizer and (train.lr, train.weight_decay, train.lora_rank, train.mini_batches) == (
+        3e-6,
+        0.01,
+        64,
+        2,
+    )
 
 
 @pytest.mark.parametrize("name", ["demo", "smoke", "gpu", "pretrained"])

@@ -133,6 +133,31 @@ PIPELINE_PRESETS: dict[str, dict] = {
             "train": {"lora_alpha": 64, "weight_decay": 0.01, "carry_optimizer": True},
         },
     },
+    # The same, for the search family (search-qa), from the reference's search script
+    # (examples/grpo_opsd_trainer/run_search_7b.sh): 128 questions x 8 a step, at most 4 turns with the last 4 in
+    # the prompt, 4096-token prompts (the teacher's too), 512 response tokens, mini-batches of 256 x 8 turn rows
+    # (1,024 episodes of 2-4 turns: 2 steps), train on 4 GPUs. The LoRA settings are the ALFWorld LoRA script's
+    # (the reference has no search LoRA script; its full fine-tune runs at 1e-6). It validates greedily on 512
+    # questions; search-qa holds 192 test and 144 ood questions, so 128 of each, sampled at 0.4 for pass@k.
+    "reference-search": {
+        "env": "search-qa",
+        "tasks": 128,
+        "group_size": 8,
+        "max_turns": 4,
+        "eval_tasks": 128,
+        "eval_samples": 4,
+        "lr": 3e-6,
+        "lora_rank": 64,
+        "train_steps": 2,
+        "rollout_engine": "vllm",
+        "train_engine": "deepspeed",
+        "stage_settings": {
+            "generate": {"max_new_tokens": 512, "history_turns": 4},
+            "evaluate": {"max_new_tokens": 512, "history_turns": 4},
+            "rescore": {"max_prompt_tokens": 4096},
+            "train": {"lora_alpha": 64, "weight_decay": 0.01, "carry_optimizer": True},
+        },
+    },
 }
 
 

@@ -532,6 +532,17 @@ def test_presets_set_the_ui_defaults(tmp_path):
         "carry_optimizer": True,
     }
     assert reference["stage_settings"]["generate"] == {"max_new_tokens": 512, "history_turns": 2}
+    # its search step on search-qa: 128 x 8, 4 turns with 4 in the prompt, 4096-token teacher prompts
+    search = defaults("reference-search")
+    assert (search["env"], search["tasks"], search["group_size"], search["max_turns"]) == (
+        "search-qa",
+        128,
+        8,
+        4,
+    )
+    assert search["stage_settings"]["generate"] == {"max_new_tokens": 512, "history_turns": 4}
+    assert search["stage_settings"]["rescore"] == {"max_prompt_tokens": 4096}
+    assert search["stage_settings"]["train"] == reference["stage_settings"]["train"]
     with pytest.raises(SystemExit):
         compile_spec(tmp_path / "bad", "--preset", "huge")
 
@@ -565,7 +576,7 @@ def test_presets_size_the_cluster(tmp_path):
     from sdarflow.sizes import PIPELINE_PRESETS
 
     stages = ("generate", "rescore", "train", "evaluate")
-    train_gpus = {"production": 8, "reference": 2}
+    train_gpus = {"production": 8, "reference": 2, "reference-search": 4}
     for preset in PIPELINE_PRESETS:
         spec, platform, _ = compile_spec(tmp_path / preset, "--rounds", "1", "--preset", preset)
         sizes = {s: _sizes(spec, platform, s) for s in stages}
@@ -580,10 +591,13 @@ def test_presets_size_the_cluster(tmp_path):
             # each rank's runtime in host memory (its bf16 weights go straight to its GPU)
             assert (sizes["train"][1] - sizes["train"][2]) / ranks >= 16
             settings = PIPELINE_PRESETS[preset]
+            # the preset's turn limit (episodes of ALFWorld's family run about 30 turns of their 50) and prompts
+            turns = min(settings["max_turns"] or 30, 30)
+            prompt = settings["stage_settings"].get("rescore", {}).get("max_prompt_tokens", 2048)
             workload = dict(
-                model_params=7e9, tasks=settings["tasks"], group_size=settings["group_size"], turns=30,
-                prompt_tokens=2048, response_tokens=128, eval_tasks=settings["eval_tasks"],
-                eval_samples=settings["eval_samples"], eval_turns=30,
+                model_params=7e9, tasks=settings["tasks"], group_size=settings["group_size"], turns=turns,
+                prompt_tokens=prompt, response_tokens=128, eval_tasks=settings["eval_tasks"],
+                eval_samples=settings["eval_samples"], eval_turns=turns,
             )  # fmt: skip
             for stage, (gpus, _, _, deadline) in sizes.items():
                 estimate = plan.estimate(plan.Workload(gpus=gpus, **workload), plan.PUBLISHED)

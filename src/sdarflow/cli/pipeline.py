@@ -297,12 +297,13 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--preset",
         default="production",
-        choices=("production", "reference", *PRESET_NAMES),
+        choices=("production", "reference", "reference-search", *PRESET_NAMES),
         help="the training pipeline's parameter defaults in the KFP UI and its tasks' GPUs, memory and deadlines: "
         "production (a 7B model's LoRA, train on 8 GPUs, vLLM and DeepSpeed: 128 tasks x 8 a round, 256 x 8 "
-        "evaluated), reference (the SDAR reference's step as a round: 16 tasks x 8, 50 turns, 512 tokens, weight "
-        "decay 0.01; train on 2 GPUs) or a demo size (demo, smoke and pretrained run without GPUs; default "
-        "production)",
+        "evaluated), reference (the SDAR reference's ALFWorld step as a round: 16 tasks x 8, 50 turns, 512 tokens, "
+        "weight decay 0.01; train on 2 GPUs), reference-search (its search step on search-qa: 128 x 8, 4 turns, "
+        "4096-token prompts; train on 4 GPUs) or a demo size (demo, smoke and pretrained run without GPUs; "
+        "default production)",
     )
     study_flags(c, "--pipeline study: ")
     c.add_argument("--image", help="CPU image (default: components.IMAGE)")
