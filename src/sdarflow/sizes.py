@@ -89,6 +89,34 @@ SIZES: dict[str, dict] = {
     },
 }
 
+
+def _reference_step(env: str, tasks: int, max_turns: int, history_turns: int, **stages: dict) -> dict:
+    """A round that is one training step of an SDAR reference script on ``env``: its tasks x 8 fresh rollouts, turn limit and
+    history window, 512 response tokens, 128 held-out tasks (4 samples each for the gate's pass@k; the reference
+    samples each once), one epoch in 2 mini-batches, and its LoRA recipe (rank and alpha 64, AdamW at 3e-6 with
+    weight decay 0.01, carried across rounds as one run), on vLLM and DeepSpeed; ``stages``: more stage settings."""
+    rollout = {"max_new_tokens": 512, "history_turns": history_turns}
+    return {
+        "env": env,
+        "tasks": tasks,
+        "group_size": 8,
+        "max_turns": max_turns,
+        "eval_tasks": 128,
+        "eval_samples": 4,
+        "lr": 3e-6,
+        "lora_rank": 64,
+        "train_steps": 2,
+        "rollout_engine": "vllm",
+        "train_engine": "deepspeed",
+        "stage_settings": {
+            "generate": dict(rollout),
+            "evaluate": dict(rollout),
+            **stages,
+            "train": {"lora_alpha": 64, "weight_decay": 0.01, "carry_optimizer": True},
+        },
+    }
+
+
 # The training pipeline's parameter defaults per `pipeline compile --preset`. `production`: a 7B instruct model's
 # LoRA on 8 GPUs (vLLM rollouts, DeepSpeed training), as the SDAR reference trains ALFWorld
 # (examples/grpo_trainer/run_alfworld_7b.sh: 16 tasks x group 8 per step on 8 GPUs; its LoRA run,
@@ -113,51 +141,19 @@ PIPELINE_PRESETS: dict[str, dict] = {
     # The reference's own step as a round (examples/gigpo_trainer/run_alfworld_lora.sh with GRPO, and verl's
     # defaults it leaves as they are, verl/trainer/config/ppo_trainer.yaml): 16 tasks x 8 fresh rollouts, one
     # epoch in mini-batches of 256 x 8 turn rows (about 2 for ALFWorld's episodes), one AdamW for the whole run
-    # (carried from round to round with the adapter) at 3e-6 with weight decay 0.01 on a rank-64 LoRA, 50 turns of up to 512 response tokens, the last 2 observations and actions in
-    # the prompt, 128 held-out tasks at temperature 0.4; `pipeline compile --rounds 150` for its 150 steps. For the
-    # ALFWorld family (textworld-cooking); the reference's search and webshop scripts differ (docs/cluster.md).
-    "reference": {
-        "tasks": 16,
-        "group_size": 8,
-        "max_turns": 50,
-        "eval_tasks": 128,
-        "eval_samples": 4,  # the reference samples each once; the gate's pass@k needs several
-        "lr": 3e-6,
-        "lora_rank": 64,
-        "train_steps": 2,
-        "rollout_engine": "vllm",
-        "train_engine": "deepspeed",
-        "stage_settings": {
-            "generate": {"max_new_tokens": 512, "history_turns": 2},
-            "evaluate": {"max_new_tokens": 512, "history_turns": 2},
-            "train": {"lora_alpha": 64, "weight_decay": 0.01, "carry_optimizer": True},
-        },
-    },
-    # The same, for the search family (search-qa), from the reference's search script
+    # (carried from round to round with the adapter) at 3e-6 with weight decay 0.01 on a rank-64 LoRA, 50 turns of
+    # up to 512 response tokens, the last 2 observations and actions in the prompt, 128 held-out tasks at
+    # temperature 0.4; `pipeline compile --rounds 150` for its 150 steps. For the ALFWorld family.
+    "reference": _reference_step("textworld-cooking", tasks=16, max_turns=50, history_turns=2),
+    # The same for the search family (search-qa), from the reference's search script
     # (examples/grpo_opsd_trainer/run_search_7b.sh): 128 questions x 8 a step, at most 4 turns with the last 4 in
-    # the prompt, 4096-token prompts (the teacher's too), 512 response tokens, mini-batches of 256 x 8 turn rows
-    # (1,024 episodes of 2-4 turns: 2 steps), train on 4 GPUs. The LoRA settings are the ALFWorld LoRA script's
-    # (the reference has no search LoRA script; its full fine-tune runs at 1e-6). It validates greedily on 512
-    # questions; search-qa holds 192 test and 144 ood questions, so 128 of each, sampled at 0.4 for pass@k.
-    "reference-search": {
-        "env": "search-qa",
-        "tasks": 128,
-        "group_size": 8,
-        "max_turns": 4,
-        "eval_tasks": 128,
-        "eval_samples": 4,
-        "lr": 3e-6,
-        "lora_rank": 64,
-        "train_steps": 2,
-        "rollout_engine": "vllm",
-        "train_engine": "deepspeed",
-        "stage_settings": {
-            "generate": {"max_new_tokens": 512, "history_turns": 4},
-            "evaluate": {"max_new_tokens": 512, "history_turns": 4},
-            "rescore": {"max_prompt_tokens": 4096},
-            "train": {"lora_alpha": 64, "weight_decay": 0.01, "carry_optimizer": True},
-        },
-    },
+    # the prompt, 4096-token prompts (the teacher's too), mini-batches of 256 x 8 turn rows (1,024 episodes of 2-4
+    # turns: 2 steps), train on 4 GPUs; the LoRA settings are the ALFWorld LoRA script's (the reference has no
+    # search LoRA script; its full fine-tune runs at 1e-6). It validates greedily on 512 questions; search-qa holds
+    # 192 test and 144 ood questions, so 128 of each, sampled at 0.4 for pass@k. No env here is WebShop's.
+    "reference-search": _reference_step(
+        "search-qa", tasks=128, max_turns=4, history_turns=4, rescore={"max_prompt_tokens": 4096}
+    ),
 }
 
 
