@@ -4,10 +4,10 @@ seconds, vLLM vs hf generation tokens/s on the same prompts, train tokens/s and 
 
 The stages run as the pipeline runs them (``pipeline_config.stage_config``): generate and evaluate on vLLM with
 the adapter (on the hf engine, on the GPU, where vLLM is not installed: the result names the engine), rescore on
-the GPU (float32, packed batches), train with DeepSpeed in bf16. A smoke base model already built in ``--work/tiny``
-is used as it is (a machine without TextWorld cannot build one). The model is the demo's
-tokenizer with a wider, deeper random-init Qwen2 (``--hidden``, ``--layers``): its success rate is meaningless,
-its throughput is the point. ``--allow-cpu`` runs the same path on the CPU at the smallest sizes (hf engine,
+the GPU (float32, packed batches), train with DeepSpeed in bf16. The model is the demo's tokenizer with a wider,
+deeper random-init Qwen2 (``--hidden``, ``--layers``): its success rate is meaningless, its throughput is the
+point. A smoke base model already built in ``--work/tiny`` is used as it is (a machine without TextWorld cannot
+build one). ``--allow-cpu`` runs the same path on the CPU at the smallest sizes (hf engine,
 torch training); the tests use it so the script cannot rot where no GPU is.
 
     python -m bench.gpu_check [--hidden 1024 --layers 16] [--work DIR]
@@ -233,7 +233,7 @@ def n_params(model: Path) -> int:
     return total
 
 
-def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool, engine: str) -> dict:
+def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool, stages_engine: str) -> dict:
     """Generated tokens/s of the hf engine and (where the stages ran it) vLLM on the same prompts, seeds and
     lengths."""
     from sdarflow import storage
@@ -243,7 +243,7 @@ def engine_throughput(model: Path, trajectories: str, device: str, on_gpu: bool,
     rows = storage.read_table(trajectories, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     prompts = [list(p) for p in rows.column("prompt_token_ids").to_pylist()][: 256 if on_gpu else 4]
     out: dict = {"seconds": 0.0}
-    for name in sorted({"hf", engine}):
+    for name in sorted({"hf", stages_engine}):
         engine = load_engine(name, str(model), batch_size=64, device=device)
         try:
             engine.generate(
