@@ -60,13 +60,14 @@ IMAGE_REPO ?= ghcr.io/sdarflow
 VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # Immutable tags: the version and the commit (a rebuild of another commit never overwrites a deployed image).
 TAG        ?= $(VERSION)-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)
-COMMIT     := $(shell git rev-parse HEAD 2>/dev/null)
+# The commit goes into each image too (SDARFLOW_COMMIT): results made in a pod record the code that made them.
+BUILD      := DOCKER_BUILDKIT=1 docker build --build-arg SDARFLOW_COMMIT=$(shell git rev-parse HEAD 2>/dev/null)
 
 images:
 	@command -v docker >/dev/null || { echo "error: docker not found; fix: run on a machine with Docker (BuildKit)"; exit 2; }
-	DOCKER_BUILDKIT=1 docker build --build-arg SDARFLOW_COMMIT=$(COMMIT) -f images/Dockerfile.cpu -t $(IMAGE_REPO)/sdarflow:$(TAG) .
-	DOCKER_BUILDKIT=1 docker build --build-arg SDARFLOW_COMMIT=$(COMMIT) -f images/Dockerfile.train-gpu -t $(IMAGE_REPO)/sdarflow-train-gpu:$(TAG) .
-	DOCKER_BUILDKIT=1 docker build --build-arg SDARFLOW_COMMIT=$(COMMIT) -f images/Dockerfile.rollout-gpu -t $(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG) .
+	$(BUILD) -f images/Dockerfile.cpu -t $(IMAGE_REPO)/sdarflow:$(TAG) .
+	$(BUILD) -f images/Dockerfile.train-gpu -t $(IMAGE_REPO)/sdarflow-train-gpu:$(TAG) .
+	$(BUILD) -f images/Dockerfile.rollout-gpu -t $(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG) .
 	@printf '{"image": "%s", "train_image": "%s", "rollout_image": "%s"}\n' "$(IMAGE_REPO)/sdarflow:$(TAG)" \
 		"$(IMAGE_REPO)/sdarflow-train-gpu:$(TAG)" "$(IMAGE_REPO)/sdarflow-rollout-gpu:$(TAG)" > images/built.json
 	@echo "built $(IMAGE_REPO)/{sdarflow,sdarflow-train-gpu,sdarflow-rollout-gpu}:$(TAG), recorded in images/built.json:"
