@@ -199,6 +199,11 @@ class DeepSpeedEngine:
         ensure_process_group_env()
         on_gpu = torch.cuda.is_available()
         if not torch.distributed.is_initialized():
+            if not on_gpu:
+                # No shared-memory all-reduce op on the CPU: training never uses it (it serves inference), and its
+                # JIT build waits forever on a lock that a process killed mid-build leaves in the torch extensions
+                # folder (a test run hung there). deepspeed.ops keeps this table editable for the launch.
+                deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
             # gloo on CPU: DeepSpeed's CPU default (ccl) needs oneCCL, which is not installed.
             deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
         self.zero_stage = zero_stage
