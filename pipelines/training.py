@@ -1,7 +1,7 @@
-"""The SDAR training pipeline: ``prepare`` and the base model's evaluation, then, per round, generate ->
-extract-skills -> rescore -> train -> evaluate -> register; each round generates with the adapter the previous
-round trained. After the last round,
-``promote`` moves its version to production through the gate when the run asks for it (``promote_to``).
+"""The SDAR training pipeline: ``prepare``, the base model's and production's evaluations, then, per round,
+generate -> extract-skills -> rescore -> train -> evaluate -> register; each round generates with the adapter the
+previous round trained. After the last round, ``promote`` moves its version to production through the gate when
+the run asks for it (``promote_to``).
 
 Rounds and shards are unrolled at compile time (KFP has no dynamic loops). With ``shards > 1`` each round runs
 the ``generate-shards`` sub-pipeline, which fans ``generate`` out over a ``dsl.ParallelFor`` and returns the
@@ -15,6 +15,7 @@ from kfp import dsl
 
 from components.evaluate import evaluate
 from components.evaluate_base import evaluate_base
+from components.evaluate_production import evaluate_production
 from components.extract_skills import extract_skills
 from components.generate import generate
 from components.prepare import prepare
@@ -97,6 +98,9 @@ def build_training_pipeline(
         base = evaluate_base(config_uri=config_uri)
         wire(base, "evaluate", kube, "evaluate (base model)")
         base_evaluation = base.outputs["evaluation"]
+        # production on the same tasks, so the gate pairs it with the candidate (a no-op without promotion)
+        production = evaluate_production(config_uri=config_uri)
+        wire(production, "evaluate", kube, "evaluate (production)")
         # Data flows as typed artifacts (Dataset, Model), so the UI shows each round's lineage. Round 0 has no
         # previous adapter (prepare's start_adapter, or a new LoRA, comes through the stage config), no previous
         # library (the seed skills, a URI parameter) and no previous teacher gaps.
@@ -142,7 +146,10 @@ def build_training_pipeline(
                 wire(task, name, kube, f"{name} (round {r})")
             version = rg.output
         pr = promote_candidate(
-            config_uri=config_uri, registered=version, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+            config_uri=config_uri,
+            registered=version,
+            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            production_evaluation=production.outputs["evaluation"],
         )
         wire(pr, "promote", kube, "promote (gated)")
         rep = run_report(

@@ -73,8 +73,9 @@ def test_demo_dag_on_local_storage(tiny_model, tmp_path):
 @pytest.mark.slow
 def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_the_gate(tiny_model, tmp_path):
     """Two runs as ``pipeline schedule`` starts them (from production, promoting through the gate), through the
-    KFP local runner: the second plays train tasks the first did not, with the next seed, and its looser ``gate``
-    parameter is refused and audited, production unchanged."""
+    KFP local runner: the second plays train tasks the first did not, with the next seed, is judged on evaluation
+    tasks the first was not (with production evaluated on them too), and its looser ``gate`` parameter is refused
+    and audited, production unchanged."""
     import kfp.local
 
     from pipelines.training import build_training_pipeline
@@ -92,27 +93,42 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
         "promote_to": "production",
     }
     pipeline(**scheduled, run_id="nightly-1")
+    # no production yet: nothing to evaluate it on (and the tiny model does not beat the base: an operator
+    # promotes it)
+    assert not storage.exists(storage.join(store, "runs", "nightly-1", "production-evaluation"))
     registry = Registry(storage.join(store, "registry"))
-    production = registry.aliases("sdar-policy").get("production")
-    (base_eval,) = Path(store, "cache", "base-evaluations").iterdir()
-    evaluated = (base_eval / storage.MANIFEST).stat().st_mtime_ns
+    production = 1
+    registry.promote("sdar-policy", production, force=True, reason="the test's production")
     pipeline(**scheduled, run_id="nightly-2", gate={"min_gain": -1.0})
-    # the same base on the same evaluation tasks: the first run's evaluation, not a second one
-    assert list(Path(store, "cache", "base-evaluations").iterdir()) == [base_eval]
-    assert (base_eval / storage.MANIFEST).stat().st_mtime_ns == evaluated
 
-    def played(run_id: str) -> tuple[int, set[str]]:
+    def played(run_id: str) -> tuple[int, set[str], set[str]]:
         config = yaml.safe_load(storage.read_bytes(storage.join(store, "runs", run_id, "pipeline.yaml")))
         uri = storage.join(store, "runs", run_id, "round=0", "generate")
         rows = storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
-        return config["seed"], set(rows.column("task_id").to_pylist())
+        report = storage.read_json(storage.join(store, "runs", run_id, "round=0", "evaluate", "report.json"))
+        return (
+            config["seed"],
+            set(rows.column("task_id").to_pylist()),
+            set(report["splits"]["test"]["task_successes"]),
+        )
 
-    (seed1, tasks1), (seed2, tasks2) = played("nightly-1"), played("nightly-2")
+    (seed1, tasks1, judged1), (seed2, tasks2, judged2) = played("nightly-1"), played("nightly-2")
     assert seed2 == seed1 + 1 and tasks2 and not tasks1 & tasks2
-    assert registry.lineage("sdar-policy", 2)["cursor"]["next_task"] == 2 * len(tasks1)
+    assert judged2 and not judged1 & judged2
+    cursor = registry.lineage("sdar-policy", 2)["cursor"]
+    assert (cursor["next_task"], cursor["next_eval_task"]) == (2 * len(tasks1), 2 * len(judged1))
+    # the base model and production on the second run's tasks: the gate pairs them with the candidate
+    assert len(list(Path(store, "cache", "base-evaluations").iterdir())) == 2
+    again = storage.read_json(
+        storage.join(store, "runs", "nightly-2", "production-evaluation", "report.json")
+    )
+    assert set(again["splits"]["test"]["task_successes"]) == judged2
     refused = registry.audit_log("sdar-policy")[-1]
     assert (refused["event"], refused["version"]) == ("promote-refused", 2)
     assert "min_gain -1 is looser than the registry's" in json.dumps(refused)
+    against = {c["against"] for c in refused["gate_checks"]}
+    assert against == {f"production v{production} (same tasks)", "base model"}
+    assert all(c["paired"] for c in refused["gate_checks"])
     assert registry.aliases("sdar-policy").get("production") == production
     # the run report says so, against the shared base evaluation
     report = storage.join(store, "runs", "nightly-2", "report")
@@ -290,21 +306,26 @@ def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_
     registry = registry_with_production  # v1-v3 were registered by hand, without a cursor: the settings stand
 
     def started(**overrides):
-        pc = load(prepare(make_config(tmp_path, registry=str(registry.uri), tasks=4, seed=7, **overrides)))
+        settings = {"tasks": 4, "seed": 7, "eval_tasks": 3, **overrides}
+        pc = load(prepare(make_config(tmp_path, registry=str(registry.uri), **settings)))
         played = [stage_config(pc, "generate", r) for r in (0, 1)]
-        return played[0].seed, [g.first_task for g in played]
+        evaluated = {
+            stage_config(pc, "evaluate", r).first_task for r in (0, 1)
+        }  # every round on the same tasks
+        return played[0].seed, [g.first_task for g in played], evaluated
 
-    assert started() == (7, [0, 4])
-    # round 1 of a run registers where its tasks stopped, with its seed ...
-    pc = make_config(tmp_path, run_id="r", registry=str(registry.uri), tasks=4, seed=7)
+    assert started() == (7, [0, 4], {0})
+    # round 1 of a run registers where its train and evaluation tasks stopped, with its seed ...
+    pc = make_config(tmp_path, run_id="r", registry=str(registry.uri), tasks=4, seed=7, eval_tasks=3)
     cursor = stage_config(pc, "register", 1, adapter="a", eval_report="e").cursor
-    assert cursor == {"env": pc.env, "next_task": 8, "seed": 7}
+    assert cursor == {"env": pc.env, "next_task": 8, "seed": 7, "next_eval_task": 3}
     registry.register("sdar-policy", fake_adapter(tmp_path / "a4"), eval_report([1] * 10), {"cursor": cursor})
     # ... and the next run starts there with the next seed, whether v4 was promoted or not
-    assert started() == (8, [8, 12])
-    assert started(stage_settings={"generate": {"seed": 3}}) == (8, [8, 12])  # generate's own seed moves too
-    assert started(data_cursor="fixed") == (7, [0, 4])  # to reproduce a run
-    assert started(env="search-qa") == (7, [0, 4])  # another env's tasks are another sequence
+    assert started() == (8, [8, 12], {3})
+    moved = {"generate": {"seed": 3}, "evaluate": {"first_task": 0}}  # stage settings move on too
+    assert started(stage_settings=moved) == (8, [8, 12], {3})
+    assert started(data_cursor="fixed") == (7, [0, 4], {0})  # to reproduce a run
+    assert started(env="search-qa") == (7, [0, 4], {0})  # another env's tasks are another sequence
     bad = {"cursor": {"env": pc.env, "next_task": -1, "seed": 0}}
     registry.register("sdar-policy", fake_adapter(tmp_path / "a5"), eval_report([1] * 10), bad)
     with pytest.raises(
@@ -399,6 +420,43 @@ def test_promote_candidate_reports_a_refusal_without_failing(registry_with_produ
     assert promote_candidate(uri, f"{version_uri}/3", actor="test").endswith("-> v3 (gate: passed)")
     skipped = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="staging"))
     assert promote_candidate(skipped, f"{version_uri}/2").startswith("not promoted")
+
+
+def test_promote_candidate_compares_with_production_evaluated_on_the_runs_tasks(
+    registry_with_production, tmp_path
+):
+    """The run's production evaluation (its own copy of v1, on the run's tasks) is the gate's production reference:
+    there v1 does as well as v3 (3 of 4 on every task), so v3, which beats v1's registered report, is refused. An
+    evaluation of an adapter that is not a version of the run's registry is an error."""
+    from sdarflow.errors import ConfigError
+    from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
+    from sdarflow.kfp_runtime import promote_candidate
+    from sdarflow.pipeline_config import load, prepare, production_eval_config
+
+    registry = registry_with_production
+    uri = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="production"))
+    cfg = production_eval_config(load(uri))
+    assert storage.read_manifest(cfg.adapter, "adapter")["version"] == 1
+    assert cfg.output.endswith("production-evaluation") and (cfg.baseline, cfg.registry) == ("", "")
+
+    def evaluated(adapter: str) -> str:
+        folder = tmp_path / "report"
+        folder.mkdir(exist_ok=True)
+        (folder / REPORT).write_text(json.dumps(eval_report([3] * 10, adapter=adapter)))
+        storage.publish_dir(folder, cfg.output, kind=REPORT_KIND, overwrite=True)
+        return cfg.output
+
+    version_uri = storage.join(str(registry.uri), "sdar-policy", "versions", "3")
+    refused = promote_candidate(uri, version_uri, actor="test", production_evaluation=evaluated(cfg.adapter))
+    assert "test pass@1 vs production v1 (same tasks): 0.725 - 0.75 = -0.025" in refused
+    made = tmp_path / "made"
+    made.mkdir()
+    storage.publish_dir(made, str(tmp_path / "other"), kind="adapter")
+    with pytest.raises(ConfigError, match="not a version of sdar-policy in"):
+        promote_candidate(uri, version_uri, production_evaluation=evaluated(str(tmp_path / "other")))
+    assert promote_candidate(uri, version_uri, actor="test").endswith("-> v3 (gate: passed)")
+    staging = prepare(make_config(tmp_path, registry=str(registry.uri), promote_to="staging"))
+    assert production_eval_config(load(staging)) is None
 
 
 def test_promote_candidate_reads_the_version_from_the_manifest_not_the_uri(

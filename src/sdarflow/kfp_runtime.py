@@ -14,7 +14,14 @@ from sdarflow import progress, storage
 from sdarflow.config import SHARED_CACHE_ENV
 from sdarflow.errors import ConfigError
 from sdarflow.model_cache import with_local_model
-from sdarflow.pipeline_config import PipelineConfig, base_eval_config, load, shared_cache, stage_config
+from sdarflow.pipeline_config import (
+    PipelineConfig,
+    base_eval_config,
+    load,
+    production_eval_config,
+    shared_cache,
+    stage_config,
+)
 from sdarflow.registry.layout import VERSION_KIND
 from sdarflow.stages import STAGES
 
@@ -117,6 +124,27 @@ def run_base_component(config_uri: str, *, metrics=None, html=None, markdown=Non
     return _fill_outputs("evaluate", run_base_evaluation(config_uri), metrics, html, markdown, output)
 
 
+def run_production_component(config_uri: str, *, metrics=None, html=None, markdown=None, output=None) -> str:
+    """What the production evaluation component calls: the registry's production version on the run's evaluation
+    tasks (``pipeline_config.production_eval_config``), outputs as ``run_component``. When the run does not
+    promote to production or there is no production version, the output artifact points nowhere ("" URI) and the
+    reports say why."""
+    setup_logging()
+    cfg = production_eval_config(_load(config_uri))
+    if cfg is not None:
+        result = STAGES.get("evaluate").run(with_local_model(cfg))
+        return _fill_outputs("evaluate", result, metrics, html, markdown, output)
+    note = (
+        "no production evaluation: the run does not promote to production, or there is no production version"
+    )
+    log.info(note)
+    for artifact, text in ((html, f"<p>{note}</p>"), (markdown, f"_{note}_\n"), (output, "{}")):
+        if artifact is not None:
+            with open(artifact.path, "w") as f:
+                f.write(text)
+    return ""
+
+
 def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> str:
     if output is not None:
         _point(output, str(result["uri"]))
@@ -168,15 +196,24 @@ def run_promotion(
     thresholds: Mapping[str, float] | None = None,
     actor: str | None = None,
     markdown=None,
+    current_report: tuple[int, Mapping[str, Any]] | None = None,
 ) -> str:
     """The promotion pipeline's step: ``Registry.promote`` through the registry's gate, which ``thresholds``
-    (``{"min_gain": 0.02}``) may only tighten. A refusal raises GateRefused (the task fails with the gate's
-    message); returns one summary line, also written to the Markdown artifact."""
+    (``{"min_gain": 0.02}``) may only tighten; ``current_report`` is the stage's version evaluated on the
+    candidate's tasks. A refusal raises GateRefused (the task fails with the gate's message); returns one summary
+    line, also written to the Markdown artifact."""
     from sdarflow.registry import Registry
 
     setup_logging()
     event = Registry(registry).promote(
-        name, version, stage=stage, thresholds=thresholds, force=force, reason=reason, actor=actor
+        name,
+        version,
+        stage=stage,
+        thresholds=thresholds,
+        force=force,
+        reason=reason,
+        actor=actor,
+        current_report=current_report,
     )
     line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
     _write_markdown(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
@@ -185,10 +222,16 @@ def run_promotion(
 
 
 def promote_candidate(
-    config_uri: str, registered: str, actor: str | None = None, markdown=None, metrics=None
+    config_uri: str,
+    registered: str,
+    actor: str | None = None,
+    markdown=None,
+    metrics=None,
+    production_evaluation: str = "",
 ) -> str:
     """After the last round: promote its registered version to production when the run asked for it
-    (``promote_to=production``), through the registry's gate, which the run's gate parameters may only tighten.
+    (``promote_to=production``), through the registry's gate, which the run's gate parameters may only tighten;
+    ``production_evaluation`` is production evaluated on the run's tasks (:func:`run_production_component`).
     A gate refusal is an expected outcome of retraining, so it is reported (the result, the Markdown summary,
     the Metrics ``promoted`` 0 and ``gate_refused`` 1, the run report) and the run still succeeds; production
     is left as it was."""
@@ -217,6 +260,7 @@ def promote_candidate(
             thresholds=pc.gate,
             actor=actor,
             markdown=markdown,
+            current_report=_evaluated_version(pc, production_evaluation),
         )
     except GateRefused as err:
         log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)
@@ -225,6 +269,23 @@ def promote_candidate(
         return f"refused: {err}"
     _log_promotion(metrics, promoted=True, refused=False)
     return line
+
+
+def _evaluated_version(pc: PipelineConfig, evaluation: str) -> tuple[int, dict] | None:
+    """(version, report) of a registry version's evaluation in this run: the version its adapter copy's manifest
+    names, which must be of the run's registry and policy (``pipeline_config.copy_version``); None for ""."""
+    from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
+
+    if not evaluation:
+        return None
+    report = storage.read_member_json(evaluation, REPORT, kind=REPORT_KIND)
+    source = storage.read_manifest(str(report.get("adapter", "")), kind="adapter")
+    if (source.get("registry"), source.get("name")) != (pc.registry, pc.policy_name):
+        raise ConfigError(
+            f"'{evaluation}' evaluated {report.get('adapter')!r}, not a version of {pc.policy_name} in "
+            f"{pc.registry}; fix: pass the production evaluation task's output"
+        )
+    return int(source["version"]), report
 
 
 def _log_promotion(metrics, *, promoted: bool, refused: bool) -> None:

@@ -121,9 +121,10 @@ class PipelineConfig(StageConfig):
     seed: int = like(_GENERATE, "seed", "base seed of every stage")
     data_cursor: str = opt(
         "continue",
-        "where the train tasks and the seed start: continue = after the tasks of the newest version of "
-        "policy_name registered on this env, with the next seed (a scheduled run trains on new tasks with new "
-        "samples); fixed = first_task and seed as set (to reproduce a run)",
+        "where the train tasks, the evaluation tasks and the seed start: continue = after the tasks of the "
+        "newest version of policy_name registered on this env, with the next seed (a scheduled run trains on "
+        "new tasks with new samples, and its gate judges on tasks no earlier run was judged on); fixed = "
+        "first_task and seed as set (to reproduce a run)",
         choices=DATA_CURSORS,
     )
     tracking_uri: str = tracking_opt()
@@ -269,11 +270,12 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
                 f"numbers; fix: e.g. first_task 0, tasks 8"
             ) from err
     if stage == "register":
-        played = stage_config(pc, "generate", round_)
+        played, evaluated = stage_config(pc, "generate", round_), stage_config(pc, "evaluate", round_)
         values["cursor"] = {
             "env": played.env,
             "next_task": played.first_task + played.tasks,
             "seed": played.seed,
+            "next_eval_task": evaluated.first_task + evaluated.tasks,
         }
     if "output" in names and stage != "register":
         shard = values.get("shard", 0) if stage == "generate" and pc.shards > 1 else None
@@ -300,8 +302,7 @@ def base_eval_config(pc: PipelineConfig) -> StageConfig:
     from sdarflow.model_cache import local_model
     from sdarflow.models.identity import base_fingerprint
 
-    cfg = stage_config(pc, "evaluate", 0)
-    cfg.adapter = cfg.baseline = cfg.registry = ""  # the base itself, compared with nothing
+    cfg = _reference_eval_config(pc)
     # an s3:// base is fingerprinted where it is (ranged reads); a known model's name is imported first
     base = pc.base_model if pc.base_model.startswith("s3://") else local_model(pc.base_model)
     settings = {
@@ -309,6 +310,33 @@ def base_eval_config(pc: PipelineConfig) -> StageConfig:
     }
     key = content_hash({"base": base_fingerprint(base), "settings": settings}, 16)
     cfg.output = storage.join(shared_cache(pc), "base-evaluations", key)
+    return cfg
+
+
+def _reference_eval_config(pc: PipelineConfig) -> StageConfig:
+    """The evaluate config of the rounds' tasks, samples and seeds for a model compared with nothing (the base
+    model; production, with its adapter set)."""
+    cfg = stage_config(pc, "evaluate", 0)
+    cfg.adapter = cfg.baseline = cfg.registry = ""
+    return cfg
+
+
+def production_eval_config(pc: PipelineConfig) -> StageConfig | None:
+    """The evaluate config of the registry's production version on this run's evaluation tasks, samples and
+    seeds, so the gate compares the run's candidate with production task by task (its registered report was made
+    on an earlier run's tasks); its adapter is copied into the run first. None when the run does not promote to
+    production or there is no production version yet."""
+    from sdarflow.registry import Registry
+
+    if pc.promote_to != "production":
+        return None
+    registry = Registry(pc.registry)
+    if "production" not in registry.aliases(pc.policy_name):
+        return None
+    version = registry.resolve(pc.policy_name, "production")
+    cfg = _reference_eval_config(pc)
+    cfg.adapter = copy_version(pc, registry, version, "production-adapter", "production")
+    cfg.output = run_uri(pc.storage, pc.run_id, "production-evaluation")
     return cfg
 
 
@@ -340,8 +368,10 @@ def continue_cursor(pc: PipelineConfig) -> None:
     """Start the run's train tasks where the newest version of ``policy_name`` registered on this env stopped
     (its lineage's cursor), with the seed after its seed: a scheduled run trains on new tasks with new samples, as
     an RL trainer steps through its prompt dataset (a finite split wraps, and the new seed still samples anew).
-    Counted from every registered version, promoted or not, so a refused promotion does not replay its tasks.
-    A registry with no such version keeps the settings."""
+    Its evaluation tasks move on the same way, so the gate never judges night after night on the tasks it was
+    tuned to pass (the run evaluates the base model and production on them too). Counted from every registered
+    version, promoted or not, so a refused promotion does not replay its tasks. A registry with no such version
+    keeps the settings."""
     from sdarflow.registry import Registry
     from sdarflow.stages.register import Cursor
 
@@ -358,11 +388,13 @@ def continue_cursor(pc: PipelineConfig) -> None:
     generate = {**pc.stage_settings.get("generate", {}), "first_task": cursor.next_task}
     if "seed" in generate:  # where generate's seed is set, the new one goes
         generate["seed"] = seed
-    pc.stage_settings = {**pc.stage_settings, "generate": generate}
+    evaluate = {**pc.stage_settings.get("evaluate", {}), "first_task": cursor.next_eval_task}
+    pc.stage_settings = {**pc.stage_settings, "generate": generate, "evaluate": evaluate}
     pc.seed = seed
     log.info(
-        "data cursor: %s v%d stopped at train task %d with seed %d; this run starts there with seed %d",
-        pc.policy_name, version, cursor.next_task, cursor.seed, seed,
+        "data cursor: %s v%d stopped at train task %d with seed %d and evaluation task %d; this run starts "
+        "there with seed %d",
+        pc.policy_name, version, cursor.next_task, cursor.seed, cursor.next_eval_task, seed,
     )  # fmt: skip
 
 
@@ -370,7 +402,7 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
     """The adapter URI round 0 starts from. A registry reference is resolved now (so a scheduled run continues
     from whatever is in production when it starts) and copied into the run folder as a published adapter."""
     from sdarflow.registry import Registry
-    from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES, parse_version
+    from sdarflow.registry.layout import parse_version
 
     ref = pc.start_adapter.strip()
     if ref not in REGISTRY_REFS and parse_version(ref) is None:
@@ -385,13 +417,21 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
         )
         return ""
     version = registry.resolve(pc.policy_name, ref)
-    target = run_uri(pc.storage, pc.run_id, "start-adapter")
+    return copy_version(pc, registry, version, "start-adapter", ref)
+
+
+def copy_version(pc: PipelineConfig, registry, version: int, folder: str, ref: str) -> str:
+    """A registry version's adapter as a published adapter in the run folder (``runs/<run_id>/<folder>``), its
+    manifest naming the registry, the policy, the version and the reference it was ``resolved_from``."""
+    from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES
+
+    target = run_uri(pc.storage, pc.run_id, folder)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy
+        copy = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy
         for name in (*RESERVED_FILES, MODEL_CARD):  # registry bookkeeping, not adapter files
-            (Path(folder) / name).unlink(missing_ok=True)
+            (Path(copy) / name).unlink(missing_ok=True)
         storage.publish_dir(
-            folder,
+            copy,
             target,
             kind="adapter",
             overwrite=True,
@@ -400,7 +440,7 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
             version=version,
             resolved_from=ref,
         )
-    log.info("start_adapter: %s %s = v%d -> %s", pc.policy_name, ref, version, target)
+    log.info("%s: %s %s = v%d -> %s", folder, pc.policy_name, ref, version, target)
     return target
 
 

@@ -13,7 +13,7 @@ import yaml
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.cli import main
 
-GPU = ("generate", "rescore", "train", "evaluate", "evaluate-base")
+GPU = ("generate", "rescore", "train", "evaluate", "evaluate-base", "evaluate-production")
 CPU = ("prepare", "extract-skills", "register", "promote-candidate", "run-report")
 CANARY = "canary-secret-value-that-must-not-leak"
 
@@ -94,6 +94,8 @@ def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
     assert kinds[("comp-train", "trained")] == "system.Model"
     assert kinds[("comp-evaluate", "evaluation")] == "system.Artifact"
     assert kinds[("comp-evaluate-base", "evaluation")] == "system.Artifact"
+    # the gate pairs the candidate with production evaluated on the run's tasks
+    assert producer("promote-candidate", "production_evaluation") == ("evaluate-production", "evaluation")
     for suffix, before in (("", None), ("-2", "")):
         assert producer(f"extract-skills{suffix}", "trajectories") == (f"generate{suffix}", "trajectories")
         assert producer(f"rescore{suffix}", "skills") == (f"extract-skills{suffix}", "library")
@@ -131,7 +133,7 @@ def test_gpu_stages_get_accelerators_images_and_gpu_pool(spec):
         accel = container["resources"]["accelerator"]
         assert accel["resourceType"] == "nvidia.com/gpu"
         assert accel["resourceCount"] == ("4" if name == "train" else "1")
-        expected = ROLLOUT_GPU_IMAGE if name in ("generate", "evaluate", "evaluate-base") else TRAIN_GPU_IMAGE
+        expected = TRAIN_GPU_IMAGE if name in ("rescore", "train") else ROLLOUT_GPU_IMAGE
         assert container["image"] == expected
         k8s = k8s_executor(pipeline, platform, tasks[name])
         assert k8s["nodeSelector"]["labels"] == {"sdarflow.io/pool": "gpu"}
@@ -182,7 +184,7 @@ def test_requests_retries_caching_and_root(spec):
         assert not task.get("cachingOptions", {}).get("enableCache", False), name
     assert executor(pipeline, tasks["train"])["resources"]["resourceMemoryRequest"] == "192Gi"  # production
     # train resumes from the checkpoints it publishes (PipelineConfig.checkpoint_every), the others redo
-    for name in ("generate", "rescore", "train", "evaluate", "evaluate-base"):
+    for name in GPU:
         assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2
     for name in ("prepare", "extract-skills", "register"):
         assert "retryPolicy" not in tasks[name]
@@ -199,9 +201,8 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     pipeline, platform, _ = spec
     tasks = pipeline["root"]["dag"]["tasks"]
     for name, task in tasks.items():
-        stage = {"promote-candidate": "promote", "run-report": "promote", "evaluate-base": "evaluate"}.get(
-            name, name
-        )
+        stage = {"promote-candidate": "promote", "run-report": "promote"}.get(name, name)
+        stage = "evaluate" if stage.startswith("evaluate") else stage
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == production.timeout_s[stage], name
         shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
@@ -255,7 +256,7 @@ def test_ui_parameters_and_report_artifacts(spec):
     assert params["gate"]["defaultValue"] == {}  # the registry's gate policy
     assert params["data_cursor"]["defaultValue"] == "continue"  # a scheduled run moves on through the tasks
     assert "defaultValue" not in params["storage"] and "defaultValue" not in params["base_model"]
-    for component in ("comp-generate", "comp-train", "comp-rescore", "comp-evaluate", "comp-evaluate-base"):
+    for component in (f"comp-{name}" for name in GPU):
         artifacts = pipeline["components"][component]["outputDefinitions"]["artifacts"]
         kinds = {a["artifactType"]["schemaTitle"] for a in artifacts.values()}
         assert {"system.HTML", "system.Markdown", "system.Metrics"} <= kinds, component

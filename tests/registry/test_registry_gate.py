@@ -227,6 +227,38 @@ def test_promote_better_candidate(reg_with_production, make_adapter, lineage, ta
     assert reg.audit_log("agent")[-1]["gate_checks"] == event["gate_checks"]
 
 
+def _on_other_tasks(report: dict) -> dict:
+    """``report`` as if evaluated on other tasks (a later scheduled run's: task-1xx instead of task-0xx)."""
+    for split in report["splits"].values():
+        split["task_successes"] = {
+            t.replace("task-0", "task-1"): c for t, c in split["task_successes"].items()
+        }
+    return report
+
+
+def test_production_evaluated_again_on_the_candidates_tasks_is_compared_task_by_task(
+    reg_with_production, make_adapter, lineage, tasks
+):
+    """A scheduled run judges on new tasks: its candidate (3 of 4 on nine of them) looks better than production's
+    registered report (2 of 4, on other tasks), but production evaluated on the same tasks does as well (3 of 4
+    on all ten), so the paired comparison refuses; a report of a version that is no longer production is not
+    used."""
+    reg = reg_with_production
+    v = _register(reg, make_adapter, lineage, _on_other_tasks(tasks(GAIN, PROD)))
+    same_tasks = _on_other_tasks(tasks([3] * 10, PROD))
+    with pytest.raises(
+        GateRefused,
+        match=r"test pass@1 vs production v1 \(same tasks\): 0.725 - 0.75 = -0.025, lower bound -0.0708 \(10 paired",
+    ):
+        reg.promote("agent", v, current_report=(1, same_tasks))
+    (check,) = [c for c in reg.audit_log("agent")[-1]["gate_checks"] if c["criterion"] == "min_gain"]
+    assert check["paired"] and check["tasks"] == 10
+    # production moved on meanwhile: the registered report it is (unpaired, other tasks)
+    event = reg.promote("agent", v, current_report=(7, same_tasks))
+    assert event["gate"] == "passed" and {c["against"] for c in event["gate_checks"]} == {"production v1"}
+    assert not any(c["paired"] for c in event["gate_checks"])
+
+
 def test_force_needs_reason_and_is_audited(reg_with_production, make_adapter, lineage, tasks):
     reg = reg_with_production
     v = _register(reg, make_adapter, lineage, tasks(NOISE, PROD))

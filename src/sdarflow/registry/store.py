@@ -337,12 +337,17 @@ class Registry:
         force: bool = False,
         reason: str = "",
         actor: str | None = None,
+        current_report: tuple[int, Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Point ``stage`` at ``version``. Production (and staging, when the registry has a staging policy) is
         gated (:mod:`sdarflow.registry.gate`) by the registry's policy (``set_gate``), which ``thresholds`` may
         only tighten, against the current version of the stage and the base model's report the version was
         registered with, unless ``force`` (with a ``reason``, recorded in history and audit). A refusal is
-        audited too. Returns the audit event."""
+        audited too. Returns the audit event.
+
+        ``current_report`` (version, report) is a version of the stage evaluated again on the candidate's tasks
+        (a scheduled run's tasks move on): the gate then compares with it task by task, if that version is still
+        the stage's current one; else with the current version's registered report."""
         layout = self._layout(name)
         validate_stage(stage)
         if force and not reason.strip():
@@ -357,7 +362,7 @@ class Registry:
             log.info("%s %s already points at v%d: nothing to do", name, stage, number)
             return {"event": "promote", "name": name, "stage": stage, "version": number, "changed": False}
 
-        verdict = self._gate(layout, number, current, stage, thresholds or {}, force)
+        verdict = self._gate(layout, number, current, stage, thresholds or {}, force, current_report)
         event = {"version": number, "action": "promote", "from": current, "gate": verdict.pop("gate")}
         if verdict.get("gate_failures") and not force:
             self._audit(layout, "promote-refused", stage=stage, by=actor, **event, **verdict)
@@ -370,7 +375,14 @@ class Registry:
         )
 
     def _gate(
-        self, layout: Layout, number: int, current: int | None, stage: str, thresholds: Mapping, force: bool
+        self,
+        layout: Layout,
+        number: int,
+        current: int | None,
+        stage: str,
+        thresholds: Mapping,
+        force: bool,
+        current_report: tuple[int, Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
         """The gate's decision for the audit log: ``gate`` ('passed', 'overridden', 'refused' or
         'not-applicable'), the policy applied, every comparison's numbers and the failures (a threshold looser
@@ -384,11 +396,18 @@ class Registry:
             # Unchecked when overridden, yet every later candidate is compared with it: its report must be one the
             # gate can read (registered by an older sdarflow, or with one split only).
             intake.validate_report(candidate, f"of {layout.name} v{number}", require=gate.SPLITS)
-        production = None if current is None else self._eval_report(layout, current)
-        references = {
-            stage if current is None else f"{stage} v{current}": production,
-            "base model": self.base_eval_report(layout.name, number),
-        }
+        label, production = stage, None
+        if current is not None:
+            label, production = f"{stage} v{current}", self._eval_report(layout, current)
+            if current_report is not None and current_report[0] == current:
+                where = f"of {layout.name} v{current} evaluated again"
+                label, production = f"{label} (same tasks)", intake.validate_report(current_report[1], where)
+            elif current_report is not None:
+                log.warning(
+                    "%s %s moved from v%d to v%d during the run: the gate compares with v%d's registered report",
+                    layout.name, stage, current_report[0], current, current,
+                )  # fmt: skip
+        references = {label: production, "base model": self.base_eval_report(layout.name, number)}
         verdict = gate.check_gate(candidate, references, policy, candidate_label=f"candidate v{number}")
         failures = [*looser, *verdict.failures]
         outcome = "overridden" if failures and force else "refused" if failures else "passed"

@@ -38,6 +38,9 @@ class EvaluateConfig(StageConfig):
     env: str = opt("textworld-cooking", "environment suite name")
     splits: list[str] = opt(["test", "ood"], "splits to evaluate")
     tasks: int = opt(4, "tasks per split", ge=1)
+    first_task: int = opt(
+        0, "index of each split's first task (a scheduled pipeline run moves it on: data_cursor)", ge=0
+    )
     samples: int = opt(4, "n samples per task (>= the largest k)", ge=1)
     max_turns: int = opt(0, "turn limit; 0 = the env's default for the split", ge=0)
     registry: str = opt(
@@ -78,7 +81,7 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
     episodes = run_rollout(
         engine,
         suite,
-        suite.tasks(split, cfg.tasks),
+        suite.tasks(split, cfg.tasks, cfg.first_task),
         cfg.samples,
         params,
         engine.tokenizer,

@@ -19,13 +19,15 @@ log = logging.getLogger(__name__)
 @dataclass
 class Cursor(Checked):
     """Where a run's train tasks stopped (a version's lineage records it): the next unplayed task of the env's
-    train split, and the base seed the run sampled with."""
+    train split, the base seed the run sampled with, and the next evaluation task (the gate's tasks move on too:
+    a gate that sees the same tasks every night is tuned to them)."""
 
     strict: ClassVar[bool] = True
 
     env: str = opt("", "the environment suite")
     next_task: int = opt(0, "index of the first train task not played yet", ge=0)
     seed: int = opt(0, "the run's base seed", ge=0, le=MAX_SEED)
+    next_eval_task: int = opt(0, "index of the first test and ood task not evaluated yet", ge=0)
 
 
 @dataclass
@@ -54,8 +56,8 @@ class RegisterConfig(StageConfig):
     )
     cursor: dict[str, Any] = opt(
         {},
-        'where the run\'s train tasks stopped after this round, {"env": ..., "next_task": N, "seed": S}: a '
-        "pipeline run with data_cursor continue starts after it",
+        'where the run\'s tasks stopped after this round, {"env": ..., "next_task": N, "seed": S, '
+        '"next_eval_task": E}: a pipeline run with data_cursor continue starts after it',
         io=True,
     )
 
