@@ -1,7 +1,9 @@
 """The SDAR training pipeline: ``prepare``, the base model's and production's evaluations, then, per round,
 generate -> extract-skills -> rescore -> train -> evaluate -> register; each round generates with the adapter the
 previous round trained. After the last round, ``promote`` moves its version to production through the gate when
-the run asks for it (``promote_to``).
+the run asks for it (``promote_to``). A run that would train nothing new (``prepare``'s ``skip``: the same start
+adapter, tasks, seeds and settings as the newest registered version's run) runs ``skip-run`` instead, which
+says so.
 
 Rounds and shards are unrolled at compile time (KFP has no dynamic loops). With ``shards > 1`` each round runs
 the ``generate-shards`` sub-pipeline, which fans ``generate`` out over a ``dsl.ParallelFor`` and returns the
@@ -23,6 +25,7 @@ from components.promote_candidate import promote_candidate
 from components.register import register
 from components.rescore import rescore
 from components.run_report import run_report
+from components.skip_run import skip_run
 from components.train import train
 from pipelines.kube import KubeOptions, wire
 from pipelines.params import describe, with_defaults, with_parameters
@@ -88,11 +91,9 @@ def build_training_pipeline(
     root = kube.pipeline_root if kube and kube.pipeline_root else None
     fan_out = sharded_generate(shards, kube) if shards > 1 else None
 
-    def sdar_training(settings: dict) -> str:
-        seed_skills = settings["seed_skills"]
-        cfg = prepare(**settings, shards=shards)
-        wire(cfg, "prepare", kube, "prepare")
-        config_uri = cfg.output
+    def _rounds(seed_skills, config_uri):
+        """The run: the base model's and production's evaluations, the rounds, promotion and the run report;
+        returns the last registered version's URI."""
         # the base model on the rounds' evaluation tasks, beside round 0: each round's report plots it, and the
         # gate compares a first version with it
         base = evaluate_base(config_uri=config_uri)
@@ -161,6 +162,18 @@ def build_training_pipeline(
         )
         wire(rep, "promote", kube, "run report")
         return version
+
+    def sdar_training(settings: dict) -> str:
+        cfg = prepare(**settings, shards=shards)
+        wire(cfg, "prepare", kube, "prepare")
+        # a run that would train nothing new (the same start adapter, tasks, seeds and settings as the newest
+        # registered version's run) stops here, saying so
+        with dsl.If(cfg.outputs["skip"] == "", name="new-request"):
+            version = _rounds(settings["seed_skills"], cfg.outputs["config_uri"])
+        with dsl.Else(name="unchanged"):
+            skipped = skip_run(reason=cfg.outputs["skip"])
+            wire(skipped, "promote", kube, "skip (nothing changed)")
+        return dsl.OneOf(version, skipped.outputs["Output"])
 
     description = f"SDAR: GRPO + gated self-distillation, {rounds} round(s), {shards} generate shard(s)"
     # the parameters are PipelineConfig's fields (shards is fixed at compile time; storage and the model are

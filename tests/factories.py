@@ -124,3 +124,19 @@ def reseal(folder: str | Path) -> None:
         data = (folder / manifest.get("prefix", "") / entry["path"]).read_bytes()
         entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     (folder / storage.MANIFEST).write_text(json.dumps(manifest))
+
+
+def dag_tasks(spec: dict) -> dict[str, dict]:
+    """Every container task of a compiled pipeline spec's root DAG by name, including those inside its If/Else
+    branches (the training pipeline runs its rounds in one, ``condition-*``); other sub-DAGs stay one task."""
+    tasks: dict[str, dict] = {}
+
+    def walk(level: dict) -> None:
+        for name, task in level.items():
+            if name.startswith("condition-"):
+                walk(spec["components"][task["componentRef"]["name"]]["dag"]["tasks"])
+            else:
+                tasks[name] = task
+
+    walk(spec["root"]["dag"]["tasks"])
+    return tasks

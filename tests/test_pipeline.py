@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories import dag_tasks
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -129,6 +130,15 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
     against = {c["against"] for c in refused["gate_checks"]}
     assert against == {f"production v{production} (same tasks)", "base model"}
     assert all(c["paired"] for c in refused["gate_checks"])
+    # the second run again, as a fixed-data schedule would start it while production stays v1: nothing new to
+    # train, so the run stops after prepare, saying so, and registers nothing
+    config = yaml.safe_load(storage.read_bytes(storage.join(store, "runs", "nightly-2", "pipeline.yaml")))
+    again = {k: v for k, v in config.items() if k not in ("run_id", "shards")}
+    again.update(start_adapter="production", data_cursor="fixed")
+    skipped = pipeline(**again, run_id="nightly-3")
+    assert skipped.output.startswith("skipped: nothing changed since run nightly-2 registered sdar-policy v2")
+    assert registry.versions("sdar-policy") == [1, 2]
+    assert not storage.exists(storage.join(store, "runs", "nightly-3", "round=0"))
     assert registry.aliases("sdar-policy").get("production") == production
     # the run report says so, against the shared base evaluation
     report = storage.join(store, "runs", "nightly-2", "report")
@@ -152,7 +162,7 @@ def test_compiled_spec_has_every_stage(tmp_path, capsys):
     out = tmp_path / "pipeline.yaml"
     assert main(["pipeline", "compile", "--output", str(out), "--rounds", "1"]) == 0
     spec = next(yaml.safe_load_all(out.read_text()))  # the second document is the Kubernetes platform spec
-    tasks = spec["root"]["dag"]["tasks"]
+    tasks = dag_tasks(spec)
     assert {"prepare", "generate", "extract-skills", "rescore", "train", "evaluate", "register"} <= set(tasks)
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params["sdar_coef"]["defaultValue"] == 0.01 and params["gate_beta"]["defaultValue"] == 5.0
@@ -332,6 +342,45 @@ def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_
         ConfigError, match=r"v5's lineage: cursor: next_task = -1 must be >= 0 .*; fix: run with"
     ):
         started()
+
+
+def test_a_run_that_would_train_nothing_new_is_skipped(registry_with_production, tmp_path):
+    """A run from the same start adapter (production, resolved to the same version) with the same tasks, seeds and
+    settings as the newest registered version's run would train nothing new; another setting, another production
+    version or a continued data cursor would."""
+    from sdarflow.pipeline_config import load, prepare, stage_config, unchanged_since
+
+    registry = registry_with_production
+
+    def prepared(run_id: str, **overrides):
+        settings = {"data_cursor": "fixed", "start_adapter": "production", "registry": str(registry.uri)}
+        return load(prepare(make_config(tmp_path, run_id=run_id, **{**settings, **overrides})))
+
+    first = prepared("nightly-1")
+    assert unchanged_since(first) == ""  # v3 records no request
+    request = stage_config(first, "register", 0, adapter="a", eval_report="e").request
+    registry.register(
+        "sdar-policy",
+        fake_adapter(tmp_path / "a4"),
+        eval_report([1] * 10),
+        {"run_id": "nightly-1", "request": request},
+    )
+    assert unchanged_since(prepared("nightly-2")) == (
+        "nothing changed since run nightly-1 registered sdar-policy v4: the same start adapter, tasks, seeds and "
+        "settings; fix: data_cursor continue (new tasks and seeds), or change a setting or the start adapter"
+    )
+    assert unchanged_since(prepared("nightly-2", lr=1e-4)) == ""
+    assert unchanged_since(prepared("nightly-2", stage_settings={"generate": {"first_task": 8}})) == ""
+    cursor = stage_config(first, "register", 0, adapter="a", eval_report="e").cursor
+    registry.register(
+        "sdar-policy",
+        fake_adapter(tmp_path / "a5"),
+        eval_report([1] * 10),
+        {"request": request, "cursor": cursor},
+    )
+    assert unchanged_since(prepared("nightly-3", data_cursor="continue")) == ""  # new tasks, next seed
+    registry.promote("sdar-policy", 3, force=True, reason="test")
+    assert unchanged_since(prepared("nightly-3")) == ""  # production moved on
 
 
 def test_the_base_evaluation_is_keyed_by_the_base_weights_and_the_settings(tiny_model, tmp_path):

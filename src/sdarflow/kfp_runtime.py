@@ -271,6 +271,16 @@ def promote_candidate(
     return line
 
 
+def skip_run(reason: str, markdown=None, metrics=None) -> str:
+    """A run that would train nothing new (``pipeline_config.unchanged_since``) ends here, saying why."""
+    setup_logging()
+    log.warning("run skipped: %s", reason)
+    _write_markdown(markdown, f"**Run skipped**\n\n{reason}\n")
+    if metrics is not None:
+        metrics.log_metric("skipped", 1.0)
+    return f"skipped: {reason}"
+
+
 def _evaluated_version(pc: PipelineConfig, evaluation: str) -> tuple[int, dict] | None:
     """(version, report) of a registry version's evaluation in this run: the version its adapter copy's manifest
     names, which must be of the run's registry and policy (``pipeline_config.copy_version``); None for ""."""

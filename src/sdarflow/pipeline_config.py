@@ -270,6 +270,7 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
                 f"numbers; fix: e.g. first_task 0, tasks 8"
             ) from err
     if stage == "register":
+        values["request"] = request_key(pc)
         played, evaluated = stage_config(pc, "generate", round_), stage_config(pc, "evaluate", round_)
         values["cursor"] = {
             "env": played.env,
@@ -396,6 +397,53 @@ def continue_cursor(pc: PipelineConfig) -> None:
         "there with seed %d",
         pc.policy_name, version, cursor.next_task, cursor.seed, cursor.next_eval_task, seed,
     )  # fmt: skip
+
+
+def request_key(pc: PipelineConfig) -> str:
+    """What a prepared run trains, as one hash: its settings (the data cursor's tasks and seed, which prepare has
+    written into them, among them), with the start adapter's identity: the registry version it was resolved to
+    (its copy is per run), else its URI and manifest (which names every file's sha256). Every version the run
+    registers records it (lineage ``request``)."""
+    settings = {k: v for k, v in pc.to_dict().items() if k not in ("run_id", "data_cursor", "tracking_uri")}
+    if pc.start_adapter and storage.is_published(pc.start_adapter):
+        manifest = storage.read_manifest(pc.start_adapter)
+        settings["start_adapter"] = (
+            [manifest.get("registry"), manifest.get("name"), manifest["version"]]
+            if "version" in manifest
+            else [pc.start_adapter, manifest]
+        )
+    return content_hash(_whole_numbers(settings))
+
+
+def _whole_numbers(value: Any) -> Any:
+    """``value`` with whole floats as ints: KFP passes a dict parameter's numbers as floats (2 arrives as 2.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
+def unchanged_since(pc: PipelineConfig) -> str:
+    """Why a prepared run would train nothing new ("" when it would): the newest registered version of
+    ``policy_name`` came from the same request (:func:`request_key`), i.e. the same start adapter, tasks, seeds and
+    settings. A scheduled run with ``data_cursor=fixed`` whose start adapter did not change is such a run."""
+    from sdarflow.registry import Registry
+
+    registry = Registry(pc.registry)
+    versions = registry.versions(pc.policy_name)
+    if not versions:
+        return ""
+    lineage = registry.lineage(pc.policy_name, versions[-1])
+    if lineage.get("request") != request_key(pc):
+        return ""
+    return (
+        f"nothing changed since run {lineage.get('run_id')} registered {pc.policy_name} v{versions[-1]}: the same "
+        f"start adapter, tasks, seeds and settings; fix: data_cursor continue (new tasks and seeds), or change a "
+        f"setting or the start adapter"
+    )
 
 
 def resolve_start_adapter(pc: PipelineConfig) -> str:

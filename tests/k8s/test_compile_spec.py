@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories import dag_tasks
 
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.cli import main
 
 GPU = ("generate", "rescore", "train", "evaluate", "evaluate-base", "evaluate-production")
-CPU = ("prepare", "extract-skills", "register", "promote-candidate", "run-report")
+CPU = ("prepare", "extract-skills", "register", "promote-candidate", "run-report", "skip-run")
 CANARY = "canary-secret-value-that-must-not-leak"
 
 
@@ -61,23 +62,23 @@ def spec(tmp_path, monkeypatch):
 
 def test_task_names_and_round_suffixes(tmp_path):
     spec, _, _ = compile_spec(tmp_path, "--rounds", "2")
-    tasks = set(spec["root"]["dag"]["tasks"])
+    tasks = set(dag_tasks(spec))
     assert {"prepare", "generate", "extract-skills", "rescore", "train", "evaluate", "register"} <= tasks
     # KFP suffixes later rounds' task names; display names say the round
     assert {"generate-2", "extract-skills-2", "rescore-2", "train-2", "evaluate-2", "register-2"} <= tasks
-    assert spec["root"]["dag"]["tasks"]["train-2"]["taskInfo"]["name"] == "train (round 1)"
+    assert dag_tasks(spec)["train-2"]["taskInfo"]["name"] == "train (round 1)"
     # round 1 generates with round 0's adapter
-    adapter = spec["root"]["dag"]["tasks"]["generate-2"]["inputs"]["artifacts"]["adapter"]
+    adapter = dag_tasks(spec)["generate-2"]["inputs"]["artifacts"]["adapter"]
     assert adapter["taskOutputArtifact"]["producerTask"] == "train"
     # registry versions follow the rounds: round 1 registers after round 0
-    assert "register" in spec["root"]["dag"]["tasks"]["register-2"]["dependentTasks"]
+    assert "register" in dag_tasks(spec)["register-2"]["dependentTasks"]
 
 
 def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
     """Every stage's output is a typed artifact (trajectories, skills and rescored rows as Dataset, the adapter as
     Model) and the tasks that read it take it as an input artifact: the UI draws each round's lineage."""
     spec, _, _ = compile_spec(tmp_path, "--rounds", "2")
-    tasks = spec["root"]["dag"]["tasks"]
+    tasks = dag_tasks(spec)
 
     def producer(task: str, name: str) -> tuple[str, str]:
         ref = tasks[task]["inputs"]["artifacts"][name]["taskOutputArtifact"]
@@ -127,7 +128,7 @@ def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
 
 def test_gpu_stages_get_accelerators_images_and_gpu_pool(spec):
     pipeline, platform, _ = spec
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     for name in GPU:
         container = executor(pipeline, tasks[name])
         accel = container["resources"]["accelerator"]
@@ -152,7 +153,7 @@ def test_gpu_stages_get_accelerators_images_and_gpu_pool(spec):
 def test_s3_credentials_only_through_the_secret(spec):
     pipeline, platform, text = spec
     assert CANARY not in text
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     for name in (*GPU, *CPU):
         entries = k8s_executor(pipeline, platform, tasks[name])["secretAsEnv"]
         mapped = {
@@ -176,7 +177,7 @@ def test_s3_credentials_only_through_the_secret(spec):
 
 def test_requests_retries_caching_and_root(spec):
     pipeline, _, _ = spec
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     for name, task in tasks.items():
         resources = executor(pipeline, task)["resources"]
         assert float(resources["cpuRequest"]) > 0 and resources["resourceMemoryRequest"], name
@@ -199,9 +200,9 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
 
     production = KubeOptions.for_preset("production")  # the default preset
     pipeline, platform, _ = spec
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     for name, task in tasks.items():
-        stage = {"promote-candidate": "promote", "run-report": "promote"}.get(name, name)
+        stage = {"promote-candidate": "promote", "run-report": "promote", "skip-run": "promote"}.get(name, name)
         stage = "evaluate" if stage.startswith("evaluate") else stage
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == production.timeout_s[stage], name
@@ -229,7 +230,7 @@ def test_flags_override_the_deadlines_and_volumes(tmp_path):
     pipeline, platform, _ = compile_spec(
         tmp_path, "--rounds", "1", "--timeout", "train=86400", "--shm-size", "64Gi", "--model-cache-size", ""
     )
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     train = k8s_executor(pipeline, platform, tasks["train"])
     assert int(train["activeDeadlineSeconds"]) == 86400
     assert [v["volumeName"] for v in train["emptyDirMounts"]] == ["dshm"]  # --model-cache-size "": none
@@ -240,7 +241,7 @@ def test_the_run_id_reaches_the_audit_log_as_a_whole_placeholder(spec):
     """KFP resolves a placeholder only when it is a parameter's whole value: the run id goes in alone and the
     component composes the actor."""
     pipeline, _, _ = spec
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     for name in ("register", "promote-candidate"):
         value = tasks[name]["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
         assert value == "{{$.pipeline_job_uuid}}", name
@@ -269,7 +270,7 @@ def test_ui_parameters_and_report_artifacts(spec):
 
 def test_cpu_only_stage_and_no_secret(tmp_path):
     pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "1", "--gpus", "evaluate=0", "--s3-secret", "")
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     container = executor(pipeline, tasks["evaluate"])
     assert container["image"] == IMAGE and "accelerator" not in container["resources"]
     assert "tolerations" not in k8s_executor(pipeline, platform, tasks["evaluate"])
@@ -278,7 +279,7 @@ def test_cpu_only_stage_and_no_secret(tmp_path):
 
 def test_shards_fan_out_generate_and_collect(tmp_path):
     pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "2", "--shards", "3")
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     # each round runs the generate-shards sub-pipeline: a ParallelFor over the shards, collected
     assert {"generate-shards", "generate-shards-2"} <= set(tasks) and "generate" not in tasks
     adapter = tasks["generate-shards-2"]["inputs"]["parameters"]["adapter_uri"]
@@ -312,7 +313,7 @@ def test_promotion_pipeline_spec(tmp_path):
     assert {"name", "version", "stage", "force", "reason", "registry"} <= set(params)
     assert params["tighten"]["defaultValue"] == {}  # the registry's policy
     assert params["stage"]["defaultValue"] == "production" and params["force"]["defaultValue"] is False
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     assert set(tasks) == {"promote"}
     assert k8s_executor(pipeline, platform, tasks["promote"])["secretAsEnv"]
     run_id = tasks["promote"]["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
@@ -329,7 +330,7 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
     params = pipeline["root"]["inputDefinitions"]["parameters"]
     assert {"out", "base_model", "rounds", "env", "preset", "stage_settings"} <= set(params)
     assert "defaultValue" not in params["out"] and "defaultValue" not in params["base_model"]
-    tasks = pipeline["root"]["dag"]["tasks"]
+    tasks = dag_tasks(pipeline)
     assert set(tasks) == {"study-settings", "study-start", "study-base", "study-cells", "study-report"}
     # the start point (a pretrained base's warm start) is made once, before the base row and the cells
     for task in ("study-base", "study-cells"):
@@ -555,7 +556,7 @@ def _gib(quantity: str) -> float:
 
 def _sizes(spec: dict, platform: dict, name: str) -> tuple[int, float, float, int]:
     """(GPUs, memory limit GiB, /dev/shm GiB, deadline seconds) of task ``name``."""
-    task = spec["root"]["dag"]["tasks"][name]
+    task = dag_tasks(spec)[name]
     resources = executor(spec, task)["resources"]
     k8s = k8s_executor(spec, platform, task)
     shm = [v["sizeLimit"] for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
@@ -634,7 +635,7 @@ def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path
     """--queue puts every pod in a Kueue LocalQueue (so the namespace's quotas and priority classes apply);
     --parallelism caps how many study cells run at once; a queue that is not a label value is one line."""
     pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "1", "--queue", "team-a")
-    for name, task in pipeline["root"]["dag"]["tasks"].items():
+    for name, task in dag_tasks(pipeline).items():
         labels = k8s_executor(pipeline, platform, task).get("podMetadata", {}).get("labels", {})
         assert labels == {"kueue.x-k8s.io/queue-name": "team-a"}, name
     flags = [

@@ -61,6 +61,12 @@ class RegisterConfig(StageConfig):
         io=True,
     )
 
+    request: str = opt(
+        "",
+        "what the run trains, as one hash (pipeline_config.request_key): a later run of the same is skipped",
+        io=True,
+    )
+
     def validate(self) -> None:
         if self.cursor:
             Cursor.check(
@@ -93,6 +99,7 @@ def run(cfg: RegisterConfig) -> dict:
         "data": list(cfg.data),
         "skill_library_version": storage.read_manifest(skills[0]).get("version") if skills else None,
         "cursor": cfg.cursor or None,
+        "request": cfg.request or None,
     }
     registry = Registry(cfg.registry)
     with tempfile.TemporaryDirectory() as tmp:
