@@ -202,7 +202,9 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     pipeline, platform, _ = spec
     tasks = dag_tasks(pipeline)
     for name, task in tasks.items():
-        stage = {"promote-candidate": "promote", "run-report": "promote", "skip-run": "promote"}.get(name, name)
+        stage = {"promote-candidate": "promote", "run-report": "promote", "skip-run": "promote"}.get(
+            name, name
+        )
         stage = "evaluate" if stage.startswith("evaluate") else stage
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == production.timeout_s[stage], name
