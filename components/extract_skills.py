@@ -12,7 +12,6 @@ def extract_skills(
     config_uri: str,
     rl_round: int,
     trajectory_shards: list,
-    previous_uri: str,
     library: Output[Dataset],
     report: Output[HTML],
     summary: Output[Markdown],
@@ -20,7 +19,7 @@ def extract_skills(
     previous: Input[Dataset] = None,
     rescored: Input[Dataset] = None,
 ) -> str:
-    """``previous`` is the last round's library (``previous_uri``: the run's seed skills, in round 0);
+    """``previous`` is the last round's library (absent in round 0, which merges into the run's seed library);
     ``rescored`` the last round's teacher gaps (for ucb retrieval), absent in round 0."""
     from sdarflow.kfp_runtime import artifact_uri, run_component
 
@@ -32,6 +31,6 @@ def extract_skills(
         html=report,
         markdown=summary,
         input=[artifact_uri(trajectories), *trajectory_shards],
-        previous=artifact_uri(previous) or previous_uri,
+        previous=artifact_uri(previous),
         rescored=[artifact_uri(rescored)],
     )

@@ -91,7 +91,7 @@ def build_training_pipeline(
     root = kube.pipeline_root if kube and kube.pipeline_root else None
     fan_out = sharded_generate(shards, kube) if shards > 1 else None
 
-    def _rounds(seed_skills, config_uri):
+    def _rounds(config_uri):
         """The run: the base model's and production's evaluations, the rounds, promotion and the run report;
         returns the last registered version's URI."""
         # the base model on the rounds' evaluation tasks, beside round 0: each round's report plots it, and the
@@ -104,15 +104,15 @@ def build_training_pipeline(
         wire(production, "evaluate", kube, "evaluate (production)")
         # Data flows as typed artifacts (Dataset, Model), so the UI shows each round's lineage. Round 0 has no
         # previous adapter (prepare's start_adapter, or a new LoRA, comes through the stage config), no previous
-        # library (the seed skills, a URI parameter) and no previous teacher gaps.
+        # library (the run's seed skills come the same way) and no previous teacher gaps.
         tr = sk = rs = None
         version = previous_register = None
         for r in range(rounds):
             trajectories = _generate_round(config_uri, r, tr, shards, kube, fan_out)
             adapter = {} if tr is None else {"adapter": tr.outputs["trained"]}
-            previous = {"previous_uri": seed_skills} if sk is None else {
-                "previous_uri": "", "previous": sk.outputs["library"], "rescored": rs.outputs["rescored"]
-            }  # fmt: skip
+            previous = (
+                {} if sk is None else {"previous": sk.outputs["library"], "rescored": rs.outputs["rescored"]}
+            )
             sk = extract_skills(config_uri=config_uri, rl_round=r, **trajectories, **previous)
             rs = rescore(
                 config_uri=config_uri, rl_round=r, **trajectories, skills=sk.outputs["library"], **adapter
@@ -169,7 +169,7 @@ def build_training_pipeline(
         # a run that would train nothing new (the same start adapter, tasks, seeds and settings as the newest
         # registered version's run) stops here, saying so
         with dsl.If(cfg.outputs["skip"] == "", name="new-request"):
-            version = _rounds(settings["seed_skills"], cfg.outputs["config_uri"])
+            version = _rounds(cfg.outputs["config_uri"])
         with dsl.Else(name="unchanged"):
             skipped = skip_run(reason=cfg.outputs["skip"])
             wire(skipped, "promote", kube, "skip (nothing changed)")

@@ -446,6 +446,22 @@ def test_start_adapter_resolves_production_into_the_run(registry_with_production
     assert stage_config(pc, "train", 1, input=["x"], adapter="round0").adapter == "round0"
 
 
+def test_seed_skills_reference_is_the_envs_reference_library_published_into_the_run(tmp_path):
+    from sdarflow.errors import ConfigError
+    from sdarflow.pipeline_config import load, prepare, stage_config
+    from sdarflow.skills.library import SkillLibrary, reference_library
+
+    pc = load(prepare(make_config(tmp_path, env="search-qa", seed_skills="reference")))
+    assert pc.seed_skills == storage.join(pc.storage, "runs", pc.run_id, "seed-skills")
+    published = storage.read_manifest(pc.seed_skills, "skills")["version"]
+    assert published == SkillLibrary.load(reference_library("search-qa")).version
+    # round 0 merges into it; later rounds into their previous round's library
+    assert stage_config(pc, "extract-skills", 0, input=["x"]).previous == pc.seed_skills
+    assert stage_config(pc, "extract-skills", 1, input=["x"], previous="round0").previous == "round0"
+    with pytest.raises(ConfigError, match="the SDAR reference has no skill library for textworld-cooking"):
+        prepare(make_config(tmp_path, seed_skills="reference"))
+
+
 def test_start_adapter_without_a_production_version_starts_fresh(tmp_path):
     from sdarflow.pipeline_config import load, prepare
 
@@ -610,6 +626,8 @@ def test_the_reference_preset_reaches_the_stages_as_the_reference_sets_them(tmp_
     for rollout in (generate, evaluate):
         assert (rollout.max_new_tokens, rollout.history_turns, rollout.max_turns) == (512, 4, 4)
     assert rescore.max_prompt_tokens == 4096 and evaluate.tasks == 128
+    # the reference's skills/search, published into the run, is what round 0 merges into
+    assert stage_config(pc, "extract-skills", 0, input=["x"]).previous.endswith("runs/s/seed-skills")
     assert train.carry_optimizer and (train.lr, train.weight_decay, train.lora_rank, train.mini_batches) == (
         3e-6,
         0.01,

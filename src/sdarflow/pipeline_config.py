@@ -40,6 +40,7 @@ DATA_CURSORS = ("continue", "fixed")
 KL_FROM_ENV = -1.0
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
 REGISTRY_REFS = (*RELEASE_STAGES, "latest")
+REFERENCE_SKILLS = "reference"  # seed_skills: the env's SDAR reference library, published into the run
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _GENERATE, _TRAIN, _EVALUATE = (config_class(s) for s in ("generate", "train", "evaluate"))
 
@@ -55,7 +56,12 @@ class PipelineConfig(StageConfig):
     )
     run_id: str = opt("", "run id; empty = generated (UTC time + random suffix)", io=True)
     registry: str = opt("", "adapter registry URI; empty = <storage>/registry", io=True)
-    seed_skills: str = opt("", "skill library to start from (e.g. the base model's seed_skills)", io=True)
+    seed_skills: str = opt(
+        "",
+        f"skill library round 0 merges into: a library URI or folder (e.g. the base model's seed_skills), "
+        f"'{REFERENCE_SKILLS}' = the SDAR reference's hand-written library of the env (search-qa), or empty",
+        io=True,
+    )
     start_adapter: str = opt(
         "",
         "adapter round 0 continues from: empty = a new LoRA; production, staging, latest or a version "
@@ -257,6 +263,8 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     values.update({k: [u for u in v if u] if isinstance(v, list) else v for k, v in io.items() if k in names})
     if "adapter" in names and not values.get("adapter") and pc.start_adapter:
         values["adapter"] = pc.start_adapter  # round 0 continues from the run's start adapter
+    if stage == "extract-skills" and not values.get("previous"):
+        values["previous"] = pc.seed_skills  # round 0 merges into the run's seed library
     if stage == "generate":
         # Only generate fans out in the pipeline; other stages' own shard fields keep their (single) defaults.
         values["num_shards"] = pc.shards
@@ -359,6 +367,7 @@ def prepare(pc: PipelineConfig) -> str:
     for stage in STAGES:
         stage_config(pc, stage, 0)  # raises ConfigError naming the stage and the key
     pc.start_adapter = resolve_start_adapter(pc)
+    pc.seed_skills = resolve_seed_skills(pc)
     uri = run_uri(pc.storage, pc.run_id, "pipeline.yaml")
     storage.write_bytes(uri, yaml.safe_dump(pc.to_dict(), sort_keys=True).encode())
     log.info("pipeline config %s (hash %s) -> %s", pc.run_id, pc.config_hash(), uri)
@@ -444,6 +453,22 @@ def unchanged_since(pc: PipelineConfig) -> str:
         f"start adapter, tasks, seeds and settings; fix: data_cursor continue (new tasks and seeds), or change a "
         f"setting or the start adapter"
     )
+
+
+def resolve_seed_skills(pc: PipelineConfig) -> str:
+    """The seed library's URI: ``reference`` becomes the env's SDAR reference library, published into the run
+    folder (``runs/<run_id>/seed-skills``); anything else stays as set."""
+    from sdarflow.skills.library import SkillLibrary, reference_library
+
+    if pc.seed_skills != REFERENCE_SKILLS:
+        return pc.seed_skills
+    folder = reference_library(pc.env)
+    if folder is None:
+        raise ConfigError(
+            f"pipeline: seed_skills {REFERENCE_SKILLS!r}: the SDAR reference has no skill library for {pc.env} "
+            f"(search-qa has one); fix: a published library URI, or leave seed_skills empty"
+        )
+    return SkillLibrary.load(folder).publish(run_uri(pc.storage, pc.run_id, "seed-skills"))
 
 
 def resolve_start_adapter(pc: PipelineConfig) -> str:

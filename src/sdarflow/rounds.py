@@ -63,7 +63,7 @@ def run_round(
         "extract-skills",
         extract_skills.run,
         input=[gen["uri"]],
-        previous=c.skills or pc.seed_skills,
+        previous=c.skills,
         rescored=[c.rescored],
     )
     rs = timed("rescore", rescore.run, input=[gen["uri"]], skills=sk["uri"], adapter=c.adapter)

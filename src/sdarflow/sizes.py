@@ -90,15 +90,19 @@ SIZES: dict[str, dict] = {
 }
 
 
-def _reference_step(env: str, tasks: int, max_turns: int, history_turns: int, **stages: dict) -> dict:
+def _reference_step(
+    env: str, tasks: int, max_turns: int, history_turns: int, seed_skills: str = "", **stages: dict
+) -> dict:
     """A round that is one training step of an SDAR reference script on ``env``: its tasks x 8 fresh rollouts,
     turn limit and history window, 512 response tokens, 128 held-out tasks (4 samples each for the gate's
     pass@k; the reference samples each once), one epoch in 2 mini-batches, and its LoRA recipe (rank and alpha
     64, AdamW at 3e-6 with weight decay 0.01, carried across rounds as one run), on vLLM and DeepSpeed;
-    ``stages``: more stage settings."""
+    ``seed_skills``: the library round 0 starts from (``reference``: the reference's own); ``stages``: more stage
+    settings."""
     rollout = {"max_new_tokens": 512, "history_turns": history_turns}
     return {
         "env": env,
+        "seed_skills": seed_skills,
         "tasks": tasks,
         "group_size": 8,
         "max_turns": max_turns,
@@ -151,9 +155,15 @@ PIPELINE_PRESETS: dict[str, dict] = {
     # the prompt, 4096-token prompts (the teacher's too), mini-batches of 256 x 8 turn rows (1,024 episodes of 2-4
     # turns: 2 steps), train on 4 GPUs; the LoRA settings are the ALFWorld LoRA script's (the reference has no
     # search LoRA script; its full fine-tune runs at 1e-6). It validates greedily on 512 questions; search-qa holds
-    # 192 test and 144 ood questions, so 128 of each, sampled at 0.4 for pass@k. No env here is WebShop's.
+    # 192 test and 144 ood questions, so 128 of each, sampled at 0.4 for pass@k. Its skill library is the
+    # reference's skills/search (shipped in sdarflow.skills). No env here is WebShop's.
     "reference-search": _reference_step(
-        "search-qa", tasks=128, max_turns=4, history_turns=4, rescore={"max_prompt_tokens": 4096}
+        "search-qa",
+        tasks=128,
+        max_turns=4,
+        history_turns=4,
+        seed_skills="reference",
+        rescore={"max_prompt_tokens": 4096},
     ),
 }
 

@@ -55,12 +55,12 @@ def seed_skills_of(env: str, tasks: int, uri: str) -> str:
     ``tasks`` expert walkthroughs of the train split, as the tiny model's is (``warmstart.seed_library``;
     search-qa's walkthroughs share no step across tasks, so they give none)."""
     from sdarflow.skills.library import SkillLibrary, reference_library
-    from sdarflow.train.warmstart import expert_steps, publish_library, seed_library
+    from sdarflow.train.warmstart import expert_steps, seed_library
 
     if (folder := reference_library(env)) is not None:
-        return publish_library(SkillLibrary.load(folder), uri)
+        return SkillLibrary.load(folder).publish(uri)
     _, episodes = expert_steps(env, tasks)
-    return publish_library(seed_library(episodes), uri)
+    return seed_library(episodes).publish(uri)
 
 
 def warm_start(base: Path, env: str, tasks: int, train_settings: dict, folder: str, run_id: str) -> str:

@@ -546,6 +546,7 @@ def test_presets_set_the_ui_defaults(tmp_path):
     )
     assert search["stage_settings"]["generate"] == {"max_new_tokens": 512, "history_turns": 4}
     assert search["stage_settings"]["rescore"] == {"max_prompt_tokens": 4096}
+    assert (search["seed_skills"], reference["seed_skills"]) == ("reference", "")  # no ALFWorld library here
     assert search["stage_settings"]["train"] == reference["stage_settings"]["train"]
     with pytest.raises(SystemExit):
         compile_spec(tmp_path / "bad", "--preset", "huge")

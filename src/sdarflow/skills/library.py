@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -148,6 +149,15 @@ class SkillLibrary:
         if self.stats:
             (folder / STATS).write_text(json.dumps(self.stats, indent=2, sort_keys=True))
         return folder
+
+    def publish(self, uri: str) -> str:
+        """The library published at ``uri`` like any stage's, so extract-skills --previous accepts it."""
+        from sdarflow import storage
+
+        with tempfile.TemporaryDirectory() as folder:
+            self.save(folder)
+            storage.publish_dir(folder, uri, kind="skills", version=self.version)
+        return uri
 
     @classmethod
     def load(cls, folder: str | Path) -> SkillLibrary:

@@ -15,7 +15,6 @@ import json
 import logging
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -119,14 +118,6 @@ def seed_library(episodes: list[EpisodeActions]) -> SkillLibrary:
     return extract_skills(episodes, min_support=1, origin={"source": "seed"})
 
 
-def publish_library(lib: SkillLibrary, uri: str) -> str:
-    """``lib`` published at ``uri`` like any stage's library, so extract-skills --previous accepts it."""
-    with tempfile.TemporaryDirectory() as folder:
-        lib.save(folder)
-        storage.publish_dir(folder, uri, kind="skills", version=lib.version)
-    return uri
-
-
 def is_built(out_dir: Path, spec: BaseModelSpec) -> bool:
     info = out_dir / BUILD_FILE
     return (
@@ -215,7 +206,7 @@ def build_base_model(
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save(model.cpu(), tokenizer, tmp)
-    publish_library(seed_lib, str(tmp / SEED_SKILLS))
+    seed_lib.publish(str(tmp / SEED_SKILLS))
     info = {
         "spec": asdict(spec),
         "spec_hash": spec.hash(),
