@@ -356,15 +356,14 @@ def test_a_run_that_would_train_nothing_new_is_skipped(registry_with_production,
         settings = {"data_cursor": "fixed", "start_adapter": "production", "registry": str(registry.uri)}
         return load(prepare(make_config(tmp_path, run_id=run_id, **{**settings, **overrides})))
 
+    def registered(pc, folder: str, **lineage) -> None:
+        request = stage_config(pc, "register", 0, adapter="a", eval_report="e").request
+        lineage = {"run_id": pc.run_id, "request": request, **lineage}
+        registry.register("sdar-policy", fake_adapter(tmp_path / folder), eval_report([1] * 10), lineage)
+
     first = prepared("nightly-1")
     assert unchanged_since(first) == ""  # v3 records no request
-    request = stage_config(first, "register", 0, adapter="a", eval_report="e").request
-    registry.register(
-        "sdar-policy",
-        fake_adapter(tmp_path / "a4"),
-        eval_report([1] * 10),
-        {"run_id": "nightly-1", "request": request},
-    )
+    registered(first, "a4")
     assert unchanged_since(prepared("nightly-2")) == (
         "nothing changed since run nightly-1 registered sdar-policy v4: the same start adapter, tasks, seeds and "
         "settings; fix: data_cursor continue (new tasks and seeds), or change a setting or the start adapter"
@@ -372,15 +371,14 @@ def test_a_run_that_would_train_nothing_new_is_skipped(registry_with_production,
     assert unchanged_since(prepared("nightly-2", lr=1e-4)) == ""
     assert unchanged_since(prepared("nightly-2", stage_settings={"generate": {"first_task": 8}})) == ""
     cursor = stage_config(first, "register", 0, adapter="a", eval_report="e").cursor
-    registry.register(
-        "sdar-policy",
-        fake_adapter(tmp_path / "a5"),
-        eval_report([1] * 10),
-        {"request": request, "cursor": cursor},
-    )
+    registered(first, "a5", cursor=cursor)
     assert unchanged_since(prepared("nightly-3", data_cursor="continue")) == ""  # new tasks, next seed
+    # the reference library, published into each run's folder, is the same library every time
+    reference = {"env": "search-qa", "seed_skills": "reference"}
+    registered(prepared("search-1", **reference), "a6")
+    assert unchanged_since(prepared("search-2", **reference)).startswith("nothing changed since run search-1")
     registry.promote("sdar-policy", 3, force=True, reason="test")
-    assert unchanged_since(prepared("nightly-3")) == ""  # production moved on
+    assert unchanged_since(prepared("search-2", **reference)) == ""  # production moved on
 
 
 def test_the_base_evaluation_is_keyed_by_the_base_weights_and_the_settings(tiny_model, tmp_path):

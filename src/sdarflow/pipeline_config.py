@@ -411,9 +411,11 @@ def continue_cursor(pc: PipelineConfig) -> None:
 def request_key(pc: PipelineConfig) -> str:
     """What a prepared run trains, as one hash: its settings (the data cursor's tasks and seed, which prepare has
     written into them, among them), with the start adapter's identity: the registry version it was resolved to
-    (its copy is per run), else its URI and manifest (which names every file's sha256). Every version the run
-    registers records it (lineage ``request``)."""
+    (its copy is per run), else its URI and manifest (which names every file's sha256); and a published seed
+    library's content version. Every version the run registers records it (lineage ``request``)."""
     settings = {k: v for k, v in pc.to_dict().items() if k not in ("run_id", "data_cursor", "tracking_uri")}
+    if pc.seed_skills and storage.is_published(pc.seed_skills):
+        settings["seed_skills"] = storage.read_manifest(pc.seed_skills).get("version", pc.seed_skills)
     if pc.start_adapter and storage.is_published(pc.start_adapter):
         manifest = storage.read_manifest(pc.start_adapter)
         settings["start_adapter"] = (
@@ -468,7 +470,8 @@ def resolve_seed_skills(pc: PipelineConfig) -> str:
             f"pipeline: seed_skills {REFERENCE_SKILLS!r}: the SDAR reference has no skill library for {pc.env} "
             f"(search-qa has one); fix: a published library URI, or leave seed_skills empty"
         )
-    return SkillLibrary.load(folder).publish(run_uri(pc.storage, pc.run_id, "seed-skills"))
+    # overwrite: a retried prepare publishes it again
+    return SkillLibrary.load(folder).publish(run_uri(pc.storage, pc.run_id, "seed-skills"), overwrite=True)
 
 
 def resolve_start_adapter(pc: PipelineConfig) -> str:

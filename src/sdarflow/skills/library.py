@@ -150,13 +150,13 @@ class SkillLibrary:
             (folder / STATS).write_text(json.dumps(self.stats, indent=2, sort_keys=True))
         return folder
 
-    def publish(self, uri: str) -> str:
+    def publish(self, uri: str, overwrite: bool = False) -> str:
         """The library published at ``uri`` like any stage's, so extract-skills --previous accepts it."""
         from sdarflow import storage
 
         with tempfile.TemporaryDirectory() as folder:
             self.save(folder)
-            storage.publish_dir(folder, uri, kind="skills", version=self.version)
+            storage.publish_dir(folder, uri, kind="skills", version=self.version, overwrite=overwrite)
         return uri
 
     @classmethod
