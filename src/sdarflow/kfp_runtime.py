@@ -139,9 +139,7 @@ def run_production_component(config_uri: str, *, metrics=None, html=None, markdo
     )
     log.info(note)
     for artifact, text in ((html, f"<p>{note}</p>"), (markdown, f"_{note}_\n"), (output, "{}")):
-        if artifact is not None:
-            with open(artifact.path, "w") as f:
-                f.write(text)
+        _write_text(artifact, text)
     return ""
 
 
@@ -216,7 +214,7 @@ def run_promotion(
         current_report=current_report,
     )
     line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
-    _write_markdown(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
+    _write_text(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
     log.info("promotion: %s", line)
     return line
 
@@ -241,7 +239,7 @@ def promote_candidate(
     pc = load(config_uri)
     if pc.promote_to != "production":
         line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"
-        _write_markdown(markdown, line + "\n")
+        _write_text(markdown, line + "\n")
         _log_promotion(metrics, promoted=False, refused=False)
         return line
     # the version folder's manifest records its number (registry.store.Registry.register)
@@ -264,7 +262,7 @@ def promote_candidate(
         )
     except GateRefused as err:
         log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)
-        _write_markdown(markdown, f"**{pc.policy_name} v{version} not promoted**\n\n{err}\n")
+        _write_text(markdown, f"**{pc.policy_name} v{version} not promoted**\n\n{err}\n")
         _log_promotion(metrics, promoted=False, refused=True)
         return f"refused: {err}"
     _log_promotion(metrics, promoted=True, refused=False)
@@ -275,7 +273,7 @@ def skip_run(reason: str, markdown=None, metrics=None) -> str:
     """A run that would train nothing new (``pipeline_config.unchanged_since``) ends here, saying why."""
     setup_logging()
     log.warning("run skipped: %s", reason)
-    _write_markdown(markdown, f"**Run skipped**\n\n{reason}\n")
+    _write_text(markdown, f"**Run skipped**\n\n{reason}\n")
     if metrics is not None:
         metrics.log_metric("skipped", 1.0)
     return f"skipped: {reason}"
@@ -305,7 +303,7 @@ def _log_promotion(metrics, *, promoted: bool, refused: bool) -> None:
         metrics.log_metric("gate_refused", float(refused))
 
 
-def _write_markdown(artifact, text: str) -> None:
+def _write_text(artifact, text: str) -> None:
     if artifact is not None:
         with open(artifact.path, "w") as f:
             f.write(text)

@@ -121,7 +121,3 @@ def check_turns_unique(table: pa.Table, datasets: str) -> None:
         f"{repeated['count_all']} times (a dataset passed twice, or two runs with one run id); fix: pass each dataset "
         f"once, and give every run its own --run-id"
     )
-
-
-def empty(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()

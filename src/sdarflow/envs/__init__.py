@@ -23,21 +23,6 @@ BUILTIN_ENVS.add_lazy("tool-use", "sdarflow.envs.tool_use:ToolUseSuite")
 BUILTIN_ENVS.add_lazy("tool-use-http", "sdarflow.envs.tool_server:HttpToolUseSuite")
 BUILTIN_ENVS.add_lazy("search-qa", "sdarflow.envs.search_qa:SearchQASuite")
 
-__all__ = [
-    "BUILTIN_ENVS",
-    "ActionFormat",
-    "SPLITS",
-    "Env",
-    "EnvError",
-    "EnvSuite",
-    "Reset",
-    "SkillTruth",
-    "Step",
-    "Task",
-    "get_suite",
-    "list_envs",
-]
-
 
 def _plugins() -> dict:
     """Entry points of the ``sdarflow.envs`` group by name, minus names a built-in already takes."""

@@ -15,18 +15,43 @@ format lists them, as the SDAR reference does for ALFWorld.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from sdarflow.errors import SdarflowError
 
 # valid: held out like test, disjoint from every other split; settings are chosen on it, results reported on test
 Split = Literal["train", "valid", "test", "ood"]
 SPLITS: tuple[str, ...] = ("train", "valid", "test", "ood")
+S = TypeVar("S")  # a suite's per-split settings
 
 
 class EnvError(SdarflowError, ValueError):
     """A user-fixable problem with an environment request (unknown env, bad split, ...)."""
+
+
+def check_max_turns(max_turns: int | None) -> None:
+    """A suite's turn limit: None (each split's own) or at least 1."""
+    if max_turns is not None and max_turns < 1:
+        raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
+
+
+def split_spec(specs: Mapping[str, S], split: str, suite: str) -> S:
+    """``specs[split]``; EnvError naming the suite's splits if it has no such split."""
+    if split not in specs:
+        raise EnvError(
+            f"unknown split {split!r} for {suite}; allowed: {', '.join(specs)}; fix: use one of {', '.join(SPLITS)}"
+        )
+    return specs[split]
+
+
+def check_step(task: Task, started: bool, done: bool) -> None:
+    """What every env's ``step`` checks first: that ``reset`` came before and the episode has not ended."""
+    if not started:
+        raise EnvError(f"step() before reset() on {task.task_id}; fix: call reset() first")
+    if done:
+        raise EnvError(f"step() after the episode of {task.task_id} ended; fix: check done, or reset()")
 
 
 def task_indices(split: str, size: int, n: int | None, start: int) -> list[int]:

@@ -16,7 +16,17 @@ import random
 import re
 from dataclasses import dataclass
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
+from sdarflow.envs.base import (
+    EnvError,
+    Reset,
+    SkillTruth,
+    Step,
+    Task,
+    check_max_turns,
+    check_step,
+    split_spec,
+    task_indices,
+)
 from sdarflow.envs.search_corpus import BM25, KIND_SIZES, build_world, documents
 
 log = logging.getLogger(__name__)
@@ -100,12 +110,7 @@ class SearchQAEnv:
         return Reset(instruction=f"{self.question}\n{INSTRUCTIONS}", observation="No search yet.")
 
     def step(self, action: str) -> Step:
-        if self.seen is None:
-            raise EnvError(f"step() before reset() on {self.task.task_id}; fix: call reset() first")
-        if self.done:
-            raise EnvError(
-                f"step() after the episode of {self.task.task_id} ended; fix: check done, or reset()"
-            )
+        check_step(self.task, self.seen is not None, self.done)
         self.turns += 1
         parsed, won = parse_qa_action(action), False
         if parsed is None:
@@ -146,8 +151,7 @@ class SearchQASuite:
     thread_safe = True  # episodes share only read-only data
 
     def __init__(self, world_seed: int = 0, top_k: int = 2, max_turns: int | None = None) -> None:
-        if max_turns is not None and max_turns < 1:
-            raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
+        check_max_turns(max_turns)
         if top_k < 1:
             raise EnvError(f"top_k must be >= 1, got {top_k}; fix: show at least one document per search")
         self.world_seed, self.top_k, self.max_turns = world_seed, top_k, max_turns
@@ -155,12 +159,7 @@ class SearchQASuite:
         self.index = BM25(documents(self.world))
 
     def _spec(self, split: str) -> QASplit:
-        if split not in QA_SPLITS:
-            raise EnvError(
-                f"unknown split {split!r} for {self.name}; allowed: {', '.join(QA_SPLITS)}; "
-                f"fix: use one of {', '.join(SPLITS)}"
-            )
-        return QA_SPLITS[split]
+        return split_spec(QA_SPLITS, split, self.name)
 
     def _people(self, split: str) -> list[int]:
         """The split's people in a fixed, seeded order (so the first n questions cover many people)."""

@@ -14,7 +14,17 @@ from pathlib import Path
 import textworld
 
 from sdarflow import config, storage
-from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
+from sdarflow.envs.base import (
+    EnvError,
+    Reset,
+    SkillTruth,
+    Step,
+    Task,
+    check_max_turns,
+    check_step,
+    split_spec,
+    task_indices,
+)
 from sdarflow.envs.textworld_games import (
     DIRECTION_ACTIONS,
     SPLIT_SPECS,
@@ -141,12 +151,7 @@ class TextWorldCookingEnv:
 
     def step(self, action: str) -> Step:
         """Play ``action``; done when won, lost or after ``max_turns`` (then ``info["truncated"]``)."""
-        if self._env is None or self._state is None:
-            raise EnvError(f"step() before reset() on {self.task.task_id}; fix: call reset() first")
-        if self._done:
-            raise EnvError(
-                f"step() after the episode of {self.task.task_id} ended; fix: check done, or reset()"
-            )
+        check_step(self.task, self._env is not None and self._state is not None, self._done)
         # A newline would make the interpreter run two commands and desync every later observation.
         command = " ".join(action.split())
         self._commands.append(command)
@@ -201,8 +206,7 @@ class TextWorldCookingSuite:
         splits: Mapping[str, SplitSpec] | None = None,
         shared: str | None = None,
     ) -> None:
-        if max_turns is not None and max_turns < 1:
-            raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
+        check_max_turns(max_turns)
         # Absolute, so task payloads stay valid for workers started in another directory.
         self.cache_dir = Path(cache_dir or config.cache_dir()).expanduser().resolve()
         self.max_turns, self.workers = max_turns, workers
@@ -215,12 +219,7 @@ class TextWorldCookingSuite:
 
     def spec(self, split: str) -> SplitSpec:
         """The generation settings of ``split``; EnvError naming the allowed splits if unknown."""
-        if split not in self.splits:
-            raise EnvError(
-                f"unknown split {split!r} for {self.name}; allowed: {', '.join(self.splits)}; "
-                f"fix: use one of {', '.join(SPLITS)}"
-            )
-        return self.splits[split]
+        return split_spec(self.splits, split, self.name)
 
     def game_dir(self, split: str) -> Path:
         """Cache folder holding the games of ``split``'s settings."""

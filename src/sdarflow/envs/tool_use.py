@@ -16,7 +16,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sdarflow.envs.base import SPLITS, EnvError, Reset, SkillTruth, Step, Task, task_indices
+from sdarflow.envs.base import (
+    Reset,
+    SkillTruth,
+    Step,
+    Task,
+    check_max_turns,
+    check_step,
+    split_spec,
+    task_indices,
+)
 from sdarflow.envs.tool_api import FINISH, TOOLS, ToolAPI, ToolCallError, World, canonical, parse_call
 from sdarflow.envs.tool_api import result_text as _result_text
 from sdarflow.envs.tool_api import run_plan as _run_plan
@@ -209,12 +218,7 @@ class ToolUseEnv:
 
     def step(self, action: str) -> Step:
         """Execute one call; a malformed one is counted (``info["malformed_calls"]``) and changes nothing."""
-        if self.api is None:
-            raise EnvError(f"step() before reset() on {self.task.task_id}; fix: call reset() first")
-        if self.done:
-            raise EnvError(
-                f"step() after the episode of {self.task.task_id} ended; fix: check done, or reset()"
-            )
+        check_step(self.task, self.api is not None, self.done)
         self.turns += 1
         try:
             tool, args = parse_call(action)
@@ -253,17 +257,11 @@ class ToolUseSuite:
     thread_safe = True  # episodes share only read-only data
 
     def __init__(self, max_turns: int | None = None) -> None:
-        if max_turns is not None and max_turns < 1:
-            raise EnvError(f"max_turns must be >= 1, got {max_turns}; fix: pass a positive turn limit")
+        check_max_turns(max_turns)
         self.max_turns = max_turns
 
     def _spec(self, split: str) -> ToolSplit:
-        if split not in TOOL_SPLITS:
-            raise EnvError(
-                f"unknown split {split!r} for {self.name}; allowed: {', '.join(TOOL_SPLITS)}; "
-                f"fix: use one of {', '.join(SPLITS)}"
-            )
-        return TOOL_SPLITS[split]
+        return split_spec(TOOL_SPLITS, split, self.name)
 
     def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
         spec = self._spec(split)

@@ -11,16 +11,3 @@ from sdarflow.evaluate.metrics import (
     wilson_interval,
 )
 from sdarflow.evaluate.report import PLOT_KEYS, evaluation_report, plots
-
-__all__ = [
-    "PLOT_KEYS",
-    "bootstrap_interval",
-    "build_report",
-    "evaluation_report",
-    "ks_for",
-    "pass_at_k",
-    "pass_at_k_interval",
-    "plots",
-    "split_results",
-    "wilson_interval",
-]

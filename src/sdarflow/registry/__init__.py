@@ -14,16 +14,3 @@ from sdarflow.registry.gate import GatePolicy, check_gate
 from sdarflow.registry.layout import NAME_PATTERN, validate_name
 from sdarflow.registry.serve import serve_config
 from sdarflow.registry.store import Registry
-
-__all__ = [
-    "NAME_PATTERN",
-    "RELEASE_STAGES",
-    "GatePolicy",
-    "GateRefused",
-    "Registry",
-    "RegistryConflict",
-    "RegistryError",
-    "check_gate",
-    "serve_config",
-    "validate_name",
-]
