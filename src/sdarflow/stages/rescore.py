@@ -23,13 +23,14 @@ from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher import TEACHER_WEIGHTS
+from sdarflow.teacher.guards import GuardSettings
 from sdarflow.teacher.rescore import BATCHINGS
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class RescoreConfig(StageConfig):
+class RescoreConfig(StageConfig, GuardSettings):
     stage = "rescore"
     input: list[str] = opt([], "trajectory dataset URI(s)", reads=True)
     skills: str = opt("", "skill library (published URI or folder)", reads=True)
@@ -88,40 +89,12 @@ class RescoreConfig(StageConfig):
     # bf16's error either way, at half the memory and twice the speed of fp32.
     precision: str = precision_opt("the weights the log-probs are taken with (float32 log-probs either way)")
     pack_length: int = opt(0, "packed bin size in tokens; 0 = the longest row", ge=0)
-    uniform_tol: float = opt(
-        0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate", ge=0
-    )
-    identical_tol: float = opt(
-        1e-6, "guard: teacher == student when no token differs by more than this", ge=0
-    )
-    max_general_only_share: float = opt(
-        0.5, "guard: largest share of rows allowed only general skills, [0, 1]", ge=0, le=1
-    )
-    allow_degenerate_teacher: bool = opt(
-        False, "override: keep going with near-uniform/constant teacher log-probs"
-    )
-    allow_identical_teacher: bool = opt(
-        False, "override: keep going when teacher equals student on every token"
-    )
-    allow_general_only: bool = opt(False, "override: keep going when most rows got only general skills")
     shard: int = opt(
         0, "this task's shard index in [0, num_shards): rows of every num_shards-th group", io=True, ge=0
     )
     num_shards: int = opt(1, "shards the rows are split over (one KFP task each)", io=True, ge=1)
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing dataset at --output", io=True)
-
-    def guard_settings(self):
-        from sdarflow.teacher.guards import GuardSettings
-
-        return GuardSettings(
-            self.uniform_tol,
-            self.identical_tol,
-            self.max_general_only_share,
-            self.allow_degenerate_teacher,
-            self.allow_identical_teacher,
-            self.allow_general_only,
-        )
 
     def validate(self) -> None:
         if self.shard >= self.num_shards:
@@ -228,13 +201,12 @@ def run(cfg: RescoreConfig) -> dict:
     strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
     teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens)
     overridden: list[str] = []
-    settings = cfg.guard_settings()
-    guards.check_retrieval(lib, teach.hits, task_types, settings, overridden)
+    guards.check_retrieval(lib, teach.hits, task_types, cfg, overridden)
 
     ppl = _ppl_rows(cfg, table, policy)
     old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts, adapter)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
-    guards.check_scores(old, teacher, vocab, teach.unchanged, settings, overridden)
+    guards.check_scores(old, teacher, vocab, teach.unchanged, cfg, overridden)
 
     summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))

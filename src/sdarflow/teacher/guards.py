@@ -18,6 +18,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from sdarflow.config import opt
 from sdarflow.errors import SdarflowError
 from sdarflow.skills.library import SkillLibrary
 
@@ -40,14 +41,27 @@ class GeneralOnlyRetrievalError(TeacherSanityError):
     """Task-specific skills exist but most rows got only the general skill."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class GuardSettings:
-    uniform_tol: float = 0.05
-    identical_tol: float = 1e-6
-    max_general_only_share: float = 0.5
-    allow_degenerate_teacher: bool = False
-    allow_identical_teacher: bool = False
-    allow_general_only: bool = False
+    """The guards' thresholds and overrides. The rescore stage's config is a GuardSettings, so each default and
+    help text is declared here once."""
+
+    uniform_tol: float = opt(
+        0.05, "guard: teacher mean log-prob within this many nats of -ln V is degenerate", ge=0
+    )
+    identical_tol: float = opt(
+        1e-6, "guard: teacher == student when no token differs by more than this", ge=0
+    )
+    max_general_only_share: float = opt(
+        0.5, "guard: largest share of rows allowed only general skills, [0, 1]", ge=0, le=1
+    )
+    allow_degenerate_teacher: bool = opt(
+        False, "override: keep going with near-uniform/constant teacher log-probs"
+    )
+    allow_identical_teacher: bool = opt(
+        False, "override: keep going when teacher equals student on every token"
+    )
+    allow_general_only: bool = opt(False, "override: keep going when most rows got only general skills")
 
 
 def _fire(err: TeacherSanityError, allowed: bool, overridden: list[str]) -> None:
