@@ -188,42 +188,28 @@ def kfp_parameters(
     return params
 
 
+def _same(*names: str) -> dict[str, str]:
+    return {name: name for name in names}
+
+
 # Which pipeline settings feed which stage fields.
 _SHARED: dict[str, dict[str, str]] = {
-    "generate": {
-        "env": "env",
-        "tasks": "tasks",
-        "group_size": "group_size",
-        "max_turns": "max_turns",
-        "seed": "seed",
-        "rollout_engine": "engine",
-    },
+    "generate": {**_same("env", "tasks", "group_size", "max_turns", "seed"), "rollout_engine": "engine"},
     "extract-skills": {},
-    "rescore": {"retrieval": "retrieval"},
+    "rescore": _same("retrieval"),
     "train": {
-        "method": "method",
-        "sdar_coef": "sdar_coef",
-        "gate_beta": "gate_beta",
-        "seed": "seed",
-        "lr": "lr",
-        "lora_rank": "lora_rank",
+        **_same("method", "sdar_coef", "gate_beta", "seed", "lr", "lora_rank", "kl_coef", "entropy_coef"),
+        **_same("format_guard", "tracking_uri"),
         "train_steps": "mini_batches",
-        "kl_coef": "kl_coef",
-        "entropy_coef": "entropy_coef",
-        "format_guard": "format_guard",
         "train_engine": "engine",
-        "tracking_uri": "tracking_uri",
     },
     "evaluate": {
-        "env": "env",
+        **_same("env", "max_turns", "policy_name", "tracking_uri"),
         "eval_tasks": "tasks",
         "eval_samples": "samples",
-        "max_turns": "max_turns",
-        "policy_name": "policy_name",
         "rollout_engine": "engine",
-        "tracking_uri": "tracking_uri",
     },
-    "register": {"policy_name": "name", "promote_to": "promote_to"},
+    "register": {**_same("promote_to"), "policy_name": "name"},
 }
 
 
