@@ -173,6 +173,14 @@ class Checked:
             raise error(f"{where}: {str(err).split('; fix:')[0]}; {fix}") from None
 
 
+class FileSchema(Checked):
+    """A JSON file's schema: values must have their types already, and keys without a field are ignored (what
+    other writers or versions add)."""
+
+    extra: ClassVar[bool] = True
+    strict: ClassVar[bool] = True
+
+
 def _prefix(what: str) -> str:
     return f"{what}: " if what else ""
 

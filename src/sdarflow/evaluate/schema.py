@@ -5,19 +5,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
-from sdarflow.config import Checked, opt
+from sdarflow.config import FileSchema, opt
 from sdarflow.errors import ConfigError
 
 _EPS = 1e-6  # pass@1 is a mean of counts: JSON's rounding, never a different count
 
 
 @dataclass
-class SplitReport(Checked):
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
-
+class SplitReport(FileSchema):
     pass_at_k: dict[str, float] = opt({}, "pass@k by k = 1, 2, ...", ge=0, le=1)
     ci95: dict[str, tuple[float, float]] = opt({}, "95-percent interval of each pass@k", ge=0, le=1)
     n_tasks: int | None = opt(None, "tasks evaluated", gt=0)
@@ -47,10 +43,7 @@ class SplitReport(Checked):
 
 
 @dataclass
-class EvalReport(Checked):
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
-
+class EvalReport(FileSchema):
     splits: dict[str, SplitReport] = opt({}, "each evaluated split's figures, by split name")
 
     def validate(self) -> None:

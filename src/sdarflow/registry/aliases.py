@@ -7,9 +7,9 @@ import datetime as dt
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from sdarflow.config import Checked, opt
+from sdarflow.config import FileSchema, opt
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.registry import cas
 from sdarflow.registry.errors import RegistryConflict
@@ -64,10 +64,7 @@ def alias_stack(history: list[dict[str, Any]]) -> list[int]:
 
 
 @dataclass
-class _Event(Checked):
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
-
+class _Event(FileSchema):
     version: int | None = opt(None, "the version a promotion pointed the stage at", ge=1)
     action: str = opt("", "promote or rollback")
 
@@ -78,19 +75,13 @@ class _Event(Checked):
 
 
 @dataclass
-class _Stage(Checked):
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
-
+class _Stage(FileSchema):
     version: int | None = opt(None, "the version the stage points at now", ge=1)
     history: list[_Event] = opt([], "every promotion and rollback of the stage")
 
 
 @dataclass
-class _AliasState(Checked):
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
-
+class _AliasState(FileSchema):
     stages: dict[str, _Stage] = opt({}, "each stage's alias")
 
 

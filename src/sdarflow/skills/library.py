@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sdarflow.config import Checked, opt
+from sdarflow.config import Checked, FileSchema, opt
 from sdarflow.errors import StorageError
 from sdarflow.storage import inside
 
@@ -201,11 +201,8 @@ class SkillLibrary:
 
 
 @dataclass
-class _Mapping(Checked):
+class _Mapping(FileSchema):
     """``skill_mapping.json`` (the reference layout, and our ``evidence``)."""
-
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
 
     skill_files: dict[str, str] = opt({}, "each skill's Markdown file")
     task_to_skill: dict[str, str | list[str]] = opt({}, "each task type's skill (or skills)")
@@ -224,12 +221,9 @@ class _Arm(Checked):
 
 
 @dataclass
-class _Stats(Checked):
+class _Stats(FileSchema):
     """``skill_stats.json`` in the layout ``skills.bandit`` writes: task type -> skill -> arm (they feed UCB
     scores)."""
-
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
 
     arms: dict[str, dict[str, _Arm]] = opt({}, "the bandit's arms by task type and skill")
 

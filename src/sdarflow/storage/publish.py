@@ -16,14 +16,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sdarflow import __version__
-from sdarflow.config import Checked, opt
+from sdarflow.config import FileSchema, opt
 from sdarflow.errors import ConfigError, SchemaError, StorageError
 from sdarflow.schema import check_turns_unique, fingerprint, validate
 from sdarflow.storage.files import (
@@ -184,11 +183,8 @@ def read_manifest(uri: str, kind: str | None = None) -> dict:
 
 
 @dataclass
-class _Member(Checked):
+class _Member(FileSchema):
     """One file a manifest lists."""
-
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
 
     path: str = opt("", "the file's path inside the artifact")
     rows: int | None = opt(None, "rows of a Parquet part", ge=0)
@@ -205,11 +201,8 @@ class _Member(Checked):
 
 
 @dataclass
-class _Manifest(Checked):
+class _Manifest(FileSchema):
     """A manifest's shape, checked before any entry is used."""
-
-    extra: ClassVar[bool] = True
-    strict: ClassVar[bool] = True
 
     files: list[_Member] = opt([], "the artifact's files")
     attachments: list[_Member] = opt([], "reports beside a dataset")
