@@ -15,9 +15,9 @@ from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
-from sdarflow.models.device import device_opt, resolve_device
+from sdarflow.models.device import device_opt
 from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
-from sdarflow.rollout.envhost import envs_opt, in_worker
+from sdarflow.rollout.envhost import envs_opt
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 
@@ -107,8 +107,8 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report
-    from sdarflow.rollout.engine import action_tokens, load_engine, prompt_format
-    from sdarflow.rollout.episode import RolloutParams
+    from sdarflow.rollout.engine import load_engine
+    from sdarflow.stages.generate import rollout_params
 
     require("evaluate", model=cfg.model, output=cfg.output)
     check_available(cfg.tracking_uri)
@@ -121,19 +121,7 @@ def run(cfg: EvaluateConfig) -> dict:
         batch_size=cfg.batch_size,
         device=cfg.device,
     )
-    fmt = prompt_format(cfg.prompt_format, engine.tokenizer)
-    max_new_tokens = action_tokens(suite, cfg.max_new_tokens, fmt)
-    params = RolloutParams(
-        max_turns=cfg.max_turns or 1000,
-        max_new_tokens=max_new_tokens,
-        temperature=cfg.temperature,
-        history_turns=cfg.history_turns,
-        prompt_format=fmt,
-        seed=cfg.seed,
-        env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
-        # as in generate: a prompt past the context ends its episode; a first prompt that cannot fit is an error
-        max_prompt_tokens=max(engine.max_context - max_new_tokens, 1) if engine.max_context else 0,
-    )
+    params = rollout_params(cfg, suite, engine)
     try:
         results = [row for split in cfg.splits for row in _play(cfg, split, suite, engine, params)]
     finally:
@@ -147,7 +135,7 @@ def run(cfg: EvaluateConfig) -> dict:
         # what the gate requires to be equal before it pairs two reports task by task
         protocol={
             **{k: getattr(cfg, k) for k in ("temperature", "max_turns", "max_new_tokens", "history_turns")},
-            "prompt_format": fmt,
+            "prompt_format": params.prompt_format,
         },
     )
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}

@@ -116,8 +116,9 @@ def shard_tasks(tasks: list, shard: int, num_shards: int) -> list:
     return tasks[shard::num_shards]
 
 
-def rollout_params(cfg: GenerateConfig, suite, engine) -> RolloutParams:
-    """The rollout loop's settings for ``cfg`` on ``engine`` (its context bounds the prompts)."""
+def rollout_params(cfg: StageConfig, suite, engine) -> RolloutParams:
+    """The rollout loop's settings for a generate or evaluate ``cfg`` on ``engine`` (its context bounds the
+    prompts: a prompt past it ends its episode)."""
     from sdarflow.rollout.engine import action_tokens, prompt_format
     from sdarflow.rollout.episode import RolloutParams
 
@@ -125,21 +126,20 @@ def rollout_params(cfg: GenerateConfig, suite, engine) -> RolloutParams:
     max_new_tokens = action_tokens(suite, cfg.max_new_tokens, fmt)
     if engine.max_context and engine.max_context <= max_new_tokens:
         raise ConfigError(
-            f"generate: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
+            f"{cfg.stage}: max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's context "
             f"({engine.max_context}); fix: lower --max-new-tokens"
         )
     return RolloutParams(
         max_turns=cfg.max_turns or 1000,  # the env ends episodes at its own limit
         max_new_tokens=max_new_tokens,
         temperature=cfg.temperature,
-        top_p=cfg.top_p,
         history_turns=cfg.history_turns,
         prompt_format=fmt,
         seed=cfg.seed,
-        step_timeout_s=cfg.step_timeout_s,
-        env_workers=cfg.env_workers,
         env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
         max_prompt_tokens=engine.max_context - max_new_tokens if engine.max_context else 0,
+        # generate's own settings (evaluate samples at top_p 1 with the loop's defaults)
+        **{k: getattr(cfg, k) for k in ("top_p", "step_timeout_s", "env_workers") if hasattr(cfg, k)},
     )
 
 
