@@ -91,7 +91,7 @@ def build_training_pipeline(
     root = kube.pipeline_root if kube and kube.pipeline_root else None
     fan_out = sharded_generate(shards, kube) if shards > 1 else None
 
-    def _rounds(config_uri):
+    def _rounds(config_uri, promote_to):
         """The run: the base model's and production's evaluations, the rounds, promotion and the run report;
         returns the last registered version's URI."""
         # the base model on the rounds' evaluation tasks, beside round 0: each round's report plots it, and the
@@ -99,9 +99,14 @@ def build_training_pipeline(
         base = evaluate_base(config_uri=config_uri)
         wire(base, "evaluate", kube, "evaluate (base model)")
         base_evaluation = base.outputs["evaluation"]
-        # production on the same tasks, so the gate pairs it with the candidate (a no-op without promotion)
-        production = evaluate_production(config_uri=config_uri)
-        wire(production, "evaluate", kube, "evaluate (production)")
+        # production on the same tasks, so the gate pairs it with the candidate: a GPU task only in a run that
+        # promotes to production (a no-op before the first production version), else a CPU one that says so
+        with dsl.If(promote_to == "production", name="promotes"):
+            gated = evaluate_production(config_uri=config_uri)
+            wire(gated, "evaluate", kube, "evaluate (production)")
+        with dsl.Else(name="does-not-promote"):
+            ungated = evaluate_production(config_uri=config_uri)
+            wire(ungated, "promote", kube, "evaluate (production): not needed")
         # Data flows as typed artifacts (Dataset, Model), so the UI shows each round's lineage. Round 0 has no
         # previous adapter (prepare's start_adapter, or a new LoRA, comes through the stage config), no previous
         # library (the run's seed skills come the same way) and no previous teacher gaps.
@@ -150,7 +155,7 @@ def build_training_pipeline(
             config_uri=config_uri,
             registered=version,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            production_evaluation=production.outputs["evaluation"],
+            production_evaluation=dsl.OneOf(gated.outputs["Output"], ungated.outputs["Output"]),
         )
         wire(pr, "promote", kube, "promote (gated)")
         rep = run_report(
@@ -169,7 +174,7 @@ def build_training_pipeline(
         # a run that would train nothing new (the same start adapter, tasks, seeds and settings as the newest
         # registered version's run) stops here, saying so
         with dsl.If(cfg.outputs["skip"] == "", name="new-request"):
-            version = _rounds(cfg.outputs["config_uri"])
+            version = _rounds(cfg.outputs["config_uri"], settings["promote_to"])
         with dsl.Else(name="unchanged"):
             skipped = skip_run(reason=cfg.outputs["skip"])
             wire(skipped, "promote", kube, "skip (nothing changed)")

@@ -15,7 +15,16 @@ from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.cli import main
 
 GPU = ("generate", "rescore", "train", "evaluate", "evaluate-base", "evaluate-production")
-CPU = ("prepare", "extract-skills", "register", "promote-candidate", "run-report", "skip-run")
+# evaluate-production-2: production's evaluation where the run does not promote (says "not needed" on a CPU)
+CPU = (
+    "prepare",
+    "extract-skills",
+    "register",
+    "promote-candidate",
+    "run-report",
+    "skip-run",
+    "evaluate-production-2",
+)
 CANARY = "canary-secret-value-that-must-not-leak"
 
 
@@ -95,8 +104,19 @@ def test_data_flows_as_typed_artifacts_so_the_ui_shows_lineage(tmp_path):
     assert kinds[("comp-train", "trained")] == "system.Model"
     assert kinds[("comp-evaluate", "evaluation")] == "system.Artifact"
     assert kinds[("comp-evaluate-base", "evaluation")] == "system.Artifact"
-    # the gate pairs the candidate with production evaluated on the run's tasks
-    assert producer("promote-candidate", "production_evaluation") == ("evaluate-production", "evaluation")
+    # the gate pairs the candidate with production evaluated on the run's tasks: a OneOf of an If/Else, whose If
+    # branch (the run promotes to production) evaluates on a GPU
+    chosen = tasks["promote-candidate"]["inputs"]["parameters"]["production_evaluation"][
+        "taskOutputParameter"
+    ]
+    branches = spec["components"][f"comp-{chosen['producerTask']}"]["dag"]["tasks"].values()
+    conditions = {
+        name: branch["triggerPolicy"]["condition"]
+        for branch in branches
+        for name in spec["components"][branch["componentRef"]["name"]]["dag"]["tasks"]
+    }
+    assert conditions["evaluate-production"].endswith("promote_to'] == 'production'")
+    assert conditions["evaluate-production-2"].startswith("!(")  # the Else branch
     for suffix, before in (("", None), ("-2", "")):
         assert producer(f"extract-skills{suffix}", "trajectories") == (f"generate{suffix}", "trajectories")
         assert producer(f"rescore{suffix}", "skills") == (f"extract-skills{suffix}", "library")
@@ -202,10 +222,8 @@ def test_timeouts_shared_memory_and_the_model_cache_volume(spec):
     pipeline, platform, _ = spec
     tasks = dag_tasks(pipeline)
     for name, task in tasks.items():
-        stage = {"promote-candidate": "promote", "run-report": "promote", "skip-run": "promote"}.get(
-            name, name
-        )
-        stage = "evaluate" if stage.startswith("evaluate") else stage
+        stage = "evaluate" if name in GPU and name.startswith("evaluate") else name
+        stage = "promote" if name in CPU[3:] else stage  # tasks wired with the promote task's settings
         k8s = k8s_executor(pipeline, platform, task)
         assert int(k8s["activeDeadlineSeconds"]) == production.timeout_s[stage], name
         shm = [v for v in k8s.get("emptyDirMounts", []) if v["mountPath"] == "/dev/shm"]
