@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import hashlib
 import logging
 import os
 import tempfile
@@ -31,6 +30,7 @@ import pyarrow.fs as pafs
 from sdarflow import storage
 from sdarflow.errors import StorageError
 from sdarflow.registry.errors import RegistryConflict
+from sdarflow.storage.files import reachable, sha256
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +53,11 @@ def _bucket_key(uri: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _io(uri: str, action: str) -> Iterator[None]:
-    """Turn local and S3 transport errors into one StorageError line naming the URI and the fix."""
+    """Local and S3 transport errors as one StorageError line naming the URI and the fix."""
     from botocore.exceptions import BotoCoreError
 
-    try:
+    with reachable(storage.resolve(uri), action, (OSError, BotoCoreError)):
         yield
-    except (OSError, BotoCoreError) as err:
-        hint = "check the path and permissions"
-        if uri.startswith("s3://"):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL", "<AWS default>")
-            hint = (
-                f"check AWS_ENDPOINT_URL ({endpoint}), the bucket and the AWS credentials in the environment"
-            )
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise StorageError(f"cannot {action} '{uri}': {first}; fix: {hint}") from err
 
 
 _client_lock = threading.Lock()
@@ -94,10 +85,6 @@ def _s3_client() -> Any:
 def _s3_error_code(err: Exception) -> str:
     response = getattr(err, "response", {}) or {}
     return str(response.get("Error", {}).get("Code", ""))
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- create-if-absent
@@ -144,7 +131,7 @@ def read_versioned(uri: str) -> tuple[bytes | None, str | None]:
                 data = Path(path).read_bytes()
             except FileNotFoundError:
                 return None, None
-        return data, _sha256(data)
+        return data, sha256(data)
 
     from botocore.exceptions import ClientError
 
@@ -191,7 +178,7 @@ def _local_cas(uri: str, path: str, data: bytes, expected_etag: str | None) -> s
                 current = target.read_bytes()
             except FileNotFoundError:
                 current = None
-            current_etag = None if current is None else _sha256(current)
+            current_etag = None if current is None else sha256(current)
             if current_etag != expected_etag:
                 raise _conflict(uri)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -204,7 +191,7 @@ def _local_cas(uri: str, path: str, data: bytes, expected_etag: str | None) -> s
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-    return _sha256(data)
+    return sha256(data)
 
 
 def _conflict(uri: str) -> RegistryConflict:

@@ -126,32 +126,36 @@ def _vllm_container(args: list[str], image: str, port: int, mount: dict) -> dict
     }
 
 
-def kubernetes_manifests(
+def serve_config(
+    registry: Registry | str | Path,
+    base_model: str,
+    name: str | None = None,
     *,
-    registry_uri: str,
-    args: list[str],
-    adapters: list[dict[str, Any]],
-    image: str,
-    fetch_image: str,
-    secret: str,
-    adapter_root: str,
-    app: str,
-    port: int,
-    namespace: str | None,
-) -> list[dict[str, Any]]:
-    """A Deployment (initContainer fetches adapters, vLLM container on one GPU) and a ClusterIP Service."""
+    image: str = DEFAULT_IMAGE,
+    fetch_image: str = DEFAULT_FETCH_IMAGE,
+    secret: str = S3_SECRET,
+    adapter_root: str = "/adapters",
+    app: str = "sdarflow-serve",
+    port: int = 8000,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}``."""
+    registry = registry if isinstance(registry, Registry) else Registry(registry)
+    adapters = production_adapters(registry, name, adapter_root)
+    args = vllm_args(base_model, adapters, port)
+    # A Deployment (initContainer fetches adapters, vLLM container on one GPU) and a ClusterIP Service
     labels = {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "sdarflow"}
     metadata: dict[str, Any] = {"name": app, "labels": labels}
     if namespace:
         metadata["namespace"] = namespace
     mount = {"name": "adapters", "mountPath": adapter_root}
     pod = {
-        "initContainers": [_fetch_container(registry_uri, adapters, fetch_image, secret, mount)],
+        "initContainers": [_fetch_container(registry.uri, adapters, fetch_image, secret, mount)],
         "containers": [_vllm_container(args, image, port, mount)],
         "volumes": [{"name": "adapters", "emptyDir": {}}],
     }
     annotations = {
-        "sdarflow.io/registry": registry_uri,
+        "sdarflow.io/registry": registry.uri,
         "sdarflow.io/adapters": ",".join(f"{a['name']}:{a['version']}" for a in adapters),
     }
     deployment = {
@@ -176,38 +180,6 @@ def kubernetes_manifests(
             "ports": [{"name": "http", "port": port, "targetPort": "http"}],
         },
     }
-    return [deployment, service]
-
-
-def serve_config(
-    registry: Registry | str | Path,
-    base_model: str,
-    name: str | None = None,
-    *,
-    image: str = DEFAULT_IMAGE,
-    fetch_image: str = DEFAULT_FETCH_IMAGE,
-    secret: str = S3_SECRET,
-    adapter_root: str = "/adapters",
-    app: str = "sdarflow-serve",
-    port: int = 8000,
-    namespace: str | None = None,
-) -> dict[str, Any]:
-    """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}``."""
-    registry = registry if isinstance(registry, Registry) else Registry(registry)
-    adapters = production_adapters(registry, name, adapter_root)
-    args = vllm_args(base_model, adapters, port)
-    manifests = kubernetes_manifests(
-        registry_uri=registry.uri,
-        args=args,
-        adapters=adapters,
-        image=image,
-        fetch_image=fetch_image,
-        secret=secret,
-        adapter_root=adapter_root,
-        app=app,
-        port=port,
-        namespace=namespace,
-    )
     result = {
         "vllm": {
             "args": args,
@@ -215,7 +187,7 @@ def serve_config(
             "adapters": adapters,
             "max_lora_rank": int(args[args.index("--max-lora-rank") + 1]),
         },
-        "kubernetes": manifests,
+        "kubernetes": [deployment, service],
     }
     # A JSON round trip unshares the dicts and lists used in several places, so YAML dumps have no &anchors.
     return json.loads(json.dumps(result))

@@ -108,13 +108,13 @@ def inside(root: str | Path, rel: object, what: str) -> Path:
 
 
 @contextlib.contextmanager
-def reachable(loc: Location, action: str) -> Iterator[None]:
-    """Turn low-level I/O errors into one StorageError line that names the URI and the fix."""
+def reachable(loc: Location, action: str, errors: tuple = (OSError, pa.ArrowException)) -> Iterator[None]:
+    """Turn low-level I/O ``errors`` into one StorageError line that names the URI and the fix."""
     try:
         yield
     except (SchemaError, StorageError):
         raise
-    except (OSError, pa.ArrowException) as err:
+    except errors as err:
         hint = "check the path and permissions"
         if loc.uri.startswith("s3://"):
             endpoint = os.environ.get("AWS_ENDPOINT_URL", "<AWS default>")

@@ -79,15 +79,10 @@ def members(manifest: dict) -> list[dict]:
     return [*manifest["files"], *manifest.get("attachments", [])]
 
 
-def _member_path(manifest: dict, rel: str) -> str:
-    prefix = manifest.get("prefix", "")
-    return f"{prefix}/{rel}" if prefix else rel
-
-
 def _member_location(loc: Location, manifest: dict, rel: str, what: str) -> str:
     """Where a listed file is, in ``loc.fs``: on local disk only once it resolves inside the artifact (no
     symlink out), so nothing outside is ever read or deleted through a listed path."""
-    path = _member_path(manifest, rel)
+    path = f"{manifest['prefix']}/{rel}" if manifest.get("prefix") else rel
     if isinstance(loc.fs, pafs.LocalFileSystem):
         return str(inside(loc.path, path, f"{what} {loc.uri}"))
     return f"{loc.path}/{path}"
@@ -111,7 +106,9 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
             old = {"files": []}  # a broken artifact: nothing of it is worth keeping readable
     # Into a fresh generation when something is there already (a published artifact, or files this publish did
     # not write: a killed run's leftovers, or a user's): a failure then removes only what this publish wrote.
-    present = _children(loc)
+    with reachable(loc, "list"):
+        is_dir = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+        present = loc.fs.get_file_info(pafs.FileSelector(loc.path)) if is_dir else []
     beside = old is not None or bool(present)
     target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if beside else "")
     with reachable(loc, "delete"):  # generations an interrupted overwrite left (no manifest names them)
@@ -129,14 +126,6 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
     if old is not None:
         with contextlib.suppress(StorageError):  # the new artifact is published; leftovers only cost space
             _remove_replaced(loc, old)
-
-
-def _children(loc: Location) -> list[pafs.FileInfo]:
-    """What is directly inside the folder (nothing when it does not exist)."""
-    with reachable(loc, "list"):
-        if loc.fs.get_file_info(loc.path).type != pafs.FileType.Directory:
-            return []
-        return loc.fs.get_file_info(pafs.FileSelector(loc.path))
 
 
 def _remove_replaced(loc: Location, old: dict) -> None:
@@ -279,8 +268,7 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
         with reachable(loc, "read"):
             parts = []
             for entry in manifest["files"]:
-                data = _read_location(loc, _member_location(loc, manifest, entry["path"], "dataset"))
-                _verify(entry, data, loc.uri)  # the part is the one published: its size and sha256
+                data = _read_entry(loc, manifest, entry, "dataset")  # the part published: its size and sha256
                 try:
                     parts.append(pq.read_table(pa.BufferReader(data)))
                 except pa.ArrowInvalid as err:
@@ -345,8 +333,7 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
     for entry in manifest["files"]:
         out = inside(target, entry["path"], f"{kind} {loc.uri}")
-        data = _read_location(loc, _member_location(loc, manifest, entry["path"], kind))
-        _verify(entry, data, loc.uri)
+        data = _read_entry(loc, manifest, entry, kind)
         with reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
@@ -363,20 +350,20 @@ def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
     """One file of a published artifact (a listed file or an attachment), verified against its manifest."""
     manifest = read_manifest(uri, kind)
     entry = member_entry(manifest, name)
+    loc = resolve(uri)
     if entry is None:
         raise StorageError(
-            f"'{resolve(uri).uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
+            f"'{loc.uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
         )
-    loc = resolve(uri)
-    data = _read_location(
-        loc, _member_location(loc, manifest, entry["path"], manifest.get("kind", "artifact"))
-    )
+    return _read_entry(loc, manifest, entry, manifest.get("kind", "artifact"))
+
+
+def _read_entry(loc: Location, manifest: dict, entry: dict, what: str) -> bytes:
+    """A listed file's bytes, verified against its manifest entry."""
+    path = _member_location(loc, manifest, entry["path"], what)
+    data = read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path)
     _verify(entry, data, loc.uri)
     return data
-
-
-def _read_location(loc: Location, path: str) -> bytes:
-    return read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path)
 
 
 def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
