@@ -1,21 +1,15 @@
 """Comparing two evaluations of the same tasks: the difference of their pass@k and a one-sided lower confidence
-bound on it, so a gate can tell a real gain from the noise of a few dozen tasks.
+bound on it, so a gate can tell a real gain from the noise of a few dozen tasks (docs/evaluation.md).
 
-The unit is the task (its samples are correlated), as in :func:`sdarflow.evaluate.metrics.bootstrap_interval`.
-Evaluations of the same tasks (the pipeline evaluates every round on the same tasks and sampling seeds) are
-compared *paired*: with ``d_t = pass@k_a(t) - pass@k_b(t)`` over the ``m`` tasks,
+The unit is the task (its samples are correlated). Evaluations of the same tasks are compared *paired*: with
+``d_t = pass@k_a(t) - pass@k_b(t)`` over the ``m`` tasks,
 
     diff = mean_t d_t,    lower = min(diff - t_{conf, m-1} * sd(d) / sqrt(m),  sign-flip bound)
 
-Student's one-sided bound (``sd`` with ``m - 1`` degrees of freedom) relies on the mean being near normal, which
-fails when few tasks differ: 3 of 32 tasks each gaining one success of 4 (and none losing) give a positive t bound,
-yet under "no gain" each of those 3 differences is as likely + as -, and all three come out + with probability
-1/8. The exact sign-flip bound (:func:`sign_flip_lower`) makes no normality assumption; the stricter of the two
-is the bound. Task sets that differ are compared unpaired (Welch's standard error ``sqrt(sd_a^2 / m_a + sd_b^2 / m_b)``, with the conservative ``min(m_a, m_b) - 1``
-degrees of freedom). Fewer than two tasks on a side give no bound (None): one task cannot show a spread.
-
-Pure functions of a report's split (``samples_per_task`` and ``task_successes``, as ``split_results`` writes
-them), no I/O.
+Student's bound assumes a near-normal mean, which fails when few tasks differ; the exact sign-flip bound
+(:func:`sign_flip_lower`) does not. Task sets that differ are compared unpaired (Welch's standard error
+``sqrt(sd_a^2 / m_a + sd_b^2 / m_b)``, with ``min(m_a, m_b) - 1`` degrees of freedom). Fewer than two tasks on a
+side give no bound (None). Pure functions of a report's split (``samples_per_task``, ``task_successes``).
 """
 
 from __future__ import annotations
@@ -70,10 +64,8 @@ def student_t_quantile(p: float, dof: int) -> float:
     return (lo + hi) / 2
 
 
-SIGN_FLIP_EXACT_TASKS = (
-    16  # up to this many tasks every sign pattern is enumerated (2**16); beyond, a fixed sample
-)
-SIGN_FLIP_DRAWS = 20_000
+# Up to this many tasks every sign pattern is enumerated (2**16); beyond, a fixed sample of SIGN_FLIP_DRAWS.
+SIGN_FLIP_EXACT_TASKS, SIGN_FLIP_DRAWS = 16, 20_000
 
 
 def sign_flip_lower(d: np.ndarray, confidence: float = 0.95, seed: int = 0) -> float | None:
@@ -132,9 +124,7 @@ class Difference:
     candidate: float
     reference: float
     diff: float
-    lower: (
-        float | None
-    )  # one-sided lower confidence bound of diff (the stricter below); None with < two tasks
+    lower: float | None  # one-sided lower bound of diff (the stricter below); None with < two tasks
     confidence: float
     tasks: int
     paired: bool
@@ -159,22 +149,16 @@ def difference(
     if not a or not b:
         raise ValueError("difference needs at least one task on each side")
     paired = a.keys() == b.keys()
-    if paired:
-        tasks = sorted(a)
-        d = np.array([a[t] - b[t] for t in tasks])
-        m, mean_a, mean_b = (
-            len(tasks),
-            float(np.mean([a[t] for t in tasks])),
-            float(np.mean([b[t] for t in tasks])),
-        )
-        se, dof = (float(d.std(ddof=1)) / math.sqrt(m), m - 1) if m > 1 else (None, 0)
+    va, vb = (np.array([x[t] for t in sorted(a)] if paired else list(x.values())) for x in (a, b))
+    m, mean_a, mean_b = min(va.size, vb.size), float(va.mean()), float(vb.mean())
+    if m < 2:
+        se = None
+    elif paired:
+        se = float((va - vb).std(ddof=1)) / math.sqrt(m)
     else:
-        va, vb = np.array(list(a.values())), np.array(list(b.values()))
-        m, mean_a, mean_b = min(va.size, vb.size), float(va.mean()), float(vb.mean())
-        se = math.sqrt(va.var(ddof=1) / va.size + vb.var(ddof=1) / vb.size) if m > 1 else None
-        dof = m - 1
+        se = math.sqrt(va.var(ddof=1) / va.size + vb.var(ddof=1) / vb.size)
     diff = mean_a - mean_b
-    t_lower = None if se is None else diff - student_t_quantile(confidence, dof) * se
-    flip = sign_flip_lower(d, confidence) if paired and t_lower is not None else None
+    t_lower = None if se is None else diff - student_t_quantile(confidence, m - 1) * se
+    flip = sign_flip_lower(va - vb, confidence) if paired and t_lower is not None else None
     lower = (None if flip is None else min(t_lower, flip)) if paired else t_lower
     return Difference(k, mean_a, mean_b, diff, lower, confidence, m, paired, t_lower, flip)

@@ -84,42 +84,28 @@ def _type_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | 
     return header, rows
 
 
-def _extras(report: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Lineage and other extra fields as (key, text); non-strings as sorted JSON so output is deterministic."""
-    return [
-        (key, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
-        for key, value in report.items()
-        if key not in _FIXED_KEYS
-    ]
-
-
-def _sections(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> list[tuple[str, Table]]:
-    """(title, table) in display order; shared by both renderers so Markdown and HTML always agree."""
-    sections = [("Overview", _overview_table(report, baseline))]
-    for split, s in report["splits"].items():
-        sections.append((f"Split {split}: pass@k", _pass_table(split, s, baseline)))
-        sections.append((f"Split {split}: pass@1 by task type", _type_table(split, s, baseline)))
-    return sections
-
-
-def _subtitle(report: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> str:
-    text = f"base model: {report['base_model']}"
-    return text + (f"; baseline: {baseline['adapter']}" if baseline is not None else "")
-
-
 def evaluation_report(
     report: Mapping[str, Any], baseline: Mapping[str, Any] | None, images: Mapping[str, bytes]
 ) -> Report:
     """The report to render: overview, pass@k with CI per split, pass@1 by task type, the ``images`` (from
     :func:`plots`), lineage. With a ``baseline`` the tables gain baseline and delta columns."""
-    sections = [Section(title, table=table) for title, table in _sections(report, baseline)]
+    sections = [Section("Overview", table=_overview_table(report, baseline))]
+    for split, s in report["splits"].items():
+        sections.append(Section(f"Split {split}: pass@k", table=_pass_table(split, s, baseline)))
+        sections.append(Section(f"Split {split}: pass@1 by task type", table=_type_table(split, s, baseline)))
     sections.append(Section("Plots", images=tuple(images)))
-    extras = _extras(report)
+    # lineage and other extra fields; non-strings as sorted JSON so the output is deterministic
+    extras = [
+        (key, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+        for key, value in report.items()
+        if key not in _FIXED_KEYS
+    ]
     if extras:
         sections.append(Section("Lineage", items=extras))
     return Report(
         title=f"Evaluation: {report['adapter']}",
-        subtitle=_subtitle(report, baseline),
+        subtitle=f"base model: {report['base_model']}"
+        + (f"; baseline: {baseline['adapter']}" if baseline is not None else ""),
         sections=sections,
         images={key: (PLOT_TITLES.get(key, key), data) for key, data in images.items()},
     )

@@ -1,15 +1,7 @@
-"""Conditional object writes for the registry: create-if-absent and compare-and-swap (CAS).
-
-``sdarflow.storage`` writes unconditionally, which is right for datasets (each run writes its own folder) but not
-for state that concurrent pipeline runs share: the next version number and the alias table. Those need two
-primitives, implemented per backend:
-
-- S3: the server's conditional PUTs through boto3 (``IfNoneMatch="*"`` to create, ``IfMatch=<etag>`` to swap);
-  the server answers 412 PreconditionFailed to the loser. The endpoint comes from ``AWS_ENDPOINT_URL``.
-- Local folder: ``os.open(O_CREAT | O_EXCL)`` to create; an ``fcntl.flock`` lock file around
-  read-compare-write-temp-``os.replace`` to swap, so readers never see a half-written file.
-
-An etag is opaque to callers: S3's ETag, or the sha256 of a local file's bytes.
+"""Conditional object writes for the state concurrent runs share (the next version number, the aliases):
+create-if-absent and compare-and-swap (CAS). S3: conditional PUTs through boto3 (``IfNoneMatch="*"`` to create,
+``IfMatch=<etag>`` to swap; the loser gets 412). Local: ``O_CREAT | O_EXCL`` to create, and read-compare-write-
+``os.replace`` under an ``fcntl.flock`` lock file to swap. An etag is opaque: S3's ETag, or a local file's sha256.
 """
 
 from __future__ import annotations

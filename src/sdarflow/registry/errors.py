@@ -1,8 +1,5 @@
-"""Errors the adapter registry raises on top of :mod:`sdarflow.errors`.
-
-Each has its own exit code so automation can tell "the gate said no" (3) and "lost a race, retry" (4) apart from
-plain user errors (2).
-"""
+"""The registry's errors; each has its own exit code, so automation tells "the gate said no" (3) and "lost a
+race, retry" (4) from plain user errors (2)."""
 
 from __future__ import annotations
 

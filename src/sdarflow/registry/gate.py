@@ -1,21 +1,14 @@
-"""The promotion gate: may a candidate adapter replace production?
+"""The promotion gate: may a candidate adapter replace production? (docs/evaluation.md has the why and the table)
 
-A gate that compares means cannot tell: at 32 tasks x 4 samples, pass@1 moves by several points between two
-evaluations of the same adapter. This gate compares the candidate with each reference it has (the production
-version, and the base model the run started from) task by task on the same tasks, and asks of the one-sided 95%
-lower bound ``lower`` of each difference (:mod:`sdarflow.evaluate.compare`):
+The candidate is compared with each reference it has (the production version, the base model) task by task on
+the same tasks, on the one-sided 95% lower bound ``lower`` of each difference (:mod:`sdarflow.evaluate.compare`):
 
 - test pass@1:  ``lower(candidate - reference) >  min_gain``          (a gain beyond the noise)
 - test pass@k:  ``lower(candidate - reference) >= -passk_tolerance``  (k = the largest k both reports have)
 - ood  pass@1:  ``lower(candidate - reference) >= -ood_tolerance``
 
-and, whatever the references, candidate test pass@1 ``> floor``. Self-distillation can raise pass@1 while pass@k
-and out-of-distribution success collapse (the policy sharpens onto fewer solutions), hence the two guards. With
-no production version the candidate must beat the base model; with neither there is nothing to tell by, and the
-gate refuses.
-
-Reports are the JSON written by ``sdarflow evaluate``: ``{"splits": {"test": {"pass_at_k": {"1": ...},
-"samples_per_task": n, "task_successes": {task: c}}}}``; the per-task results must agree with the headline.
+and candidate test pass@1 ``> floor``. The two guards catch self-distillation sharpening onto fewer solutions.
+With no reference at all the gate refuses.
 """
 
 from __future__ import annotations
@@ -85,9 +78,8 @@ class GatePolicies(Checked):
 
 
 def tightened(stored: GatePolicy, requested: Mapping[str, float | None]) -> tuple[GatePolicy, list[str]]:
-    """The policy one promotion applies: ``stored`` (the registry's) with each ``requested`` threshold (None: not
-    requested) in its place, and a line for each requested threshold looser than the stored one (a run or a
-    caller may only tighten the registry's gate). An unknown name or a value out of range is a ConfigError."""
+    """``stored`` with each ``requested`` threshold (None: not requested) in its place, and a line for each one
+    looser than the stored one (a caller may only tighten the registry's gate); ConfigError for a bad one."""
     given = {name: value for name, value in requested.items() if value is not None}
     policy = GatePolicy.from_dict({**asdict(stored), **given})
     looser = []
@@ -226,8 +218,7 @@ def check_gate(
     candidate_label: str = "candidate",
 ) -> GateVerdict:
     """The verdict on ``candidate`` against every report in ``references`` (label -> report; None = not
-    available, e.g. no production version yet): refused with a message per failed criterion, both numbers and
-    the bound in each."""
+    available, e.g. no production version yet)."""
     policy = policy or GATE
     verdict = GateVerdict()
     present = {label: report for label, report in references.items() if report is not None}

@@ -1,14 +1,8 @@
 """The adapter registry: immutable numbered versions, stage aliases with history, a promotion gate, an audit log.
 
-A registry is a folder or an ``s3://bucket/prefix`` (layout in :mod:`sdarflow.registry.layout`). Writers are
-concurrent pipeline runs and people, so every shared write is conditional (:mod:`sdarflow.registry.cas`):
-
-- ``register`` claims the next version number by exclusively creating ``claims/<v>.json`` (retrying with v+1
-  when another writer got there first), then publishes the version folder manifest-last with sha256 sums.
-  Numbers are never reused, even when a publish fails half way.
-- ``promote`` / ``rollback`` read ``aliases.json`` with its etag and write it back only if it is unchanged
-  (:mod:`sdarflow.registry.aliases`); the loser of a race gets :class:`RegistryConflict` and retries.
-- every change appends one audit object with a unique name, so appends never race.
+Writers are concurrent pipeline runs and people, so every shared write is conditional: a version number is
+claimed exclusively (:mod:`sdarflow.registry.claims`), aliases move by compare-and-swap
+(:mod:`sdarflow.registry.aliases`), and each audit event is an object of its own, so appends never race.
 """
 
 from __future__ import annotations
@@ -53,10 +47,6 @@ def default_actor() -> str:
     return os.environ.get("SDARFLOW_ACTOR") or f"{user}@{socket.gethostname()}"
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 class Registry:
     """An adapter registry at a local folder or ``s3://bucket/prefix``."""
 
@@ -85,11 +75,8 @@ class Registry:
     ) -> int:
         """Publish ``adapter_dir`` with its eval report and lineage as a new immutable version; return it.
 
-        The adapter is checked against ``base_model`` (a local HF folder; default: its config's
-        ``base_model_name_or_path`` when that is a local folder): base fingerprint and every tensor's shape.
-        ``base_eval_report`` (the base model evaluated on the same tasks) is what the gate compares a version with
-        when there is no production version yet, and besides production afterwards.
-        ``version`` asks for a specific number and fails if it exists; by default the next free one is claimed.
+        The adapter is checked against ``base_model`` (:func:`intake.checked_base`). ``base_eval_report`` (the base
+        model on the same tasks) is a reference of the gate. ``version`` asks for a number that must be free.
         """
         layout = self._layout(name)
         adapter_dir = Path(adapter_dir)
@@ -169,8 +156,7 @@ class Registry:
         return lineage
 
     def _eval_report(self, layout: Layout, version: int) -> dict[str, Any]:
-        """A version's eval report, validated again as at register: a report replaced together with its
-        manifest never reaches the gate or a listing."""
+        """A version's eval report, validated again as at register (a replaced one never reaches the gate)."""
         report = self._read_verified_json(layout, version, EVAL_REPORT)
         return intake.validate_report(report, f"of {layout.name} v{version}")
 
@@ -273,10 +259,8 @@ class Registry:
         }
 
     def fetch_adapter(self, name: str, version_or_alias: int | str, dest: str | Path | None = None) -> Path:
-        """A local folder with the version's files, every sha256 verified (a tampered file is refused).
-
-        For a local registry without ``dest`` this is the version folder itself (verified, not copied).
-        """
+        """A local folder with the version's files, every sha256 verified: for a local registry without
+        ``dest``, the version folder itself."""
         layout = self._layout(name)
         version = self.resolve(name, version_or_alias)
         return storage.fetch_dir(layout.version(version), kind=VERSION_KIND, dest=dest)
@@ -306,9 +290,8 @@ class Registry:
         reason: str,
         actor: str | None = None,
     ) -> dict[str, Any]:
-        """Set ``stage``'s gate thresholds (those not None; the others keep their value) for every later
-        promotion of ``name``; audited with the policy before and after. Runs and callers may then only tighten
-        it (:func:`gate.tightened`). Returns the audit event."""
+        """Set ``stage``'s gate thresholds (those not None) for every later promotion of ``name``; audited with
+        the policy before and after. Returns the audit event."""
         layout = self._layout(name)
         validate_stage(stage)
         if not reason.strip():
@@ -339,15 +322,11 @@ class Registry:
         actor: str | None = None,
         current_report: tuple[int, Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Point ``stage`` at ``version``. Production (and staging, when the registry has a staging policy) is
-        gated (:mod:`sdarflow.registry.gate`) by the registry's policy (``set_gate``), which ``thresholds`` may
-        only tighten, against the current version of the stage and the base model's report the version was
-        registered with, unless ``force`` (with a ``reason``, recorded in history and audit). A refusal is
-        audited too. Returns the audit event.
+        """Point ``stage`` at ``version`` if the stage's gate (``set_gate``; ``thresholds`` may only tighten it)
+        passes, or with ``force`` and a ``reason``; a refusal is audited too. Returns the audit event.
 
-        ``current_report`` (version, report) is a version of the stage evaluated again on the candidate's tasks
-        (a scheduled run's tasks move on): the gate then compares with it task by task, if that version is still
-        the stage's current one; else with the current version's registered report."""
+        ``current_report`` (version, report): the stage's version evaluated again on the candidate's tasks, what
+        the gate compares with while that version is still the stage's current one."""
         layout = self._layout(name)
         validate_stage(stage)
         if force and not reason.strip():
@@ -385,8 +364,7 @@ class Registry:
         current_report: tuple[int, Mapping[str, Any]] | None,
     ) -> dict[str, Any]:
         """The gate's decision for the audit log: ``gate`` ('passed', 'overridden', 'refused' or
-        'not-applicable'), the policy applied, every comparison's numbers and the failures (a threshold looser
-        than the registry's among them)."""
+        'not-applicable'), the policy applied, every comparison's numbers and the failures."""
         stored = getattr(self.gate_policies(layout.name)[0], stage)
         if stored is None:
             return {"gate": "not-applicable"}  # no staging policy: staging is ungated
@@ -438,7 +416,7 @@ class Registry:
         return self._audit(layout, "rollback", stage=stage, by=actor, reason=reason, **event)
 
     def _audit(self, layout: Layout, event: str, **fields: Any) -> dict[str, Any]:
-        now = _now()
+        now = dt.datetime.now(dt.UTC)
         record = {"event": event, "name": layout.name, "at": now.isoformat(timespec="microseconds"), **fields}
         # Time first so names sort chronologically; the uuid makes concurrent appends distinct objects.
         key = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.json"
