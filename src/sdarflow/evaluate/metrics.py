@@ -1,14 +1,7 @@
 """Evaluation metrics: the unbiased pass@k estimator, confidence intervals that hold for small counts (Wilson for a
-proportion, a task-level bootstrap for pass@k), and the per-split summary that becomes the ``splits`` part of an
-evaluation report.
-
-Pure functions of episode results, no I/O. An episode result is a dict::
-
-    {"task_id": str, "task_type": str, "split": str, "success": bool,
-     "turns": int, "format_errors": int, "actions": int}
-
-where ``format_errors`` counts turns whose action could not be parsed and ``actions`` counts turns taken.
-"""
+proportion, a task-level bootstrap for pass@k), and the per-split summary that becomes a report's ``splits``.
+Pure functions of episode results (dicts with :data:`EPISODE_KEYS`; ``format_errors`` counts turns whose action
+could not be parsed, ``actions`` the turns taken), no I/O."""
 
 from __future__ import annotations
 
@@ -108,12 +101,6 @@ def pass_at_k_interval(
     return (w_lo, 1.0 - (1.0 - w_hi) ** k)
 
 
-def _check_episode(i: int, episode: Mapping[str, Any]) -> None:
-    missing = [key for key in EPISODE_KEYS if key not in episode]
-    if missing:
-        raise ValueError(f"episode {i} lacks keys {missing}; every episode needs {list(EPISODE_KEYS)}")
-
-
 def _group_by_task(
     split: str, episodes: Iterable[Mapping[str, Any]]
 ) -> tuple[dict[str, list[bool]], dict[str, str]]:
@@ -188,23 +175,17 @@ def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequ
 
 
 def split_results(episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None = None) -> dict[str, dict]:
-    """Per-split summary of episode results: the ``splits`` part of the report.
-
-    For each split (in order of first appearance): ``n_tasks``, ``samples_per_task`` (n, equal for all tasks),
-    ``pass_at_k[str(k)] = mean_tasks pass_at_k(n, c_task, k)``, ``ci95[str(k)] = [lo, hi]``
-    (:func:`pass_at_k_interval`),
-    ``by_task_type[type] = {"n_tasks", "pass_at_k"}``, ``task_successes[task_id] = c_task``,
-    ``success_rate = mean_episodes success``,
-    ``format_error_rate = sum format_errors / sum actions`` and ``mean_turns = mean_episodes turns``.
-    ``ks`` defaults to :func:`ks_for` of each split's n.
-    """
+    """Per-split summary of episode results (the ``splits`` part of the report), in order of first appearance;
+    ``ks`` defaults to :func:`ks_for` of each split's samples per task."""
     if not episodes:
         raise ValueError(
             "split_results needs episode results, got none; did the evaluate stage run any task?"
         )
     by_split: dict[str, list[Mapping[str, Any]]] = {}
     for i, ep in enumerate(episodes):
-        _check_episode(i, ep)
+        missing = [key for key in EPISODE_KEYS if key not in ep]
+        if missing:
+            raise ValueError(f"episode {i} lacks keys {missing}; every episode needs {list(EPISODE_KEYS)}")
         by_split.setdefault(str(ep["split"]), []).append(ep)
     return {split: _summarize_split(split, eps, ks) for split, eps in by_split.items()}
 
@@ -217,10 +198,7 @@ def build_report(
     ks: Sequence[int] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The evaluation report: ``{"adapter", "base_model", "splits": split_results(episodes, ks), **extra}``.
-
-    ``extra`` carries lineage such as ``config_hash`` and ``inputs``; it may not override the fixed keys.
-    """
+    """``{"adapter", "base_model", "splits": split_results(episodes, ks), **extra}`` (``extra``: lineage)."""
     if "splits" in extra:
         raise ValueError("build_report computes 'splits' itself; do not pass it as an extra field")
     return {"adapter": adapter, "base_model": base_model, "splits": split_results(episodes, ks), **extra}

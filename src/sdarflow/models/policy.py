@@ -40,16 +40,10 @@ def load_policy(
     dtype: torch.dtype | None = None,
     flash_attention: bool = True,
 ) -> Policy:
-    """Load the base model from an HF folder onto ``device`` (``models.device``; on a GPU straight from the files,
-    without a copy in host memory: eight ranks of a 7B model would otherwise hold eight); apply ``adapter`` (a
-    local PEFT folder) if given.
-
-    The weights are ``dtype``, else float32 when ``trainable``, else ``inference_dtype`` (bf16 on a GPU).
-    ``trainable`` keeps the adapter's LoRA weights trainable (continuing RL on the newest adapter); PEFT keeps
-    them float32 on a half-precision base. ``flash_attention``: flash-attention 2 on a GPU with flash-attn
-    installed for half-precision weights; packed batches (rescore's default) need it off, since its
-    packed-sequence path takes one row, and use SDPA.
-    """
+    """The HF model folder ``path`` on ``device`` (on a GPU straight from the files, no copy in host memory), with
+    the local PEFT ``adapter`` if given (its LoRA weights trainable when ``trainable``). Weights are ``dtype``,
+    else float32 when ``trainable``, else ``inference_dtype``. ``flash_attention``: flash-attention 2 for
+    half-precision weights on a GPU with flash-attn; packed batches need it off (its packed path takes one row)."""
     from transformers import AutoModelForCausalLM
 
     from sdarflow.models.device import inference_dtype, resolve_device

@@ -1,8 +1,5 @@
-"""Build the tiny demo policy: a BPE tokenizer trained on environment text and a Qwen2-architecture model.
-
-The result is a normal HF folder (``config.json``, ``model.safetensors``, tokenizer files, chat template) that is
-loaded through the same ``from_pretrained`` path as a real model.
-"""
+"""The tiny demo policy: a BPE tokenizer trained on environment text and a Qwen2-architecture model, saved as a
+normal HF folder that loads through the same ``from_pretrained`` path as a real model."""
 
 from __future__ import annotations
 

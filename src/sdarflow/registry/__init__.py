@@ -8,9 +8,7 @@ serving configs (vLLM multi-LoRA, Kubernetes) for the production adapters.
     path = reg.fetch_adapter("sdar-qwen", "production")
 """
 
-from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.gate import GatePolicy, check_gate
-from sdarflow.registry.layout import NAME_PATTERN, validate_name
 from sdarflow.registry.serve import serve_config
 from sdarflow.registry.store import Registry

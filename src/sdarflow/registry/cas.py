@@ -79,9 +79,6 @@ def _s3_error_code(err: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-# ---------------------------------------------------------------------------------------------- create-if-absent
-
-
 def create_exclusive(uri: str, data: bytes) -> bool:
     """Create ``uri`` holding ``data`` only if it does not exist. True if we created it, False if it existed."""
     path = _local_path(uri)
@@ -109,9 +106,6 @@ def create_exclusive(uri: str, data: bytes) -> bool:
                 f"cannot create '{uri}': {err}; fix: check the bucket and credentials"
             ) from err
     return True
-
-
-# ------------------------------------------------------------------------------------------------ compare-and-swap
 
 
 def read_versioned(uri: str) -> tuple[bytes | None, str | None]:

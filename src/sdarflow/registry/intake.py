@@ -1,7 +1,5 @@
-"""What ``register`` accepts: a PEFT adapter folder, an eval report, lineage; checked before anything is written.
-
-Staging copies the adapter next to the registry's own files (eval_report.json, lineage.json) in a temp folder,
-hard-linking where possible, so the version is published in one manifest-last pass.
+"""What ``register`` accepts: a PEFT adapter folder, an eval report, lineage; checked before anything is written,
+then staged with the registry's own files in a temp folder, so the version is published in one manifest-last pass.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def _link_or_copy(src: str, dst: str) -> str:
-    # Staging the version folder hard-links the adapter files when it can: adapters can be large.
+    # Staging hard-links the adapter files when it can: adapters can be large.
     try:
         os.link(src, dst)
     except OSError:
@@ -132,11 +130,8 @@ def _check_finite(weights: Path) -> None:
 
 
 def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) -> None:
-    """Refuse an adapter that does not fit the base model ``base`` (a local HF folder): its recorded base
-    fingerprint must match, and every tensor must fit the base's, read from the safetensors headers (no weights
-    loaded): ``lora_A`` is (rank, in) and ``lora_B`` (out, rank) of the adapted module's (out, in) weight; an
-    embedding's ``lora_embedding_A`` is (rank, vocab) and ``lora_embedding_B`` (dim, rank); any other tensor
-    (``modules_to_save``) has the shape of the base tensor it replaces."""
+    """Refuse an adapter that does not fit the base model ``base``: its recorded base fingerprint must match, and
+    every tensor must fit the base's (:data:`_LORA_DIMS`), read from the safetensors headers (no weights loaded)."""
     from sdarflow.models.identity import check_adapter, safetensors_shapes, weight_shapes
 
     check_adapter(str(adapter_dir), base)
@@ -157,7 +152,10 @@ def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) 
                 )
 
 
-_LORA_DIMS = {  # tensor kind -> (its dimension, the base weight's dimension it must equal), base as (out, in)
+# tensor kind -> (its dimension, the base weight's dimension it must equal), base as (out, in): lora_A is (rank, in),
+# lora_B (out, rank), an embedding's lora_embedding_A (rank, vocab), lora_embedding_B (dim, rank); any other tensor
+# (modules_to_save) has the shape of the base tensor it replaces
+_LORA_DIMS = {
     "lora_A": (1, 1),
     "lora_B": (0, 0),
     "lora_embedding_A": (1, 0),
@@ -217,10 +215,8 @@ def stage_version(
 
 
 def checked_base(adapter_dir: Path, adapter_config: Mapping[str, Any], base_model: str | Path | None) -> str:
-    """The base model ``adapter_dir`` was checked against (fingerprint and every tensor shape): ``base_model`` (a
-    folder or an ``s3://`` URI, read without copying the weights) or, by default, the adapter's
-    ``base_model_name_or_path`` when that is a local folder; "" when there is none to check against (logged).
-    ConfigError when ``base_model`` is given but is not an HF model folder."""
+    """The base model ``adapter_dir`` was checked against: ``base_model`` (a folder or ``s3://`` URI) or, by
+    default, the adapter's ``base_model_name_or_path`` when that is a local folder; "" when none (logged)."""
     base = str(base_model or adapter_config.get("base_model_name_or_path") or "")
     if base and (base.startswith("s3://") or (Path(base) / "config.json").is_file()):
         check_against_base(adapter_dir, adapter_config, base)  # an s3:// base is read where it is, by ranges

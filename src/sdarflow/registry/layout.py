@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from sdarflow import storage
 from sdarflow.defaults import RELEASE_STAGES
@@ -25,8 +24,6 @@ from sdarflow.errors import ConfigError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _NAME_RE = re.compile(NAME_PATTERN)
-
-Stage = Literal["production", "staging"]
 
 VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"

@@ -59,8 +59,6 @@ class Registry:
     def _layout(self, name: str) -> Layout:
         return Layout(self.uri, name)
 
-    # ------------------------------------------------------------------------------------------------ register
-
     def register(
         self,
         name: str,
@@ -114,8 +112,6 @@ class Registry:
         log.info("registered %s v%d in %s", name, number, self.uri)
         return number
 
-    # ------------------------------------------------------------------------------------------------ reading
-
     def list_names(self) -> list[str]:
         """Adapter names with at least one claimed version."""
         names = []
@@ -160,10 +156,8 @@ class Registry:
         report = self._read_verified_json(layout, version, EVAL_REPORT)
         return intake.validate_report(report, f"of {layout.name} v{version}")
 
-    def base_eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any] | None:
+    def _base_eval_report(self, layout: Layout, version: int) -> dict[str, Any] | None:
         """The base model's eval report a version was registered with, or None (validated like its own)."""
-        layout = self._layout(name)
-        version = self.resolve(name, version_or_alias)
         if storage.member_entry(self._manifest(layout, version), BASE_EVAL_REPORT) is None:
             return None
         report = self._read_verified_json(layout, version, BASE_EVAL_REPORT)
@@ -269,8 +263,6 @@ class Registry:
         """Every event for ``name``, oldest first."""
         layout = self._layout(name)
         return [storage.read_json(storage.join(layout.audit, n)) for n in storage.children(layout.audit)]
-
-    # ------------------------------------------------------------------------------------------------ aliases
 
     def gate_policies(self, name: str) -> tuple[gate.GatePolicies, str | None]:
         """The name's gate policies (``GATE`` for production until ``set_gate`` stores one) and their etag."""
@@ -385,7 +377,7 @@ class Registry:
                     "%s %s moved from v%d to v%d during the run: the gate compares with v%d's registered report",
                     layout.name, stage, current_report[0], current, current,
                 )  # fmt: skip
-        references = {label: production, "base model": self.base_eval_report(layout.name, number)}
+        references = {label: production, "base model": self._base_eval_report(layout, number)}
         verdict = gate.check_gate(candidate, references, policy, candidate_label=f"candidate v{number}")
         failures = [*looser, *verdict.failures]
         outcome = "overridden" if failures and force else "refused" if failures else "passed"
