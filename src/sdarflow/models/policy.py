@@ -48,8 +48,7 @@ def load_policy(
 
     from sdarflow.models.device import inference_dtype, resolve_device
 
-    check_model_dir(path)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path)  # refuses a folder that is not an HF model
     place = resolve_device(device)
     dtype = dtype or (torch.float32 if trainable else inference_dtype(place))
     kwargs = {"dtype": dtype}

@@ -1,7 +1,7 @@
 """The adapter registry: immutable numbered versions, stage aliases with history, a promotion gate, an audit log.
 
 Writers are concurrent pipeline runs and people, so every shared write is conditional: a version number is
-claimed exclusively (:mod:`sdarflow.registry.claims`), aliases move by compare-and-swap
+claimed by creating its claim marker exclusively, aliases move by compare-and-swap
 (:mod:`sdarflow.registry.aliases`), and each audit event is an object of its own, so appends never race.
 """
 
@@ -23,13 +23,14 @@ from sdarflow import storage
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.lora import lora_rank
-from sdarflow.registry import aliases, cas, claims, gate, intake
+from sdarflow.registry import aliases, cas, gate, intake
 from sdarflow.registry.card import model_card
-from sdarflow.registry.errors import GateRefused, RegistryError
+from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
     BASE_EVAL_REPORT,
     EVAL_REPORT,
     LINEAGE,
+    MAX_VERSION,
     MODEL_CARD,
     VERSION_KIND,
     Layout,
@@ -45,6 +46,48 @@ def default_actor() -> str:
     """Who is acting, for history and audit: ``SDARFLOW_ACTOR`` (set it in pipelines) or user@host."""
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
     return os.environ.get("SDARFLOW_ACTOR") or f"{user}@{socket.gethostname()}"
+
+
+# Bounds the claim loop: more than this many writers racing for one name means something is wrong.
+_MAX_CLAIM_ATTEMPTS = 1000
+
+
+def _claim(layout: Layout, version: int | None, actor: str) -> int:
+    """Reserve a version number (``version``, or the next free one) by exclusively creating its claim marker,
+    retrying with v+1 when another writer got there first: numbers are never reused, even after a failed publish."""
+    marker = {
+        "by": actor,
+        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "claim": uuid.uuid4().hex,
+    }
+    data = json.dumps(marker).encode()
+    if version is not None:
+        number = parse_version(version)
+        if number is None:
+            raise ConfigError(
+                f"bad version {version!r}: versions are integers from 1 to {MAX_VERSION}; fix: e.g. --version 3"
+            )
+        if not cas.create_exclusive(layout.claim(number), data):
+            raise RegistryError(
+                f"version {number} of '{layout.name}' already exists and versions are immutable; "
+                f"fix: register without an explicit version to get the next free number"
+            )
+        return number
+    number = _highest(layout) + 1
+    for _ in range(_MAX_CLAIM_ATTEMPTS):
+        if cas.create_exclusive(layout.claim(number), data):
+            return number
+        number += 1  # someone else claimed it between our listing and our create: try the next
+    raise RegistryConflict(
+        f"could not claim a version of '{layout.name}' after {_MAX_CLAIM_ATTEMPTS} attempts; fix: retry"
+    )
+
+
+def _highest(layout: Layout) -> int:
+    """The highest version number claimed or published (0 when none)."""
+    claimed = [parse_version(Path(n).stem) for n in storage.children(layout.claims)]
+    published = [parse_version(n) for n in storage.children(layout.versions)]
+    return max([v for v in claimed + published if v is not None], default=0)
 
 
 class Registry:
@@ -91,7 +134,7 @@ class Registry:
         with tempfile.TemporaryDirectory(prefix="sdarflow-register-") as tmp:
             staged = Path(tmp) / "version"
             intake.stage_version(adapter_dir, report, lineage, staged, base_report)
-            number = claims.claim(layout, version, actor)
+            number = _claim(layout, version, actor)
             card = staged / MODEL_CARD
             # staging hard-links the adapter's own README.md (PEFT's template): replace the link, never edit it
             card.unlink(missing_ok=True)

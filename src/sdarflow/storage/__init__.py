@@ -3,7 +3,6 @@
 last and lists every file with its sha256 (:mod:`sdarflow.storage.publish`). Callers use ``storage.<name>``."""
 
 from sdarflow.storage.files import (
-    Location,
     children,
     confined,
     delete_tree,
@@ -18,20 +17,16 @@ from sdarflow.storage.files import (
     write_json,
 )
 from sdarflow.storage.publish import (
-    ATTACHMENTS,
     GENERATION,
     MANIFEST,
-    Target,
     fetch_dir,
     is_published,
     member_entry,
-    members,
     publish_dir,
     publishing,
     read_manifest,
     read_member,
     read_member_json,
     read_table,
-    write_manifest,
     write_table,
 )

@@ -69,9 +69,17 @@ class Target:
         return join(self.uri, self.prefix, rel) if self.prefix else join(self.uri, rel)
 
     def manifest(self, kind: str, files: list[dict], **meta) -> dict:
-        return write_manifest(
-            self.uri, kind, files, **({"prefix": self.prefix} if self.prefix else {}), **meta
-        )
+        """Write the manifest: the commit of a publish."""
+        manifest = {
+            "kind": kind,
+            "files": files,
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "sdarflow_version": __version__,
+            **({"prefix": self.prefix} if self.prefix else {}),
+            **meta,
+        }
+        write_json(join(self.uri, MANIFEST), manifest)
+        return manifest
 
 
 def members(manifest: dict) -> list[dict]:
@@ -141,18 +149,6 @@ def _remove_replaced(loc: Location, old: dict) -> None:
                 continue  # a link out of the folder: never delete through it
             if loc.fs.get_file_info(path).type == pafs.FileType.File:
                 loc.fs.delete_file(path)
-
-
-def write_manifest(uri: str, kind: str, files: list[dict], **meta) -> dict:
-    manifest = {
-        "kind": kind,
-        "files": files,
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "sdarflow_version": __version__,
-        **meta,
-    }
-    write_json(join(uri, MANIFEST), manifest)
-    return manifest
 
 
 def read_manifest(uri: str, kind: str | None = None) -> dict:
