@@ -81,7 +81,7 @@ def test_hash_ignores_io_but_not_settings():
 def test_one_validation_for_settings_and_file_schemas():
     """Checked: bounds reach every number in a mapping, ``keys`` bounds a mapping's keys, a nested schema's
     refusal names its path, and a strict (file) schema takes no text for a number."""
-    from sdarflow.evaluate.schema import EvalReport
+    from sdarflow.evaluate.metrics import EvalReport
     from sdarflow.registry.gate import GatePolicy
 
     with pytest.raises(ConfigError, match=r"^gate: floor = 1.5 must be in \[0, 1\]"):

@@ -27,7 +27,16 @@ def read_aliases(layout: Layout) -> tuple[dict[str, Any], str | None]:
         state = json.loads(data)
     except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested without end
         raise StorageError(f"'{layout.aliases}' is not valid JSON ({err}); fix: restore it") from err
-    return checked_alias_state(state, layout.aliases), etag
+    try:  # the shape the registry writes: a version is used to build a path, so it must be a number >= 1
+        _AliasState.from_dict(state)
+    except ConfigError as err:
+        raise StorageError(
+            f"'{layout.aliases}' is not an alias state: {str(err).split('; fix:')[0]}; fix: restore it from a "
+            f"backup (the registry's audit log records every change)"
+        ) from None
+    for entry in state.setdefault("stages", {}).values():
+        entry.setdefault("history", [])
+    return state, etag
 
 
 def move(layout: Layout, state: dict[str, Any], etag: str | None, stage: str, event: dict[str, Any]) -> None:
@@ -83,19 +92,3 @@ class _Stage(FileSchema):
 @dataclass
 class _AliasState(FileSchema):
     stages: dict[str, _Stage] = opt({}, "each stage's alias")
-
-
-def checked_alias_state(state: object, where: str) -> dict[str, Any]:
-    """The alias state when its shape is what the registry writes (``_AliasState``: a version is used to build a
-    path, so it must be a number >= 1), with an empty ``stages`` and ``history`` where absent. StorageError (one
-    line) for anything else."""
-    try:
-        _AliasState.from_dict(state)
-    except ConfigError as err:
-        raise StorageError(
-            f"'{where}' is not an alias state: {str(err).split('; fix:')[0]}; fix: restore it from a backup (the "
-            f"registry's audit log records every change)"
-        ) from None
-    for entry in state.setdefault("stages", {}).values():
-        entry.setdefault("history", [])
-    return state

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from sdarflow.config import Checked, opt
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.compare import Difference, difference
-from sdarflow.evaluate.schema import SplitReport
+from sdarflow.evaluate.metrics import SplitReport
 
 log = logging.getLogger(__name__)
 

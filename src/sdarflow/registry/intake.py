@@ -14,8 +14,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError
-from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
-from sdarflow.evaluate.schema import EvalReport
+from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalReport
 from sdarflow.models.lora import lora_rank
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 
