@@ -136,21 +136,16 @@ def _pass_at_k_figure(report: Mapping[str, Any], baseline: Mapping[str, Any] | N
     fig, axes = _split_axes(report, 4.2)
     for ax, (split, s) in zip(axes, report["splits"].items()):
         ks = [int(k) for k in s["pass_at_k"]]
-        ax.plot(
-            ks, list(s["pass_at_k"].values()), marker="o", label=_label(f"candidate: {report['adapter']}")
-        )
+        label = _label(f"candidate: {report['adapter']}")
+        ax.plot(ks, list(s["pass_at_k"].values()), marker="o", label=label)
         lows, highs = zip(*s["ci95"].values())
         ax.fill_between(ks, lows, highs, alpha=0.2, label="candidate 95% CI")
         base = _split_of(baseline, split)
         if base is not None:
             base_ks = [int(k) for k in base["pass_at_k"]]
-            style = {"linestyle": "--", "marker": "s", "color": "gray"}
-            ax.plot(
-                base_ks,
-                list(base["pass_at_k"].values()),
-                label=_label(f"baseline: {baseline['adapter']}"),
-                **style,
-            )
+            label = _label(f"baseline: {baseline['adapter']}")
+            values = list(base["pass_at_k"].values())
+            ax.plot(base_ks, values, linestyle="--", marker="s", color="gray", label=label)
             ks = sorted(set(ks) | set(base_ks))
         ax.set_xscale("log", base=2)  # ks are powers of two
         ax.set_xticks(ks, labels=[str(k) for k in ks])
@@ -175,11 +170,10 @@ def _task_type_figure(report: Mapping[str, Any], baseline: Mapping[str, Any] | N
         cand = [_pass1(s["by_task_type"], t) for t in types]
         ax.bar([x - shift for x in xs], cand, width, label=_label(f"candidate: {report['adapter']}"))
         if base is not None:
-            style = {"color": "lightgray", "edgecolor": "gray", "hatch": "//"}
             label = _label(f"baseline: {baseline['adapter']}")
-            ax.bar(
-                [x + shift for x in xs], [_pass1(base_types, t) for t in types], width, label=label, **style
-            )
+            values = [_pass1(base_types, t) for t in types]
+            style = {"color": "lightgray", "edgecolor": "gray", "hatch": "//"}
+            ax.bar([x + shift for x in xs], values, width, label=label, **style)
         ax.set_xticks(list(xs), labels=[_label(t) for t in types], rotation=30, ha="right")
         _finish_axes(ax, split, "pass@1")
     return fig

@@ -99,14 +99,6 @@ def architecture(path: Path) -> str:
     return arch
 
 
-def _card(name: str, source: str, license_: str, digest: str, arch: str) -> str:
-    return (
-        f"---\nlicense: {license_.lower()}\nlibrary_name: transformers\n---\n\n# {name}\n\n"
-        f"Imported by `sdarflow import-model` from a GGUF file (sha256 `{digest}`, architecture `{arch}`), "
-        f"dequantized to float32.\n\nSource: {source}.\n\nLicense: {license_} (the source model's).\n"
-    )
-
-
 def import_gguf(
     gguf_file: Path, output: Path, name: str, source: str, license_: str, force: bool = False
 ) -> Path:
@@ -138,7 +130,11 @@ def import_gguf(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "README.md").write_text(_card(name, source, license_, digest, arch))
+    (tmp / "README.md").write_text(
+        f"---\nlicense: {license_.lower()}\nlibrary_name: transformers\n---\n\n# {name}\n\n"
+        f"Imported by `sdarflow import-model` from a GGUF file (sha256 `{digest}`, architecture `{arch}`), "
+        f"dequantized to float32.\n\nSource: {source}.\n\nLicense: {license_} (the source model's).\n"
+    )
     info = {
         "name": name,
         "source": source,

@@ -65,25 +65,21 @@ def load_policy(
             f"cannot load model from '{path}': {first}; fix: check the folder is a complete HF model"
         ) from err
     if adapter:
-        model = attach_adapter(model, adapter, path, trainable)
+        from peft import PeftModel
+
+        check_adapter(adapter, path)
+        try:
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+        except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise ModelError(
+                f"adapter '{adapter}' is corrupt or incompatible: {first}; fix: re-export the adapter"
+            ) from err
     model.to(place)
     model.train(trainable)
     log.info("model %s on %s (%s)", path, place, str(dtype).removeprefix("torch."))
     eos_id = tokenizer.eos_token_id
     return Policy(model=model, tokenizer=tokenizer, eos_id=eos_id, path=path)
-
-
-def attach_adapter(model, adapter: str, base_path: str, trainable: bool):
-    from peft import PeftModel
-
-    check_adapter(adapter, base_path)
-    try:
-        return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise ModelError(
-            f"adapter '{adapter}' is corrupt or incompatible: {first}; fix: re-export the adapter"
-        ) from err
 
 
 def new_lora(model, rank: int, alpha: int, targets: list[str] | None = None, dropout: float = 0.0):
