@@ -106,8 +106,9 @@ def pass_at_k_interval(
 
 def _group_by_task(
     split: str, episodes: Iterable[Mapping[str, Any]]
-) -> tuple[dict[str, list[bool]], dict[str, str]]:
-    """Map task_id -> list of success flags, and task_id -> task_type (which must not vary within a task)."""
+) -> tuple[dict[str, list[bool]], dict[str, str], int]:
+    """task_id -> success flags, task_id -> task_type (one per task), and the samples per task, which must be
+    the same for every task (unequal counts would weight tasks unevenly in pass@k)."""
     outcomes: dict[str, list[bool]] = {}
     task_types: dict[str, str] = {}
     for ep in episodes:
@@ -118,11 +119,6 @@ def _group_by_task(
                 "a task has one type"
             )
         outcomes.setdefault(task_id, []).append(bool(ep["success"]))
-    return outcomes, task_types
-
-
-def _samples_per_task(split: str, outcomes: Mapping[str, list[bool]]) -> int:
-    """The common number of samples per task; unequal counts would weight tasks unevenly in pass@k."""
     first_task, first = next(iter(outcomes.items()))
     for task_id, flags in outcomes.items():
         if len(flags) != len(first):
@@ -130,7 +126,7 @@ def _samples_per_task(split: str, outcomes: Mapping[str, list[bool]]) -> int:
                 f"split {split!r}: task {task_id!r} has {len(flags)} episodes but task {first_task!r} has "
                 f"{len(first)}; every task needs the same number of samples (rerun evaluation for that task)"
             )
-    return min(len(flags) for flags in outcomes.values())
+    return outcomes, task_types, len(first)
 
 
 def _mean_pass_at_k(
@@ -141,8 +137,7 @@ def _mean_pass_at_k(
 
 
 def _summarize_split(split: str, episodes: Sequence[Mapping[str, Any]], ks: Sequence[int] | None) -> dict:
-    outcomes, task_types = _group_by_task(split, episodes)
-    n = _samples_per_task(split, outcomes)
+    outcomes, task_types, n = _group_by_task(split, episodes)
     split_ks = sorted(set(ks)) if ks is not None else ks_for(n)
     too_big = [k for k in split_ks if k > n]
     if too_big:

@@ -95,7 +95,10 @@ def check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:
 def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
     """Every ``adapter_model.safetensors`` header parses, its LoRA tensors have the rank the config declares (vLLM
     sizes its LoRA slots by it) and every weight is finite: a corrupt, mismatched or diverged adapter is refused
-    before it can be promoted."""
+    before it can be promoted (served, it would answer with garbage)."""
+    import torch
+    from safetensors import safe_open
+
     from sdarflow.models.identity import safetensors_shapes
 
     declared = lora_rank(config)
@@ -110,22 +113,14 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
                     f"adapter '{adapter_dir}': tensor {name} has shape {shape}, not within the LoRA rank {declared} "
                     f"of its adapter_config.json; fix: re-save the adapter (config and weights together)"
                 )
-        _check_finite(weights)
-
-
-def _check_finite(weights: Path) -> None:
-    """Refuse weights holding NaN or infinity (a diverged run): served, they would answer with garbage."""
-    import torch
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as f:
-        for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-            bad = int((~torch.isfinite(f.get_tensor(name))).sum())
-            if bad:
-                raise ModelError(
-                    f"adapter weights '{weights}': tensor {name} holds {bad} NaN or infinite value(s) (training "
-                    f"diverged); fix: register an adapter from a run whose steps stayed finite"
-                )
+        with safe_open(str(weights), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                bad = int((~torch.isfinite(f.get_tensor(name))).sum())
+                if bad:
+                    raise ModelError(
+                        f"adapter weights '{weights}': tensor {name} holds {bad} NaN or infinite value(s) (training "
+                        f"diverged); fix: register an adapter from a run whose steps stayed finite"
+                    )
 
 
 def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) -> None:

@@ -207,16 +207,14 @@ class Registry:
         return intake.validate_report(report, f"(base) of {layout.name} v{version}")
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
-        layout = self._layout(name)
-        return self._eval_report(layout, self.resolve(name, version_or_alias))
+        return self._eval_report(self._layout(name), self.resolve(name, version_or_alias))
 
     def versions(self, name: str) -> list[int]:
         """The name's published version numbers, oldest first ([] for a name with none)."""
         return self._published(self._layout(name))
 
     def lineage(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
-        layout = self._layout(name)
-        return self._lineage(layout, self.resolve(name, version_or_alias))
+        return self._lineage(self._layout(name), self.resolve(name, version_or_alias))
 
     def resolve(self, name: str, version_or_alias: int | str) -> int:
         """A version number from ``3``, ``"3"``, ``"v3"``, a stage (``production``) or ``latest``."""
@@ -298,9 +296,8 @@ class Registry:
     def fetch_adapter(self, name: str, version_or_alias: int | str, dest: str | Path | None = None) -> Path:
         """A local folder with the version's files, every sha256 verified: for a local registry without
         ``dest``, the version folder itself."""
-        layout = self._layout(name)
         version = self.resolve(name, version_or_alias)
-        return storage.fetch_dir(layout.version(version), kind=VERSION_KIND, dest=dest)
+        return storage.fetch_dir(self._layout(name).version(version), kind=VERSION_KIND, dest=dest)
 
     def audit_log(self, name: str) -> list[dict[str, Any]]:
         """Every event for ``name``, oldest first."""
