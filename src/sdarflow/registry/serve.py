@@ -83,49 +83,6 @@ def vllm_args(base_model: str, adapters: list[dict[str, Any]], port: int = 8000)
     ]
 
 
-def _fetch_container(
-    registry_uri: str, adapters: list[dict[str, Any]], image: str, secret: str, mount: dict
-) -> dict:
-    """The initContainer that fetches (sha256-verified) every adapter version into the shared volume."""
-    fetch = " && ".join(
-        shlex.join(
-            ["sdarflow", "registry", "fetch", "--registry", registry_uri, "--policy-name", a["name"]]
-            + ["--version", str(a["version"]), "--output", a["path"]]
-        )
-        for a in adapters
-    )
-    return {
-        "name": "fetch-adapters",
-        "image": image,
-        "command": ["sh", "-c", fetch],
-        # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
-        "envFrom": [{"secretRef": {"name": secret}}],
-        "volumeMounts": [mount],
-    }
-
-
-def _vllm_container(args: list[str], image: str, port: int, mount: dict) -> dict:
-    return {
-        "name": "vllm",
-        "image": image,
-        "command": args,
-        "ports": [{"name": "http", "containerPort": port}],
-        # Requests so the scheduler reserves the host memory vLLM needs to load the model and its CPU for
-        # tokenization; limit = request for memory (no eviction surprises).
-        "resources": {
-            "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
-            "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
-        },
-        "volumeMounts": [{**mount, "readOnly": True}],
-        # Model load takes minutes: readiness, not liveness, gates traffic.
-        "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "initialDelaySeconds": 30,
-            "periodSeconds": 10,
-        },
-    }
-
-
 def serve_config(
     registry: Registry | str | Path,
     base_model: str,
@@ -149,9 +106,46 @@ def serve_config(
     if namespace:
         metadata["namespace"] = namespace
     mount = {"name": "adapters", "mountPath": adapter_root}
+    fetch = " && ".join(
+        shlex.join(
+            ["sdarflow", "registry", "fetch", "--registry", registry.uri, "--policy-name", a["name"]]
+            + ["--version", str(a["version"]), "--output", a["path"]]
+        )
+        for a in adapters
+    )
     pod = {
-        "initContainers": [_fetch_container(registry.uri, adapters, fetch_image, secret, mount)],
-        "containers": [_vllm_container(args, image, port, mount)],
+        # fetches (sha256-verified) every adapter version into the shared volume
+        "initContainers": [
+            {
+                "name": "fetch-adapters",
+                "image": fetch_image,
+                "command": ["sh", "-c", fetch],
+                # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
+                "envFrom": [{"secretRef": {"name": secret}}],
+                "volumeMounts": [mount],
+            }
+        ],
+        "containers": [
+            {
+                "name": "vllm",
+                "image": image,
+                "command": args,
+                "ports": [{"name": "http", "containerPort": port}],
+                # Requests so the scheduler reserves the host memory vLLM needs to load the model and its CPU for
+                # tokenization; limit = request for memory (no eviction surprises).
+                "resources": {
+                    "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
+                    "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
+                },
+                "volumeMounts": [{**mount, "readOnly": True}],
+                # Model load takes minutes: readiness, not liveness, gates traffic.
+                "readinessProbe": {
+                    "httpGet": {"path": "/health", "port": "http"},
+                    "initialDelaySeconds": 30,
+                    "periodSeconds": 10,
+                },
+            }
+        ],
         "volumes": [{"name": "adapters", "emptyDir": {}}],
     }
     annotations = {
