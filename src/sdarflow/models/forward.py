@@ -94,11 +94,8 @@ def response_logprobs(
 def prompt_states(
     model, prompts: list[list[int]], pad_id: int, max_tokens: int, device: torch.device
 ) -> torch.Tensor:
-    """The last layer's hidden state at each prompt's last token (the state a turn acts from): (N, H) float32.
-
-    Left-padded batches of at most ``max_tokens`` padded tokens; the LM head runs on one position only
-    (``logits_to_keep=1``). No gradient; the caller sets train or eval mode.
-    """
+    """The last layer's hidden state at each prompt's last token (the state a turn acts from): (N, H) float32,
+    from left-padded batches of at most ``max_tokens`` padded tokens. No gradient; the caller sets the mode."""
     out: list[torch.Tensor | None] = [None] * len(prompts)
     for idx in token_budget_batches([len(p) for p in prompts], max_tokens):
         batch = to_device(make_batch([prompts[i] for i in idx], [[] for _ in idx], pad_id), device)
@@ -220,11 +217,8 @@ def make_packed_batch(
 
 def packed_response_logprobs(model, batch: PackedBatch, chunk_size: int = 1024) -> torch.Tensor:
     """Per-token float32 log-probs (N,) of ``batch.targets``; equal to ``response_logprobs`` on the same sequences.
-
-    The decoder runs with per-sequence position ids and no attention mask (block-diagonal attention); the LM head
-    runs only on the N gathered hidden states, so no (B, L, V) logits tensor exists. Models that post-process
-    their logits go through their own forward instead (full logits, then gathered).
-    """
+    The LM head runs only on the N gathered hidden states; models that post-process their logits go through their
+    own forward instead (full logits, then gathered)."""
     if batch.num_tokens == 0:
         return torch.zeros(0)
     parts = _decoder_and_head(model)

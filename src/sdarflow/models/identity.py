@@ -38,7 +38,6 @@ def _model_files(path: str):
     from sdarflow import storage
 
     loc = storage.resolve(path)
-    found = {}
     try:
         infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
         found = {Path(i.path).name: i.size for i in infos if i.type == pafs.FileType.File}
