@@ -13,10 +13,6 @@ from sdarflow.errors import ConfigError, StorageError
 
 # sdarflow.sizes.SIZES' names (a test keeps them equal; importing it here would slow every --help)
 PRESET_NAMES = ("demo", "smoke", "gpu", "pretrained")
-PRESET_HELP = (
-    "sizes: demo (the tiny model on 2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with sdarflow[gpu]), "
-    "pretrained (a ~135M pretrained model on 2 CPU cores, with an SFT warm start)"
-)
 
 
 class LiteralHelp(argparse.HelpFormatter):

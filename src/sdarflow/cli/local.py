@@ -8,7 +8,6 @@ import json
 import math
 
 from sdarflow.cli.common import (
-    PRESET_HELP,
     PRESET_NAMES,
     ReadsModel,
     ReadsPath,
@@ -103,11 +102,8 @@ def _cmd_import_model(args: argparse.Namespace) -> int:
         path = known_file(args.name)
         source, license_ = KNOWN[args.name].source, KNOWN[args.name].license
     else:
-        path, source, license_ = (
-            Path(args.gguf),
-            args.source or f"the GGUF file {Path(args.gguf).name}",
-            args.license,
-        )
+        path = Path(args.gguf)
+        source, license_ = args.source or f"the GGUF file {path.name}", args.license
     print(import_gguf(path, Path(args.out), args.name or path.stem, source, license_, force=args.force))
     return 0
 
@@ -144,6 +140,19 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_flags(p: argparse.ArgumentParser, base_model_help: str) -> None:
+    """``--base-model`` and ``--preset``, as ``demo`` and ``study`` take them."""
+    p.add_argument("--base-model", default=None, action=ReadsModel, help=base_model_help)
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=PRESET_NAMES,
+        help="sizes: demo (the tiny model on 2 CPU cores, ~15 min), smoke (tests), gpu (one GPU machine with "
+        "sdarflow[gpu]), pretrained (a ~135M pretrained model on 2 CPU cores, with an SFT warm start); default: "
+        "demo, or pretrained with a --base-model sdarflow did not build",
+    )
+
+
 def add_demo(p: argparse.ArgumentParser) -> None:
     output_flag(
         p, "folder the demo writes (base model, store, summary.json, run_report.html)", default="demo-output"
@@ -153,19 +162,11 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rounds", type=int, default=2, help="RL rounds (default 2)")
     p.add_argument(
-        "--preset",
-        default=None,
-        choices=PRESET_NAMES,
-        help=PRESET_HELP + "; default: demo, or pretrained with a --base-model sdarflow did not build",
-    )
-    p.add_argument(
         "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
     )
-    p.add_argument(
-        "--base-model",
-        default=None,
-        action=ReadsModel,
-        help="use this HF model folder, or a known pretrained model by name (smollm2-135m-instruct), instead of "
+    _model_flags(
+        p,
+        "use this HF model folder, or a known pretrained model by name (smollm2-135m-instruct), instead of "
         "building the tiny one",
     )
     p.set_defaults(func=_cmd_demo)
@@ -175,22 +176,13 @@ def add_study(p: argparse.ArgumentParser) -> None:
     study_flags(p)
     p.add_argument("--rounds", type=int, default=2, help="RL rounds per (method, seed) cell (default 2)")
     output_flag(p, "study folder; a rerun skips the (method, seed) cells done there", required=True)
-    p.add_argument(
-        "--base-model",
-        default=None,
-        action=ReadsModel,
-        help="HF model folder or a known pretrained model's name; default: build the preset's tiny model",
+    _model_flags(
+        p, "HF model folder or a known pretrained model's name; default: build the preset's tiny model"
     )
     p.add_argument(
         "--env",
         default=None,
         help="environment (`sdarflow envs list`); default: the preset's, else textworld-cooking",
-    )
-    p.add_argument(
-        "--preset",
-        default=None,
-        choices=PRESET_NAMES,
-        help=PRESET_HELP + "; default: demo, or pretrained with a --base-model sdarflow did not build",
     )
     p.add_argument(
         "--stage-settings",

@@ -29,22 +29,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"plan: {', '.join(missing)} required; fix: e.g. --model-params 7e9 --tasks 512 --turns 20"
         )
-    workload = plan.Workload(
-        model_params=args.model_params,
-        gpus=args.gpus,
-        tasks=args.tasks,
-        group_size=args.group_size,
-        turns=args.turns,
-        prompt_tokens=args.prompt_tokens,
-        response_tokens=args.response_tokens,
-        eval_tasks=args.eval_tasks,
-        eval_samples=args.eval_samples,
-        eval_turns=args.eval_turns or args.turns,
-        epochs=args.epochs,
-        rescore_passes=args.rescore_passes,
-        envs=args.envs or ("process" if args.gpus > 0 else "local"),
-        precision=args.precision,
-    )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(plan.Workload)}
+    values["eval_turns"] = args.eval_turns or args.turns
+    values["envs"] = args.envs or ("process" if args.gpus > 0 else "local")
+    workload = plan.Workload(**values)
     workload.check()  # before choosing constants: a bad --gpus is named as such
     if args.constants:
         constants = plan.Constants.load(args.constants)

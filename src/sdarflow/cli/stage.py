@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 import json
 import typing
-from collections.abc import Callable
 
 from sdarflow.cli.common import ReadsPath, emit
 from sdarflow.stages import STAGES, config_class
@@ -30,63 +29,36 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
         "--config", action=ReadsPath, help="YAML file with this stage's settings (flags override it)"
     )
     for name, hint, f in field_help(config_cls):
-        flag = "--" + name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         default = None if f.default is dataclasses.MISSING else f.default
-        if hint is bool:
-            parser.add_argument(
-                flag,
-                dest=name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"{help_text} (default {default})",
-            )
-            continue
         list_type = typing.get_origin(hint) is list
-        if f.metadata.get("reads"):
-            parser.add_argument(
-                flag,
-                dest=name,
-                default=None,
-                action=ReadsPath,
-                append=list_type,
-                help=f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else ""),
-            )
-            continue
+        shown = f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else "")
         choices = f.metadata.get("choices")
-        if typing.get_origin(hint) is dict:
-            parser.add_argument(
-                flag, dest=name, default=None, type=_json_object, help=f"{help_text} (a JSON object)"
-            )
-            continue
-        parser.add_argument(
-            flag,
-            dest=name,
-            default=None,
-            action="append" if list_type else "store",
+        if hint is bool:
+            kwargs = {"action": argparse.BooleanOptionalAction, "help": f"{help_text} (default {default})"}
+        elif f.metadata.get("reads"):
+            kwargs = {"action": ReadsPath, "append": list_type, "help": shown}
+        elif typing.get_origin(hint) is dict:
+            kwargs = {"type": _json_object, "help": f"{help_text} (a JSON object)"}
+        else:
             # numeric choices are compared as numbers (argparse compares the raw string otherwise)
-            type=type(choices[0]) if choices and not isinstance(choices[0], str) else None,
-            choices=choices,
-            help=f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else ""),
-        )
+            numeric = choices and not isinstance(choices[0], str)
+            kwargs = {"action": "append" if list_type else "store", "choices": choices, "help": shown}
+            kwargs["type"] = type(choices[0]) if numeric else None
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **kwargs)
 
 
-def _stage_command(name: str) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        module = STAGES.get(name)
-        config_cls = config_class(name)
-        overrides = {
-            k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
-        }
-        from sdarflow.model_cache import with_local_model
+def _run_stage(args: argparse.Namespace) -> int:
+    from sdarflow.model_cache import with_local_model
 
-        result = module.run(with_local_model(config_cls.load(args.config, **overrides)))
-        emit(result)
-        return 0
-
-    return handler
+    config_cls = config_class(args.command)
+    overrides = {
+        k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
+    }
+    emit(STAGES.get(args.command).run(with_local_model(config_cls.load(args.config, **overrides))))
+    return 0
 
 
 def add_stage(name: str, p: argparse.ArgumentParser) -> None:
     _add_config_flags(p, config_class(name))
-    p.set_defaults(func=_stage_command(name))
+    p.set_defaults(func=_run_stage)
