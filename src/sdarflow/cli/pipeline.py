@@ -1,15 +1,6 @@
 """``sdarflow pipeline``: compile the KFP pipelines to IR YAML (with their Kubernetes settings), upload them, run
-them and schedule recurring runs on a KFP server, and write a multi-node Kubeflow Trainer TrainJob.
-
-    sdarflow pipeline compile --output training.yaml --rounds 3 --shards 4 --gpus train=8 --node-selector pool=h100
-    sdarflow pipeline compile --output promotion.yaml --pipeline promote
-    sdarflow pipeline compile --output study.yaml --pipeline study --methods grpo sdar opsd --seeds 0 1 2
-    sdarflow pipeline upload --host http://localhost:8080 --package training.yaml
-    sdarflow pipeline schedule --host http://localhost:8080 --pipeline sdar-training --cron '0 0 3 * * *' \\
-        --param storage=s3://bucket/sdar --param base_model=s3://bucket/models/qwen
-
-Heavy imports (kfp, the pipelines package) happen inside the handlers.
-"""
+them and schedule recurring runs on a KFP server, and write a multi-node Kubeflow Trainer TrainJob (examples:
+docs/cluster.md). Heavy imports (kfp, the pipelines package) happen inside the handlers."""
 
 from __future__ import annotations
 
@@ -141,68 +132,43 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace):
-    from pipelines.client import connect
-
-    return connect(args.host, args.namespace)
-
-
 def _cmd_upload(args: argparse.Namespace) -> int:
-    from pipelines.client import check_backend, upload
+    from pipelines.client import check_backend, connect, upload
 
     if not args.skip_version_check and args.host:
         check_backend(args.host)
     with contextlib.redirect_stdout(sys.stderr):
-        result = upload(_client(args), args.package, args.name, args.version_name)
+        result = upload(connect(args.host, args.namespace), args.package, args.name, args.version_name)
     emit(result)
     return 0
 
 
-def _source_and_params(args: argparse.Namespace, client):
-    from pipelines.client import check_params, resolve_source
+def _submit(args: argparse.Namespace, submit, **kwargs) -> int:
+    """Start (``submit``: ``start_run`` or ``schedule``) the ``--package`` or ``--pipeline`` with ``--param``s."""
+    from pipelines.client import check_params, connect, resolve_source
 
-    source = resolve_source(client, args.package, args.pipeline, args.pipeline_version)
-    return source, check_params(source.spec, pairs(args.param, "--param"))
+    # kfp.Client prints UI links on stdout: they go to stderr, so stdout holds only our JSON for scripts.
+    with contextlib.redirect_stdout(sys.stderr):
+        client = connect(args.host, args.namespace)
+        source = resolve_source(client, args.package, args.pipeline, args.pipeline_version)
+        params = check_params(source.spec, pairs(args.param, "--param"))
+        kwargs |= {"experiment": args.experiment, "service_account": args.service_account}
+        result = submit(client, source, params, **kwargs)
+    emit(result)
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.client import start_run
 
-    # kfp.Client prints UI links on stdout: they go to stderr, so stdout holds only our JSON for scripts.
-    with contextlib.redirect_stdout(sys.stderr):
-        client = _client(args)
-        source, params = _source_and_params(args, client)
-        result = start_run(
-            client,
-            source,
-            params,
-            experiment=args.experiment,
-            run_name=args.run_name,
-            service_account=args.service_account,
-        )
-    emit(result)
-    return 0
+    return _submit(args, start_run, run_name=args.run_name)
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from pipelines.client import check_cron, schedule
 
     check_cron(args.cron)  # before any request: a bad cron is the commonest mistake
-    with contextlib.redirect_stdout(sys.stderr):
-        client = _client(args)
-        source, params = _source_and_params(args, client)
-        result = schedule(
-            client,
-            source,
-            params,
-            cron=args.cron,
-            name=args.name,
-            start_from=args.start_from,
-            experiment=args.experiment,
-            service_account=args.service_account,
-        )
-    emit(result)
-    return 0
+    return _submit(args, schedule, cron=args.cron, name=args.name, start_from=args.start_from)
 
 
 def _cmd_trainjob(args: argparse.Namespace) -> int:

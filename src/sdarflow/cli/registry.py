@@ -1,14 +1,10 @@
-"""``sdarflow registry ...``: the command-line face of the adapter registry.
-
-``add_arguments(parser)`` adds the subcommands of ``registry``; each subcommand sets ``func`` to a handler
-``(args) -> int``. Handlers print results on stdout and raise SdarflowError subclasses, which the top-level CLI
-prints as one line and turns into ``err.exit_code`` (3: gate refused, 4: lost a race, retry). Library imports
-happen inside the handlers so ``sdarflow --help`` stays fast.
-"""
+"""``sdarflow registry ...``: the command-line face of the adapter registry (exit codes 3: gate refused, 4: lost a
+race, retry). Library imports happen inside the handlers so ``sdarflow --help`` stays fast."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -18,7 +14,7 @@ from typing import Any
 
 from sdarflow.cli.common import ReadsPath, emit, output_flag, policy_name_flag
 from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
-from sdarflow.errors import ConfigError, ModelError
+from sdarflow.errors import ConfigError, ModelError, StorageError
 
 
 def _lineage(value: str | None) -> dict[str, Any]:
@@ -68,16 +64,13 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from sdarflow import storage
-    from sdarflow.errors import StorageError
 
     registry = _registry(args)
     names = registry.list_names()
+    # a mistyped --registry must not look like an empty one: nothing there at all is an error (an s3:// one)
+    if not names and not storage.exists(registry.uri):
+        raise StorageError(f"registry '{registry.uri}' does not exist; fix: {REGISTRY_FIX}")
     if not names:
-        # a mistyped --registry must not look like an empty one: nothing there at all is an error
-        if not storage.exists(registry.uri):
-            raise StorageError(
-                f"registry '{registry.uri}' does not exist; fix: {REGISTRY_FIX}"
-            )  # an s3:// one
         sys.stderr.write(f"registry {registry.uri} holds no adapters yet\n")
     if args.name and args.name not in names:
         raise StorageError(
@@ -85,25 +78,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     if args.name:
         rows = registry.list_versions(args.name)
-        if args.json:
-            emit(rows)
-            return 0
-        for row in rows:
-            p1 = row["pass@1"]
-            test = "-" if p1["test"] is None else f"{p1['test']:.3f}"
-            ood = "-" if p1["ood"] is None else f"{p1['ood']:.3f}"
-            aliases = ",".join(row["aliases"]) or "-"
-            sys.stdout.write(
-                f"v{row['version']}\t{row['created_at']}\ttest@1 {test}\tood@1 {ood}\t{aliases}\n"
-            )
-        return 0
-    rows = [{"name": n, "aliases": registry.aliases(n)} for n in names]
+    else:
+        rows = [{"name": n, "aliases": registry.aliases(n)} for n in names]
     if args.json:
         emit(rows)
         return 0
-    for row in rows:
-        aliases = " ".join(f"{stage}=v{v}" for stage, v in sorted(row["aliases"].items())) or "-"
-        sys.stdout.write(f"{row['name']}\t{aliases}\n")
+    for r in rows:
+        if args.name:
+            test, ood = ("-" if r["pass@1"][s] is None else f"{r['pass@1'][s]:.3f}" for s in ("test", "ood"))
+            line = f"v{r['version']}\t{r['created_at']}\ttest@1 {test}\tood@1 {ood}\t{','.join(r['aliases']) or '-'}"
+        else:
+            line = f"{r['name']}\t" + (" ".join(f"{s}=v{v}" for s, v in sorted(r["aliases"].items())) or "-")
+        sys.stdout.write(line + "\n")
     return 0
 
 
@@ -135,8 +121,6 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    import dataclasses
-
     registry, thresholds = _registry(args), _thresholds(args)
     if any(v is not None for v in thresholds.values()):
         registry.set_gate(args.name, args.stage, thresholds, args.reason or "", actor=args.actor)
@@ -267,19 +251,22 @@ def _add_show(p: argparse.ArgumentParser) -> None:
 def _add_promote(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--version", required=True, help="version number or 'latest'")
-    p.add_argument(
-        "--stage",
-        default="production",
-        choices=RELEASE_STAGES,
-        help="the alias to move (gated by the registry's policy: production always, staging when set)",
+    _alias_flags(
+        p,
+        "the alias to move (gated by the registry's policy: production always, staging when set)",
+        "why (required with --force); written to the alias history and the audit log",
+        "promotes",
     )
     p.add_argument("--force", action="store_true", help="override a gate refusal (needs --reason)")
-    p.add_argument(
-        "--reason", help="why (required with --force); written to the alias history and the audit log"
-    )
     _gate_flags(p, "for this promotion only: may tighten the registry's policy (`sdarflow registry gate`)")
-    p.add_argument("--actor", help="who promotes (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_promote)
+
+
+def _alias_flags(p: argparse.ArgumentParser, stage_help: str, why: str, who: str) -> None:
+    """``--stage`` (the alias or gate), and the ``--reason`` and ``--actor`` the audit log records."""
+    p.add_argument("--stage", default="production", choices=RELEASE_STAGES, help=stage_help)
+    p.add_argument("--reason", help=why)
+    p.add_argument("--actor", help=f"who {who} (default: $SDARFLOW_ACTOR or user@host)")
 
 
 def _gate_flags(p: argparse.ArgumentParser, scope: str) -> None:
@@ -292,25 +279,18 @@ def _gate_flags(p: argparse.ArgumentParser, scope: str) -> None:
 
 def _add_gate(p: argparse.ArgumentParser) -> None:
     _common(p)
-    p.add_argument(
-        "--stage", default="production", choices=RELEASE_STAGES, help="the stage whose gate to set"
+    _alias_flags(
+        p, "the stage whose gate to set", "why (required to set); written to the audit log", "sets it"
     )
     _gate_flags(p, "sets the registry's policy; the others keep theirs")
-    p.add_argument("--reason", help="why (required to set); written to the audit log")
-    p.add_argument("--actor", help="who sets it (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_gate)
 
 
 def _add_rollback(p: argparse.ArgumentParser) -> None:
     _common(p)
-    p.add_argument(
-        "--stage",
-        default="production",
-        choices=RELEASE_STAGES,
-        help="the alias to move back (default production)",
+    _alias_flags(
+        p, "the alias to move back (default production)", "why; written to the audit log", "rolls back"
     )
-    p.add_argument("--reason", help="why; written to the audit log")
-    p.add_argument("--actor", help="who rolls back (default: $SDARFLOW_ACTOR or user@host)")
     p.set_defaults(func=cmd_rollback)
 
 
