@@ -141,35 +141,8 @@ def _run_metrics(
     }
 
 
-def _reference_info(cfg: RescoreConfig) -> str:
-    if not cfg.ref_logprobs:
-        return "not computed (train needs --kl-coef 0)"
-    return (
-        "base model, adapter disabled"
-        if cfg.adapter
-        else "= old log-probs (no adapter: the policy is the base)"
-    )
-
-
-def _reference_logprobs(
-    cfg: RescoreConfig, policy, prompts, responses, old, budget: int, **kw
-) -> list[list[float]] | None:
-    """``ref_logprobs``: None when switched off; ``old`` itself without an adapter (the scored policy is then the
-    base model, so a second pass would give the same numbers); else the student prompts scored adapter-off."""
-    from sdarflow.teacher.rescore import reference_model, score
-
-    if not cfg.ref_logprobs:
-        return None
-    if not cfg.adapter:
-        return old
-    pad = policy.tokenizer.pad_token_id
-    with reference_model(policy.model, cfg.model) as ref_model:
-        return score(ref_model, prompts, responses, pad, budget, "rescore reference", **kw)
-
-
 @once("rescored")
 def run(cfg: RescoreConfig) -> dict:
-
     from sdarflow.models import load_policy
     from sdarflow.rollout.expert import EXPERT_POLICY
     from sdarflow.skills.library import SkillLibrary
@@ -286,19 +259,26 @@ def _score_passes(
 ):
     """(student, teacher, reference or None) log-probs of every row's response, the seconds they took, the token
     budget of a batch and the tokens of every scored sequence. The teacher is the student with skills in its
-    prompt, with the adapter's EMA weights under ``--teacher ema``."""
-    from sdarflow.teacher.rescore import score
+    prompt, with the adapter's EMA weights under ``--teacher ema``. Without an adapter the reference is the student
+    itself (the scored policy is then the base model, so a second pass would give the same numbers)."""
+    from sdarflow.teacher.rescore import reference_model, score
 
     t0 = time.perf_counter()
-    pad = policy.tokenizer.pad_token_id
-    kw = {"batching": cfg.batching, "pack_length": cfg.pack_length}
     prompts = [r["prompt_token_ids"] for r in rows]
     responses = [r["response_token_ids"] for r in rows]
     budget = cfg.batch_tokens(model_device(policy.model))
-    old = score(policy.model, prompts, responses, pad, budget, "rescore student", **kw)
+    pad, kw = policy.tokenizer.pad_token_id, {"batching": cfg.batching, "pack_length": cfg.pack_length}
+
+    def scored(model, contexts: list[list[int]], desc: str) -> list[list[float]]:
+        return score(model, contexts, responses, pad, budget, desc, **kw)
+
+    old = scored(policy.model, prompts, "rescore student")
     with TEACHER_WEIGHTS.get(cfg.teacher)(policy.model, adapter):
-        teacher = score(policy.model, teacher_prompts, responses, pad, budget, "rescore teacher", **kw)
-    ref = _reference_logprobs(cfg, policy, prompts, responses, old, budget, **kw)
+        teacher = scored(policy.model, teacher_prompts, "rescore teacher")
+    ref = old if cfg.ref_logprobs else None
+    if cfg.ref_logprobs and cfg.adapter:
+        with reference_model(policy.model, cfg.model) as ref_model:
+            ref = scored(ref_model, prompts, "rescore reference")
     passes = [prompts, teacher_prompts] + ([prompts] if cfg.ref_logprobs and cfg.adapter else [])
     lengths = [len(p) + len(r) for pass_ in passes for p, r in zip(pass_, responses, strict=True)]
     return old, teacher, ref, time.perf_counter() - t0, budget, lengths
@@ -306,10 +286,16 @@ def _score_passes(
 
 def _info(cfg: RescoreConfig, lib, overridden: list[str]) -> dict[str, str]:
     """The settings the report shows beside its numbers."""
+    if not cfg.ref_logprobs:
+        reference = "not computed (train needs --kl-coef 0)"
+    elif cfg.adapter:
+        reference = "base model, adapter disabled"
+    else:
+        reference = "= old log-probs (no adapter: the policy is the base)"
     return {
         "retrieval": cfg.retrieval,
         "skill place": f"{cfg.skill_place} (teacher prompt: last {cfg.max_prompt_tokens} tokens)",
-        "reference log-probs": _reference_info(cfg),
+        "reference log-probs": reference,
         "skill library": f"{lib.version} ({len(lib.skills)} skills)",
         "batching": cfg.batching,
         "guards overridden": ", ".join(overridden) or "none",
