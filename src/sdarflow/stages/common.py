@@ -40,8 +40,8 @@ def local_artifact(
     uri: str | None, kind: str, allow_unpublished: bool = False, dest: str | None = None
 ) -> str | None:
     """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given, and always
-    of a skill library; else a view of a local one). A local folder without a manifest is refused (it may be a half-written output) unless
-    ``allow_unpublished``: a folder made by hand."""
+    of a skill library; else a view of a local one). A local folder without a manifest is refused (it may be a
+    half-written output) unless ``allow_unpublished``: a folder made by hand."""
     if not uri:
         return None
     if storage.is_published(uri):
@@ -130,7 +130,3 @@ def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], 
         return wrapper
 
     return wrap
-
-
-def policy_version(adapter_uri: str | None) -> str:
-    return adapter_uri or "base"

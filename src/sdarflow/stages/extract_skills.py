@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
@@ -173,29 +174,11 @@ def _accuracy(envs: list[str], lib: SkillLibrary) -> dict | None:
     return None if truth is None else score_library(lib, truth())
 
 
-def _write_report(
-    folder: str,
-    lib,
-    previous,
-    new,
-    rejected: dict,
-    decisions: list,
-    accuracy: dict | None,
-    cfg: ExtractSkillsConfig,
-) -> None:
-    from pathlib import Path
-
+@once("skills")
+def run(cfg: ExtractSkillsConfig) -> dict:
     from sdarflow import report
     from sdarflow.skills.report import library_report
 
-    title = f"extract-skills ({cfg.extractor})"
-    doc = library_report(lib, previous, sorted(new.skills), rejected, title, accuracy, decisions)
-    (Path(folder) / "report.md").write_text(report.markdown(doc))
-    (Path(folder) / "report.html").write_text(report.html(doc))
-
-
-@once("skills")
-def run(cfg: ExtractSkillsConfig) -> dict:
     require("extract-skills", input=cfg.input, output=cfg.output)
     table = storage.read_table(cfg.input, kind="trajectories", schema=TRAJECTORY_SCHEMA)
     cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success"]
@@ -216,7 +199,10 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     metrics["skills/replacements_refused"] = sum(not d["replaced"] for d in decisions)
     with tempfile.TemporaryDirectory() as tmp:
         lib.save(tmp)
-        _write_report(tmp, lib, previous, new, rejected, decisions, accuracy, cfg)
+        title = f"extract-skills ({cfg.extractor})"
+        doc = library_report(lib, previous, sorted(new.skills), rejected, title, accuracy, decisions)
+        (Path(tmp) / "report.md").write_text(report.markdown(doc))
+        (Path(tmp) / "report.html").write_text(report.html(doc))
         storage.publish_dir(
             tmp,
             cfg.output,

@@ -21,7 +21,7 @@ from sdarflow.models.device import device_opt, resolve_device
 from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.schema import TRAJECTORY_SCHEMA
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, policy_version, require
+from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 
 if TYPE_CHECKING:
     from sdarflow.rollout.episode import RolloutParams, RolloutResult
@@ -180,7 +180,7 @@ def run(cfg: GenerateConfig) -> dict:
             engine.tokenizer,
             run_id=cfg.run_id,
             round_=cfg.round,
-            policy_version=policy_version(cfg.adapter),
+            policy_version=cfg.adapter or "base",
             desc=f"generate {cfg.env}/{cfg.split} shard {cfg.shard}/{cfg.num_shards}",
         )
     finally:
@@ -209,23 +209,11 @@ def _expert(cfg: GenerateConfig, suite, tasks: list) -> RolloutResult:
 
 
 def _finish(cfg: GenerateConfig, result: RolloutResult) -> dict:
-    metrics = result.metrics()
-    _write(cfg, result, metrics)
-    who = cfg.engine if cfg.policy == "model" else "expert"
-    log.info(
-        "generate %s: %d episodes | success %.3f | turns %.1f | format errors %.3f | %.0f tok/s | "
-        "%.1f env steps/s | identical groups %d | env errors %d -> %s",
-        who, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
-        metrics["rollout/format_error_rate"], metrics["rollout/tokens_per_s"], metrics["rollout/env_steps_per_s"],
-        metrics["rollout/identical_groups"], metrics["rollout/env_errors"], cfg.output,
-    )  # fmt: skip
-    return {"uri": cfg.output, "rows": len(result.rows), "metrics": metrics}
-
-
-def _write(cfg: GenerateConfig, result: RolloutResult, metrics: dict[str, float]) -> None:
+    """Publish the rows with their report, and log and return the metrics."""
     from sdarflow import report
     from sdarflow.rollout.report import rollout_report
 
+    metrics = result.metrics()
     table = pa.Table.from_pylist(result.rows, schema=TRAJECTORY_SCHEMA)
     doc = rollout_report(result.rows, metrics, f"generate: {cfg.env}/{cfg.split}, round {cfg.round}")
     storage.write_table(
@@ -241,3 +229,12 @@ def _write(cfg: GenerateConfig, result: RolloutResult, metrics: dict[str, float]
         metrics=metrics,
         attachments={"report.md": report.markdown(doc).encode(), "report.html": report.html(doc).encode()},
     )
+    who = cfg.engine if cfg.policy == "model" else "expert"
+    log.info(
+        "generate %s: %d episodes | success %.3f | turns %.1f | format errors %.3f | %.0f tok/s | "
+        "%.1f env steps/s | identical groups %d | env errors %d -> %s",
+        who, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
+        metrics["rollout/format_error_rate"], metrics["rollout/tokens_per_s"], metrics["rollout/env_steps_per_s"],
+        metrics["rollout/identical_groups"], metrics["rollout/env_errors"], cfg.output,
+    )  # fmt: skip
+    return {"uri": cfg.output, "rows": len(result.rows), "metrics": metrics}
