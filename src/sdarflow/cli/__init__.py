@@ -1,10 +1,6 @@
-"""``sdarflow`` command line: one subcommand per stage (flags built from the stage's config class), plus ``demo``,
-``study``, ``build-model``, ``import-model``, ``plan``, ``envs``, ``env``, ``registry`` and ``pipeline``.
-
-Each command lives in a module of this package; heavy imports happen inside commands, and only the command being run
-gets its flags, so ``--help`` is fast. User errors (``SdarflowError``) become one line on stderr and the error's
-exit code; anything else is one line too, with the way to the traceback (``--verbose``).
-"""
+"""``sdarflow`` command line: one subcommand per stage (flags built from the stage's config class), plus the other
+``COMMANDS``, each in a module of this package. User errors (``SdarflowError``) become one line on stderr and the
+error's exit code; anything else is one line too, with the way to the traceback (``--verbose``)."""
 
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ from sdarflow.stages import STAGES
 __all__ = ["COMMANDS", "PRESET_NAMES", "build_parser", "main"]
 
 # name -> (help, adds the command's flags). Adding them imports the command's modules (a stage's config class
-# brings torch), so only the command being run gets them.
+# brings torch), so only the command being run gets them, and --help is fast.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     **{name: (f"run the {name} stage", functools.partial(stage.add_stage, name)) for name in STAGES},
     "demo": ("build the tiny base model and run the whole DAG locally (KFP local runner)", local.add_demo),

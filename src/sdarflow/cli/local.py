@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 from sdarflow.cli.common import (
     PRESET_NAMES,
@@ -45,8 +46,6 @@ def _cmd_study(args: argparse.Namespace) -> int:
         ) from err
     preset = args.preset or "demo"
     if args.preset is None and args.base_model:
-        from pathlib import Path
-
         from sdarflow.model_cache import local_model
         from sdarflow.start_point import default_preset
 
@@ -89,8 +88,6 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_import_model(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from sdarflow.models.gguf_import import KNOWN, import_gguf, known_file
 
     if bool(args.name) == bool(args.gguf):
