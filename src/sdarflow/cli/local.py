@@ -18,6 +18,9 @@ from sdarflow.cli.common import (
 )
 from sdarflow.errors import ConfigError
 
+# the fields of train.warmstart.BaseModelSpec that build-model takes as flags
+SPEC_FLAGS = ("env", "tasks", "sft_steps", "sft_stop_at_loss", "seed")
+
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sdarflow.demo import run_demo
@@ -72,13 +75,7 @@ def _cmd_build_model(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"build-model: --sft-time-limit ({args.sft_time_limit}) must be seconds >= 0; fix: 0 for no limit"
         )
-    spec = BaseModelSpec(
-        env=args.env,
-        tasks=args.tasks,
-        sft_steps=args.sft_steps,
-        seed=args.seed,
-        sft_stop_at_loss=args.sft_stop_at_loss,
-    )
+    spec = BaseModelSpec(**{name: getattr(args, name) for name in SPEC_FLAGS})
     print(
         build_base_model(
             args.out, spec, force=args.force, time_limit_s=args.sft_time_limit, device=args.device
@@ -194,7 +191,7 @@ def add_build_model(p: argparse.ArgumentParser) -> None:
 
     spec = {f.name: f for f in dataclasses.fields(BaseModelSpec)}
     output_flag(p, "the model folder to write (a normal HF folder)", required=True)
-    for name in ("env", "tasks", "sft_steps", "sft_stop_at_loss", "seed"):
+    for name in SPEC_FLAGS:
         f = spec[name]
         flag = "--" + name.replace("_", "-")
         p.add_argument(
