@@ -18,7 +18,7 @@ from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt
 from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
+from sdarflow.stages.common import allow_unpublished_opt, once, require
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
 
 log = logging.getLogger(__name__)
@@ -107,21 +107,13 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate import build_report
-    from sdarflow.rollout.engine import load_engine
-    from sdarflow.stages.generate import rollout_params
+    from sdarflow.stages.generate import open_engine
 
     require("evaluate", model=cfg.model, output=cfg.output)
     check_available(cfg.tracking_uri)
     suite = get_suite(cfg.env)
     baseline = _baseline(cfg)  # a bad baseline report fails here, before any episode
-    engine = load_engine(
-        cfg.engine,
-        cfg.model,
-        local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished),
-        batch_size=cfg.batch_size,
-        device=cfg.device,
-    )
-    params = rollout_params(cfg, suite, engine)
+    engine, params = open_engine(cfg, suite)
     try:
         results = [row for split in cfg.splits for row in _play(cfg, split, suite, engine, params)]
     finally:

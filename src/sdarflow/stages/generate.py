@@ -143,9 +143,18 @@ def rollout_params(cfg: StageConfig, suite, engine) -> RolloutParams:
     )
 
 
+def open_engine(cfg: StageConfig, suite, vllm_options=None) -> tuple:
+    """The generation engine of a generate or evaluate ``cfg`` (its adapter verified) and its ``rollout_params``."""
+    from sdarflow.rollout.engine import load_engine
+
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    kwargs = {"batch_size": cfg.batch_size, "vllm_options": vllm_options, "device": cfg.device}
+    engine = load_engine(cfg.engine, cfg.model, adapter, **kwargs)
+    return engine, rollout_params(cfg, suite, engine)
+
+
 @once("trajectories")
 def run(cfg: GenerateConfig) -> dict:
-    from sdarflow.rollout.engine import load_engine
     from sdarflow.rollout.loop import run_rollout
     from sdarflow.rollout.vllm_engine import VLLMOptions
 
@@ -160,16 +169,7 @@ def run(cfg: GenerateConfig) -> dict:
         max_num_seqs=cfg.batch_size,
         enforce_eager=cfg.vllm_enforce_eager,
     )
-    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
-    engine = load_engine(
-        cfg.engine,
-        cfg.model,
-        adapter,
-        batch_size=cfg.batch_size,
-        vllm_options=vllm_options,
-        device=cfg.device,
-    )
-    params = rollout_params(cfg, suite, engine)
+    engine, params = open_engine(cfg, suite, vllm_options)
     try:
         result = run_rollout(
             engine,
