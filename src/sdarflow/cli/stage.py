@@ -33,7 +33,6 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
         default = None if f.default is dataclasses.MISSING else f.default
         list_type = typing.get_origin(hint) is list
         shown = f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else "")
-        choices = f.metadata.get("choices")
         if hint is bool:
             kwargs = {"action": argparse.BooleanOptionalAction, "help": f"{help_text} (default {default})"}
         elif f.metadata.get("reads"):
@@ -42,6 +41,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
             kwargs = {"type": _json_object, "help": f"{help_text} (a JSON object)"}
         else:
             # numeric choices are compared as numbers (argparse compares the raw string otherwise)
+            choices = f.metadata.get("choices")
             numeric = choices and not isinstance(choices[0], str)
             kwargs = {"action": "append" if list_type else "store", "choices": choices, "help": shown}
             kwargs["type"] = type(choices[0]) if numeric else None
