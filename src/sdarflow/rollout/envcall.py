@@ -26,9 +26,8 @@ class Outcome:
     value: Any = None
     error: str | None = None
     seconds: float = 0.0
-    timed_out: bool = (
-        False  # the call is still running in an abandoned thread: its env must not be used again
-    )
+    # the call is still running in an abandoned thread: its env must not be used again
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -52,10 +51,8 @@ def _run(fn: Callable[[], Any], out: Outcome) -> None:
 
 
 def call_all(calls: Sequence[Callable[[], Any]], timeout_s: float, workers: int = 1) -> list[Outcome]:
-    """Run ``calls``, at most ``workers`` at a time, each limited to ``timeout_s`` seconds (0: no limit).
-
-    With no limit and one worker the calls run inline in this thread (no thread overhead, plain tracebacks).
-    """
+    """Run ``calls``, at most ``workers`` at a time, each limited to ``timeout_s`` seconds (0: no limit); with
+    no limit and one worker they run inline in this thread (no thread overhead, plain tracebacks)."""
     outcomes = [Outcome() for _ in calls]
     if timeout_s <= 0 and workers <= 1:
         for fn, out in zip(calls, outcomes):

@@ -1,13 +1,9 @@
 """The env's expert walkthrough played as a rollout: the turn rows a policy's rollout writes, with the expert's
-action as the response. What an SFT warm start trains on (``generate --policy expert``, then ``train --mode sft``):
-a pretrained model first learns the env's moves and the prompt format's reply, so RL starts with successes to learn
-from.
+action as the response (``generate --policy expert``, then ``train --mode sft``: RL then starts with successes).
 
-The prompts are built as the policy's rollout builds them (``build_messages`` in the rollout's format, with the
-admissible actions where the format lists them) and tokenized with the model's tokenizer; the response is the
-action in that format (``format_response``: in ``reference``, an empty ``<think></think>``, since a walkthrough
-holds no reasoning) followed by the model's end-of-turn token. The expert is not a model, so its rows carry no
-behaviour log-probs (NaN) and rescore refuses them; ``policy_version`` is ``expert``.
+Prompts are built as the policy's rollout builds them; the response is the action in the prompt format (in
+``reference``, an empty ``<think></think>``: a walkthrough holds no reasoning) followed by the end-of-turn token.
+The expert is not a model, so its rows carry no behaviour log-probs (NaN, refused by rescore).
 """
 
 from __future__ import annotations

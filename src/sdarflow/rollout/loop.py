@@ -1,13 +1,10 @@
 """The batched multi-turn rollout loop: one engine call per turn for every live episode (or for each of two
 lanes of them, taking turns with their env steps in a worker process).
 
-Each agent turn becomes one trajectory row (the turn-level contract in ``sdarflow.schema``); episode-level fields
-(``episode_return``, ``success``, ``num_turns``) are filled in when the episode ends. The action format is the
-suite's (its ``parse_action`` when it has one), read inside the reply's ``<action>`` tag in the reference prompt
-format, whose prompts also list the envs' admissible actions. Env calls run under a watchdog (``rollout.envcall``): an env that
-raises or hangs past ``step_timeout_s`` ends its episode as failed and the run goes on. Groups whose samples are
-token-identical at temperature > 0 although such a repeat was unlikely (a seeding bug seen in other RL systems)
-are flagged and counted.
+Each agent turn becomes one trajectory row (``sdarflow.schema``); the episode's fields are filled in when it ends.
+Env calls run under a watchdog (``rollout.envcall``): an env that raises or hangs past ``step_timeout_s`` ends its
+episode as failed and the run goes on. Groups whose samples are token-identical at temperature > 0 although such a
+repeat was unlikely (a seeding bug seen in other RL systems) are flagged and counted.
 """
 
 from __future__ import annotations
@@ -82,21 +79,12 @@ def run_rollout(
     holds every task and its first prompts are checked before any engine call."""
     t0 = time.perf_counter()
     stats = RolloutStats()
-    episodes = []
+    episodes: list[Episode] = []
     for task in tasks:
         group_id = f"{run_id}/r{round_}/{task.task_id}"
-        episodes += [
-            Episode(
-                task,
-                group_id,
-                f"{group_id}/g{g}",
-                len(episodes) + g,
-                "",
-                "",
-                seed_key=f"r{round_}/{task.task_id}/g{g}",
-            )
-            for g in range(group_size)
-        ]
+        for g in range(group_size):
+            key = f"r{round_}/{task.task_id}/g{g}"
+            episodes.append(Episode(task, group_id, f"{group_id}/g{g}", len(episodes), "", "", seed_key=key))
     if params.env_workers > 1 and not getattr(suite, "thread_safe", False):
         log.info("%s: env calls one at a time (the suite does not declare thread_safe)", suite.name)
         params = dataclasses.replace(params, env_workers=1)
@@ -110,10 +98,9 @@ def run_rollout(
     )
     for ep in episodes:
         ep.max_turns = envs.max_turns[ep.index]
+    lineage = (run_id, round_, policy_version)
     try:
-        return _Rollout(
-            engine, suite, envs, episodes, params, tokenizer, stats, (run_id, round_, policy_version)
-        ).run(t0, desc)
+        return _Rollout(engine, suite, envs, episodes, params, tokenizer, stats, lineage).run(t0, desc)
     finally:
         envs.shutdown()
 
@@ -140,7 +127,7 @@ class _Rollout:
         self.engine, self.suite, self.envs, self.episodes = engine, suite, envs, episodes
         self.params, self.tokenizer, self.stats = params, tokenizer, stats
         self.parse = action_parser(suite, params.prompt_format)
-        self.ctx = (*lineage, self.parse, getattr(suite, "format_hint", FORMAT_ERROR_OBS))
+        self.lineage, self.hint = lineage, getattr(suite, "format_hint", FORMAT_ERROR_OBS)
         two = isinstance(envs, ProcessEnvs) and len(episodes) > 1
         self.lanes = [episodes[0::2], episodes[1::2]] if two else [episodes]
         self.bar = None  # made once the first prompts are known to fit
@@ -180,7 +167,7 @@ class _Rollout:
             _apply_resets(batch.episodes, outcomes)
             _check_first_prompts(batch.episodes, self.episodes, self.envs, self.params, self.tokenizer)
         else:
-            _apply_steps(batch, outcomes, self.params, self.ctx)
+            _apply_steps(batch, outcomes, self.params, self.lineage, self.hint)
         if self.bar is not None:
             self.bar.update(sum(e.done for e in self.episodes) - self.bar.n)
 
@@ -192,9 +179,8 @@ class _Rollout:
         if len(self.lanes) > 1:  # the second lane's resets run during the first lane's first generation
             in_flight = _InFlight(1, self.lanes[1])
             envs.submit("reset", [(e.index, None) for e in in_flight.episodes])
-        if hasattr(
-            engine, "start"
-        ):  # an engine that starts lazily (vllm): its start-up is not generation time
+        # an engine that starts lazily (vllm): its start-up is not generation time
+        if hasattr(engine, "start"):
             begin = time.perf_counter()
             engine.start()
             stats.engine_start_seconds = time.perf_counter() - begin
@@ -302,9 +288,8 @@ def _generate(engine, lane, episodes, turn, params, tokenizer, stats, parse) -> 
     return _InFlight(lane, live, turn, messages, prompts, samples, parsed, stepping)
 
 
-def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, ctx) -> None:
+def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, lineage, hint: str) -> None:
     """The turn's rows, from each episode's sample and env outcome (or its format error)."""
-    run_id, round_, policy_version, _, hint = ctx
     outcomes = dict(zip(batch.stepping, outcomes, strict=True))
     turn = batch.turn
     for i, (ep, msgs, prompt, sample) in enumerate(
@@ -327,7 +312,7 @@ def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, ctx) -> None
         # Malformed turns never reach the env, so its own turn limit cannot end an agent stuck producing them.
         if turn + 1 >= min(params.max_turns, ep.max_turns or params.max_turns):
             ep.done = True
-        ep.rows.append(turn_row(ep, turn, msgs, prompt, sample, reward, ok, (run_id, round_, policy_version)))
+        ep.rows.append(turn_row(ep, turn, msgs, prompt, sample, reward, ok, lineage))
 
 
 def turn_row(ep: Episode, turn: int, msgs, prompt, sample, reward: float, ok: bool, lineage) -> dict:
@@ -365,11 +350,9 @@ def finish(episodes: list[Episode], env: str) -> list[dict]:
 
 
 def identical_groups(episodes: list[Episode]) -> list[str]:
-    """Ids of groups (>= 2 episodes) whose episodes produced exactly the same response tokens on every turn although
-    such a repeat was unlikely: the episode's tokens have probability below ``REPEAT_PROBABILITY`` under the policy.
-    A confident policy repeats its likely replies (a warm-started one at temperature 0.4 often does); a seeding
-    bug repeats any reply. The log-probs are the policy's at temperature 1 (a sampler below 1 makes a repeat of
-    likely tokens likelier still); an episode without them is judged on its tokens alone."""
+    """Ids of groups (>= 2 episodes) whose episodes produced the same response tokens on every turn although their
+    probability under the policy (temperature 1) was below ``REPEAT_PROBABILITY``: a confident policy repeats its
+    likely replies, a seeding bug repeats any reply. An episode without log-probs is judged on its tokens alone."""
     groups: dict[str, set] = defaultdict(set)
     sizes: dict[str, int] = defaultdict(int)
     likely: dict[str, bool] = {}

@@ -1,30 +1,25 @@
-"""How an agent turn is put to the policy: chat messages from the task, the recent actions and the current
-observation; where the teacher's privileged skills go; and how a sampled response becomes an action.
-
-This is the one place prompts are shaped: rollouts, SFT and the teacher all call these functions, so the student
-and teacher contexts differ only by the inserted skills.
+"""How an agent turn is put to the policy (chat messages from the task, the recent actions and the observation),
+where the teacher's privileged skills go, and how a sampled response becomes an action. Rollouts, SFT and the
+teacher all call these functions, so the student and teacher contexts differ only by the inserted skills.
 
 Skill places (``teacher_prompt_ids``):
 
-``prefix``  the SDAR reference (``build_teacher_batch`` in ZJU-REAL/SDAR
-            ``verl/trainer/ppo/rlsd_ray_trainer.py``): the student prompt's token ids decoded with special tokens,
-            ``PRIVILEGED_TEMPLATE`` put in front of that text, re-tokenized without added special tokens, and
-            left-truncated to the last ``max_tokens`` tokens. The skills sit before the chat template's first
-            token, outside any message.
+``prefix``  the SDAR reference (``build_teacher_batch`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_ray_trainer.py``):
+            the student prompt's ids decoded with special tokens, ``PRIVILEGED_TEMPLATE`` put in front, re-tokenized
+            without added special tokens and left-truncated to ``max_tokens``: the skills sit outside any message.
 ``system``  a ``Skills:`` block appended to the system message, then the chat template.
 ``user``    a ``Skills:`` block put before the last user message's content, then the chat template.
 
 Prompt formats (``PROMPT_FORMATS``):
 
-``command``    a system prompt asking for one command, the goal, the recent actions and the observation; the reply is
-               the action itself. What the models sdarflow builds (``sdarflow.models.tiny``) are trained on.
+``command``    a system prompt asking for one command; the reply is the action itself (what the models sdarflow
+               builds, ``sdarflow.models.tiny``, are trained on).
 ``reference``  the SDAR reference's agent prompt (``ALFWORLD_TEMPLATE`` in ZJU-REAL/SDAR
                ``agent_system/environments/prompts/alfworld.py``): one user message with the task, the step count,
-               the recent actions, the observation and, where the env lists them, the admissible actions; the
-               reply reasons in ``<think> </think>`` and gives the action in ``<action> </action>``, read as the
-               reference's ``alfworld_projection`` reads it (``parse_reference``). Differences: the history holds
-               actions only (the reference also quotes past observations), and the action inside the tag then goes
-               through the env's own parser, so tool calls and searches keep their syntax.
+               the recent actions, the observation and the env's admissible actions where it lists them; the reply
+               reasons in ``<think> </think>`` and gives the action in ``<action> </action>`` (``parse_reference``).
+               Differences: the history holds actions only (the reference also quotes past observations), and the
+               action inside the tag then goes through the env's own parser, so tool calls keep their syntax.
 """
 
 from __future__ import annotations
@@ -65,7 +60,7 @@ def build_messages(
     admissible: list[str] | tuple[str, ...] | None = None,
 ) -> list[dict]:
     """Student context in ``prompt_format`` (module doc): the goal, the last ``history_turns`` actions and the
-    current observation; ``reference`` also lists the ``admissible`` actions when the env gave them."""
+    observation (and in ``reference`` the ``admissible`` actions when the env gave them)."""
     recent = actions[-history_turns:] if history_turns > 0 else []
     if prompt_format == "reference":
         listed = "\n ".join(f"'{a}'" for a in admissible or ())
@@ -83,8 +78,7 @@ def build_messages(
 
 
 def goal_of(messages: list[dict]) -> str:
-    """The instruction ``build_messages`` put in the user message, in either format ("" for messages it did not
-    build)."""
+    """The instruction ``build_messages`` put in the user message ("" for messages it did not build)."""
     user = next((m["content"] for m in messages if m.get("role") == "user"), "")
     for start, end in (("Goal: ", "\nRecent actions: "), (REFERENCE_TASK, REFERENCE_STEPS)):
         if user.startswith(start) and end in user:
@@ -99,15 +93,15 @@ def format_of(messages: list[dict]) -> str:
 
 
 def insert_skills(messages: list[dict], skills_text: str, place: SkillPlace = "system") -> list[dict]:
-    """Teacher context for the message places: the same messages with ``skills_text`` added to the system or the
-    last user message (``prefix`` works on token ids instead: ``teacher_prompt_ids``)."""
+    """The messages with ``skills_text`` added to the system or the last user message (``prefix`` works on token
+    ids: ``teacher_prompt_ids``)."""
     if place not in ("system", "user"):
         raise ValueError(
             f"insert_skills puts skills in a message (system or user), not {place!r}; fix: use teacher_prompt_ids"
         )
-    if not skills_text:
-        return [dict(m) for m in messages]
     out = [dict(m) for m in messages]
+    if not skills_text:
+        return out
     block = f"{SKILLS_HEADER}\n{skills_text.strip()}"
     if place == "system" and out[0].get("role") != "system":  # the reference format has no system message
         out.insert(0, {"role": "system", "content": block})
@@ -125,8 +119,8 @@ def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
-    """The rendered student prompt as the reference reads it: ``tokenizer.decode(ids, skip_special_tokens=False)``
-    (build_teacher_batch), chat-template markers included. Keyword retrieval matches this text too."""
+    """The rendered student prompt as ``build_teacher_batch`` reads it (special tokens kept); keyword retrieval
+    matches this text too."""
     return tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
 
 
@@ -144,13 +138,10 @@ def teacher_prompt_ids(
     max_tokens: int | None = None,
     student_text: str | None = None,
 ) -> list[int]:
-    """The teacher's prompt token ids: the student's context with ``skills_text`` at ``place`` (see the module doc),
-    left-truncated to ``max_tokens`` (the reference's ``data.max_prompt_length``; None keeps every token).
-
-    ``prefix`` reads ``student_ids`` (``student_text``, when given, is their decoded text: it saves a decode);
-    ``system`` and ``user`` re-render ``messages``. Without skill text the teacher context is the student's:
-    ``student_ids`` come back unchanged, so the teacher-equals-student guard can count such rows.
-    """
+    """The student's context with ``skills_text`` at ``place`` (module doc), left-truncated to ``max_tokens``
+    (the reference's ``data.max_prompt_length``; None keeps all). ``prefix`` reads ``student_ids`` (or their decoded
+    ``student_text``), ``system`` and ``user`` re-render ``messages``. Without skill text ``student_ids`` come back
+    unchanged, so the teacher-equals-student guard can count such rows."""
     if not skills_text:
         return list(student_ids)
     if place == "prefix":
@@ -173,19 +164,12 @@ def parse_action(text: str, finished: bool) -> tuple[str, bool]:
 def parse_reference(text: str, finished: bool, inner=parse_action) -> tuple[str, bool]:
     """(action, format_ok) of a ``reference``-format reply, as ``alfworld_projection`` (ZJU-REAL/SDAR
     ``agent_system/environments/env_package/alfworld/projection.py``) reads it: the text between the first
-    ``<action>`` and ``</action>`` (tags matched without case), well formed only when ``<think>`` and ``</think>``
-    are present too and no Chinese character is. The closing tag shows the action is complete, so a reply cut at the
-    token limit after it still counts (``finished`` is not needed). The action then goes through the env's parser
-    ``inner`` (the command parser by default), which may refuse it."""
+    ``<action>`` and ``</action>`` (any case), well formed only with ``<think>`` and ``</think>`` and no Chinese
+    character. The closing tag shows the action is complete, so ``finished`` is not needed; the action then goes
+    through the env's parser ``inner``, which may refuse it."""
     lower = text.lower()
     start, end = lower.find("<action>"), lower.find("</action>")
-    if (
-        start == -1
-        or end < start
-        or "<think>" not in lower
-        or "</think>" not in lower
-        or _CJK_RE.search(text)
-    ):
+    if start == -1 or end < start or not ("<think>" in lower and "</think>" in lower) or _CJK_RE.search(text):
         return "", False
     return inner(text[start + len("<action>") : end].strip(), True)
 
