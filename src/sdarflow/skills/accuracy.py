@@ -1,21 +1,12 @@
 """How right a skill library is, scored against what the env knows (``EnvSuite.skill_truth``): a check of the
-extractor against the env, never an input to it.
+extractor against the env, never an input to it (the verdicts: docs/skills.md).
 
-Per skill, over the task types it covers (every type for the general skill):
-
-- a direction rule (``fry the <item>: cook <item> with stove``) is *right* when, for every covered type, it names
-  the direction's action where the type requires that preparation and the type does require it; *wrong* when that
-  holds for none (a wrong tool, or an action where the food comes prepared, which spoils it); *recipe-blind* when
-  it holds for some covered types and not others;
-- an unconditional step that is a direction's action (``dice <item> with knife``) is *recipe-blind* when some
-  covered type requires that preparation (it is right only for the recipes that ask for that direction) and
-  *wrong* when none does.
-
-- in a tool-calling env, a step that calls a tool (``{"tool": "list_files", ...}``, ``search[...]``) is *right* when
-  every task of every covered type calls that tool in its gold plan, *wrong* when none does, and *recipe-blind*
-  otherwise.
-
-Other rules and steps (``take <item> from <place>``, ``prepare meal``) are not scored.
+Per skill, over the task types it covers (every type for the general skill): a direction rule is *right* when,
+for every covered type, it names the direction's action and the type requires that preparation, *wrong* when that
+holds for none, *recipe-blind* otherwise; an unconditional step that is a direction's action is *recipe-blind* when
+some covered type requires that preparation, else *wrong*; a step that calls a tool is *right* when every task of
+every covered type calls it in its gold plan, *wrong* when none does, *recipe-blind* otherwise. Other rules and
+steps are not scored.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
-"""Hindsight, rule-based skill extraction and skill evidence (merging into the previous library:
-``sdarflow.skills.merge``).
+"""Hindsight, rule-based skill extraction and skill evidence (merging: ``sdarflow.skills.merge``; the method and
+its measured settings: docs/skills.md).
 
-Extraction: from a round's episodes, per task type, the action pattern of the successful episodes abstracted over
-object names, keeping only the steps that separate successes from failures. An action is kept literally when it
-recurs across many different tasks (``prepare meal``); other actions keep their verb and tool and abstract the
-object (``slice yellow potato with knife`` -> ``slice <item> with knife``). When the episode's goal text is known,
-only objects the goal names become ``<item>`` (``take knife from table`` -> ``take knife from <place>``), and an
-action that goes with one goal direction (on its object in the successes whose goal has the direction, rare in
-those whose goal does not, with non-overlapping intervals) is bound to it: the pattern gets one
-:data:`DIRECTIONS_STEP`, and the skill lists each direction's action (``fry the <item>: cook <item> with stove``),
-which is what varies between tasks of one type and what a teacher most needs to know. A step the successes
-disagree on (the cooking tool, the cut verb) is never made a step for every task: it is a direction rule or it is
-left out. A task type needs :data:`MIN_SUPPORT` successes, and so does a direction.
+Extraction: per task type, the action pattern of the successful episodes abstracted over the objects the goal
+names, keeping only the steps that separate successes from failures; an action bound to one goal direction becomes
+one :data:`DIRECTIONS_STEP` and a direction rule (``fry the <item>: cook <item> with stove``). A step the successes
+disagree on is a direction rule or nothing. A task type, and a direction, needs :data:`MIN_SUPPORT` successes.
 
 Evidence: an episode *followed* a skill when its abstracted actions contain at least ``follow_share`` of the
 skill's steps. ``support`` counts the successful followers, ``success_rate`` is their share of all followers (with
 its Wilson ``interval``) and ``lift`` is the followers' success rate minus the non-followers' (None when there is
 no failure to compare against). A mined skill is kept only when ``lift > min_lift``, or when its task type had no
-failures at all. Each direction rule carries its own evidence (:func:`rule_evidence`) and origin (source, round).
+failures at all.
 """
 
 from __future__ import annotations
@@ -132,10 +125,8 @@ def direction_rules(
     episodes (one per task, :func:`one_per_task`, so ``min_support`` counts tasks), the action on the direction's
     object whose share in those whose goal has the direction most exceeds its share in those whose goal does not,
     kept only when at least ``min_support`` tasks have the direction and the two shares' Wilson 95% intervals do
-    not overlap (``take <item> from <place>`` is in all of them, so it belongs to no direction). The contrast is
-    what tells one direction's action from another's on the same object (``roast the carrot; chop the carrot``):
-    three successes never pass it. An action goes to the one direction it separates best (largest gap between the
-    intervals). A direction in every episode has nothing to contrast with, and gets no rule."""
+    not overlap. An action goes to the one direction it separates best (largest gap between the intervals); a
+    direction in every episode has nothing to contrast with, and gets no rule."""
     wins = one_per_task(wins)
     with_d: Counter = Counter()
     on_object: dict[str, Counter] = defaultdict(Counter)  # episodes with d doing a on d's object
@@ -161,9 +152,7 @@ def direction_rules(
         margin = wilson_interval(on_object[d][action], n_d)[0] - wilson_interval(rest(action), n_rest)[1]
         if margin > 0:
             best[d] = (margin, action)
-    # An action goes with one direction, the one it separates best: "roast the" claims "cook <item> with oven" and
-    # "dice the", which the games pair with roasting, gets none; two directions that always come together tie, and
-    # neither gets it.
+    # two directions that always come together tie, and neither gets the action
     rules: dict[str, str] = {}
     for action in sorted({a for _, a in best.values()}):
         margins = sorted(((m, d) for d, (m, a) in best.items() if a == action), reverse=True)
@@ -231,10 +220,8 @@ def variants(a: str, b: str) -> bool:
 def unconditional(
     steps: list[str], wins: list[EpisodeActions], literal: set[str], bound: frozenset[str] = frozenset()
 ) -> list[str]:
-    """``steps`` less those that hold for some goals and not others, which are direction rules or nothing, never a
-    step for every task: a step the successful episodes disagree on (a :func:`variants` of it is in some
-    success), and a step on the goal's object whose successes all have some goal direction in common (all the
-    wins that dice were dice recipes: nothing says it is for every recipe)."""
+    """``steps`` less those that hold for some goals only (direction rules or nothing): a step with a
+    :func:`variants` in some success, and a step on the goal's object whose successes all share a goal direction."""
     patterns = [(pattern(e, literal, bound), e) for e in wins]
     seen = {s for p, _ in patterns for s in p}
 
@@ -304,12 +291,11 @@ def evidence(
     and lift of a skill with these steps on these episodes (the directions step is not counted: it stands for
     actions that differ between tasks)."""
     wanted = {abstract(normalize_step(s), literal) for s in steps} - {DIRECTIONS_STEP}
-    followed: list[bool] = []
+    fol: list[EpisodeActions] = []
+    rest: list[EpisodeActions] = []
     for e in episodes:
-        have = set(pattern(e, literal))
-        followed.append(bool(wanted) and len(wanted & have) >= follow_share * len(wanted))
-    fol = [e for e, f in zip(episodes, followed, strict=True) if f]
-    rest = [e for e, f in zip(episodes, followed, strict=True) if not f]
+        follows = bool(wanted) and len(wanted & set(pattern(e, literal))) >= follow_share * len(wanted)
+        (fol if follows else rest).append(e)
     rate = _rate(fol)
     lift = None
     if any(not e.success for e in episodes) and fol:
@@ -372,9 +358,8 @@ def extract_skills(
     """One skill per task type with at least ``min_support`` successful episodes, plus ``general_skills`` (steps in
     80% of all successes); ``origin`` (``source``: rule or seed, ``round``) is stamped on each skill and rule.
 
-    The library has no ``task_keywords``: the only words known for a task type are its name's, and the reference's
-    keyword rule (any keyword a substring of the rendered prompt) reads them wrongly (``cook`` is in ``cookbook``,
-    ``plain`` is in no prompt). Without keywords, keyword retrieval maps the row's task type to its skill.
+    No ``task_keywords``: a task type's name is the only word known for it, and the reference's substring rule reads
+    those wrongly (``cook`` is in ``cookbook``), so keyword retrieval maps the row's task type to its skill instead.
     """
     origin = origin or {"source": "rule"}
     literal = literal_actions(episodes, literal_share)

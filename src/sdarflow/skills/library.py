@@ -46,7 +46,7 @@ GENERAL = "general_skills"
 GENERAL_FILE = "general_skills.md"
 
 # A step is a numbered ("1." / "1)") or bulleted ("-" / "*") Markdown list line.
-_STEP_RE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.+?)\s*$")
+STEP_RE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.+?)\s*$")
 
 
 @dataclass
@@ -68,12 +68,8 @@ class Skill:
     @property
     def steps(self) -> list[str]:
         """The skill's list items, lower-cased and whitespace-normalized (empty for prose-only skills)."""
-        out = []
-        for line in self.text.splitlines():
-            m = _STEP_RE.match(line)
-            if m:
-                out.append(normalize_step(m.group(1)))
-        return [s for s in out if s]
+        steps = (normalize_step(m.group(1)) for line in self.text.splitlines() if (m := STEP_RE.match(line)))
+        return [s for s in steps if s]
 
     @property
     def text_sha(self) -> str:

@@ -36,13 +36,12 @@ from sdarflow.skills.extract import (
     skill_name,
     unconditional,
 )
-from sdarflow.skills.library import Skill, SkillLibrary, normalize_step
+from sdarflow.skills.library import STEP_RE, Skill, SkillLibrary, normalize_step
 
 log = logging.getLogger(__name__)
 
 MIN_STEPS = 2
 MAX_STEPS = 8
-_LIST_LINE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.+?)\s*$")
 _PLAIN = re.compile(r"^[a-z0-9<>' ,.;:()/\-]+$")
 SYSTEM = (
     "You write short reusable procedures (skills) for an agent that plays text cooking games by typing one "
@@ -74,10 +73,7 @@ class OpenAIChat:
         retries: int = 2,
     ):
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.api_key_env = api_key_env
-        self.timeout_s = timeout_s
-        self.retries = retries
+        self.model, self.api_key_env, self.timeout_s, self.retries = model, api_key_env, timeout_s, retries
         self.name = f"openai:{model}"
 
     def fits(self, messages: list[dict], max_tokens: int) -> bool:
@@ -101,20 +97,16 @@ class OpenAIChat:
                     return self._content(resp.read())
             except urllib.error.HTTPError as err:
                 # Rate limits and server errors are transient; anything else will not get better by retrying.
-                if err.code in (429, 500, 502, 503, 504) and attempt < self.retries:
-                    time.sleep(0.5 * 2**attempt)
-                    continue
-                raise self._http_error(err) from err
+                if err.code not in (429, 500, 502, 503, 504) or attempt == self.retries:
+                    raise self._http_error(err) from err
             # IncompleteRead: the body ended before its Content-Length (a dropped connection)
             except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
-                if attempt < self.retries:
-                    time.sleep(0.5 * 2**attempt)
-                    continue
-                reason = getattr(err, "reason", err)
-                raise SkillExtractionError(
-                    f"cannot reach LLM endpoint {self.url}: {reason}; fix: check --llm-base-url "
-                    f"(e.g. http://host:8000/v1) and that the server is up"
-                ) from err
+                if attempt == self.retries:
+                    raise SkillExtractionError(
+                        f"cannot reach LLM endpoint {self.url}: {getattr(err, 'reason', err)}; fix: check "
+                        f"--llm-base-url (e.g. http://host:8000/v1) and that the server is up"
+                    ) from err
+            time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
     def _http_error(self, err: urllib.error.HTTPError) -> SkillExtractionError:
@@ -153,10 +145,8 @@ class EngineChat:
         from sdarflow.rollout.hf_engine import HFEngine
 
         self.engine = HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size=1)
-        self.tokenizer = policy.tokenizer
+        self.tokenizer, self.seed, self.name = policy.tokenizer, seed, f"engine:{policy.path}"
         self.context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
-        self.seed = seed
-        self.name = f"engine:{policy.path}"
 
     def _ids(self, messages: list[dict]) -> list[int]:
         from sdarflow.rollout.prompt import encode_prompt
@@ -180,12 +170,8 @@ def extraction_messages(
 
     def show(eps: list[EpisodeActions]) -> str:
         # Episodes as ';'-joined lines, not numbered lists, so an echoed prompt cannot pass as a skill.
-        return (
-            "\n".join(
-                f"Episode {chr(65 + i)}: " + "; ".join(e.actions[:max_actions]) for i, e in enumerate(eps)
-            )
-            or "none"
-        )
+        lines = [f"Episode {chr(65 + i)}: " + "; ".join(e.actions[:max_actions]) for i, e in enumerate(eps)]
+        return "\n".join(lines) or "none"
 
     user = (
         f"Task type: {task_type}\n\nSuccessful episodes:\n{show(wins)}\n\nFailed episodes:\n{show(losses)}\n\n"
@@ -212,7 +198,7 @@ def parse_reply(text: str) -> tuple[str, list[str] | None, str]:
     """(title, steps, reason): steps is None when the reply is rejected, and reason says why."""
     lines = [ln for ln in text.replace("```", "\n").splitlines() if ln.strip()]
     title = next((ln.strip().lstrip("#").strip() for ln in lines if ln.strip().startswith("#")), "")
-    raw = [m.group(1) for ln in lines if (m := _LIST_LINE.match(ln))]
+    raw = [m.group(1) for ln in lines if (m := STEP_RE.match(ln))]
     if not raw:
         return title, None, "no numbered or bulleted steps in the reply"
     steps: list[str] = []

@@ -1,15 +1,11 @@
-"""Merging a round's skills into the previous library: evidence before replacement.
+"""Merging a round's skills into the previous library: evidence before replacement (docs/skills.md).
 
-A skill's steps, or one of its direction rules, from the previous library (the seed library, a hand-written skill,
-or an earlier round's) is replaced only when this round's evidence for the new one is stronger under one stated
-test, :func:`beats`: the new one has successes on at least ``min_support`` tasks and the Wilson 95% interval of
-its success rate lies wholly above the old one's, both measured on this round's episodes (:func:`reevaluate`
-re-measures the old). Otherwise the old stays. Every contested replacement, made or refused, is returned with both
-sides' evidence, for the stage's report and manifest. A rule no episode tried this round has no interval: nothing
-contradicts it, so it stays. A direction the old skill has no rule for takes the new rule (extraction already held
-it to its own support and contrast). Hand-written skills (no ``source`` in their evidence) are marked ``hand``;
-one whose text is not in the extractor's layout (steps, then ``Directions:``) is only ever replaced whole. Rules
-keep their origin (source, round) across rounds; their support and interval are re-measured each round.
+A skill's steps, or one of its direction rules, from the previous library is replaced only when this round's
+evidence for the new one passes :func:`beats`, both sides measured on this round's episodes (:func:`reevaluate`);
+every contested replacement, made or refused, is returned with both sides' evidence. A rule no episode tried has
+no interval and stays; a direction the old skill has no rule for takes the new rule. Hand-written skills (no
+``source`` in their evidence) are marked ``hand``; one not in the extractor's layout (steps, then ``Directions:``)
+is only ever replaced whole. Rules keep their origin (source, round); their support and interval are re-measured.
 """
 
 from __future__ import annotations
@@ -139,9 +135,7 @@ def _merged_skill(old: Skill, new: Skill, min_support: int, decisions: list[dict
         min_support,
     )
     base = new if take_new else old
-    if old.text != render(
-        _title(old.text), old.steps, directions(old.text)
-    ):  # prose we cannot edit rule by rule
+    if old.text != render(_title(old.text), old.steps, directions(old.text)):  # prose: not editable by rule
         return replace(base, task_types=types)
     rules = _merged_rules(old, new, min_support, decisions)
     steps = base.steps
@@ -171,26 +165,16 @@ def merge(
     existing skill of another name by >= ``dedupe_threshold`` (Jaccard) is not added: its task types are mapped to
     the existing skill instead. Task types never mapped keep their skills.
     """
-    merged = SkillLibrary(
-        {n: replace(s, evidence={**s.evidence, "source": source(s)}) for n, s in previous.skills.items()}
-        if previous
-        else {},
-        dict(previous.task_keywords) if previous else {},
-        previous.stats if previous else {},
-    )
+    previous = previous or SkillLibrary()
+    marked = {n: replace(s, evidence={**s.evidence, "source": source(s)}) for n, s in previous.skills.items()}
+    merged = SkillLibrary(marked, dict(previous.task_keywords), previous.stats)
     decisions: list[dict] = []
     for name, skill in sorted(new.skills.items()):
         if name in merged.skills:
             merged.skills[name] = _merged_skill(merged.skills[name], skill, min_support, decisions)
             continue
-        dup = next(
-            (
-                s
-                for s in merged.task_specific()
-                if not new.is_general(skill) and _jaccard(s.steps, skill.steps) >= dedupe_threshold
-            ),
-            None,
-        )
+        similar = (s for s in merged.task_specific() if _jaccard(s.steps, skill.steps) >= dedupe_threshold)
+        dup = None if new.is_general(skill) else next(similar, None)
         if dup is None:
             merged.skills[name] = skill
             continue
