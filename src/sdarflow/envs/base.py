@@ -1,16 +1,11 @@
-"""The environment protocol every agent task implements, and the errors envs raise.
+"""The environment protocol every agent task implements (how to add one: docs/environments.md), and the errors
+envs raise.
 
-An *env suite* (one registered name, e.g. ``textworld-cooking``) owns a set of tasks per split and makes one
-:class:`Env` per episode. Episodes are independent objects so the rollout loop can step many of them together;
-it calls them from worker threads (a per-call watchdog), concurrently only for suites that set ``thread_safe = True``
-(episodes share no mutable state; TextWorld's parser is shared, so its suite does not).
-
-The action format belongs to the suite: a suite may define ``parse_action(text, finished) -> (action, ok)``
-(see :class:`ActionFormat`); the rollout loop uses it, and falls back to the short lower-case command parser of
-``sdarflow.rollout.prompt`` for suites without one. Optional attributes: ``format_hint`` (the observation shown after
-a malformed action), ``max_action_tokens`` (the generation budget one action needs) and ``thread_safe``. An env may
-define ``admissible_commands() -> list[str]`` (the actions it accepts in its current state): the reference prompt
-format lists them, as the SDAR reference does for ALFWorld.
+An *env suite* (one registered name) owns a set of tasks per split and makes one :class:`Env` per episode. The
+rollout loop calls envs from worker threads (a per-call watchdog), concurrently only for suites that set
+``thread_safe = True`` (episodes share no mutable state). A suite without ``parse_action`` (:class:`ActionFormat`)
+gets the short lower-case command parser of ``sdarflow.rollout.prompt``. An env may define
+``admissible_commands() -> list[str]`` (the actions it accepts now): the reference prompt format lists them.
 """
 
 from __future__ import annotations
@@ -77,14 +72,12 @@ class Task:
 
 @dataclass(frozen=True)
 class SkillTruth:
-    """What an env knows is right for a skill library to say, to score extracted skills against (never an input to
-    the extractor).
+    """What an env knows is right for a skill library to say, to score extracted skills against
+    (``skills.accuracy``; never an input to the extractor).
 
-    Recipe envs: ``actions``: each goal direction's required action, spelled as skills spell them (``fry the
-    <item>`` -> ``cook <item> with stove``); ``needs``: the preparation each direction stands for (``cook``);
-    ``prepared_by``: per task type, the preparations its tasks require (a direction whose preparation the type does
-    not require needs no action: TextWorld's recipe lists it, but the food is already prepared).
-
+    Recipe envs: ``actions``: each goal direction's required action as skills spell it (``fry the <item>`` ->
+    ``cook <item> with stove``); ``needs``: the preparation each direction stands for (``cook``); ``prepared_by``:
+    per task type, the preparations its tasks require (others come prepared: their direction needs no action).
     Tool-calling envs: ``calls``: per task type, the share of its tasks whose gold plan calls each tool;
     ``call_pattern``: a regular expression whose one group reads the tool a skill step calls."""
 
@@ -101,12 +94,11 @@ class SkillTruth:
 
 @dataclass(frozen=True)
 class Reset:
-    """What the agent sees at the start: the goal/instructions (kept in context every turn) and the first view."""
+    """What the agent sees at the start: the goal/instructions (kept in context every turn) and the first view;
+    ``admissible``: filled by the rollout host from ``admissible_commands()`` when the prompt lists them."""
 
     instruction: str
     observation: str
-    # The actions the env accepts now; the rollout host fills it from ``admissible_commands()`` when the prompt
-    # lists them (None: not asked, or the env cannot tell).
     admissible: tuple[str, ...] | None = None
 
 
@@ -124,15 +116,14 @@ class Step:
 
 class Env(Protocol):
     """One episode of one task. Optional attribute ``max_turns``: the episode's turn limit, which the rollout loop
-    also applies to turns whose response was malformed (those never reach ``step``)."""
+    also applies to turns whose response was malformed (those never reach ``step``). ``expert_action``: the expert
+    walkthrough's next action (None: unknown), for SFT."""
 
     def reset(self) -> Reset: ...
 
     def step(self, action: str) -> Step: ...
 
-    def expert_action(self) -> str | None:
-        """The next action of an expert walkthrough from the current state (None if unknown); used for SFT."""
-        ...
+    def expert_action(self) -> str | None: ...
 
     def close(self) -> None: ...
 
@@ -144,30 +135,25 @@ class ActionFormat(Protocol):
     max_action_tokens: int
 
     def parse_action(self, text: str, finished: bool) -> tuple[str, bool]:
-        """(action, format_ok): the normalized action to execute, and whether the response is well formed
-        (``finished``: generation ended on its own rather than at the token limit). Must be pure and fast."""
+        """(action, format_ok), ``finished``: generation ended on its own, not at the token limit. Pure and fast."""
         ...
 
     def reference_continuation(self, task_id: str) -> str | None:
-        """The action (as the agent would write it) that completes the task, or None: what rescore's
-        ``--ppl-delta`` measures each turn's progress towards, for envs whose intermediate turns get no reward."""
+        """The action that completes the task, or None: what rescore's ``--ppl-delta`` measures progress towards."""
         ...
 
     def repair_action(self, text: str) -> str | None:
-        """The well-formed action a malformed response most likely meant, or None when it cannot be told: what
-        the train stage's ``--format-guard repair`` teaches back on the turns whose action did not parse."""
+        """The well-formed action a malformed response meant, or None: what ``--format-guard repair`` teaches."""
         ...
 
 
 class EnvSuite(Protocol):
-    """A named family of tasks with ``train``/``valid``/``test``/``ood`` splits (a study evaluates valid, test and
-    ood; settings are chosen on valid)."""
+    """A named family of tasks with ``train``/``valid``/``test``/``ood`` splits (settings are chosen on valid)."""
 
     name: str
 
     def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
-        """``n`` tasks of ``split`` from index ``start`` (all if None), wrapping at the split's size (see
-        ``task_indices``); deterministic for a given suite configuration."""
+        """``n`` tasks of ``split`` from index ``start`` (all if None), wrapping (``task_indices``); deterministic."""
         ...
 
     def make(self, task: Task) -> Env: ...

@@ -43,20 +43,15 @@ _GAME_OVER = re.compile(r"\*\*\* .+? \*\*\*")
 _RECIPE = re.compile(
     r"Ingredients:\s*\n(?P<ingredients>.*?)\n\s*\nDirections:\s*\n(?P<directions>.*)", re.DOTALL
 )
-
-
 _ROOM_HEADER = re.compile(r"^-= .+ =-$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def clean_text(text: str, drop: str = "", entities: Sequence[str] = ()) -> str:
-    """Concise game text: no ASCII-art banner, prompt/status bar, restart question, or blank lines.
-
-    ``drop`` is a sentence to remove (the objective, already in the instruction). With ``entities`` (the game's
-    object, room and direction names), a room description (from its ``-= Room =-`` header to the next prompt) keeps
-    only the sentences that name one: TextWorld pads descriptions with random flavor ("What a waste of a day!"),
-    a third of the prompt and noise to a small policy.
-    """
+    """Concise game text: no ASCII-art banner, prompt/status bar, restart question, blank lines or ``drop`` (the
+    objective, already in the instruction). With ``entities`` (the game's object, room and direction names), a room
+    description keeps only the sentences that name one: TextWorld pads them with random flavor ("What a waste of a
+    day!"), a third of the prompt and noise to a small policy."""
     over = _GAME_OVER.search(text)
     if over:  # what follows is the score summary and a RESTART/QUIT question
         text = text[: over.end()]
@@ -121,10 +116,9 @@ class TextWorldCookingEnv:
         self._tracking = tracking
 
     def _tracked_state(self):
-        """The current state with admissible and expert commands. The state tracker triples a reset's cost and
-        nearly doubles a step's, and a policy's rollout never asks for them: an env starts without it, and the
-        first call that needs it restarts the game with tracking and replays this episode's commands (the games
-        are deterministic)."""
+        """The current state with admissible and expert commands. The state tracker triples a reset's cost and a
+        policy's rollout never asks for it: the first call that needs it restarts the game with tracking and
+        replays this episode's commands (the games are deterministic)."""
         if not self._tracking:
             self._env.close()
             self._start(tracking=True)
@@ -188,10 +182,10 @@ class TextWorldCookingEnv:
 class TextWorldCookingSuite:
     """The ``textworld-cooking`` suite: tasks per split from cached generated games, one env per episode.
 
-    cache_dir: game cache root (default ``$SDARFLOW_CACHE`` or ``~/.cache/sdarflow``); games live in
-        ``<cache_dir>/games/<settings-hash>/<seed>.z8``. shared: a storage URI machines share their games in
-        (``<shared>/games/<settings-hash>/``; default ``$SDARFLOW_SHARED_CACHE``, '' = none). max_turns: overrides
-        every split's default (train/test 20, ood 30). workers: processes generating missing games. splits: replace :data:`SPLIT_SPECS`.
+    cache_dir: game cache root (default ``$SDARFLOW_CACHE``), games in ``<cache_dir>/games/<settings-hash>/``.
+    shared: a storage URI machines share their games in (default ``$SDARFLOW_SHARED_CACHE``, '' = none).
+    max_turns: overrides every split's default. workers: processes generating missing games. splits: replace
+    :data:`SPLIT_SPECS`.
     """
 
     name = "textworld-cooking"

@@ -55,15 +55,12 @@ DIRECTION_ACTIONS: dict[str, tuple[str, str]] = {
 class SplitSpec:
     """How the games of one split are generated (tw-cooking settings) and played.
 
-    tw_split: TextWorld ``--split``: ``train`` foods/preparations, or ``valid`` / ``test`` (two disjoint sets of unseen
-        foods and preparations).
-    recipe: ingredients in the recipe (1-5). take: how many of them must be fetched (1..recipe; >= 1 because
-        TextWorld only re-samples the recipe per ``--recipe-seed`` when something must be taken).
-    go: rooms (1, 6, 9 or 12). open: doors/containers start closed. drop: limited inventory (off: TextWorld
-        then has no walkthrough).
-    seed_base, size: task i uses game seed (= recipe seed) ``seed_base + i`` for i < size; ranges are disjoint.
-    max_turns: default episode limit, about 3x the longest expert walkthrough measured for the split.
-    skill_mix: (cut, cook) flags cycled by seed, which sets the task type mix.
+    tw_split: TextWorld ``--split``: ``train`` foods/preparations, or ``valid`` / ``test`` (two disjoint unseen sets).
+    recipe: ingredients in the recipe (1-5). take: how many must be fetched (>= 1: TextWorld re-samples the recipe
+    per ``--recipe-seed`` only when something must be taken). go: rooms (1, 6, 9 or 12). open: doors/containers
+    start closed. drop: limited inventory (TextWorld then has no walkthrough). seed_base, size: task i uses game
+    seed (= recipe seed) ``seed_base + i``. max_turns: about 3x the split's longest expert walkthrough. skill_mix:
+    (cut, cook) flags cycled by seed.
     """
 
     tw_split: str
@@ -140,11 +137,8 @@ def build_game(spec: SplitSpec, seed: int, options: textworld.GameOptions | None
 
 def generate_game(spec: SplitSpec, seed: int, game_dir: str) -> str:
     """Generate and compile one game into ``game_dir/<seed>.z8`` (+ ``.json``) atomically; returns the z8 path.
-
-    Compiles into a private temp dir in ``game_dir`` then renames (json first, z8 last: the z8 marks a complete
-    entry), so concurrent generators of one game only ever swap in an equivalent file (the bytes differ: set
-    ordering inside TextWorld and Inform's compile serial number; walkthrough and play are identical).
-    """
+    Compiled in a private temp dir, then renamed (json first, z8 last: the z8 marks a complete entry), so
+    concurrent generators of one game only swap in an equivalent file (same walkthrough and play)."""
     start = time.perf_counter()
     os.makedirs(game_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{seed}-", dir=game_dir)
@@ -183,20 +177,14 @@ def _game_files(seed: int) -> tuple[str, str]:
 
 
 def _fetch_shared(shared: str, seeds: Sequence[int], game_dir: Path) -> set[int]:
-    """The seeds among ``seeds`` whose games are in ``shared``, copied into ``game_dir`` (each file renamed into
-    place, so a local z8 is always a whole game)."""
+    """The seeds among ``seeds`` whose games are in ``shared``, copied into ``game_dir`` (``storage.write_bytes``
+    renames each file into place, so a local z8 is always a whole game)."""
     there = set(storage.children(shared))
-    fetched = set()
-    for seed in seeds:
-        if _game_files(seed)[1] not in there:
-            continue
-        game_dir.mkdir(parents=True, exist_ok=True)
+    fetched = [seed for seed in seeds if _game_files(seed)[1] in there]
+    for seed in fetched:
         for name in _game_files(seed):
-            with tempfile.NamedTemporaryFile(dir=game_dir, prefix=".fetch-", delete=False) as part:
-                part.write(storage.read_bytes(storage.join(shared, name)))
-            os.replace(part.name, game_dir / name)
-        fetched.add(seed)
-    return fetched
+            storage.write_bytes(str(game_dir / name), storage.read_bytes(storage.join(shared, name)))
+    return set(fetched)
 
 
 def ensure_games(

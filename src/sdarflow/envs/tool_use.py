@@ -105,12 +105,8 @@ def _invite(rng: random.Random) -> Generated:
         canonical("create_event", {"title": title, "date": date, "time": time}),
         canonical(FINISH),
     ]
-    return (
-        "invite",
-        f"Put the invitation in {path} on the calendar with its title, date and time.",
-        world,
-        plan,
-    )
+    text = f"Put the invitation in {path} on the calendar with its title, date and time."
+    return "invite", text, world, plan
 
 
 def _cancel(rng: random.Random) -> Generated:
@@ -138,9 +134,8 @@ def _agenda(rng: random.Random) -> Generated:
     date = _date(rng)
     titles = rng.sample(_TITLES, rng.randint(3, 4))
     world = World(events={**_events(rng, titles[2:]), **_events(rng, titles[:2], date)})
-    day = sorted(
-        (t, title) for title, (d, t) in world.events.items() if d == date
-    )  # a random one may fall here
+    # a random one may fall on that date too
+    day = sorted((t, title) for title, (d, t) in world.events.items() if d == date)
     ordered = ", ".join(title for _, title in day)
     path = f"agenda/{date}.txt"
     plan = [
