@@ -91,7 +91,7 @@ def test_machines_share_their_games_through_storage(tmp_path: Path, s3_root: str
     assert "tw-cooking games: 2 from" in caplog.text and "generated tw-cooking game" not in caplog.text
     assert [Path(t.payload).read_bytes() for t in fetched] == [Path(t.payload).read_bytes() for t in made]
     assert [t.task_type for t in fetched] == [t.task_type for t in made]
-    assert not list((tmp_path / "node-b").rglob(".*.tmp"))  # storage.write_bytes renamed every file into place
+    assert not list((tmp_path / "node-b").rglob(".*.tmp"))  # every file was renamed into place
 
     caplog.clear()
     blocked = tmp_path / "a-file"
