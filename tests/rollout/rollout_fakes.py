@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 
 from sdarflow.envs import Reset, Step, Task
-from sdarflow.rollout.episode import RolloutParams
-from sdarflow.rollout.generation import Sample
+from sdarflow.rollout.episode import RolloutParams, Sample
 from sdarflow.rollout.loop import run_rollout
 
 

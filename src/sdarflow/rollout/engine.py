@@ -13,7 +13,7 @@ import torch
 from sdarflow.config import opt
 from sdarflow.models.device import resolve_device
 from sdarflow.names import NameRegistry
-from sdarflow.rollout.generation import GenerationEngine
+from sdarflow.rollout.episode import GenerationEngine
 from sdarflow.rollout.prompt import PROMPT_FORMATS
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,10 @@
-"""Where a rollout's envs run, addressed by episode index.
+"""Where a rollout's envs run, addressed by episode index: ``LocalEnvs`` in this process, ``ProcessEnvs`` in one
+worker process, so env work (Python that holds the GIL) runs while this process generates.
 
-``LocalEnvs`` keeps them in this process. ``ProcessEnvs`` keeps them in one worker process, so that env work
-(interpreters, simulators: Python that holds the GIL) runs while this process generates: the rollout loop
-overlaps one half of the episodes' env steps with the other half's generation. Both have one asynchronous form:
-``submit(op, items)`` hands over a batch of calls (``reset``/``close`` with item None, ``step`` with the action)
-and ``result()`` returns their ``Outcome``s in order; one batch is in flight at a time. Every call runs under the
-``envcall`` watchdog wherever the envs live. Asked for ``admissible`` actions, a host adds an env's
-``admissible_commands()`` to each Reset and each Step that does not end the episode (within the same call).
+Both have one asynchronous form: ``submit(op, items)`` hands over a batch of calls (``reset``/``close`` with item
+None, ``step`` with the action) and ``result()`` returns their ``Outcome``s in order; one batch is in flight at a
+time, every call under the ``envcall`` watchdog. Asked for ``admissible`` actions, a host adds an env's
+``admissible_commands()`` to each Reset and each Step that does not end the episode.
 """
 
 from __future__ import annotations

@@ -1,11 +1,45 @@
-"""What a rollout is made of and produces: its settings (``RolloutParams``), each episode's state as it is played,
-and the result (rows, episodes, timing) with the stage metrics derived from it."""
+"""What a rollout is made of and produces: the generation engine's interface (prompts as token ids in; sampled
+tokens, their log-probs and text out), the rollout's settings (``RolloutParams``), each episode's state as it is
+played, and the result (rows, episodes, timing) with the stage metrics derived from it.
+
+Engines expose their tokenizer, EOS id and context length (so prompts are checked before any generation) and
+``close()``. Log-probs are of the raw policy (temperature 1, float32 ``log_softmax``), the same quantity the trainer
+computes, so the engine/trainer gap measures numerical drift rather than a definitional difference.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sdarflow.envs import Task
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finished: bool  # ended with EOS rather than hitting max_new_tokens
+
+
+class GenerationEngine(Protocol):
+    tokenizer: object
+    eos_id: int
+    max_context: int  # tokens of prompt + response the model accepts
+
+    def close(self) -> None: ...
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        min_new_tokens: int = 0,  # EOS is not sampled before this many tokens (fixed-length benchmarks)
+    ) -> list[Sample]: ...
 
 
 @dataclass

@@ -13,8 +13,7 @@ import time
 
 from sdarflow import progress
 from sdarflow.envs import EnvSuite, Task
-from sdarflow.rollout.episode import Episode, RolloutParams, RolloutResult, RolloutStats
-from sdarflow.rollout.generation import Sample
+from sdarflow.rollout.episode import Episode, RolloutParams, RolloutResult, RolloutStats, Sample
 from sdarflow.rollout.loop import action_parser, finish, messages_of, turn_row
 from sdarflow.rollout.prompt import encode_prompt, format_response
 

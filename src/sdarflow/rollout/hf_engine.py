@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from sdarflow.models.device import model_device
-from sdarflow.rollout.generation import Sample
+from sdarflow.rollout.episode import Sample
 
 
 class _GumbelSampler:
@@ -78,18 +78,9 @@ class HFEngine:
         """``logprobs=False``: the samples' ``logprobs`` are empty, and no (batch, tokens, vocab) logits are kept
         (for a caller that reads only the text, such as the format probe, beside a training step's memory)."""
         out: list[Sample] = []
-        for i in range(0, len(prompts), self.batch_size):
-            out.extend(
-                self._batch(
-                    prompts[i : i + self.batch_size],
-                    seeds[i : i + self.batch_size],
-                    max_new_tokens,
-                    temperature,
-                    top_p,
-                    min_new_tokens,
-                    logprobs,
-                )
-            )
+        settings, n = (max_new_tokens, temperature, top_p, min_new_tokens, logprobs), self.batch_size
+        for i in range(0, len(prompts), n):
+            out += self._batch(prompts[i : i + n], seeds[i : i + n], *settings)
         return out
 
     def _batch(

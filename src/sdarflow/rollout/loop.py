@@ -23,8 +23,7 @@ from sdarflow.envs import EnvSuite, Task
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.envcall import Outcome
 from sdarflow.rollout.envhost import ProcessEnvs, open_envs
-from sdarflow.rollout.episode import Episode, RolloutParams, RolloutResult, RolloutStats
-from sdarflow.rollout.generation import GenerationEngine
+from sdarflow.rollout.episode import Episode, GenerationEngine, RolloutParams, RolloutResult, RolloutStats
 from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action, parse_reference
 
 log = logging.getLogger(__name__)

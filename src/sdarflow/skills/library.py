@@ -4,21 +4,14 @@ A library is a folder::
 
     skill_mapping.json   {"skill_files": {name: file.md}, "task_to_skill": {task_type: name},
                           "task_keywords": {task_type: [keyword, ...]}, "evidence": {name: {...}}}
-    general_skills.md    advice for every task
+    general_skills.md    advice for every task (whatever its key: the reference says general or general_skills)
     <name>.md            one Markdown file per skill
     skill_stats.json     optional: the UCB bandit's per-skill reward statistics (``sdarflow.skills.bandit``)
 
-Only ``skill_files`` (or, failing that, the ``*.md`` files themselves) is needed; ``evidence`` and
-``skill_stats.json`` are ours and optional, so a library written by hand in the reference layout loads unchanged.
-The general skill is the one stored in ``general_skills.md`` whatever its key (reference libraries call it
-``general`` or ``general_skills``).
-
-Order matters, as in the reference (``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``):
-``full`` retrieval joins the skills in ``skill_files`` order and ``keyword`` retrieval appends the skills of the
-matching task types in ``task_keywords`` order. Loading keeps the file's order (JSON objects load in order) and
-saving writes the library's order back, so a round trip changes nothing. The library version is a hash of its
-content (canonical, key-sorted mapping, skill texts and bandit statistics), so the same skills always have the same
-version whatever the JSON formatting; two libraries that differ only in order share a version.
+Only ``skill_files`` (or, failing that, the ``*.md`` files) is needed. Order matters, as in the reference
+(``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``): ``full`` and ``keyword`` retrieval follow
+``skill_files`` and ``task_keywords`` order, which loading and saving keep. The version is a hash of the content
+(key-sorted mapping, skill texts, bandit statistics): libraries that differ only in order share a version.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """LLM-written skills: a chat model reads contrasting successful and failed episodes of one task type and writes
-a skill, which is validated before it may enter the library.
+a skill, validated before it may enter the library.
 
 Backends: any OpenAI-compatible server (``POST <base_url>/chat/completions``; the API key is read only from the
-environment variable named in the config, never from the config itself), or the policy itself through our HF
-engine (``sdarflow.rollout.hf_engine.HFEngine``), so no external service is needed.
-
-Validation (``parse_reply``): the reply must contain at least ``MIN_STEPS`` numbered or bulleted steps of plain
-text (letters, digits, ``<item>``, light punctuation; 2-20 words; mostly letters). Steps that fail are dropped;
-a reply left with fewer than ``MIN_STEPS`` steps is rejected, the reason is logged and returned, and the task type
-keeps its previous skill. A small or untrained model (the tiny demo policy) writes gibberish: it is rejected this
-way rather than inserted into the teacher's context.
+environment variable named in the config), or the policy itself through the HF engine. A reply needs at least
+``MIN_STEPS`` valid plain-text steps (``parse_reply``); otherwise it is rejected with the reason logged and the task
+type keeps its previous skill, so a small model's gibberish never reaches the teacher's context.
 """
 
 from __future__ import annotations

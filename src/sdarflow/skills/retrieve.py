@@ -1,25 +1,15 @@
-"""Skill retrieval strategies: which skills the teacher sees for a row. Chosen by config name.
+"""Skill retrieval strategies: which skills the teacher sees for a row, chosen by config name (docs/skills.md).
 
 The reference is ``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``; ``keyword`` and ``full``
-reproduce its choice, order and joining exactly:
-
-``keyword``  libraries with ``task_keywords``: every task type, in ``task_keywords`` order, with ANY of its keywords
-             a plain substring of the lower-cased rendered prompt (``get_privileged_info_from_prompt``) adds its
-             skill, repeats included; no match: the general skill only. Libraries without ``task_keywords`` (the
-             reference's search library): the skill mapped to the row's task type (``task_to_skill``), the
-             reference's gamefile / data_source path.
-``ucb``      a UCB1 bandit per task type over the task-specific skills, rewarded by the skill's measured benefit
-             from previous rounds (``sdarflow.skills.bandit``); one skill.
-``random``   one task-specific skill drawn uniformly (seeded).
-``full``     the whole library in ``skill_files`` order (the paper's "full library" baseline,
-             ``_build_all_skills_text``).
-
-Every strategy puts the general skill first, then the chosen skills; the text is each skill's stripped text joined
-by a blank line (``"\\n\\n".join`` in ``_get_skill_text``).
+reproduce its choice, order and joining exactly: ``keyword`` is ``get_privileged_info_from_prompt`` (or, for a
+library without ``task_keywords``, the skill of the row's task type: the reference's gamefile / data_source path),
+``full`` is ``_build_all_skills_text``. ``ucb`` is a bandit per task type (``sdarflow.skills.bandit``) and
+``random`` draws one task-specific skill (seeded). Every strategy puts the general skill first, then the chosen
+skills, joined as ``_get_skill_text`` joins them.
 
 A strategy is a callable ``(library, task_type, prompt_text) -> Retrieved``, ``prompt_text`` being the row's whole
-rendered student prompt (``sdarflow.rollout.prompt.prompt_text``); ``ucb`` and ``random`` carry state (pull counts,
-a random generator), so ``get_strategy`` builds a fresh one per stage run.
+rendered student prompt (``sdarflow.rollout.prompt.prompt_text``); ``ucb`` and ``random`` carry state, so
+``get_strategy`` builds a fresh one per stage run.
 """
 
 from __future__ import annotations
@@ -70,12 +60,8 @@ def _result(lib: SkillLibrary, chosen: list[Skill], task_type: str) -> Retrieved
 
 
 def keyword_matches(lib: SkillLibrary, prompt_text: str) -> list[Skill]:
-    """The skills of every task type with any keyword in ``prompt_text``, in ``task_keywords`` order.
-
-    Reference ``get_privileged_info_from_prompt``: ``any(kw in prompt_text.lower() for kw in keywords)``, a plain
-    substring test (``cut`` matches ``cutlery``), keywords as written; every matching type's skill is appended, a
-    skill matched by two types appears twice.
-    """
+    """The skills of every task type with any keyword a plain substring of the lower-cased ``prompt_text`` (as
+    the reference: ``cut`` matches ``cutlery``, keywords as written), in ``task_keywords`` order, repeats kept."""
     text_lower = prompt_text.lower()
     return [
         skill
@@ -109,12 +95,8 @@ class RandomRetrieval:
 
 
 class UCBRetrieval:
-    """UCB1 per task type over the task-specific skills.
-
-    Prior pulls and mean rewards come from ``lib.stats`` (previous rounds); pulls made during this run count too,
-    so rows of one task type spread over untried skills instead of all taking the same one. Ties (e.g. all
-    untried) go to a skill mapped to the task type, then to the earliest in library order.
-    """
+    """UCB1 per task type over the task-specific skills: prior pulls and mean rewards from ``lib.stats``, plus this
+    run's pulls (so rows spread over untried skills); ties go to a skill mapped to the task type, then the earliest."""
 
     def __init__(self, c: float):
         self.c = c
