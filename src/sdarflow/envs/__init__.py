@@ -1,8 +1,6 @@
-"""Environment protocol re-exports and the registry of env suite names.
-
-Built-in suites are named here as ``"module:Class"`` strings and imported only when asked for, so importing
-``sdarflow.envs`` stays cheap. Other packages add suites through the ``sdarflow.envs`` entry-point group, e.g.
-``[project.entry-points."sdarflow.envs"] my-env = "mypkg.env:MySuite"``; a built-in name wins over a plugin.
+"""Environment protocol re-exports and the registry of env suite names: built-ins as lazy ``"module:Class"``
+strings (importing ``sdarflow.envs`` stays cheap), plugins through the ``sdarflow.envs`` entry-point group
+(docs/environments.md); a built-in name wins over a plugin.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import random
 import re
 from dataclasses import dataclass
@@ -28,8 +27,6 @@ from sdarflow.envs.base import (
     task_indices,
 )
 from sdarflow.envs.search_corpus import BM25, KIND_SIZES, build_world, documents
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -168,9 +165,6 @@ class SearchQASuite:
         random.Random(f"{self.world_seed}/{split}").shuffle(people)
         return people
 
-    def size(self, split: str) -> int:
-        return len(self._spec(split).templates) * len(self._people(split))
-
     def skill_truth(self) -> SkillTruth:
         """Every question, of every template, is answered by searching, hop by hop, then answering."""
         types = {t.task_type for ts in TEMPLATES.values() for t in ts}
@@ -184,7 +178,7 @@ class SearchQASuite:
         spec, people = self._spec(split), self._people(split)
         t = len(spec.templates)
         return [self._task(split, i, spec.templates[i % t], people[i // t])
-                for i in task_indices(split, self.size(split), n, start)]  # fmt: skip
+                for i in task_indices(split, t * len(people), n, start)]  # fmt: skip
 
     def _task(self, split: str, i: int, template: Template, person: int) -> Task:
         chain = [f"person-{person}"]

@@ -5,7 +5,6 @@ and cached by :mod:`sdarflow.envs.textworld_games`).
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
@@ -35,8 +34,6 @@ from sdarflow.envs.textworld_games import (
     quiet_jericho,
     task_type_of,
 )
-
-log = logging.getLogger(__name__)
 
 _PROMPT_LINE = re.compile(r"^\s*>.*$", re.MULTILINE)  # the interpreter's prompt plus its status bar
 _GAME_OVER = re.compile(r"\*\*\* .+? \*\*\*")

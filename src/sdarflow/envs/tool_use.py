@@ -11,11 +11,11 @@ tool's result. ``train``/``test`` share task types on disjoint seeds; ``ood`` ho
 from __future__ import annotations
 
 import json
-import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sdarflow.envs import tool_api
 from sdarflow.envs.base import (
     Reset,
     SkillTruth,
@@ -27,11 +27,6 @@ from sdarflow.envs.base import (
     task_indices,
 )
 from sdarflow.envs.tool_api import FINISH, TOOLS, ToolAPI, ToolCallError, World, canonical, parse_call
-from sdarflow.envs.tool_api import result_text as _result_text
-from sdarflow.envs.tool_api import run_plan as _run_plan
-from sdarflow.envs.tool_repair import repair_call
-
-log = logging.getLogger(__name__)
 
 _TOPICS = ("budget", "garden", "recipes", "travel", "books", "music", "fitness", "taxes", "repairs", "movies")
 _VERBS = ("buy", "call", "fix", "pay", "plan", "send", "check", "book")
@@ -197,7 +192,7 @@ class ToolUseEnv:
         self.instruction = f"{spec['instruction']}\n{TOOLS_LINE}\n{FORMAT_LINE}"
         self.start = World.from_json(spec["world"])
         self.plan: list[str] = spec["plan"]
-        self.goal = _run_plan(self.start, self.plan).to_json()
+        self.goal = tool_api.run_plan(self.start, self.plan).to_json()
         self.api: ToolAPI | None = None
 
     def new_api(self) -> ToolAPI:
@@ -231,7 +226,7 @@ class ToolUseEnv:
         won = self.done and self.api.world.to_json() == self.goal
         info = {"turn": self.turns, "tool": tool, "malformed_calls": self.malformed}
         info.update(tool_errors=self.tool_errors, truncated=truncated)
-        return Step(_result_text(result), 1.0 if won else 0.0, self.done, won, info)
+        return Step(tool_api.result_text(result), 1.0 if won else 0.0, self.done, won, info)
 
     def expert_action(self) -> str | None:
         """The first gold call not yet done successfully (``finish`` last); None before reset or once done."""
@@ -289,4 +284,4 @@ class ToolUseSuite:
 
     def repair_action(self, text: str) -> str | None:
         """The well-formed call a malformed response most likely meant (:func:`repair_call`), or None."""
-        return repair_call(text)
+        return tool_api.repair_call(text)

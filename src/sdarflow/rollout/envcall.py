@@ -8,15 +8,12 @@ call's thread is abandoned: Python cannot kill a thread, so its env must not be 
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -1,18 +1,14 @@
 """Statistics for the ``ucb`` retrieval strategy: a UCB1 bandit per task type whose arms are the library's
-task-specific skills. The statistics live in the library folder (``skill_stats.json``) so they carry across rounds.
+task-specific skills, kept in the library folder (``skill_stats.json``) so they carry across rounds.
 
-Reward, precisely: for one rescored row whose teacher context held skill ``k``,
+Reward of one rescored row whose teacher context held skill ``k``, over the row's response tokens:
 
     r = sign * mean_t (teacher_logprob_t - old_logprob_t),   sign = +1 if the episode succeeded, else -1
 
-over the row's response tokens. It is positive when the skill makes the teacher more confident in the actions of
-successful episodes and less confident in those of failed ones, which is the direction the gated distillation
-loss pushes the student, so a skill with a high mean reward is one whose distillation signal points towards
-success. Every non-general skill in the row's ``skill_ids`` is credited once, under the row's task type. Statistics
-are updated by ``extract-skills`` from the previous round's rescored dataset (``--rescored``) and reset for a
-skill whose text changed (the measurement was of the old text).
-
-Layout::
+positive when the skill makes the teacher more confident in successful episodes' actions and less in failed ones',
+the direction the gated distillation loss pushes the student. Every non-general skill in the row's ``skill_ids`` is
+credited once, under the row's task type. ``extract-skills --rescored`` updates the statistics; a skill whose text
+changed starts afresh. Layout::
 
     {"reward": "<the definition above>", "updates": 3,
      "arms": {task_type: {skill: {"pulls": 12, "reward_sum": 0.84}}}, "text_sha": {skill: "ab12..."}}
@@ -89,13 +85,9 @@ def carry_over(stats: dict, lib: SkillLibrary) -> dict:
     out = copy.deepcopy(stats)
     shas = out.get("text_sha", {})
     keep = {n for n, s in lib.skills.items() if shas.get(n) == s.text_sha}
-    dropped = set()
-    for per_type in out.get("arms", {}).values():
-        for name in list(per_type):
-            if name not in keep:
-                dropped.add(name)
-                del per_type[name]
-    out["arms"] = {t: a for t, a in out.get("arms", {}).items() if a}
+    arms = out.get("arms", {})
+    dropped = {name for per_type in arms.values() for name in per_type if name not in keep}
+    out["arms"] = {t: kept for t, a in arms.items() if (kept := {n: v for n, v in a.items() if n in keep})}
     out["text_sha"] = {n: s.text_sha for n, s in sorted(lib.skills.items())}
     if dropped:
         log.info("skill stats: reset for changed or removed skill(s) %s", sorted(dropped))

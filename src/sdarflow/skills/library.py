@@ -246,11 +246,8 @@ def _skill_files(mapping: dict, folder: Path) -> dict[str, str]:
 
 
 def _keyword_list(value) -> list[str]:
-    """Keywords as a list: the reference writes lists; a comma-separated string is accepted too.
-
-    Not lower-cased: the reference matches ``kw in prompt_text.lower()`` with the keyword as written, so a keyword
-    with a capital letter never matches there, and must not here either.
-    """
+    """Keywords as a list (the reference writes lists; a comma-separated string is accepted too), not lower-cased:
+    the reference matches them as written against the lower-cased prompt, so a capitalized one never matches."""
     items = value.split(",") if isinstance(value, str) else list(value)
     return [str(k).strip() for k in items if str(k).strip()]
 
