@@ -11,7 +11,7 @@ import pytest
 from rollout_fakes import FakeSuite, JsonSuite, ScriptedEngine, run
 
 from sdarflow.errors import ConfigError
-from sdarflow.rollout.envcall import call_all
+from sdarflow.rollout.envhost import call_all
 from sdarflow.rollout.loop import FORMAT_ERROR_OBS
 from sdarflow.rollout.prompt import build_messages, encode_prompt, parse_action
 

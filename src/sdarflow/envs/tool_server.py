@@ -120,26 +120,9 @@ class HttpToolUseSuite(ToolUseSuite):
         return HttpToolUseEnv(task, self.max_turns or self._spec(task.split).max_turns, self.endpoint)
 
 
-class _Sessions:
-    def __init__(self) -> None:
-        self.apis: dict[str, ToolAPI] = {}
-        self.lock = threading.Lock()
-
-    def open(self, world: World) -> str:
-        session = uuid.uuid4().hex
-        with self.lock:
-            if len(self.apis) >= MAX_SESSIONS:
-                self.apis.pop(next(iter(self.apis)))  # the oldest: an episode that never closed
-            self.apis[session] = ToolAPI(world)
-        return session
-
-    def get(self, session: str) -> ToolAPI | None:
-        with self.lock:
-            return self.apis.get(session)
-
-
 class _Handler(BaseHTTPRequestHandler):
-    sessions: _Sessions
+    apis: dict[str, ToolAPI]  # the server's open sessions, oldest first
+    lock: threading.Lock
 
     def log_message(self, *args: Any) -> None:  # a line per request would flood a pod log
         pass
@@ -163,7 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _session(self) -> tuple[str, ToolAPI | None]:
         session = self.path.split("/")[2] if self.path.count("/") >= 2 else ""
-        return session, self.sessions.get(session)
+        with self.lock:
+            return session, self.apis.get(session)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if self.path == "/tools":
@@ -177,9 +161,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             if self.path == "/sessions":
-                return self._reply(
-                    200, {"session": self.sessions.open(World.from_json(body.get("world") or {}))}
-                )
+                world, session = World.from_json(body.get("world") or {}), uuid.uuid4().hex
+                with self.lock:
+                    if len(self.apis) >= MAX_SESSIONS:
+                        self.apis.pop(next(iter(self.apis)))  # the oldest: an episode that never closed
+                    self.apis[session] = ToolAPI(world)
+                return self._reply(200, {"session": session})
             session, api = self._session()
             if api is None or self.path != f"/sessions/{session}/call":
                 return self._reply(404, {"error": f"no such session or path: {self.path}"})
@@ -192,14 +179,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:  # noqa: N802
         session, api = self._session()
-        with self.sessions.lock:
-            self.sessions.apis.pop(session, None)
+        with self.lock:
+            self.apis.pop(session, None)
         self._reply(200 if api is not None else 404, {})
 
 
 def make_server(host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> ThreadingHTTPServer:
     """The reference tool server (not started: ``serve_forever()``; port 0 picks a free one)."""
-    handler = type("ToolHandler", (_Handler,), {"sessions": _Sessions()})
+    handler = type("ToolHandler", (_Handler,), {"apis": {}, "lock": threading.Lock()})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server

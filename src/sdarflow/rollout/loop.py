@@ -2,7 +2,7 @@
 lanes of them, taking turns with their env steps in a worker process).
 
 Each agent turn becomes one trajectory row (``sdarflow.schema``); the episode's fields are filled in when it ends.
-Env calls run under a watchdog (``rollout.envcall``): an env that raises or hangs past ``step_timeout_s`` ends its
+Env calls run under a watchdog (``rollout.envhost``): an env that raises or hangs past ``step_timeout_s`` ends its
 episode as failed and the run goes on. Groups whose samples are token-identical at temperature > 0 although such a
 repeat was unlikely (a seeding bug seen in other RL systems) are flagged and counted.
 """
@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from sdarflow import progress
 from sdarflow.envs import EnvSuite, Task
 from sdarflow.errors import ConfigError
-from sdarflow.rollout.envcall import Outcome
-from sdarflow.rollout.envhost import ProcessEnvs, open_envs
+from sdarflow.rollout.envhost import Outcome, ProcessEnvs, open_envs
 from sdarflow.rollout.episode import Episode, GenerationEngine, RolloutParams, RolloutResult, RolloutStats
 from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action, parse_reference
 
