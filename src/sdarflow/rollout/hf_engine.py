@@ -28,9 +28,8 @@ class _GumbelSampler:
         if self.top_p < 1.0:
             logits = _top_p_mask(logits, self.top_p)
         # CPU generators: a sample's noise, so the sample, is the same on every device
-        u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators]).to(
-            logits.device
-        )
+        noise = [torch.rand(logits.shape[-1], generator=g) for g in self.generators]
+        u = torch.stack(noise).to(logits.device)
         # u in (0, 1) strictly, so both logs are finite
         gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1.0 - 1e-7)))
         return logits + gumbel

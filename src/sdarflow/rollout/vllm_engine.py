@@ -184,9 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     req = json.loads(Path(args.requests).read_text())
-    engine = VLLMEngine(
-        args.model, args.adapter, VLLMOptions(dtype=args.dtype, enforce_eager=args.enforce_eager)
-    )
+    options = VLLMOptions(dtype=args.dtype, enforce_eager=args.enforce_eager)
+    engine = VLLMEngine(args.model, args.adapter, options)
     logprobs = engine.score(req["prompts"], req["responses"])
     Path(args.out).write_text(json.dumps({"logprobs": logprobs}))
     engine.close()

@@ -66,13 +66,12 @@ def episodes_from_rows(rows: list[dict]) -> list[EpisodeActions]:
 
 def literal_actions(episodes: list[EpisodeActions], min_share: float = 0.3) -> set[str]:
     """Actions seen verbatim in successful episodes of at least ``min_share`` of the distinct solved tasks."""
+    wins = [e for e in episodes if e.success]
     tasks_with: dict[str, set[str]] = defaultdict(set)
-    solved = {e.task_id for e in episodes if e.success}
-    for e in episodes:
-        if e.success:
-            for a in set(e.actions):
-                tasks_with[a].add(e.task_id)
-    need = max(2, int(min_share * len(solved) + 0.999))
+    for e in wins:
+        for a in e.actions:
+            tasks_with[a].add(e.task_id)
+    need = max(2, int(min_share * len({e.task_id for e in wins}) + 0.999))
     return {a for a, ts in tasks_with.items() if len(ts) >= need}
 
 
@@ -102,20 +101,15 @@ def abstract(action: str, literal: set[str], goal: str = "") -> str:
     return f"{verb} {'<item>' if named else obj}{' from <place>' if tail.startswith(' from ') else tail}"
 
 
-def goal_directions(goal: str, objects: set[str]) -> dict[str, str]:
-    """The goal's direction clauses on these objects, abstracted, with their object:
-    ``fry the red apple`` -> ``{"fry the <item>": "red apple"}``."""
-    out = {}
-    for clause in _CLAUSE_SPLIT.split(goal):
+def episode_directions(e: EpisodeActions) -> dict[str, str]:
+    """The goal's direction clauses on objects the episode acted on, abstracted, with their object: ``fry the red
+    apple`` -> ``{"fry the <item>": "red apple"}``."""
+    objects, out = {_parts(a)[1] for a in e.actions}, {}
+    for clause in _CLAUSE_SPLIT.split(e.goal):
         words = clause.split()
         if len(words) >= 3 and words[1] == "the" and " ".join(words[2:]) in objects:
             out[f"{words[0]} the <item>"] = " ".join(words[2:])
     return out
-
-
-def episode_directions(e: EpisodeActions) -> dict[str, str]:
-    """The episode's goal directions on objects it acted on: ``{"fry the <item>": "red apple"}``."""
-    return goal_directions(e.goal, {_parts(a)[1] for a in e.actions})
 
 
 def direction_rules(
@@ -305,14 +299,6 @@ def evidence(
     return {**followers, "followed": len(fol), "episodes": len(episodes), "lift": lift}
 
 
-def rules_evidence(
-    rules: Mapping[str, str], episodes: list[EpisodeActions], literal: set[str], origin: Mapping
-) -> dict[str, dict]:
-    """Each direction rule's provenance: its action, :func:`rule_evidence` on these episodes and ``origin``
-    (``source`` and ``round``)."""
-    return {d: {"action": a, **rule_evidence(d, a, episodes, literal), **origin} for d, a in rules.items()}
-
-
 def _skill(
     name: str,
     title: str,
@@ -342,7 +328,10 @@ def _skill(
         log.info("skills: %s does not separate successes (lift %s <= %s); skipped", name, lift, bar)
         return None
     if DIRECTIONS_STEP in steps:
-        ev["rules"] = rules_evidence(rules, eps, literal, origin)
+        # each rule's provenance: its action, its evidence on these episodes and ``origin`` (source, round)
+        ev["rules"] = {
+            d: {"action": a, **rule_evidence(d, a, eps, literal), **origin} for d, a in rules.items()
+        }
     return Skill(name, render(title, steps, rules), task_types, evidence=ev)
 
 

@@ -48,6 +48,14 @@ def source(skill: Skill) -> str:
     return skill.evidence.get("source", HAND)
 
 
+def _rules(skill: Skill) -> dict[str, dict]:
+    """The skill's direction rules, each with its recorded evidence and the skill's source where it has none."""
+    old = skill.evidence.get("rules", {})
+    return {
+        d: {"source": source(skill), **old.get(d, {}), "action": a} for d, a in directions(skill.text).items()
+    }
+
+
 def reevaluate(
     lib: SkillLibrary, episodes: list[EpisodeActions], literal_share: float = 0.3, follow_share: float = 0.5
 ) -> SkillLibrary:
@@ -60,18 +68,9 @@ def reevaluate(
         if not eps or not skill.steps:
             continue
         ev = {**skill.evidence, **evidence(skill.steps, eps, literal, follow_share)}
-        rules = directions(skill.text)
+        rules = _rules(skill)
         if rules:
-            old = skill.evidence.get("rules", {})
-            ev["rules"] = {
-                d: {
-                    "source": source(skill),
-                    **old.get(d, {}),
-                    "action": a,
-                    **rule_evidence(d, a, eps, literal),
-                }
-                for d, a in rules.items()
-            }
+            ev["rules"] = {d: {**r, **rule_evidence(d, r["action"], eps, literal)} for d, r in rules.items()}
         out.skills[name] = replace(skill, evidence=ev)
     return out
 
@@ -105,10 +104,7 @@ def _decide(
 def _merged_rules(old: Skill, new: Skill, min_support: int, decisions: list[dict]) -> dict[str, dict]:
     """The old skill's direction rules, each replaced only where the new rule for its direction beats it, plus the
     new skill's rules for directions the old one has none for; each with its evidence and provenance."""
-    old_ev, new_ev = old.evidence.get("rules", {}), new.evidence.get("rules", {})
-    out = {
-        d: {"source": source(old), **old_ev.get(d, {}), "action": a} for d, a in directions(old.text).items()
-    }
+    new_ev, out = new.evidence.get("rules", {}), _rules(old)
     for d, action in directions(new.text).items():
         candidate = {**new_ev.get(d, {}), "action": action}
         if d not in out or (
@@ -126,13 +122,9 @@ def _title(text: str) -> str:
 def _merged_skill(old: Skill, new: Skill, min_support: int, decisions: list[dict]) -> Skill:
     """One skill from the previous library's and this round's of the same name (see the module doc)."""
     types = sorted(set(old.task_types) | set(new.task_types))
+    new_side, old_side = {**new.evidence, "steps": new.steps}, {**old.evidence, "steps": old.steps}
     take_new = old.steps != new.steps and _decide(
-        decisions,
-        old.name,
-        "steps",
-        {**new.evidence, "steps": new.steps},
-        {**old.evidence, "steps": old.steps},
-        min_support,
+        decisions, old.name, "steps", new_side, old_side, min_support
     )
     base = new if take_new else old
     if old.text != render(_title(old.text), old.steps, directions(old.text)):  # prose: not editable by rule
