@@ -133,15 +133,12 @@ class World:
     def from_json(cls, data: dict) -> World:
         return cls(dict(data.get("files", {})), {k: (v[0], v[1]) for k, v in data.get("events", {}).items()})
 
-    def copy(self) -> World:
-        return copy.deepcopy(self)
-
 
 class ToolAPI:
     """Executes calls against a private copy of a :class:`World`. Deterministic: same calls, same results."""
 
     def __init__(self, world: World) -> None:
-        self.world = world.copy()
+        self.world = copy.deepcopy(world)
         self.finished = False
 
     def call(self, tool: str, args: dict[str, str]) -> dict:

@@ -77,11 +77,8 @@ def load_engine(
     device: str = "auto",
 ) -> GenerationEngine:
     """Open engine ``name`` (``pick_engine``) on the HF model folder ``model`` with an optional LoRA ``adapter``
-    (local folder); the hf engine runs on ``device`` (``models.device``), vLLM places itself.
-
-    Both engines refuse an adapter trained on another base model; ``vllm`` fails in one line with the install fix
-    when the package is missing, and starts its engine processes only at the first ``generate``.
-    """
+    (local folder, refused when trained on another base model); the hf engine runs on ``device``
+    (``models.device``), vLLM places itself."""
     place = resolve_device(device)
     chosen = pick_engine(name, place)
     log.info("engine %s%s", chosen, f" (auto, device {place})" if name == "auto" else "")

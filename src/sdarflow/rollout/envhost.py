@@ -171,12 +171,8 @@ class ProcessEnvs:
         # Imported once in the forkserver (textworld takes ~1 s), not in every worker it forks.
         ctx.set_forkserver_preload([__name__, type(suite).__module__])
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_serve,
-            args=(child, suite, tasks, timeout_s, workers, admissible),
-            daemon=True,
-            name="sdarflow-envs",
-        )
+        args = (child, suite, tasks, timeout_s, workers, admissible)
+        self._proc = ctx.Process(target=_serve, args=args, daemon=True, name="sdarflow-envs")
         self._proc.start()
         child.close()
         self.timeout_s = timeout_s

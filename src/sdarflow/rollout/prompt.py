@@ -124,11 +124,6 @@ def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
     return tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
 
 
-def keep_last(ids: list[int], max_tokens: int | None) -> list[int]:
-    """Left truncation, as the reference does the teacher prompt: the last ``max_tokens`` ids (all when None)."""
-    return ids[-max_tokens:] if max_tokens is not None and len(ids) > max_tokens else ids
-
-
 def teacher_prompt_ids(
     tokenizer,
     student_ids: list[int],
@@ -150,7 +145,7 @@ def teacher_prompt_ids(
         ids = tokenizer.encode(full, add_special_tokens=False)
     else:
         ids = encode_prompt(tokenizer, insert_skills(messages, skills_text, place))
-    return keep_last(ids, max_tokens)
+    return ids[-max_tokens:] if max_tokens is not None and len(ids) > max_tokens else ids
 
 
 def parse_action(text: str, finished: bool) -> tuple[str, bool]:

@@ -48,9 +48,8 @@ class Skill:
     text: str
     task_types: list[str] = field(default_factory=list)
     keywords: list[str] = field(default_factory=list)
-    # support: successful episodes that followed it; followed: episodes that followed it; success_rate:
-    # support / followed; lift: success rate of followers minus that of non-followers (None: no failures to
-    # compare); source: rule | llm:<model> (absent for hand-written skills).
+    # what it was kept on (``skills.extract``: support, followed, success_rate, lift) and its source (rule,
+    # llm:<model>; absent for hand-written skills)
     evidence: dict = field(default_factory=dict)
     file: str = ""  # file name inside the library folder; "" = f"{name}.md"
 

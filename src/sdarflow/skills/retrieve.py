@@ -59,21 +59,15 @@ def _result(lib: SkillLibrary, chosen: list[Skill], task_type: str) -> Retrieved
     return Retrieved(skills, hit=bool(chosen), matched=any(s.name in own for s in chosen))
 
 
-def keyword_matches(lib: SkillLibrary, prompt_text: str) -> list[Skill]:
-    """The skills of every task type with any keyword a plain substring of the lower-cased ``prompt_text`` (as
-    the reference: ``cut`` matches ``cutlery``, keywords as written), in ``task_keywords`` order, repeats kept."""
-    text_lower = prompt_text.lower()
-    return [
-        skill
-        for task_type, words in lib.task_keywords.items()
-        if any(w in text_lower for w in words)
-        for skill in lib.skills_for(task_type)
-    ]
-
-
 def keyword(lib: SkillLibrary, task_type: str, prompt_text: str) -> Retrieved:
-    """Keyword matches on the rendered prompt; the row's task type's skill when the library has no keywords."""
-    chosen = keyword_matches(lib, prompt_text) if lib.task_keywords else lib.skills_for(task_type)
+    """The skills of every task type with any keyword a plain substring of the lower-cased ``prompt_text`` (as the
+    reference: ``cut`` matches ``cutlery``, keywords as written), in ``task_keywords`` order, repeats kept; the row's
+    task type's skill when the library has no keywords."""
+    if not lib.task_keywords:
+        return _result(lib, lib.skills_for(task_type), task_type)
+    text = prompt_text.lower()
+    words_of = lib.task_keywords.items()
+    chosen = [s for t, words in words_of if any(w in text for w in words) for s in lib.skills_for(t)]
     return _result(lib, chosen, task_type)
 
 
