@@ -42,14 +42,12 @@ class RemoteToolAPI:
     def __init__(self, endpoint: str, world: World) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.finished = False
-        self.session = str(
-            _request(self.endpoint, "POST", "/sessions", {"world": world.to_json()})["session"]
-        )
+        opened = _request(self.endpoint, "POST", "/sessions", {"world": world.to_json()})
+        self.session = str(opened["session"])
 
     def call(self, tool: str, args: dict[str, str]) -> dict:
-        answer = _request(
-            self.endpoint, "POST", f"/sessions/{self.session}/call", {"tool": tool, "args": args}
-        )
+        path = f"/sessions/{self.session}/call"
+        answer = _request(self.endpoint, "POST", path, {"tool": tool, "args": args})
         self.finished = bool(answer.get("finished"))
         return dict(answer["result"])
 

@@ -135,9 +135,8 @@ class _Rollout:
         first = _InFlight(0, self.lanes[0])
         self.envs.submit("reset", [(e.index, None) for e in first.episodes])
         self.land(first)
-        self.bar = progress.bar(
-            total=len(episodes), initial=sum(e.done for e in episodes), desc=desc, unit="ep"
-        )
+        done = sum(e.done for e in episodes)
+        self.bar = progress.bar(total=len(episodes), initial=done, desc=desc, unit="ep")
         try:
             self.turns(t0, desc)
         finally:
@@ -198,9 +197,8 @@ class _Rollout:
                     in_flight = None
                 if batch is not None:
                     tokens += sum(len(s.token_ids) for s in batch.samples)
-                    envs.submit(
-                        "step", [(batch.episodes[i].index, batch.parsed[i][0]) for i in batch.stepping]
-                    )
+                    actions = [(batch.episodes[i].index, batch.parsed[i][0]) for i in batch.stepping]
+                    envs.submit("step", actions)
                     in_flight = batch
             if ticker():
                 elapsed = time.perf_counter() - t0 - stats.engine_start_seconds

@@ -3,5 +3,3 @@ extraction, evidence and merging (``extract``), LLM-written skills (``llm``), re
 and the ucb strategy's statistics (``bandit``)."""
 
 from sdarflow.skills.library import Skill, SkillLibrary
-
-__all__ = ["Skill", "SkillLibrary"]
