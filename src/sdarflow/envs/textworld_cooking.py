@@ -222,14 +222,10 @@ class TextWorldCookingSuite:
         seeds = [spec.seed_base + i for i in task_indices(split, spec.size, n, start)]
         shared = storage.join(self.shared, "games", spec.settings_hash()) if self.shared else ""
         paths = ensure_games(spec, seeds, self.game_dir(split), self.workers, shared)
+        types = [task_type_of(game_metadata(path)["walkthrough"]) for path in paths]
         return [
-            Task(
-                task_id=f"tw-cooking-{split}-{seed}",
-                task_type=task_type_of(game_metadata(path)["walkthrough"]),
-                split=split,
-                payload=str(path),
-            )
-            for seed, path in zip(seeds, paths)
+            Task(f"tw-cooking-{split}-{seed}", t, split, str(path))
+            for seed, path, t in zip(seeds, paths, types)
         ]
 
     def skill_truth(self) -> SkillTruth:
