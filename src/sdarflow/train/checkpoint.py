@@ -1,19 +1,15 @@
 """Atomic checkpoints of a training run in a local folder, optionally mirrored to storage, and resuming from the
-newest one.
+newest intact one.
 
-Layout: ``<dir>/step-00000006/`` holding ``engine/`` (weights + optimizer, written by the engine), one
-``rng-rank<r>.pt`` per rank (python, numpy, torch and CUDA generator states) and ``state.json`` (counters, data
-cursor, LR schedule, metrics history, run fingerprint), written last. A checkpoint is written into
-``step-XXXXXXXX.tmp`` and renamed when complete, so a kill at any moment leaves either the previous checkpoints or
-the new one, never a half-written folder that looks complete; leftover ``.tmp`` folders are removed on restore.
-``state.json`` records every file's sha256; restore skips a checkpoint whose files do not match (disk or copy
-damage), sets it aside as ``step-N.damaged`` and resumes from the one before, with one warning.
+``<dir>/step-00000006/`` holds ``engine/`` (weights + optimizer), one ``rng-rank<r>.pt`` per rank and, written last,
+``state.json`` (counters, data cursor, LR schedule, metrics history, run fingerprint, every file's sha256). It is
+written as ``step-XXXXXXXX.tmp`` and renamed when complete, so a kill never leaves a half-written folder that looks
+complete. Restore skips a checkpoint whose files do not match their sums, setting it aside as ``step-N.damaged``.
 
-With a ``mirror`` URI (``s3://`` or a folder), rank 0 publishes each checkpoint there too (``<mirror>/step-N``, a
-published folder: files listed with their sha256 in its manifest, the manifest last), keeping as many as locally;
-a restore first fetches a mirrored checkpoint newer than any local one. So a retried pipeline task, on another
-node with an empty disk, resumes where the killed one stopped: no volume to provision, own or attach (a fresh
-PVC is root's, and KFP sets no fsGroup for the images' non-root user; a zonal one pins the retry to its zone).
+With a ``mirror`` URI (``s3://`` or a folder), rank 0 also publishes each checkpoint there (``<mirror>/step-N``),
+and a restore first fetches a mirrored checkpoint newer than any local one. So a retried pipeline task, on another
+node with an empty disk, resumes where the killed one stopped with no volume to provision (a fresh PVC is root's,
+and KFP sets no fsGroup for the images' non-root user; a zonal one pins the retry to its zone).
 """
 
 from __future__ import annotations
@@ -111,16 +107,11 @@ class Checkpoints:
         """(step, folder) of every complete checkpoint, oldest first."""
         if not self.root.is_dir():
             return []
-        found = []
-        for p in self.root.iterdir():
-            m = _NAME.match(p.name)
-            if m and (p / STATE_FILE).is_file():
-                found.append((int(m.group(1)), p))
-        return sorted(found)
-
-    def latest(self) -> Path | None:
-        done = self.complete()
-        return done[-1][1] if done else None
+        return sorted(
+            (int(m.group(1)), p)
+            for p in self.root.iterdir()
+            if (m := _NAME.match(p.name)) and (p / STATE_FILE).is_file()
+        )
 
     def save(
         self, engine: TrainEngine, state: TrainState, meta: dict, extra: dict[str, torch.Tensor] | None = None
@@ -134,9 +125,8 @@ class Checkpoints:
             return self._save(engine, state, meta, final, tmp, extra)
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not isinstance(
-                err, (OSError, RuntimeError)
-            ):  # torch.save reports a failed write as RuntimeError
+            # torch.save reports a failed write as RuntimeError
+            if not isinstance(err, (OSError, RuntimeError)):
                 raise
             reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
             raise CheckpointError(
@@ -356,12 +346,9 @@ def checkpointing(cfg, engine: TrainEngine, data, schedule, ema=None):
     )
 
     def save(state) -> None:
-        rl_batches, sft_batches = (
-            min(cfg.mini_batches, len(data.samples)),
-            min(cfg.mini_batches, len(data.sft_pairs)),
-        )
+        batches = [min(cfg.mini_batches, len(rows)) for rows in (data.samples, data.sft_pairs)]
         meta = {
-            "cursor": state.cursor(rl_batches, sft_batches),
+            "cursor": state.cursor(*batches),
             "schedule": schedule.state_dict(),
             "config_hash": cfg.config_hash(),
         }

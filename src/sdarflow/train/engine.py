@@ -1,14 +1,11 @@
-"""Training engines behind one small interface, so the training loop never branches on the engine:
+"""Training engines behind one interface (:class:`TrainEngine`), so the training loop never branches on the engine:
 
 - ``torch``: plain ``torch.optim.AdamW`` with ``clip_grad_norm_``; one process.
 - ``deepspeed``: a DeepSpeed engine (ZeRO stage 2 or 3) wrapping the same AdamW; bf16 on GPU, fp32 on CPU; one
   process, or one per GPU under a launcher (see :mod:`sdarflow.train.launch`).
 
-Interface: ``backward(loss)`` accumulates, ``step(lr)`` applies the accumulated gradient (or skips it when the
-gradient is not finite) and reports the pre-clip gradient norm, ``zero_grad()``, ``save(dir)`` / ``load(dir)``
-for weights + optimizer, ``optimizer_state()`` / ``load_optimizer_state(state)`` for AdamW's moments by parameter
-name (whole tensors, whatever the ranks: what carries one optimizer across rounds), ``gathered()`` to see full
-parameters (ZeRO-3), and the rank helpers.
+``step(lr)`` skips a non-finite gradient and reports the pre-clip norm; ``optimizer_state()`` gives AdamW's moments
+by parameter name, whole whatever the ranks (what carries one optimizer across rounds).
 """
 
 from __future__ import annotations
@@ -55,12 +52,10 @@ class TrainEngine(Protocol):
     def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]: ...
 
 
-def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def adamw(model: torch.nn.Module, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
-    return torch.optim.AdamW(_trainable(model), lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+    )
 
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -302,8 +297,8 @@ class DeepSpeedEngine:
         from deepspeed.utils import safe_get_full_optimizer_state
 
         self._carries_state()
-
-        step = self._adam_step()
+        states = [s for s in self.optimizer.optimizer.state.values() if "step" in s]  # the client AdamW's
+        step = states[0]["step"].detach().cpu() if states else torch.tensor(0.0)
         return {
             n: {
                 "step": step.clone(),
@@ -319,7 +314,8 @@ class DeepSpeedEngine:
 
         self._carries_state()
         params = _check_state_names(self.model, state)
-        inner, step = self._inner_adam(), next(iter(state.values()))["step"]
+        # the client AdamW inside ZeRO's wrapper (its state is per flat partition)
+        inner, step = self.optimizer.optimizer, next(iter(state.values()))["step"]
         # AdamW makes its state at its first step, and ZeRO links each parameter to its slice of the flat state
         # only then: make the state (as AdamW would) and link it now, so the moments can be set before training.
         for group in inner.param_groups:
@@ -338,14 +334,6 @@ class DeepSpeedEngine:
                 "train: --carry-optimizer moves AdamW's moments between rounds with ZeRO-1/2's partitions, not "
                 "ZeRO-3's; fix: pass --zero-stage 2 (a LoRA's optimizer state is small), or no --carry-optimizer"
             )
-
-    def _inner_adam(self) -> torch.optim.Optimizer:
-        """The client AdamW inside ZeRO's wrapper (its state is per flat partition)."""
-        return self.optimizer.optimizer
-
-    def _adam_step(self) -> torch.Tensor:
-        states = [s for s in self._inner_adam().state.values() if "step" in s]
-        return states[0]["step"].detach().cpu() if states else torch.tensor(0.0)
 
     def barrier(self) -> None:
         torch.distributed.barrier()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Literal
 
@@ -34,12 +34,7 @@ class WarmupConstant:
         return self.lr * min(1.0, (self.start + step + 1) / self.warmup_steps)
 
     def state_dict(self) -> dict:
-        return {
-            "kind": "warmup_constant",
-            "lr": self.lr,
-            "warmup_steps": self.warmup_steps,
-            "start": self.start,
-        }
+        return {"kind": "warmup_constant", **asdict(self)}
 
 
 def step_kinds(sft_ratio: float, mode: Mode = "rl") -> Iterator[StepKind]:
@@ -93,9 +88,8 @@ class TrainState:
     sft_steps: int = 0
     nonfinite_in_row: int = 0
     history: list[dict] = field(default_factory=list)
-    probe_rates: list[float] = field(
-        default_factory=list
-    )  # the format probe's rates so far, the start's first
+    # the format probe's rates so far, the start's first
+    probe_rates: list[float] = field(default_factory=list)
     # (step, kept step): after this step the weights were the format rollback's target, kept at that step's probe
     rollback_at: tuple[int, int] | None = None
 
@@ -112,15 +106,7 @@ class TrainState:
         }
 
     def to_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "rl_steps": self.rl_steps,
-            "sft_steps": self.sft_steps,
-            "nonfinite_in_row": self.nonfinite_in_row,
-            "history": self.history,
-            "probe_rates": self.probe_rates,
-            "rollback_at": list(self.rollback_at) if self.rollback_at else None,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainState:

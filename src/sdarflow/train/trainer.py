@@ -1,12 +1,13 @@
-"""The training loop: RL samples (rescored turn rows with their GRPO advantages, :mod:`sdarflow.train.samples`) ->
-mini-batches of token-budget micro-batches -> the configured method's loss (:func:`sdarflow.algo.method_loss`,
-which receives the config itself), or the SFT loss on successful rows, on a LoRA adapter or the full model,
-through an engine (:mod:`sdarflow.train.engine`: torch or DeepSpeed).
+"""The training loop. A run is a sequence of optimizer steps, RL or SFT (:mod:`sdarflow.train.schedule`); a step
+takes its mini-batch of RL samples (rescored turn rows with their advantages, :mod:`sdarflow.train.samples`) or of
+SFT pairs, splits this rank's share into token-budget micro-batches, backpropagates each one's loss (the
+configured method's, :func:`sdarflow.algo.method_loss`, or the SFT loss) and lets the engine
+(:mod:`sdarflow.train.engine`: torch or DeepSpeed) apply the step, on a LoRA adapter or the full model.
 
 Micro-batch losses are scaled by their share of the mini-batch's tokens (sequences for ``seq-mean-*``), so gradient
 accumulation never changes what the loss means, whichever engine runs it. A non-finite loss or gradient skips the
-step; ``max_nonfinite_steps`` in a row fail the run. Step kinds, data order and learning rate come from
-:mod:`sdarflow.train.schedule`, so a run resumed from a checkpoint repeats nothing and skips nothing.
+step; ``max_nonfinite_steps`` in a row fail the run. Step kinds, data order and learning rate are functions of the
+step counters, so a run resumed from a checkpoint repeats nothing and skips nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 
 import torch
 
@@ -86,12 +88,190 @@ class TrainLoop(Objective):
     save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
 
 
-def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros((len(values), width), dtype=torch.float32)
-    for i, v in enumerate(values):
-        if v:
-            out[i, width - len(v) :] = torch.tensor(v, dtype=torch.float32)
-    return out
+@dataclass
+class TrainData:
+    samples: list[RLSample]
+    sft_pairs: list[SFTPair]
+    pad_id: int
+    # The RL step these rows train at (the reference's global_steps: round + 1); RLSD's decay reads it.
+    rl_step: int = 1
+    # At least this many SFT steps per RL step (the format repair's cadence, a fraction so 1/3 lands on time).
+    sft_floor: Fraction = Fraction(0)
+    # A per-token term on the advantages (train --advantage; samples.TOKEN_ADVANTAGES), or None.
+    token_advantages: TokenAdvantages | None = None
+
+
+def train(
+    engine: TrainEngine,
+    data: TrainData,
+    cfg: TrainLoop,
+    schedule: WarmupConstant,
+    *,
+    state: TrainState | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    on_checkpoint: Callable[[TrainState], None] | None = None,
+) -> TrainState:
+    """Run optimizer steps from ``state`` (a fresh run when None) until the run's total; return the final state.
+    ``on_checkpoint`` is called every ``cfg.save_every`` steps."""
+    state = state or TrainState()
+    ratio = _sft_ratio(data, cfg)
+    main_rows = data.sft_pairs if cfg.mode == "sft" else data.samples
+    total = total_steps(cfg.mode, cfg.epochs, min(cfg.mini_batches, len(main_rows)), ratio, cfg.max_steps)
+    kinds = itertools.islice(step_kinds(ratio, cfg.mode), state.step, None)
+    main_rank = engine.rank == 0  # every rank computes the same records; one reports them
+    # On a terminal a live bar; in a log the step lines below (every 10 s) are the progress.
+    live = main_rank and progress.interactive()
+    bar = progress.bar(
+        total=total, initial=state.step, desc=f"train ({cfg.mode})", unit="step", disable=not live
+    )
+    ticker = progress.Ticker()
+    while state.step < total:
+        kind = next(kinds)
+        record = _one_step(engine, data, cfg, state, kind, schedule.lr_at(state.step))
+        state.step += 1
+        state.rl_steps += kind == "rl"
+        state.sft_steps += kind == "sft"
+        state.nonfinite_in_row = state.nonfinite_in_row + 1 if record["skipped"] else 0
+        state.history.append(record)
+        if on_step:
+            on_step(record)
+        bar.update(1)
+        if main_rank and ticker(last=state.step == total):
+            log.info(progress_line(record))
+        if record["skipped"]:
+            in_row = state.nonfinite_in_row
+            log.warning(
+                "step %d: non-finite loss or gradient; step skipped (%d in a row)", state.step, in_row
+            )
+            if in_row >= cfg.max_nonfinite_steps:
+                raise TrainingDiverged(
+                    f"{in_row} consecutive non-finite steps at step {state.step} (limit --max-nonfinite-steps "
+                    f"{cfg.max_nonfinite_steps}); fix: lower the learning rate or check the input log-probs"
+                )
+        if on_checkpoint and cfg.save_every > 0 and state.step % cfg.save_every == 0:
+            on_checkpoint(state)
+        if (
+            cfg.mode == "sft"
+            and cfg.sft_stop_at_loss > 0
+            and reached(state.history, cfg.sft_stop_at_loss, "loss/total")
+        ):
+            log.info(
+                "train: stopped at step %d of %d: mean loss <= %g", state.step, total, cfg.sft_stop_at_loss
+            )
+            break
+    bar.close()
+    return state
+
+
+def _sft_ratio(data: TrainData, cfg: TrainLoop) -> float | Fraction:
+    """The SFT steps per RL step this run takes (``--sft-ratio``, at least the data's floor); NoTrainingData when
+    the mode has nothing to train on."""
+    if cfg.mode == "sft" and not data.sft_pairs:
+        raise NoTrainingData(
+            "mode sft: the input has no successful rows (success = True) with a response; "
+            "fix: pass trajectories that contain solved episodes (e.g. expert walkthroughs)"
+        )
+    if cfg.mode == "rl" and not data.samples:
+        raise NoTrainingData(
+            "the input has no rows with a response to train on; fix: check the --input dataset"
+        )
+    ratio = max(Fraction(str(cfg.sft_ratio)), data.sft_floor) if data.sft_floor else cfg.sft_ratio
+    if cfg.mode == "rl" and ratio > 0 and not data.sft_pairs:
+        log.warning("sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", ratio)
+        return 0.0
+    return ratio
+
+
+def _one_step(
+    engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, kind: str, lr: float
+) -> dict:
+    """One optimizer step of ``kind`` on the next mini-batch of its stream; returns the step's record."""
+    t0 = time.perf_counter()
+    rows, done = (data.samples, state.rl_steps) if kind == "rl" else (data.sft_pairs, state.sft_steps)
+    epoch, position, idx = mini_batch(len(rows), min(cfg.mini_batches, len(rows)), cfg.seed, done, kind)
+    if kind == "rl":
+        loss_fn = partial(micro_step, engine.forward_model, cfg=cfg, data=data, device=engine.device)
+    else:
+        loss_fn = partial(sft_micro_step, engine.forward_model, pad_id=data.pad_id, device=engine.device)
+    agg = cfg.agg if kind == "rl" else "token-mean"
+    metrics, tokens = accumulate(engine, [rows[i] for i in idx], loss_fn, agg, cfg.micro_batch_tokens)
+    result = engine.step(lr)
+    dt = time.perf_counter() - t0
+    finite = result.applied and all(math.isfinite(v) for v in metrics.values())
+    return {
+        **dict.fromkeys(REQUIRED_METRICS),
+        **metrics,
+        "step": state.step + 1,
+        "kind": kind,
+        "epoch": epoch,
+        "position": position,
+        "skipped": not finite,
+        "grad_norm": result.grad_norm,
+        "lr": lr,
+        "tokens": tokens,
+        "tokens_per_s": tokens / dt,
+        "seconds": dt,
+    }
+
+
+def extra_sft_step(
+    engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, lr: float
+) -> dict:
+    """One SFT step outside the run's schedule (the format guard's remedy, :mod:`sdarflow.extensions.format_probe`):
+    the next mini-batch of the SFT stream, counted in ``state.sft_steps`` (so the stream's later batches, and a
+    resumed run, stay in order) but not in ``state.step``. Returns the step's record."""
+    record = _one_step(engine, data, cfg, state, "sft", lr)
+    state.sft_steps += 1
+    return record
+
+
+def accumulate(
+    engine: TrainEngine, items: list, loss_fn: LossFn, agg: str, micro_batch_tokens: int
+) -> tuple[dict[str, float], int]:
+    """Backward over the token-budget micro-batches of one mini-batch; returns its metrics and response tokens.
+
+    Each micro-batch loss is scaled by its share of the whole mini-batch (all ranks together), so the accumulated
+    gradient is the gradient of the mini-batch loss however it is split.
+    """
+    total_tokens = sum(len(x.response) for x in items)
+    mine = _rank_share(items, engine.rank, engine.world_size)
+    lengths = [len(items[i].prompt) + len(items[i].response) for i, _ in mine]
+    sums: dict[str, float] = {}
+    for micro_idx in token_budget_batches(lengths, micro_batch_tokens):
+        chosen = [mine[j] for j in micro_idx]
+        micro = [items[i] for i, _ in chosen]
+        counted = [items[i] for i, counts in chosen if counts]
+        loss, metrics = loss_fn(micro)
+        engine.backward(loss * _weight(micro, counted, items, agg))
+        # Metrics average with the micro-batch's share of tokens (token-mean) or sequences, whatever the loss's
+        # normaliser, so each is a mean over the mini-batch.
+        share = _weight(micro, counted, items, "token-mean" if agg == "token-mean" else "seq-mean-token-mean")
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + share * v
+    return engine.all_reduce_sum(sums), total_tokens
+
+
+def _rank_share(items: list, rank: int, world: int) -> list[tuple[int, bool]]:
+    """(index, counts) of the items this rank computes: a length-balanced stride. A rank left without items
+    runs the first one with weight 0, because every rank must take part in the gradient reduction."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt) + len(items[i].response))
+    mine = order[rank::world]
+    return [(i, True) for i in mine] if mine else [(order[0], False)]
+
+
+def _weight(micro: list, counted: list, items: list, agg: str) -> float:
+    """Factor on a micro-batch's loss so the accumulated gradient is that of the whole mini-batch's loss.
+
+    token-mean and seq-mean-*: the micro-batch's share of the mini-batch's tokens or sequences. For
+    seq-mean-token-sum-norm (a sum over sequences divided by the padded width T), ``T_micro / T_mini``.
+    """
+    if not counted:
+        return 0.0
+    if agg == "token-mean":
+        return sum(len(s.response) for s in counted) / max(1, sum(len(x.response) for x in items))
+    if agg == "seq-mean-token-sum-norm":
+        return max(len(s.response) for s in micro) / max(1, max(len(x.response) for x in items))
+    return len(counted) / max(1, len(items))
 
 
 def micro_step(
@@ -131,203 +311,9 @@ def micro_step(
     return loss, metrics
 
 
-def _weight(micro: list, counted: list, items: list, agg: str) -> float:
-    """Factor on a micro-batch's loss so the accumulated gradient is that of the whole mini-batch's loss.
-
-    token-mean and seq-mean-*: the micro-batch's share of the mini-batch's tokens or sequences. For
-    seq-mean-token-sum-norm (a sum over sequences divided by the padded width T), ``T_micro / T_mini``.
-    """
-    if not counted:
-        return 0.0
-    if agg == "token-mean":
-        return sum(len(s.response) for s in counted) / max(1, sum(len(x.response) for x in items))
-    if agg == "seq-mean-token-sum-norm":
-        return max(len(s.response) for s in micro) / max(1, max(len(x.response) for x in items))
-    return len(counted) / max(1, len(items))
-
-
-def _rank_share(items: list, rank: int, world: int) -> list[tuple[int, bool]]:
-    """(index, counts) of the items this rank computes: a length-balanced stride. A rank left without items
-    runs the first one with weight 0, because every rank must take part in the gradient reduction."""
-    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt) + len(items[i].response))
-    mine = order[rank::world]
-    return [(i, True) for i in mine] if mine else [(order[0], False)]
-
-
-def accumulate(
-    engine: TrainEngine, items: list, loss_fn: LossFn, agg: str, micro_batch_tokens: int
-) -> tuple[dict[str, float], int]:
-    """Backward over the token-budget micro-batches of one mini-batch; returns its metrics and response tokens.
-
-    Each micro-batch loss is scaled by its share of the whole mini-batch (all ranks together), so the accumulated
-    gradient is the gradient of the mini-batch loss however it is split.
-    """
-    total_tokens = sum(len(x.response) for x in items)
-    mine = _rank_share(items, engine.rank, engine.world_size)
-    lengths = [len(items[i].prompt) + len(items[i].response) for i, _ in mine]
-    sums: dict[str, float] = {}
-    for micro_idx in token_budget_batches(lengths, micro_batch_tokens):
-        chosen = [mine[j] for j in micro_idx]
-        micro = [items[i] for i, _ in chosen]
-        counted = [items[i] for i, counts in chosen if counts]
-        loss, metrics = loss_fn(micro)
-        engine.backward(loss * _weight(micro, counted, items, agg))
-        # Metrics average with the micro-batch's share of tokens (token-mean) or sequences, whatever the loss's
-        # normaliser, so each is a mean over the mini-batch.
-        share = _weight(micro, counted, items, "token-mean" if agg == "token-mean" else "seq-mean-token-mean")
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + share * v
-    return engine.all_reduce_sum(sums), total_tokens
-
-
-@dataclass
-class TrainData:
-    samples: list[RLSample]
-    sft_pairs: list[SFTPair]
-    pad_id: int
-    # The RL step these rows train at (the reference's global_steps: round + 1); RLSD's decay reads it.
-    rl_step: int = 1
-    # At least this many SFT steps per RL step (the format repair's cadence, a fraction so 1/3 lands on time).
-    sft_floor: Fraction = Fraction(0)
-    # A per-token term on the advantages (train --advantage; samples.TOKEN_ADVANTAGES), or None.
-    token_advantages: TokenAdvantages | None = None
-
-
-def _one_step(
-    engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, kind: str, lr: float
-) -> dict:
-    t0 = time.perf_counter()
-    if kind == "rl":
-        n_mini = min(cfg.mini_batches, len(data.samples))
-        epoch, position, idx = mini_batch(len(data.samples), n_mini, cfg.seed, state.rl_steps, "rl")
-        items: list = [data.samples[i] for i in idx]
-        agg = cfg.agg
-
-        def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
-            return micro_step(engine.forward_model, micro, cfg, data, engine.device)
-
-    else:
-        n_mini = min(cfg.mini_batches, len(data.sft_pairs))
-        epoch, position, idx = mini_batch(len(data.sft_pairs), n_mini, cfg.seed, state.sft_steps, "sft")
-        items = [data.sft_pairs[i] for i in idx]
-        agg = "token-mean"
-
-        def loss_fn(micro: list) -> tuple[torch.Tensor, dict[str, float]]:
-            return sft_micro_step(engine.forward_model, micro, data.pad_id, engine.device)
-
-    metrics, tokens = accumulate(engine, items, loss_fn, agg, cfg.micro_batch_tokens)
-    result = engine.step(lr)
-    dt = time.perf_counter() - t0
-    finite = result.applied and all(math.isfinite(v) for v in metrics.values())
-    return {
-        **dict.fromkeys(REQUIRED_METRICS),
-        **metrics,
-        "step": state.step + 1,
-        "kind": kind,
-        "epoch": epoch,
-        "position": position,
-        "skipped": not finite,
-        "grad_norm": result.grad_norm,
-        "lr": lr,
-        "tokens": tokens,
-        "tokens_per_s": tokens / dt,
-        "seconds": dt,
-    }
-
-
-def extra_sft_step(
-    engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, lr: float
-) -> dict:
-    """One SFT step outside the run's schedule (the format guard's remedy, :mod:`sdarflow.extensions.format_probe`):
-    the next mini-batch of the SFT stream, counted in ``state.sft_steps`` (so the stream's later batches, and a
-    resumed run, stay in order) but not in ``state.step``. Returns the step's record."""
-    record = _one_step(engine, data, cfg, state, "sft", lr)
-    state.sft_steps += 1
-    return record
-
-
-def _sft_ratio(data: TrainData, cfg: TrainLoop) -> float | Fraction:
-    """The SFT steps per RL step this run takes (``--sft-ratio``, at least the data's floor); NoTrainingData when
-    the mode has nothing to train on."""
-    if cfg.mode == "sft" and not data.sft_pairs:
-        raise NoTrainingData(
-            "mode sft: the input has no successful rows (success = True) with a response; "
-            "fix: pass trajectories that contain solved episodes (e.g. expert walkthroughs)"
-        )
-    if cfg.mode == "rl" and not data.samples:
-        raise NoTrainingData(
-            "the input has no rows with a response to train on; fix: check the --input dataset"
-        )
-    ratio = max(Fraction(str(cfg.sft_ratio)), data.sft_floor) if data.sft_floor else cfg.sft_ratio
-    if cfg.mode == "rl" and ratio > 0 and not data.sft_pairs:
-        log.warning("sft_ratio %.3g: the input has no successful rows, so no SFT batches this run", ratio)
-        return 0.0
-    return ratio
-
-
-def _skipped(step: int, in_row: int, limit: int) -> None:
-    """Log a skipped (non-finite) step; TrainingDiverged once ``limit`` were skipped in a row."""
-    log.warning("step %d: non-finite loss or gradient; step skipped (%d in a row)", step, in_row)
-    if in_row >= limit:
-        raise TrainingDiverged(
-            f"{in_row} consecutive non-finite steps at step {step} (limit --max-nonfinite-steps {limit}); "
-            f"fix: lower the learning rate or check the input log-probs"
-        )
-
-
-def train(
-    engine: TrainEngine,
-    data: TrainData,
-    cfg: TrainLoop,
-    schedule: WarmupConstant,
-    *,
-    state: TrainState | None = None,
-    on_step: Callable[[dict], None] | None = None,
-    on_checkpoint: Callable[[TrainState], None] | None = None,
-) -> TrainState:
-    """Run optimizer steps from ``state`` (a fresh run when None) until the run's total; return the final state.
-
-    Step kinds (RL or SFT), mini-batch contents and the learning rate are functions of the counters in ``state``,
-    so a run resumed from a checkpointed state takes exactly the steps the uninterrupted run would have taken.
-    ``on_checkpoint`` is called every ``cfg.save_every`` steps.
-    """
-    state = state or TrainState()
-    ratio = _sft_ratio(data, cfg)
-    main_rows = data.sft_pairs if cfg.mode == "sft" else data.samples
-    total = total_steps(cfg.mode, cfg.epochs, min(cfg.mini_batches, len(main_rows)), ratio, cfg.max_steps)
-    kinds = itertools.islice(step_kinds(ratio, cfg.mode), state.step, None)
-    main_rank = engine.rank == 0  # every rank computes the same records; one reports them
-    # On a terminal a live bar; in a log the step lines below (every 10 s) are the progress.
-    live = main_rank and progress.interactive()
-    bar = progress.bar(
-        total=total, initial=state.step, desc=f"train ({cfg.mode})", unit="step", disable=not live
-    )
-    ticker = progress.Ticker()
-    while state.step < total:
-        kind = next(kinds)
-        record = _one_step(engine, data, cfg, state, kind, schedule.lr_at(state.step))
-        state.step += 1
-        state.rl_steps += kind == "rl"
-        state.sft_steps += kind == "sft"
-        state.nonfinite_in_row = state.nonfinite_in_row + 1 if record["skipped"] else 0
-        state.history.append(record)
-        if on_step:
-            on_step(record)
-        bar.update(1)
-        if main_rank and ticker(last=state.step == total):
-            log.info(progress_line(record))
-        if record["skipped"]:
-            _skipped(record["step"], state.nonfinite_in_row, cfg.max_nonfinite_steps)
-        if on_checkpoint and cfg.save_every > 0 and state.step % cfg.save_every == 0:
-            on_checkpoint(state)
-        if (
-            cfg.mode == "sft"
-            and cfg.sft_stop_at_loss > 0
-            and reached(state.history, cfg.sft_stop_at_loss, "loss/total")
-        ):
-            log.info(
-                "train: stopped at step %d of %d: mean loss <= %g", state.step, total, cfg.sft_stop_at_loss
-            )
-            break
-    bar.close()
-    return state
+def _pad_right_aligned(values: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(values), width), dtype=torch.float32)
+    for i, v in enumerate(values):
+        if v:
+            out[i, width - len(v) :] = torch.tensor(v, dtype=torch.float32)
+    return out
