@@ -138,19 +138,9 @@ def rlsd_advantages(
     lam: float,
     clip_eps: float,
 ) -> Tensor:
-    """RLSD advantages: ``A_t * w_t`` (see :func:`rlsd_weights`) on response tokens, 0 on masked ones.
-
-    ``compute_rlsd_token_advantage`` in ``verl/trainer/ppo/rlsd_utils.py``.
-
-    Args:
-        advantages: (B, T) per-token advantages (the row's GRPO advantage broadcast over its tokens).
-        student_logprobs: (B, T) ``s_t``: the rollout-time (old) log-probs, as the reference passes them.
-        teacher_logprobs: (B, T) ``q_t``; both treated as constants.
-        mask: (B, T) bool or 0/1.
-        lam: mixing weight (see :func:`rlsd_lambda`); 0 returns the advantages unchanged (on the mask).
-        clip_eps: trust range of the teacher/student ratio.
-    Returns:
-        (B, T) detached advantages.
+    """RLSD advantages: ``A_t * w_t`` (see :func:`rlsd_weights`) on response tokens, 0 on masked ones; all (B, T),
+    the result detached (``compute_rlsd_token_advantage`` in ``verl/trainer/ppo/rlsd_utils.py``). ``s_t`` are the
+    rollout-time (old) log-probs, as the reference passes them; ``lam`` 0 returns the advantages unchanged.
     """
     a = advantages.detach()
     w = rlsd_weights(a, student_logprobs, teacher_logprobs, lam, clip_eps)

@@ -28,28 +28,26 @@ def _masked(loss_mat: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 @_AGG.register("token-mean")
 def _token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
-    # sum_{b,t} m*l / max(1, sum m): every token weighs the same, whatever its sequence's length.
     return masked_mean(loss_mat, mask)
 
 
 @_AGG.register("seq-mean-token-sum")
 def _seq_mean_token_sum(loss_mat: Tensor, mask: Tensor) -> Tensor:
-    # mean_b sum_t m*l
     loss, _ = _masked(loss_mat, mask)
     return loss.sum(-1).mean()
 
 
 @_AGG.register("seq-mean-token-mean")
 def _seq_mean_token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
-    # mean_b (sum_t m*l / max(1, sum_t m)); an empty row counts as a sequence with loss 0.
+    # an empty row counts as a sequence with loss 0
     loss, keep = _masked(loss_mat, mask)
     return (loss.sum(-1) / keep.sum(-1).clamp(min=1)).mean()
 
 
 @_AGG.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor) -> Tensor:
-    # sum_{b,t} m*l / T, T = mask.shape[-1]: Dr. GRPO's constant normaliser, so long and short responses are not
-    # re-weighted. As verl defines it: a sum over sequences, not a mean (the scale grows with the batch).
+    # Dr. GRPO's constant normaliser T = mask.shape[-1], so long and short responses are not re-weighted. As verl
+    # defines it: a sum over sequences, not a mean (the scale grows with the batch).
     loss, _ = _masked(loss_mat, mask)
     return loss.sum() / max(1, mask.shape[-1])
 
@@ -58,18 +56,14 @@ AGG_MODES: tuple[str, ...] = _AGG.names()
 
 
 def agg_loss(loss_mat: Tensor, mask: Tensor, mode: AggMode | str = "token-mean") -> Tensor:
-    """Aggregates a per-token loss into a scalar.
+    """A (B, T) per-token loss -> a 0-dim tensor, by ``mode``:
 
-    Args:
-        loss_mat: (B, T) per-token loss.
-        mask: (B, T) bool or 0/1; 1 marks a response token that counts.
-        mode: one of :data:`AGG_MODES`:
-            ``token-mean``              sum m*l / sum m
-            ``seq-mean-token-sum``      mean_b sum_t m*l
-            ``seq-mean-token-mean``     mean_b (sum_t m*l / sum_t m)
-            ``seq-mean-token-sum-norm`` sum_{b,t} m*l / T
-    Returns:
-        0-dim tensor. Denominators are clamped to >= 1, so an empty mask gives 0, never NaN.
+        ``token-mean``              sum m*l / sum m (every token weighs the same, whatever its sequence's length)
+        ``seq-mean-token-sum``      mean_b sum_t m*l
+        ``seq-mean-token-mean``     mean_b (sum_t m*l / sum_t m)
+        ``seq-mean-token-sum-norm`` sum_{b,t} m*l / T
+
+    Denominators are clamped to >= 1, so an empty mask gives 0, never NaN.
     """
     if loss_mat.shape != mask.shape:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must have one shape")

@@ -4,9 +4,8 @@ per-state value estimate that FORCE-style filtering drops rollouts by.
 GRPO gives every turn of an episode the episode's advantage, so a failed rollout's first turns, identical to a
 successful sibling's, are pushed down while the sibling's same turns are pushed up. The functions here correct
 that from what the group already holds (no critic): SCPO (arXiv:2606.25852) hands the shared turns the
-successful sibling's credit; the state value compares the rollouts that reached the same state. Turn and state
-identity is given by hashable keys the caller builds (sdarflow uses a turn's prompt and response token ids: in a
-group, one task, equal prompts at a turn mean equal histories). Everything here carries no gradient.
+successful sibling's credit; the state value compares the rollouts that reached the same state. Turns and states
+are identified by hashable keys the caller builds. Everything here carries no gradient.
 """
 
 from __future__ import annotations
@@ -35,14 +34,8 @@ def scpo_advantages(
     Successful episodes, and failed ones with no successful sibling or none sharing their first turn, keep
     their advantages.
 
-    Args:
-        advantages: (N,) per-row advantages (GRPO's), detached.
-        group_ids, traj_ids: (N,) group and episode of each row.
-        turns: (N,) turn index of each row within its episode.
-        turn_keys: (N,) identity of a turn (equal keys = the same prompt and the same action).
-        success: (N,) whether the row's episode succeeded.
-    Returns:
-        (N,) the credited advantages.
+    All arguments are per row (N,): ``turns`` its index within its episode, ``turn_keys`` its identity (equal keys
+    = the same prompt and the same action), ``success`` its episode's. Returns the (N,) credited advantages.
     """
     n = advantages.shape[0]
     groups = _codes(group_ids, n, "group_ids")

@@ -20,6 +20,8 @@ def _compute_dtype(logits: Tensor) -> torch.dtype:
 
 
 def _chunks(n: int, chunk_size: int) -> list[slice]:
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return [slice(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
 
 
@@ -77,24 +79,12 @@ class _ChunkedEntropy(torch.autograd.Function):
         return grad, None
 
 
-def _check_chunk_size(chunk_size: int) -> None:
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-
-
 def token_logprobs(
     logits: Tensor, labels: Tensor, chunk_size: int = 1024, ignore_index: int = -100
 ) -> Tensor:
-    """Log-probability of each label under its logits: ``log_softmax(logits.float())[..., label]``.
-
-    Args:
-        logits: (..., V), any float dtype; gradient flows into it.
-        labels: (...) integer token ids; positions equal to ``ignore_index`` get log-prob 0 and no gradient.
-        chunk_size: tokens per chunk of the flattened (N, V) view; bounds the upcast working memory.
-    Returns:
-        (...) float32 (float64 if the logits are float64).
-    """
-    _check_chunk_size(chunk_size)
+    """Log-probability of each label under its logits: ``log_softmax(logits.float())[..., label]``, (..., V) ->
+    (...) float32 (float64 for float64 logits), in chunks of ``chunk_size`` tokens. Positions whose label is
+    ``ignore_index`` get log-prob 0 and no gradient."""
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
             f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape)} without the vocab"
@@ -109,15 +99,8 @@ def token_logprobs(
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
-    """Entropy of the softmax over the last axis: ``H = logsumexp(x) - sum_v softmax(x)_v x_v``.
-
-    Args:
-        logits: (..., V), any float dtype; gradient flows into it.
-        chunk_size: tokens per chunk of the flattened (N, V) view.
-    Returns:
-        (...) float32 (float64 if the logits are float64).
-    """
-    _check_chunk_size(chunk_size)
+    """Entropy of the softmax over the last axis, ``H = logsumexp(x) - sum_v softmax(x)_v x_v``: (..., V) -> (...)
+    float32 (float64 for float64 logits), in chunks of ``chunk_size`` tokens."""
     flat_logits = logits.reshape(-1, logits.shape[-1])
     return _ChunkedEntropy.apply(flat_logits, chunk_size).reshape(logits.shape[:-1])
 
@@ -161,19 +144,9 @@ class _FusedLinearLogprobs(torch.autograd.Function):
 
 
 def linear_token_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_size: int = 1024) -> Tensor:
-    """``log_softmax(hidden @ weight.T)[..., label]`` computed chunk by chunk, fused with the LM head.
-
-    The (N, V) logits and their gradient never exist at once: peak extra memory is ``chunk_size x V`` plus one
-    weight-sized gradient, which is what makes 32k-150k vocabularies affordable.
-
-    Args:
-        hidden: (..., H) final hidden states; gradient flows into it.
-        weight: (V, H) LM head weight; gradient flows into it if it requires grad.
-        labels: (...) integer token ids.
-    Returns:
-        (...) float32 log-probs (float64 for float64 inputs).
-    """
-    _check_chunk_size(chunk_size)
+    """``log_softmax(hidden @ weight.T)[..., label]`` chunk by chunk, fused with the LM head: hidden (..., H),
+    weight (V, H), labels (...) -> (...) float32 (float64 for float64 inputs). The (N, V) logits and their gradient
+    never exist at once: peak extra memory is ``chunk_size x V`` plus one weight-sized gradient."""
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     out = _FusedLinearLogprobs.apply(flat_h, weight, labels.reshape(-1).long(), chunk_size)
     return out.reshape(labels.shape)
@@ -216,13 +189,6 @@ class _FusedLinearEntropy(torch.autograd.Function):
 
 def linear_entropy(hidden: Tensor, weight: Tensor, chunk_size: int = 1024) -> Tensor:
     """Entropy of ``softmax(hidden @ weight.T)`` per token, chunked and fused with the LM head like
-    :func:`linear_token_logprobs`; differentiable, for the entropy bonus.
-
-    Args:
-        hidden: (..., H) final hidden states; weight: (V, H) LM head weight.
-    Returns:
-        (...) float32 entropies (float64 for float64 inputs).
-    """
-    _check_chunk_size(chunk_size)
+    :func:`linear_token_logprobs`: (..., H), (V, H) -> (...); differentiable, for the entropy bonus."""
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     return _FusedLinearEntropy.apply(flat_h, weight, chunk_size).reshape(hidden.shape[:-1])

@@ -3,10 +3,10 @@
 SDAR (the SDAR paper, Self-Distilled Agentic RL) trains with ``L = L_GRPO + lambda * L_SDAR``: GRPO's clipped
 policy gradient plus on-policy self-distillation toward a teacher that is the same policy given retrieved skills,
 gated per token by ``sigmoid(beta * (q_t - s_t))`` so only tokens the teacher prefers are pulled. The methods
-that compose these terms, as the SDAR reference code (ZJU-REAL/SDAR, a verl-agent fork) trains each baseline, are
-in :mod:`sdarflow.algo.objective`.
+composing these terms as the SDAR reference code (ZJU-REAL/SDAR, a verl-agent fork) trains each baseline are in
+:mod:`sdarflow.algo.objective`.
 
-All tensors are (B, T) (one row per agent turn, T response tokens); every loss reduces through
+All tensors are (B, T) (one row per agent turn, T response tokens; masks bool or 0/1); every loss reduces through
 :func:`sdarflow.algo.agg.agg_loss` and returns ``(loss, metrics)`` with python-float, namespaced metrics.
 """
 
@@ -39,15 +39,10 @@ def ppo_clip_loss(
     """PPO's clipped surrogate (arXiv:1707.06347) with dual clip for negative advantages (arXiv:1912.09729).
 
     verl's ``compute_policy_loss`` (``verl/trainer/ppo/core_algos.py``), as the SDAR reference trains every method.
+    ``logprobs`` carries the gradient; the rollout-time ``old_logprobs`` and ``advantages`` are constants. The trust
+    region is ``[1 - clip_low, 1 + clip_high]`` (asymmetric allows DAPO's clip-higher); ``clip_ratio_c`` is the
+    dual-clip bound ``c > 1``, None turns the dual clip off.
 
-    Args:
-        logprobs: (B, T) current policy ``log pi_theta(y_t)``; carries the gradient.
-        old_logprobs: (B, T) rollout-time log-probs (constant).
-        advantages: (B, T) per-token advantages (constant).
-        mask: (B, T) bool or 0/1.
-        clip_low, clip_high: ratio trust region ``[1 - clip_low, 1 + clip_high]`` (asymmetric allows DAPO's
-            clip-higher).
-        clip_ratio_c: dual-clip bound ``c > 1``; None turns the dual clip off.
     Returns:
         ``agg(L_t)`` with ``r = exp(logprobs - old_logprobs)`` (not clamped, as in the reference),
         ``L1 = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and ``L_t = min(L1, -A c)`` where ``A < 0``,
@@ -103,7 +98,6 @@ def sdar_loss(
     Args:
         student_logprobs: (B, T) ``s_t = log pi_theta(y_t | history)``; the only input that carries gradient.
         teacher_logprobs: (B, T) ``q_t = log pi_theta(y_t | history + skills)``; treated as a constant.
-        mask: (B, T) bool or 0/1.
         beta: gate sharpness (the paper's beta; ``gate_beta`` in the config).
     Returns:
         ``agg(g_t * (q_t - s_t))`` with ``g_t = sigmoid(beta * (q_t - s_t))`` detached, so the gradient is
@@ -138,14 +132,9 @@ def skill_sd_loss(
         ``rho_t = exp(min(s_t - old_t, 10))`` (the on-policy ratio, *not* detached),
         loss ``agg(rho_t * k3_t)``.
 
-    Args:
-        student_logprobs: (B, T) ``s_t``; carries the gradient (through both ``k3`` and ``rho``).
-        teacher_logprobs: (B, T) ``q_t``; constant.
-        old_logprobs: (B, T) rollout-time log-probs; constant.
-        mask: (B, T) bool or 0/1.
-    Returns:
-        The loss and ``skill_sd/k3_mean``, ``skill_sd/rho_mean``, ``skill_sd/loss``. Its gradient
-        ``rho * (k3 + 1 - exp(-l))`` pulls ``s`` toward ``q`` from above and below.
+    ``s_t`` carries the gradient (through both ``k3`` and ``rho``), ``q_t`` and the rollout-time ``old_t`` are
+    constants. Its gradient ``rho * (k3 + 1 - exp(-l))`` pulls ``s`` toward ``q`` from above and below. Metrics:
+    ``skill_sd/k3_mean``, ``skill_sd/rho_mean``, ``skill_sd/loss``.
     """
     ell = student_logprobs - teacher_logprobs.detach()
     k3 = torch.exp((-ell).clamp(max=_LOG_RATIO_CLAMP)) - 1.0 + ell

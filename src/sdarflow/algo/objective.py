@@ -1,10 +1,7 @@
-"""The training objective: the loss's settings (:class:`Objective`), the methods that compose the loss terms of
-:mod:`sdarflow.algo.losses` as the SDAR reference trains each one, and :func:`method_loss`, the one entry point the
-trainer calls.
-
-``Objective`` is the only place a loss setting and its default are declared. The train stage's config *is* an
-Objective (its flags are these fields), and the trainer hands it to :func:`method_loss` unchanged, as verl's
-policy losses take the actor config. Symbols in the help are the SDAR paper's.
+"""The training objective: the loss's settings (:class:`Objective`, the only place each is declared: the train
+stage's config is one), the methods that compose the loss terms of :mod:`sdarflow.algo.losses` as the SDAR
+reference trains each one, and :func:`method_loss`, the one entry point the trainer calls, with the config itself
+(as verl's policy losses take the actor config). Symbols in the help are the SDAR paper's.
 """
 
 from __future__ import annotations
@@ -35,11 +32,9 @@ METHOD_REGISTRY: NameRegistry[MethodFn] = NameRegistry("method")
 register_method = METHOD_REGISTRY.register
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Methods: config name -> composed loss, as the SDAR reference's scripts train each one (examples/<method>_trainer).
-# Each returns (scalar loss, metrics with loss/total and loss/pg, loss/aux where the method has that term);
-# loss/aux is the *unweighted* auxiliary loss. method_loss adds the KL and entropy terms to every method.
-# ---------------------------------------------------------------------------------------------------------------
+# Each returns (loss, metrics with loss/total, loss/pg and the *unweighted* loss/aux where the method has them);
+# method_loss adds the KL and entropy terms to every method.
 
 
 def _teacher(teacher: Tensor | None, method: str) -> Tensor:

@@ -1,10 +1,8 @@
-"""Teacher rescoring: student and privileged-context teacher log-probs for every sampled response token
-(``rescore``: padded or packed batching), sanity guards that fail loudly (``guards``), and the stage's metrics and
-Markdown/HTML report (``report``).
+"""Teacher rescoring (``rescore``), its sanity guards (``guards``) and the stage's metrics and report (``report``).
 
 The teacher's weights are chosen by name (``rescore --teacher``): a factory ``(student model, its adapter folder) ->
 context manager`` inside which the model scores as the teacher. ``current`` is SDAR's (the student's own weights);
-research options plug in as env suites do, named here as ``"module:function"`` and imported on first use.
+research options are named as ``"module:function"`` and imported on first use.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Sanity guards on rescoring: fail the stage with one clear message when the teacher signal is silently wrong.
-
-Three failure modes seen in SDAR-style systems, each with an override flag (off by default):
-
-- degenerate teacher: log-probs near-uniform (mean within ``uniform_tol`` nats of ``-ln V``, what zeroed or
-  garbage logits give) or constant across tokens; ``--allow-degenerate-teacher``.
-- teacher identical to student on every token (max |diff| <= ``identical_tol``): the skills never reached the
-  teacher's context, so the distillation term is zero; ``--allow-identical-teacher``.
-- general-only retrieval: the library has task-specific skills but more than ``max_general_only_share`` of the
-  rows got only the general skill (the retrieval bug the reference code shipped with); ``--allow-general-only``.
-
-An overridden guard logs its message as a warning and is listed in the stage's metrics.
+"""Sanity guards on rescoring: fail the stage with one clear message when the teacher signal is silently wrong
+(a degenerate teacher, a teacher identical to the student, general-only retrieval: the bug the reference code
+shipped with). Each has an override flag; an overridden guard logs its message as a warning and is listed in the
+stage's metrics.
 """
 
 from __future__ import annotations
@@ -109,26 +101,21 @@ def check_scores(
         return
     uniform = -math.log(vocab_size)
     mean = sum(flat) / len(flat)
+    degenerate = ""
     if abs(mean - uniform) < settings.uniform_tol:
-        _fire(
-            DegenerateTeacherError(
-                f"teacher log-probs are near-uniform: mean {mean:.4f} vs -ln V = {uniform:.4f} (V = {vocab_size}) "
-                f"over {len(flat)} tokens, within {settings.uniform_tol} nats; the teacher forward is broken "
-                f"(zeroed or garbage logits) or the model is untrained; fix: check --model and --adapter, or pass "
-                f"--allow-degenerate-teacher"
-            ),
-            settings.allow_degenerate_teacher,
-            overridden,
+        degenerate = (
+            f"teacher log-probs are near-uniform: mean {mean:.4f} vs -ln V = {uniform:.4f} (V = {vocab_size}) "
+            f"over {len(flat)} tokens, within {settings.uniform_tol} nats; the teacher forward is broken "
+            f"(zeroed or garbage logits) or the model is untrained; fix: check --model and --adapter, or pass "
+            f"--allow-degenerate-teacher"
         )
     elif len(flat) > 1 and max(flat) - min(flat) < 1e-6:
-        _fire(
-            DegenerateTeacherError(
-                f"teacher log-probs are constant ({flat[0]:.4f} on all {len(flat)} tokens); the teacher forward "
-                f"ignores its input; fix: check --model and --adapter, or pass --allow-degenerate-teacher"
-            ),
-            settings.allow_degenerate_teacher,
-            overridden,
+        degenerate = (
+            f"teacher log-probs are constant ({flat[0]:.4f} on all {len(flat)} tokens); the teacher forward "
+            f"ignores its input; fix: check --model and --adapter, or pass --allow-degenerate-teacher"
         )
+    if degenerate:
+        _fire(DegenerateTeacherError(degenerate), settings.allow_degenerate_teacher, overridden)
     diff = max(abs(q - s) for o, t in zip(old, teacher, strict=True) for s, q in zip(o, t, strict=True))
     if diff <= settings.identical_tol:
         _fire(

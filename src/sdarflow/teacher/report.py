@@ -93,7 +93,8 @@ def histogram_png(gaps: list[float], bins: int = 40) -> bytes:
     return png(fig)
 
 
-def _rows(summary: RescoreSummary) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+def rescore_report(summary: RescoreSummary) -> Report:
+    """The stage's report: headline metrics and settings, the per-token gap histogram, per task type, skills."""
     m = summary.metrics
     headline = [
         ["rows", f"{m['rescore/rows']:.0f}"],
@@ -115,24 +116,15 @@ def _rows(summary: RescoreSummary) -> tuple[list[list[str]], list[list[str]], li
         ]
         for t, v in summary.per_type.items()
     ]
+    type_header = ["task type", "rows", "tokens", "gap mean", "gap > 0", "hit rate"]
     skills = [[s, str(v["rows"]), f"{v['gap_mean']:.4f}"] for s, v in summary.skills.items()]
-    return headline, types, skills
-
-
-TYPE_HEADER = ["task type", "rows", "tokens", "gap mean", "gap > 0", "hit rate"]
-SKILL_HEADER = ["skill", "rows", "gap mean"]
-
-
-def rescore_report(summary: RescoreSummary) -> Report:
-    """The stage's report: headline metrics and settings, the per-token gap histogram, per task type, skills."""
-    headline, types, skills = _rows(summary)
     return Report(
         title="Rescore",
         sections=[
             Section("Summary", table=(["metric", "value"], headline)),
             Section("Gap per token", images=("gaps",)),
-            Section("Per task type", table=(TYPE_HEADER, types)),
-            Section("Skills used", table=(SKILL_HEADER, skills))
+            Section("Per task type", table=(type_header, types)),
+            Section("Skills used", table=(["skill", "rows", "gap mean"], skills))
             if skills
             else Section("Skills used", text="No skills were retrieved."),
         ],  # fmt: skip

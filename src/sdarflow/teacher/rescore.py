@@ -1,14 +1,10 @@
 """Rescoring: ``old_logprobs`` (the policy on the plain context) and ``teacher_logprobs`` (the same policy with the
-retrieved skills inserted), teacher-forced on the sampled tokens, float32.
-
-The teacher is the policy itself given privileged context (SDAR): same weights, so any gap between the two
-log-probs is the effect of the skills. ``ref_logprobs`` are the reference policy's (the base model: adapter off, no
-skills) for the trainer's KL term; see ``reference_model``.
+retrieved skills inserted: SDAR's teacher, so any gap is the effect of the skills), teacher-forced on the sampled
+tokens, float32; ``ref_logprobs`` (the base model's, :func:`reference_model`) for the trainer's KL term.
 
 Two batchings give the same numbers (within 1e-5, tested): ``padded`` left-pads rows of similar length into
 batches of at most ``max_tokens`` padded tokens; ``packed`` (the default) lays rows end to end into bins of
-``pack_length`` tokens (first-fit decreasing, longest first) with block-diagonal attention, so no forward pass
-spends compute on padding beyond a short tail per bin.
+``pack_length`` tokens (first-fit decreasing) with block-diagonal attention, so little compute goes to padding.
 """
 
 from __future__ import annotations
@@ -78,12 +74,9 @@ def teacher_prompts(
 
 @contextlib.contextmanager
 def reference_model(model, base_path: str) -> Iterator[torch.nn.Module]:
-    """The reference policy pi_ref of the KL term: the base model, without the adapter ``model`` carries.
-
-    ``load_policy`` wraps an adapter as a PEFT ``PeftModel`` (LoRA weights beside the untouched base weights), so
-    ``disable_adapter()`` runs the base model with no copy; it is re-enabled on exit. A model whose adapter was
-    merged into its weights has no base left in it: the base is loaded again from ``base_path``.
-    """
+    """The reference policy pi_ref of the KL term: the base model, without the adapter ``model`` carries (a PEFT
+    model's ``disable_adapter()``, no copy; a model with a merged adapter has no base left: loaded from
+    ``base_path``)."""
     from peft import PeftModel
 
     if isinstance(model, PeftModel):

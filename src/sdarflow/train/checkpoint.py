@@ -68,10 +68,9 @@ def restore_rng(state: dict) -> None:
 
 
 def _on_every_rank(engine: TrainEngine, phase: Callable[[], None]) -> None:
-    """Run ``phase`` on this rank, then agree: if it failed on any rank, it fails on every rank. A rank that
-    fails alone must not leave the others waiting at the next collective (a hang until the NCCL timeout). Any
-    exception counts; it is raised again after the agreement. (A rank failing inside a collective the engine's
-    own save runs, DeepSpeed's barriers, still leaves the others there: only the engine can agree on that.)"""
+    """Run ``phase`` on this rank, then agree: if it failed on any rank, it fails on every rank, so a rank that fails
+    alone does not leave the others waiting at the next collective (until the NCCL timeout). A failure inside the
+    engine's own collectives (DeepSpeed's barriers) still leaves them there: only the engine can agree on that."""
     error = None
     try:
         phase()

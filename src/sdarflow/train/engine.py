@@ -170,12 +170,9 @@ class WholeModelCall:
 
 
 class DeepSpeedEngine:
-    """A DeepSpeed ZeRO engine around the model and a client AdamW.
-
-    Gradient accumulation is unmanaged (``managed_gradient_accumulation: false``): the trainer calls ``backward``
-    once per token-budget micro-batch with the loss already weighted by its share of the mini-batch, and ``step``
-    is the boundary, so micro-batch counts may vary from step to step.
-    """
+    """A DeepSpeed ZeRO engine around the model and a client AdamW. Gradient accumulation is unmanaged: the
+    trainer's micro-batch losses come weighted by their share of the mini-batch, and ``step`` is the boundary, so
+    micro-batch counts may vary from step to step."""
 
     name = "deepspeed"
 

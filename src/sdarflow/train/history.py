@@ -26,22 +26,26 @@ def progress_line(r: dict) -> str:
     )
 
 
-def _json_safe(value):
+def finite(v) -> bool:
+    """A finite number (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _line(record: dict) -> str:
     # inf/nan are not JSON (browsers and the KFP UI reject them): write null, the step's "skipped" says why.
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    safe = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(safe, sort_keys=True) + "\n"
 
 
 def jsonl_writer(path: Path, history: list[dict] | None = None) -> Callable[[dict], None]:
     """Write ``history`` (steps restored from a checkpoint) to ``path``, then append one flushed JSON line per
     step, so a watcher (or a crash) sees every finished step."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for record in history or []:
-            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, sort_keys=True) + "\n")
+    path.write_text("".join(map(_line, history or [])))
 
     def write(record: dict) -> None:
         with path.open("a") as f:
-            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}, sort_keys=True) + "\n")
+            f.write(_line(record))
 
     return write
 
@@ -59,7 +63,7 @@ def run_summary(history: list[dict]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for h in history:
         for k, v in h.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            if finite(v):
                 values.setdefault(k, []).append(float(v))
     out = {
         (f"train/{k}" if "/" not in k else k): sum(v) / len(v)

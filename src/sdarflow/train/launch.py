@@ -1,10 +1,7 @@
 """Process setup of the train stage: deterministic mode (bit-exact kill/resume on CPU), the single-process
-distributed environment DeepSpeed needs, and the multi-GPU path, where the stage re-launches itself through
-``torchrun`` with one process per GPU.
-
-The re-launch passes the stage's config as a YAML file (the KFP component calls ``run(config)`` in Python, so
-there is no command line to repeat). Every rank trains on its share of each mini-batch; rank 0 publishes; the
-parent process waits and reads the published manifest back as the stage result.
+distributed environment DeepSpeed needs, and the multi-GPU path: the stage re-launches itself through ``torchrun``
+with one process per GPU, passing its config as a YAML file (the KFP component has no command line to repeat);
+rank 0 publishes, and the parent reads the published manifest back as the stage result.
 """
 
 from __future__ import annotations

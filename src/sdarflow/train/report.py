@@ -1,9 +1,6 @@
 """Training report from the per-step metrics: ``report.md`` (summary and a step table) and a self-contained
-``report.html`` with one PNG (base64) of loss, gate mean, teacher gap and entropy over the optimizer steps.
-
-The KFP pipeline copies both files from the train stage's output into the run's UI; rendering is deterministic
-(the same history gives the same bytes).
-"""
+``report.html`` with one PNG of loss, gate mean, teacher gap and entropy over the steps; deterministic (the same
+history gives the same bytes)."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow.report import Report, Section, html, markdown, png
+from sdarflow.train.history import finite
 
 # (metric key, panel title)
 PANELS: tuple[tuple[str, str], ...] = (
@@ -38,10 +36,6 @@ MAX_TABLE_ROWS = 40
 SUMMARY_NOTE = (
     "Means over the steps, except seconds and tokens (totals), tokens_per_s (their ratio), lr (final)."
 )
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _cell(v: Any) -> str:
@@ -79,9 +73,7 @@ def plot_png(history: Sequence[Mapping[str, Any]]) -> bytes:
     for ax, (key, title) in zip(fig.subplots(2, 2).flat, PANELS):
         values = []
         for kind, marker in (("rl", "o"), ("sft", "x")):
-            pts = [
-                (h["step"], h[key]) for h in history if h.get("kind", "rl") == kind and _finite(h.get(key))
-            ]
+            pts = [(h["step"], h[key]) for h in history if h.get("kind", "rl") == kind and finite(h.get(key))]
             if pts:
                 xs, ys = zip(*pts)
                 values += ys

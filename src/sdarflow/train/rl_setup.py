@@ -38,11 +38,8 @@ class Shaping:
 
 
 def resolve_objective(cfg, rows: list[dict]):
-    """(cfg with --preset's KL and penalty filled in, RL step) for an RL run; the SFT mode uses neither.
-
-    The RL step is the reference's ``global_steps`` (1 for the first update): round r trains at step r + 1, so
-    RLSD's weight decays across a pipeline's rounds as it does across the reference's iterations.
-    """
+    """(cfg with --preset's KL and penalty filled in, RL step) for an RL run; the SFT mode uses neither. Round r
+    trains at RL step r + 1, so RLSD's weight decays across a pipeline's rounds as across the reference's steps."""
     if cfg.mode != "rl":
         return dataclasses.replace(cfg, kl_coef=0.0, invalid_action_penalty=0.0), 0
     preset = presets.PRESETS[presets.resolve(cfg.preset, {r["env"] for r in rows})]
@@ -69,11 +66,9 @@ def rl_step_of(rows: list[dict]) -> int:
 
 
 def rl_shaping(cfg, rows: list[dict], values: torch.Tensor | None = None, warm: bool = False) -> Shaping:
-    """The round's advantages and dropped rows (cfg resolved by :func:`resolve_objective`); raises
-    :class:`~sdarflow.train.format_guard.FormatCollapse` on a format spike with ``--format-guard fail``. ``values``
-    (each row's state value from a learned head, ``--value-estimate head``) drive the filter in place of the
-    group's estimate; ``warm`` marks a warm-up round, which updates no policy weight.
-    """
+    """The round's advantages and dropped rows (cfg resolved by :func:`resolve_objective`; FormatCollapse on a
+    spike with ``--format-guard fail``). ``values`` (a learned head's, ``--value-estimate head``) drive the filter in
+    place of the group's estimate; ``warm`` marks a warm-up round, which updates no policy weight."""
     rates, metrics = check_round(rows, cfg.adapter, cfg.format_guard)
     penalty, coef = cfg.invalid_action_penalty, reward_coef(cfg, rows)
     advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit, coef)

@@ -1,9 +1,6 @@
-"""Rescored turn rows (read by :func:`read_rows`) -> RL training samples: each row's GRPO advantage (as verl-agent
-computes it), optionally re-credited or filtered by a research option, and the sample the trainer takes (prompt,
-response, old/teacher/reference log-probs, advantage).
-
-Credit assigners and row filters plug in by name, as env suites do: the built-in options live in
-:mod:`sdarflow.extensions`, named here as ``"module:function"`` and imported on first use.
+"""Rescored turn rows -> RL training samples: each row's GRPO advantage (as verl-agent computes it), optionally
+re-credited or filtered by a research option, and the sample the trainer takes. Credit assigners, row filters and
+token advantages plug in by name; the built-in options live in :mod:`sdarflow.extensions`, imported on first use.
 """
 
 from __future__ import annotations
@@ -89,11 +86,8 @@ def row_advantages(
     credit: str = "outcome",
     reward_coef: float = 0.0,
 ) -> list[float]:
-    """GRPO advantage of each turn row, as verl-agent computes it: the row's score is its episode's return minus
-    ``penalty`` if its action did not parse, standardised within its group over rows (or over episodes, one
-    score each, with ``per_episode``), then re-credited by the ``credit`` assigner (e.g. ``scpo``, a failed
-    episode's turns shared with a successful sibling take that sibling's advantage). ``reward_coef`` adds each
-    turn's own reward to its score (``--reward perplexity-delta``)."""
+    """GRPO advantage of each turn row: its :func:`row_scores` standardised within its group over rows (or over
+    episodes, one score each, with ``per_episode``), then re-credited by the ``credit`` assigner."""
     groups = [r["group_id"] for r in rows]
     trajs = [r["traj_id"] for r in rows]
     adv = grpo_advantages(
@@ -123,10 +117,8 @@ def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, floa
 def make_samples(
     rows: list[dict], advantages: list[float] | None = None, dropped: list[bool] | None = None
 ) -> list[RLSample]:
-    """Training samples from rescored rows with their :func:`row_advantages` (default settings when None).
-
-    Advantages use every row (a turn without a response still counts in its group's statistics, as in the
-    reference), but only rows with a response train, and none that ``dropped`` marks."""
+    """Training samples from rescored rows with their :func:`row_advantages` (default settings when None): every
+    row counts in the advantages (as in the reference), but only rows with a response train, and none ``dropped``."""
     adv = row_advantages(rows) if advantages is None else advantages
     drop = dropped or [False] * len(rows)
     return [

@@ -1,9 +1,6 @@
-"""Supervised fine-tuning on (prompt, response) token pairs: the warm start from expert or successful trajectories.
-
-The loss is the mean negative log-likelihood of the response tokens (the action and its end-of-turn token).
-:func:`sft` is the standalone loop used to build the demo base model; :func:`sft_pairs_from_rows` and
-:func:`sft_micro_step` are the pieces the RL trainer uses for ``--mode sft`` and for SFT batches interleaved with
-RL batches (``--sft-ratio``).
+"""Supervised fine-tuning on (prompt, response) token pairs: the mean negative log-likelihood of the response
+tokens (the action and its end-of-turn token). :func:`sft` is the standalone loop that builds the demo base model;
+the RL trainer takes :func:`sft_pairs_from_rows` and :func:`sft_micro_step` for ``--mode sft`` and ``--sft-ratio``.
 """
 
 from __future__ import annotations
@@ -37,15 +34,9 @@ class SFTPair:
 
 def _token_mean_nll(model, pairs: list[SFTPair], pad_id: int, device, with_entropy: bool):
     """(token-mean NLL of the responses, per-token entropy or None, response mask)."""
-    batch = make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id)
-    if device is not None:
-        batch = to_device(batch, device)
+    batch = to_device(make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id), device)
     logp, ent = response_logprobs(model, batch, with_entropy=with_entropy)
     return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1), ent, batch.mask
-
-
-def sft_loss(model, pairs: list[SFTPair], pad_id: int) -> torch.Tensor:
-    return _token_mean_nll(model, pairs, pad_id, model_device(model), with_entropy=False)[0]
 
 
 def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
@@ -58,7 +49,7 @@ def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
 
 
 def sft_micro_step(
-    model, pairs: list[SFTPair], pad_id: int, device: torch.device | None = None
+    model, pairs: list[SFTPair], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean NLL of one micro-batch (not yet scaled for accumulation) and its metrics."""
     loss, ent, mask = _token_mean_nll(model, pairs, pad_id, device, with_entropy=True)
@@ -113,7 +104,8 @@ def sft(
             rng.shuffle(extra)
             order += extra
         idx, order = order[:batch_size], order[batch_size:]
-        loss = sft_loss(model, [pairs[i] for i in idx], pad_id)
+        batch = [pairs[i] for i in idx]
+        loss = _token_mean_nll(model, batch, pad_id, model_device(model), with_entropy=False)[0]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

@@ -1,12 +1,9 @@
 """Build the demo base policy: expert walkthroughs -> seed skill library -> tokenizer -> tiny Qwen2 -> SFT.
 
-Part of the SFT pairs carry the task type's skill text in the context (``skill_share``), so the model learns to read
-skills the way an instruction-tuned LLM would; otherwise SDAR's privileged teacher context would be noise to it. Those
-prompts are built exactly as rescore builds the teacher's (``teacher_prompt_ids`` at ``skill_place``, by default
-``prefix`` as rescore; skills from ``keyword`` retrieval on the rendered prompt), so the model learns to read skills
-where the teacher will show them.
-The output is a plain HF model folder plus ``sdarflow_build.json`` (settings, their hash, SFT loss); a folder whose
-settings hash matches is reused.
+A ``skill_share`` of the SFT prompts carry their task type's skills, built exactly as rescore builds the teacher's
+prompts, so the model learns to read skills where the teacher will show them (else SDAR's privileged context would
+be noise to it). The output is an HF model folder plus ``sdarflow_build.json``; one whose settings hash matches is
+reused.
 """
 
 from __future__ import annotations
@@ -73,10 +70,9 @@ class BaseModelSpec(Checked):
 
     def hash(self) -> str:
         spec = asdict(self)
+        # off, the recipe before the field existed: models built then stay valid
         if not self.sft_stop_at_loss:
-            del spec[
-                "sft_stop_at_loss"
-            ]  # off, the recipe before the field existed: models built then stay valid
+            del spec["sft_stop_at_loss"]
         content = {**spec, "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
         return content_hash(content)
 
@@ -112,9 +108,8 @@ def expert_steps(env_name: str, n_tasks: int) -> tuple[list[ExpertStep], list[Ep
 
 
 def seed_library(episodes: list[EpisodeActions]) -> SkillLibrary:
-    """The seed skill library of expert walkthroughs. Walkthroughs are demonstrations, not lucky successes: any
-    number supports a skill (the direction contrast still needs enough of them to tell one direction's action from
-    another's)."""
+    """The seed skill library of expert walkthroughs: demonstrations, not lucky successes, so any number supports
+    a skill."""
     return extract_skills(episodes, min_support=1, origin={"source": "seed"})
 
 
@@ -177,13 +172,9 @@ def build_base_model(
     time_limit_s: float | None = None,
     device: str = "auto",
 ) -> Path:
-    """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there).
-
-    Deterministic: the SFT runs ``spec.sft_steps`` steps (or stops at ``spec.sft_stop_at_loss``, a function of the
-    same losses), so the same spec and seed give the same model on any machine of the same device type
-    (``device``, ``models.device``; a GPU's kernels give other bits than a CPU's). ``time_limit_s`` (not part of
-    the spec: it cannot change the result) fails the build instead.
-    """
+    """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there). Deterministic:
+    the same spec gives the same model on any machine of the same device type; past ``time_limit_s`` (not part of
+    the spec: it cannot change the result) the build fails instead of stopping early."""
     out_dir = Path(out_dir)
     if not force and is_built(out_dir, spec):
         log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
