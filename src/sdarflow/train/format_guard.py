@@ -1,14 +1,10 @@
 """The tool-call format-collapse guard: a round's format-error rate against the rates of the rounds before it, and
 the remedy, SFT on the malformed turns with their repaired calls as targets.
 
-RL on tool-using agents can collapse in one batch: the policy starts emitting one wrong token in the call wrapper,
-every call fails to parse, success drops from most episodes to few and does not recover. The train stage measures
-the share of its rows whose action did not parse, compares it with the moving baseline of its adapter's lineage
-(each adapter's ``train_summary.json`` carries the rates of the rounds that made it) and warns, or fails the round
-in one line, on a spike, before the update would train on the collapsed rollouts. With ``repair`` it also
-prevents the collapse: every malformed turn whose response the env can repair (``repair_action``, kept only when
-the env's own parser accepts the repair) becomes an SFT pair, prompt -> repaired call, and the round takes one
-SFT step on them after every ``--format-repair-every`` RL steps.
+RL on tool-using agents can collapse in one batch: one wrong token in the call wrapper, every call fails to parse,
+and success does not recover. The train stage compares the share of its rows whose action did not parse with the
+moving baseline of its adapter's lineage (each adapter's ``train_summary.json`` carries its rounds' rates) and
+warns, or fails the round, on a spike, before the update trains on the collapsed rollouts.
 """
 
 from __future__ import annotations
@@ -29,43 +25,35 @@ GUARD_HELP = (
 SUMMARY_KEY = "format_error_rates"  # in train_summary.json: this lineage's per-round rates, oldest first
 WINDOW = 3  # rounds in the moving baseline
 FACTOR = 2.0  # a spike multiplies the error rate by this, or divides the parse rate by it ...
-MIN_JUMP = (
-    0.1  # ... and is this much above the baseline (a few more errors on a clean one are not a collapse)
-)
+MIN_JUMP = 0.1  # ... and is this much above the baseline (more errors on a clean one are not a collapse)
 
 
 class FormatCollapse(SdarflowError):
     """The round's format-error rate spiked against its lineage's baseline."""
 
 
-def format_spike(
-    history: Sequence[float],
-    rate: float,
-    window: int = WINDOW,
-    factor: float = FACTOR,
-    min_jump: float = MIN_JUMP,
-) -> float | None:
+def format_spike(history: Sequence[float], rate: float) -> float | None:
     """The baseline ``rate`` spiked from, or None when it did not.
 
-    ``b`` is the mean of the last ``window`` rates of ``history`` that were not spikes themselves; a spike is
-    ``rate >= b + min_jump`` and either ``rate >= factor * b`` (the errors multiplied) or ``1 - rate <= (1 - b) /
-    factor`` (the well-formed share divided: above ``b = 0.5`` errors cannot double, yet all calls failing is a
+    ``b`` is the mean of the last WINDOW rates of ``history`` that were not spikes themselves; a spike is
+    ``rate >= b + MIN_JUMP`` and either ``rate >= FACTOR * b`` (the errors multiplied) or ``1 - rate <= (1 - b) /
+    FACTOR`` (the well-formed share divided: above ``b = 0.5`` errors cannot double, yet all calls failing is a
     collapse). Spikes never join the baseline, so a collapse stays flagged for as long as it lasts instead of
     becoming the new normal. No history, no baseline: never a spike.
     """
     normal: list[float] = []
     for past in history:
-        if _spiked(normal[-window:], past, factor, min_jump) is None:
+        if _spiked(normal[-WINDOW:], past) is None:
             normal.append(past)
-    return _spiked(normal[-window:], rate, factor, min_jump)
+    return _spiked(normal[-WINDOW:], rate)
 
 
-def _spiked(recent: list[float], rate: float, factor: float, min_jump: float) -> float | None:
+def _spiked(recent: list[float], rate: float) -> float | None:
     if not recent:
         return None
     baseline = sum(recent) / len(recent)
-    multiplied = rate >= factor * baseline or 1 - rate <= (1 - baseline) / factor
-    return baseline if multiplied and rate >= baseline + min_jump else None
+    multiplied = rate >= FACTOR * baseline or 1 - rate <= (1 - baseline) / FACTOR
+    return baseline if multiplied and rate >= baseline + MIN_JUMP else None
 
 
 def lineage_rates(adapter: str, key: str = SUMMARY_KEY) -> list[float]:

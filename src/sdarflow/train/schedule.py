@@ -1,12 +1,11 @@
 """What happens at each optimizer step, as pure functions of the step counters: the learning rate (warmup, then
 constant), whether the step is an RL or an SFT step (``sft_ratio``), and which rows an epoch visits in which order.
-
-Because all three are functions of counters (not of mutable RNG state), a resumed run only needs the counters in
-:class:`TrainState` to continue exactly where it stopped.
+No RNG state: a resumed run needs only the counters in :class:`TrainState` to continue exactly where it stopped.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterator
@@ -42,16 +41,12 @@ def step_kinds(sft_ratio: float, mode: Mode = "rl") -> Iterator[StepKind]:
     ``floor(k * r) - floor((k - 1) * r)`` SFT steps, so ``r = 0.25`` gives one SFT step after every 4 RL steps and
     ``r = 2`` two after each. In ``sft`` mode every step is SFT."""
     if mode == "sft":
-        while True:
-            yield "sft"
+        yield from itertools.repeat("sft")
     # Fraction, not float: 0.1 * 10 must be exactly 1 so the pattern never drifts over a long run.
     r = Fraction(str(sft_ratio))
-    k = 0
-    while True:
-        k += 1
+    for k in itertools.count(1):
         yield "rl"
-        for _ in range(math.floor(k * r) - math.floor((k - 1) * r)):
-            yield "sft"
+        yield from itertools.repeat("sft", math.floor(k * r) - math.floor((k - 1) * r))
 
 
 def total_steps(mode: Mode, epochs: int, mini_batches: int, sft_ratio: float, max_steps: int) -> int:
