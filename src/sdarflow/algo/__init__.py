@@ -13,7 +13,7 @@ from sdarflow.algo.advantages import (
     rlsd_lambda,
     rlsd_weights,
 )
-from sdarflow.algo.agg import AGG_MODES, AggMode, agg_loss, masked_mean, masked_mean_value
+from sdarflow.algo.agg import AGG_MODES, agg_loss, masked_mean, masked_mean_value
 from sdarflow.algo.credit import (
     fit_value_head,
     head_values,
@@ -31,8 +31,6 @@ from sdarflow.algo.logprobs import (
     token_logprobs,
 )
 from sdarflow.algo.losses import (
-    KL_KINDS,
-    Metrics,
     kl_penalty,
     ppo_clip_loss,
     sdar_gate,

@@ -132,8 +132,9 @@ def score(
     device = model_device(model)
     if batching == "padded":
         for idx in progress.bar(token_budget_batches(lengths, max_tokens), desc=desc, unit="batch"):
-            batch = make_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
-            batch = to_device(batch, device)
+            batch = to_device(
+                make_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id), device
+            )
             logp, _ = response_logprobs(model, batch)
             r_max = batch.targets.shape[1]
             for row, i in enumerate(idx):

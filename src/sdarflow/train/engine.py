@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -266,16 +265,13 @@ class DeepSpeedEngine:
                 f"DeepSpeed could not load checkpoint '{path}'; fix: use a new --checkpoint-dir"
             )
 
-    @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
+    def gathered(self) -> contextlib.AbstractContextManager:
         """Full parameters visible on every rank (ZeRO-3 partitions them; a no-op for ZeRO-2)."""
         if self.zero_stage < 3:
-            yield
-            return
+            return contextlib.nullcontext()
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
-            yield
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
     def master_weights(self) -> dict[str, torch.Tensor]:
         """fp32 master copies of the trainable weights, by parameter name; on GPU the module holds bf16 copies,
