@@ -14,21 +14,12 @@ from sdarflow.algo.advantages import (
     rlsd_weights,
 )
 from sdarflow.algo.agg import AGG_MODES, agg_loss, masked_mean, masked_mean_value
-from sdarflow.algo.credit import (
-    fit_value_head,
-    head_values,
-    perplexity_delta,
-    progress_advantages,
-    relative_to_start,
-    scpo_advantages,
-    state_values,
-    turn_progress,
-)
 from sdarflow.algo.logprobs import (
     entropy_from_logits,
     linear_entropy,
     linear_token_logprobs,
     token_logprobs,
+    turn_progress,
 )
 from sdarflow.algo.losses import (
     kl_penalty,

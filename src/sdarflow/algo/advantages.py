@@ -18,7 +18,8 @@ from torch import Tensor
 Ids = Tensor | Sequence[Hashable]
 
 
-def _codes(ids: Ids, n: int, name: str) -> list[Hashable]:
+def codes(ids: Ids, n: int, name: str) -> list[Hashable]:
+    """``ids`` as a list of N hashables; ValueError naming ``name`` when it is not (N,)."""
     values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
     if len(values) != n or (isinstance(ids, Tensor) and ids.dim() != 1):
         shape = tuple(ids.shape) if isinstance(ids, Tensor) else (len(values),)
@@ -52,7 +53,7 @@ def grpo_advantages(
         raise ValueError(f"scores must be (N,), got {tuple(scores.shape)}")
     n = scores.shape[0]
     s = scores.detach()
-    groups = _codes(group_ids, n, "group_ids")
+    groups = codes(group_ids, n, "group_ids")
     index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
     inv = torch.tensor([index[g] for g in groups], dtype=torch.long, device=s.device)  # (N,)
     if traj_ids is None:
@@ -60,7 +61,7 @@ def grpo_advantages(
     else:
         seen: set = set()
         keep = []
-        for pair in zip(groups, _codes(traj_ids, n, "traj_ids"), strict=True):
+        for pair in zip(groups, codes(traj_ids, n, "traj_ids"), strict=True):
             keep.append(pair not in seen)  # the first row of each episode stands for it
             seen.add(pair)
         counted = torch.tensor(keep, dtype=torch.bool, device=s.device)

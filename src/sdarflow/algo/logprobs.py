@@ -192,3 +192,10 @@ def linear_entropy(hidden: Tensor, weight: Tensor, chunk_size: int = 1024) -> Te
     :func:`linear_token_logprobs`: (..., H), (V, H) -> (...); differentiable, for the entropy bonus."""
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     return _FusedLinearEntropy.apply(flat_h, weight, chunk_size).reshape(hidden.shape[:-1])
+
+
+def turn_progress(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-turn progress, the turn's log-likelihood ratio ``sum_t m_t (log pi(y_t) - log pi_ref(y_t))``:
+    (B, T) -> (B,). Exported with the rescored rows, so a failure can be traced to the turns that moved most."""
+    diff = torch.where(mask.bool(), logprobs - ref_logprobs, torch.zeros_like(logprobs))
+    return diff.sum(dim=-1)

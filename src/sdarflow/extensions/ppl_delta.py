@@ -3,7 +3,7 @@
 For a turn t of an episode, the policy scores the task's reference continuation (the env's
 ``reference_continuation``, e.g. ``answer[gold]`` on search-qa) after the context turn t started from (its prompt)
 and after the context turn t + 1 starts from (which holds turn t's action and observation); the reward is the
-drop in mean negative log-likelihood (:func:`sdarflow.algo.perplexity_delta`). It gives intermediate turns a
+drop in mean negative log-likelihood (:func:`perplexity_delta`). It gives intermediate turns a
 signal where the env rewards only the end. An episode's last turn has no context after it: null.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
-from sdarflow.algo import perplexity_delta
 from sdarflow.errors import ConfigError, ModelError
 
 Scorer = Callable[[list[list[int]], list[list[int]]], list[list[float]]]  # (prompts, responses) -> log-probs
@@ -69,3 +69,11 @@ def ppl_delta_rewards(rows: list[dict], refs: dict[str, list[int]], score: Score
     for (i, _), reward in zip(pairs, rewards, strict=True):
         out[i] = reward
     return out
+
+
+def perplexity_delta(nll_before: Tensor, nll_after: Tensor) -> Tensor:
+    """OPERA-style turn reward: the drop in the policy's log-perplexity on the task's reference continuation,
+    ``r_t = NLL(ref | context before turn t) - NLL(ref | context after turn t)``, each the mean per-token negative
+    log-likelihood. Positive: the turn (its action and what it observed) made the solution likelier. (N,) -> (N,).
+    """
+    return (nll_before - nll_after).detach()

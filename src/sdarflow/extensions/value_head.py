@@ -1,6 +1,6 @@
 """The learned state value of the negative-value filter (``--value-estimate head``), FORCE-style: a linear head on
 the policy's hidden state at a turn's prompt, fitted each round to the turns' Monte-Carlo returns and carried in
-the adapter (``value_head.pt``), so it keeps what earlier rounds taught it (:func:`sdarflow.algo.fit_value_head`).
+the adapter (``value_head.pt``), so it keeps what earlier rounds taught it (:func:`fit_value_head`).
 
 The group estimate (``--value-estimate group``, the default) needs no model: it compares the rollouts of one group
 that reached the same state. The head generalizes across tasks and rounds, but must be fitted first: during the
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
-from sdarflow.algo import fit_value_head, head_values
 from sdarflow.errors import ModelError
 from sdarflow.train.rl_setup import reward_coef, rl_step_of
 from sdarflow.train.samples import row_scores
@@ -110,3 +110,31 @@ def policy_states(engine, pad_id: int, max_tokens: int) -> States:
         return found[[index[tuple(p)] for p in prompts]]
 
     return states
+
+
+def fit_value_head(
+    features: Tensor, targets: Tensor, prior: Tensor | None = None, l2: float = 1e-2
+) -> Tensor:
+    """A linear value head ``V(s) = [x_s, 1] . w`` fitted to Monte-Carlo returns by ridge regression anchored at
+    the previous head, so a warm-up's rounds accumulate what they saw (FORCE-style):
+
+        w* = argmin_w (1/n) sum_i ([x_i, 1] . w - y_i)^2 + l2 * ||w - w0||^2
+           = (X^T X / n + l2 I)^-1 (X^T y / n + l2 w0),    X = [features, 1],  w0 = prior (0 when None)
+
+    Solved in float64. ``features`` (N, H), ``targets`` (N,), ``prior`` (H + 1,) -> ``w`` (H + 1,), no gradient.
+    """
+    if l2 <= 0:
+        raise ValueError(f"l2 must be > 0 (it makes the system solvable for any N), got {l2}")
+    x = torch.cat([features.detach().double(), features.new_ones(features.shape[0], 1).double()], dim=1)
+    y = targets.detach().double()
+    n, d = x.shape
+    w0 = torch.zeros(d, dtype=torch.float64) if prior is None else prior.detach().double()
+    if w0.shape != (d,):
+        raise ValueError(f"prior must be (H + 1,) = ({d},) for features (N, {d - 1}), got {tuple(w0.shape)}")
+    lhs = x.T @ x / max(n, 1) + l2 * torch.eye(d, dtype=torch.float64)
+    return torch.linalg.solve(lhs, x.T @ y / max(n, 1) + l2 * w0)
+
+
+def head_values(features: Tensor, weights: Tensor) -> Tensor:
+    """The head's value of each state, ``[x_i, 1] . w``: (N, H), (H + 1,) -> (N,) float64."""
+    return features.detach().double() @ weights[:-1].double() + weights[-1].double()

@@ -8,16 +8,12 @@ import math
 import pytest
 import torch
 
-from sdarflow.algo import (
-    fit_value_head,
-    head_values,
-    perplexity_delta,
-    progress_advantages,
-    relative_to_start,
-    scpo_advantages,
-    state_values,
-    turn_progress,
-)
+from sdarflow.algo import turn_progress
+from sdarflow.extensions.credit import scpo_advantages
+from sdarflow.extensions.filters import relative_to_start, state_values
+from sdarflow.extensions.ppl_delta import perplexity_delta
+from sdarflow.extensions.progress import progress_advantages
+from sdarflow.extensions.value_head import fit_value_head, head_values
 
 
 def _episodes(spec):
