@@ -84,20 +84,10 @@ def like(cls: type, name: str, help: str | None = None) -> Any:
     """A field that is the same setting as ``cls``'s field ``name`` (a pipeline parameter feeding a stage's flag):
     its default, choices and bounds, declared once, there; ``help`` replaces its help text."""
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    meta = f.metadata
-    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-    ge, gt, le = meta["bounds"]
-    return opt(
-        default,
-        help or meta["help"],
-        meta["io"],
-        meta["choices"],
-        reads=meta["reads"],
-        ge=ge,
-        gt=gt,
-        le=le,
-        keys=meta["keys"],
-    )
+    meta = {**f.metadata, "help": help or f.metadata["help"]}
+    if f.default is dataclasses.MISSING:
+        return field(default_factory=f.default_factory, metadata=meta)
+    return field(default=f.default, metadata=meta)
 
 
 class Checked:

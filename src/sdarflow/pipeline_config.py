@@ -172,20 +172,17 @@ def kfp_parameters(
     """PipelineConfig's fields as KFP parameters (the prepare component's and the training pipeline's signature):
     each with its default (none for ``required``) and its type as KFP reads it (``dict`` for a mapping)."""
     hints = typing.get_type_hints(PipelineConfig)
-    params = []
-    for f in dataclasses.fields(PipelineConfig):
-        if f.name in leave_out:
-            continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        params.append(
-            inspect.Parameter(
-                f.name,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=inspect.Parameter.empty if f.name in required else default,
-                annotation=typing.get_origin(hints[f.name]) or hints[f.name],
-            )
+    defaults = PipelineConfig().to_dict()
+    return [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=inspect.Parameter.empty if f.name in required else defaults[f.name],
+            annotation=typing.get_origin(hints[f.name]) or hints[f.name],
         )
-    return params
+        for f in dataclasses.fields(PipelineConfig)
+        if f.name not in leave_out
+    ]
 
 
 def _same(*names: str) -> dict[str, str]:
@@ -219,16 +216,14 @@ def run_uri(storage_root: str, run_id: str, *parts: str) -> str:
 
 
 def shared_cache(pc: PipelineConfig) -> str:
-    """What a run's tasks share with other runs' (the base model's evaluation, TextWorld games): ``<storage>/cache``,
-    where everything is keyed by what made it."""
+    """``<storage>/cache``: what a run's tasks share with other runs (base evaluations, games), keyed by maker."""
     return storage.join(pc.storage, "cache")
 
 
 def stage_uri(storage_root: str, run_id: str, round_: int, stage: str, shard: int | None = None) -> str:
     """A stage's output in a round: ``.../round=<r>/<stage>``, and ``.../shard=<i>`` for one generate shard."""
-    return run_uri(
-        storage_root, run_id, f"round={round_}", stage, *([f"shard={shard}"] if shard is not None else [])
-    )
+    shard_part = [] if shard is None else [f"shard={shard}"]
+    return run_uri(storage_root, run_id, f"round={round_}", stage, *shard_part)
 
 
 def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> StageConfig:
@@ -290,10 +285,9 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
 
 
 def base_eval_config(pc: PipelineConfig) -> StageConfig:
-    """The evaluate config of the base model (no adapter) on the rounds' tasks, samples and seeds: the gate's
-    reference for a first version, and the baseline every round's report plots. Its output is shared by the runs
-    that would compute the same thing: ``<storage>/cache/base-evaluations/<key>``, keyed by the base model's fingerprint
-    (its weights, not its URI) and every evaluation setting, so a nightly run from the same base reuses it."""
+    """The base model's evaluate config on the rounds' tasks, samples and seeds (the gate's reference for a first
+    version, every round report's baseline). Its output, ``<storage>/cache/base-evaluations/<key>``, is keyed by the
+    base weights' fingerprint (not the URI) and every evaluation setting, so later runs from the same base reuse it."""
     from sdarflow.model_cache import local_model
     from sdarflow.models.identity import base_fingerprint
 
@@ -309,18 +303,16 @@ def base_eval_config(pc: PipelineConfig) -> StageConfig:
 
 
 def _reference_eval_config(pc: PipelineConfig) -> StageConfig:
-    """The evaluate config of the rounds' tasks, samples and seeds for a model compared with nothing (the base
-    model; production, with its adapter set)."""
+    """The rounds' evaluate config for a model compared with nothing (the base model; production)."""
     cfg = stage_config(pc, "evaluate", 0)
     cfg.adapter = cfg.baseline = cfg.registry = ""
     return cfg
 
 
 def production_eval_config(pc: PipelineConfig) -> StageConfig | None:
-    """The evaluate config of the registry's production version on this run's evaluation tasks, samples and
-    seeds, so the gate compares the run's candidate with production task by task (its registered report was made
-    on an earlier run's tasks); its adapter is copied into the run first. None when the run does not promote to
-    production or there is no production version yet."""
+    """The production version's evaluate config on this run's evaluation tasks, so the gate compares candidate and
+    production task by task (production's registered report is on an earlier run's tasks); its adapter is copied
+    into the run. None when the run does not promote to production or there is no production version yet."""
     from sdarflow.registry import Registry
 
     if pc.promote_to != "production":
@@ -361,13 +353,10 @@ def prepare(pc: PipelineConfig) -> str:
 
 
 def continue_cursor(pc: PipelineConfig) -> None:
-    """Start the run's train tasks where the newest version of ``policy_name`` registered on this env stopped
-    (its lineage's cursor), with the seed after its seed: a scheduled run trains on new tasks with new samples, as
-    an RL trainer steps through its prompt dataset (a finite split wraps, and the new seed still samples anew).
-    Its evaluation tasks move on the same way, so the gate never judges night after night on the tasks it was
-    tuned to pass (the run evaluates the base model and production on them too). Counted from every registered
-    version, promoted or not, so a refused promotion does not replay its tasks. A registry with no such version
-    keeps the settings."""
+    """Start the run's train and evaluation tasks where the newest version of ``policy_name`` registered on this
+    env stopped (its lineage's cursor), with the next seed: a scheduled run trains on new tasks with new samples,
+    and its gate never judges night after night on tasks it was tuned to pass. Every registered version counts,
+    promoted or not, so a refused promotion does not replay its tasks; with no such version the settings stay."""
     from sdarflow.registry import Registry
     from sdarflow.stages.register import Cursor
 
@@ -395,10 +384,9 @@ def continue_cursor(pc: PipelineConfig) -> None:
 
 
 def request_key(pc: PipelineConfig) -> str:
-    """What a prepared run trains, as one hash: its settings (the data cursor's tasks and seed, which prepare has
-    written into them, among them), with the start adapter's identity: the registry version it was resolved to
-    (its copy is per run), else its URI and manifest (which names every file's sha256); and a published seed
-    library's content version. Every version the run registers records it (lineage ``request``)."""
+    """What a prepared run trains, as one hash (lineage ``request``): its settings (the data cursor's among them),
+    the start adapter's identity (the registry version it resolved to, else its URI and manifest, which names every
+    file's sha256) and a published seed library's content version."""
     settings = {k: v for k, v in pc.to_dict().items() if k not in ("run_id", "data_cursor", "tracking_uri")}
     if pc.seed_skills and storage.is_published(pc.seed_skills):
         settings["seed_skills"] = storage.read_manifest(pc.seed_skills).get("version", pc.seed_skills)
@@ -425,8 +413,7 @@ def _whole_numbers(value: Any) -> Any:
 
 def unchanged_since(pc: PipelineConfig) -> str:
     """Why a prepared run would train nothing new ("" when it would): the newest registered version of
-    ``policy_name`` came from the same request (:func:`request_key`), i.e. the same start adapter, tasks, seeds and
-    settings. A scheduled run with ``data_cursor=fixed`` whose start adapter did not change is such a run."""
+    ``policy_name`` came from the same :func:`request_key` (e.g. ``data_cursor=fixed`` and an unchanged start)."""
     from sdarflow.registry import Registry
 
     registry = Registry(pc.registry)
@@ -444,8 +431,7 @@ def unchanged_since(pc: PipelineConfig) -> str:
 
 
 def resolve_seed_skills(pc: PipelineConfig) -> str:
-    """The seed library's URI: ``reference`` becomes the env's SDAR reference library, published into the run
-    folder (``runs/<run_id>/seed-skills``); anything else stays as set."""
+    """The seed library's URI: ``reference`` becomes the env's SDAR reference library, published into the run."""
     from sdarflow.skills.library import SkillLibrary, reference_library
 
     if pc.seed_skills != REFERENCE_SKILLS:
@@ -461,8 +447,8 @@ def resolve_seed_skills(pc: PipelineConfig) -> str:
 
 
 def resolve_start_adapter(pc: PipelineConfig) -> str:
-    """The adapter URI round 0 starts from. A registry reference is resolved now (so a scheduled run continues
-    from whatever is in production when it starts) and copied into the run folder as a published adapter."""
+    """The adapter URI round 0 starts from; a registry reference is resolved now (a scheduled run continues from
+    what is in production when it starts) and copied into the run."""
     from sdarflow.registry import Registry
     from sdarflow.registry.layout import parse_version
 
@@ -471,20 +457,16 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
         return ref  # empty (a new LoRA) or an adapter URI/folder
     registry = Registry(pc.registry)
     if ref in RELEASE_STAGES and ref not in registry.aliases(pc.policy_name):
-        log.warning(
-            "start_adapter: %s has no %s version yet in %s; starting from a new LoRA",
-            pc.policy_name,
-            ref,
-            pc.registry,
-        )
+        msg = "start_adapter: %s has no %s version yet in %s; starting from a new LoRA"
+        log.warning(msg, pc.policy_name, ref, pc.registry)
         return ""
     version = registry.resolve(pc.policy_name, ref)
     return copy_version(pc, registry, version, "start-adapter", ref)
 
 
 def copy_version(pc: PipelineConfig, registry, version: int, folder: str, ref: str) -> str:
-    """A registry version's adapter as a published adapter in the run folder (``runs/<run_id>/<folder>``), its
-    manifest naming the registry, the policy, the version and the reference it was ``resolved_from``."""
+    """A registry version's adapter published in ``runs/<run_id>/<folder>``, its manifest naming the registry, the
+    policy, the version and the reference it was ``resolved_from``."""
     from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES
 
     target = run_uri(pc.storage, pc.run_id, folder)
