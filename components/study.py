@@ -1,5 +1,5 @@
 """Components of the study pipeline (``settings`` is the URI the first one stores them at): check the settings, evaluate the base model, train and evaluate one (method,
-seed) cell, and write the comparison report (shown in the KFP UI). Each calls ``sdarflow.study_steps.run_step``, the code
+seed) cell, and write the comparison report (shown in the KFP UI). Each calls ``sdarflow.study.run_step``, the code
 ``sdarflow study`` runs."""
 
 from typing import List  # noqa: UP035 - KFP reads typing.List for list parameters and a collected fan-in
@@ -22,7 +22,7 @@ def study_settings(
     stage_settings: dict,
 ) -> str:
     # typed pipeline parameters in; the checked settings are stored in `out` and their URI goes to the other tasks
-    from sdarflow.study_steps import run_step
+    from sdarflow.study import run_step
 
     settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
                     preset=preset, stage_settings=stage_settings)  # fmt: skip
@@ -32,14 +32,14 @@ def study_settings(
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def study_start(settings: str) -> str:
     # the cells' seed skills and warm start, made once before the base and the cells (which take its output)
-    from sdarflow.study_steps import run_step
+    from sdarflow.study import run_step
 
     return run_step("start", settings)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def study_base(settings: str) -> str:
-    from sdarflow.study_steps import run_step
+    from sdarflow.study import run_step
 
     return run_step("base", settings)
 
@@ -47,7 +47,7 @@ def study_base(settings: str) -> str:
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def study_cell(settings: str, method: str, seed: str) -> str:
     # method and seed: one item of the pipeline's fan-out (loop items arrive as strings)
-    from sdarflow.study_steps import run_step
+    from sdarflow.study import run_step
 
     return run_step("cell", settings, method, int(float(seed)))
 
@@ -61,6 +61,6 @@ def study_report(
     report: Output[HTML],
     summary: Output[Markdown],
 ) -> str:
-    from sdarflow.study_steps import run_step
+    from sdarflow.study import run_step
 
     return run_step("report", settings, html=report, markdown=summary, metrics=metrics)

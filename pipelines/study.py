@@ -1,7 +1,7 @@
 """The method study as a KFP pipeline: the base model's evaluation and every (method, seed) cell fan out with
 ``dsl.ParallelFor`` after a first task checks the settings and a second makes the start point (a pretrained base's seed skills and warm
 start); a last task writes ``study.json`` and the report (HTML in the KFP UI). Each task calls
-``sdarflow.study_steps.run_step``, the code ``sdarflow study`` runs, and a cell already finished in ``out`` is read back,
+``sdarflow.study.run_step``, the code ``sdarflow study`` runs, and a cell already finished in ``out`` is read back,
 so a retried or re-run study redoes only the missing cells.
 
 Methods and seeds are fixed at compile time (``sdarflow pipeline compile --pipeline study --methods ... --seeds

@@ -51,7 +51,6 @@ LAYERS: list[set[str]] = [
         "run_report",
         "start_point",
         "rounds",
-        "study_steps",
     },
     {"components"},
     {"pipelines"},

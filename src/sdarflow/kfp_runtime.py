@@ -8,6 +8,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sdarflow import progress, storage
@@ -29,8 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def _load(config_uri: str) -> PipelineConfig:
-    """The run's pipeline config; this task shares what it generates with the other tasks and runs (TextWorld
-    games) in the storage's cache."""
+    """The run's pipeline config; this task shares what it generates (games) in the storage's cache."""
     pc = load(config_uri)
     os.environ[SHARED_CACHE_ENV] = shared_cache(pc)
     return pc
@@ -42,9 +42,8 @@ def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
 
 
 def run_base_evaluation(config_uri: str) -> dict:
-    """Evaluate the run's base model on the rounds' evaluation tasks (``pipeline_config.base_eval_config``), or
-    return the evaluation an earlier run published for the same base weights and settings, without fetching the
-    model."""
+    """Evaluate the base model (``pipeline_config.base_eval_config``), or return the evaluation an earlier run
+    published for the same base weights and settings, without fetching the model."""
     cfg = base_eval_config(_load(config_uri))
     if storage.is_published(cfg.output):
         result = storage.read_manifest(cfg.output).get("result")  # recorded once the evaluation finished
@@ -68,13 +67,12 @@ def _write_report(artifact, uri: str, name: str, stage: str) -> None:
         log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
         note = f"{stage} published no {name} in {uri}"
         data = (f"<p>{note}</p>" if name.endswith(".html") else f"_{note}_\n").encode()
-    with open(artifact.path, "wb") as f:
-        f.write(data)
+    Path(artifact.path).write_bytes(data)
 
 
 def kfp_actor(run_id: str) -> str:
-    """Who acts in the registry's audit log for a pipeline run. The run id reaches a component as a parameter
-    whose whole value is KFP's placeholder: KFP resolves a placeholder only when it is the whole value."""
+    """Who acts in the registry's audit log for a pipeline run (``run_id`` is a whole parameter: KFP resolves a
+    placeholder only when it is the whole value)."""
     return f"kfp-run:{run_id}"
 
 
@@ -84,10 +82,9 @@ def artifact_uri(artifact) -> str:
 
 
 def _point(artifact, uri: str) -> None:
-    """Make a typed KFP output artifact point at the published output ``uri``: its metadata holds the URI and
-    what the manifest says (kind, rows, config hash), its file a copy of the manifest. The data stays where it is
-    (an artifact whose URI were the dataset's prefix would be downloaded whole into every consuming pod); the UI
-    shows the artifact, its metadata and the lineage from producer to consumers."""
+    """Point a typed KFP output artifact at the published output ``uri``: the URI and the manifest's kind, rows and
+    config hash as metadata, the manifest as its file. The data stays where it is (an artifact whose URI were the
+    dataset's prefix would be downloaded whole into every consuming pod)."""
     manifest = storage.read_manifest(uri)
     artifact.metadata.update(
         {"uri": uri, **{k: manifest[k] for k in ("kind", "rows", "config_hash") if k in manifest}}
@@ -108,10 +105,8 @@ def run_component(
     actor: str | None = None,
     **io: Any,
 ) -> str:
-    """What every KFP component calls: run the stage, log its metrics to the KFP Metrics artifact, copy its
-    HTML/Markdown report into the UI artifacts, point the typed ``output`` artifact (Dataset, Model) at what it
-    published, and return the output URI for downstream tasks. ``actor`` is who the registry's audit log names
-    (``SDARFLOW_ACTOR``)."""
+    """What every stage component calls: run the stage, fill the UI artifacts (:func:`_fill_outputs`) and return
+    the output URI; ``actor`` is who the registry's audit log names (``SDARFLOW_ACTOR``)."""
     setup_logging()
     if actor:
         os.environ["SDARFLOW_ACTOR"] = actor
@@ -125,10 +120,8 @@ def run_base_component(config_uri: str, *, metrics=None, html=None, markdown=Non
 
 
 def run_production_component(config_uri: str, *, metrics=None, html=None, markdown=None, output=None) -> str:
-    """What the production evaluation component calls: the registry's production version on the run's evaluation
-    tasks (``pipeline_config.production_eval_config``), outputs as ``run_component``. When the run does not
-    promote to production or there is no production version, the output artifact points nowhere ("" URI) and the
-    reports say why."""
+    """What the production evaluation component calls (``pipeline_config.production_eval_config``), outputs as
+    ``run_component``; with nothing to evaluate, the output artifact points nowhere ("") and the reports say why."""
     setup_logging()
     cfg = production_eval_config(_load(config_uri))
     if cfg is not None:
@@ -144,6 +137,7 @@ def run_production_component(config_uri: str, *, metrics=None, html=None, markdo
 
 
 def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> str:
+    """Point ``output`` at the stage's output, log its metrics and copy its reports; the output URI."""
     if output is not None:
         _point(output, str(result["uri"]))
     if metrics is not None:
@@ -154,7 +148,6 @@ def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> 
 
 
 def _write_reports(html, markdown, uri: str, stage: str) -> None:
-    """The published report.html / report.md of ``uri`` into the UI's HTML / Markdown artifacts (each optional)."""
     for artifact, name in ((html, "report.html"), (markdown, "report.md")):
         if artifact is not None:
             _write_report(artifact, uri, name, stage)
@@ -171,8 +164,7 @@ def run_report_component(
     markdown=None,
 ) -> str:
     """The training pipeline's run report (``sdarflow.run_report``), also shown in the KFP UI; ``promotion`` is
-    the promote task's outcome (promoted, refused and why, or not asked for), ``base_uri`` the base model's
-    evaluation."""
+    the promote task's outcome, ``base_uri`` the base model's evaluation."""
     from sdarflow.run_report import publish_run_report
 
     setup_logging()
@@ -196,10 +188,9 @@ def run_promotion(
     markdown=None,
     current_report: tuple[int, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The promotion pipeline's step: ``Registry.promote`` through the registry's gate, which ``thresholds``
-    (``{"min_gain": 0.02}``) may only tighten; ``current_report`` is the stage's version evaluated on the
-    candidate's tasks. A refusal raises GateRefused (the task fails with the gate's message); returns one summary
-    line, also written to the Markdown artifact."""
+    """The promotion pipeline's step: ``Registry.promote`` through the gate, which ``thresholds`` may only
+    tighten; ``current_report``: the stage's version evaluated on the candidate's tasks. A refusal raises
+    GateRefused; returns one summary line, also written to the Markdown artifact."""
     from sdarflow.registry import Registry
 
     setup_logging()
@@ -227,12 +218,10 @@ def promote_candidate(
     metrics=None,
     production_evaluation: str = "",
 ) -> str:
-    """After the last round: promote its registered version to production when the run asked for it
-    (``promote_to=production``), through the registry's gate, which the run's gate parameters may only tighten;
-    ``production_evaluation`` is production evaluated on the run's tasks (:func:`run_production_component`).
-    A gate refusal is an expected outcome of retraining, so it is reported (the result, the Markdown summary,
-    the Metrics ``promoted`` 0 and ``gate_refused`` 1, the run report) and the run still succeeds; production
-    is left as it was."""
+    """After the last round: promote its registered version to production when ``promote_to=production``, through
+    the gate (which the run's gate parameters may only tighten), comparing with ``production_evaluation``. A gate
+    refusal is an expected outcome of retraining: it is reported (result, Markdown, Metrics ``gate_refused`` 1)
+    and the run still succeeds, production left as it was."""
     from sdarflow.registry import GateRefused
 
     setup_logging()
@@ -280,8 +269,8 @@ def skip_run(reason: str, markdown=None, metrics=None) -> str:
 
 
 def _evaluated_version(pc: PipelineConfig, evaluation: str) -> tuple[int, dict] | None:
-    """(version, report) of a registry version's evaluation in this run: the version its adapter copy's manifest
-    names, which must be of the run's registry and policy (``pipeline_config.copy_version``); None for ""."""
+    """(version, report) of a registry version's evaluation in this run, the version its adapter copy's manifest
+    names (of the run's registry and policy); None for ""."""
     from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 
     if not evaluation:
@@ -305,5 +294,4 @@ def _log_promotion(metrics, *, promoted: bool, refused: bool) -> None:
 
 def _write_text(artifact, text: str) -> None:
     if artifact is not None:
-        with open(artifact.path, "w") as f:
-            f.write(text)
+        Path(artifact.path).write_text(text)

@@ -5,13 +5,15 @@ Every (method, seed) cell trains ``rounds`` RL rounds from the same base model, 
 then evaluates its final adapter on ``valid``, ``test`` and ``ood`` with a sampling seed of its training seed's; the
 base model is evaluated per seed the same way, and comparisons pair tasks. A cell (its ``cell.json``, written last)
 is reused by a rerun only when settings and provenance (code, base build, machine) match.
-``sdarflow.study_report`` turns the cells into ``study.json``, ``report.md`` and ``report.html``.
+``sdarflow.study_report`` turns the cells into ``study.json``, ``report.md`` and ``report.html``. The study pipeline's
+components (``components/study.py``) run the same functions, one step per task (:func:`run_step`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from sdarflow import storage
 from sdarflow.config import MAX_SEED, Checked, content_hash, opt
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import split_method
+from sdarflow.model_cache import local_model
 from sdarflow.sizes import SIZES
 from sdarflow.stages import STAGES
 
@@ -69,13 +72,11 @@ def cell_name(method: str, seed: int) -> str:
 
 def preset_sizes(s: StudySettings) -> dict[str, Any]:
     """The preset's task, group and evaluation sizes (its stage settings are in ``stage_settings``)."""
-
     return {k: v for k, v in SIZES[s.preset]["pipeline"].items() if k != "stage_settings"}
 
 
 def stage_settings(s: StudySettings) -> dict[str, dict[str, Any]]:
     """Per-stage settings every cell runs with: the preset's, then the study's own on top."""
-
     settings = {k: dict(v) for k, v in SIZES[s.preset]["pipeline"].get("stage_settings", {}).items()}
     for stage, values in s.stage_settings.items():
         settings[stage] = {**settings.get(stage, {}), **values}
@@ -279,20 +280,13 @@ def run_study(s: StudySettings) -> dict:
         spec, limit = model_spec(s.preset, "study"), SIZES[s.preset]["sft_time_limit_s"]
         s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
     t0 = time.perf_counter()
-    base = local_base(s)
+    base = local_model(s.base_model)  # an s3:// base is copied once per machine
     start_of(s, base)
     run_base(s, base)
     for m in s.methods:
         for seed in s.seeds:
             run_cell(s, base, m, seed)
     return report(s, seconds_this_run=time.perf_counter() - t0)
-
-
-def local_base(s: StudySettings) -> str:
-    """The base model on local disk (an s3:// base is copied once per machine)."""
-    from sdarflow.model_cache import local_model
-
-    return local_model(s.base_model)
 
 
 def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
@@ -326,3 +320,53 @@ def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     write_reports(s.out, study)
     log.info("study: %d cells -> %s", len(cells), storage.join(s.out, "study.json"))
     return study
+
+
+def run_step(
+    step: str,
+    settings: dict | str,
+    method: str = "",
+    seed: int = 0,
+    *,
+    html=None,
+    markdown=None,
+    metrics=None,
+) -> str:
+    """One study pipeline task, with the settings as a dict or the URI ``check`` stored them at: ``check``
+    (validate, store ``study_settings.json``, return its URI), ``start`` (``start_of``; returns that URI again),
+    ``base`` and ``cell`` (return the cell's folder) or ``report`` (the study.json URI; fills the UI artifacts)."""
+    from sdarflow.kfp_runtime import setup_logging
+
+    setup_logging()
+    if isinstance(settings, str):
+        settings = storage.read_json(settings)
+    s = StudySettings.from_dict(settings)  # KFP hands JSON numbers in lists over as floats: converted
+    if step == "check":
+        uri = storage.join(s.out, SETTINGS_FILE)
+        storage.write_json(uri, dataclasses.asdict(s))
+        return uri
+    if step == "report":
+        study = report(s)
+        for artifact, name in ((html, "report.html"), (markdown, "report.md")):
+            if artifact is not None:
+                Path(artifact.path).write_bytes(storage.read_bytes(storage.join(s.out, name)))
+        if metrics is not None:
+            for row in study["table"]:
+                for key in ("relative_pass@1", "relative_pass@k", "relative_ood_pass@1"):
+                    value = row.get(key)
+                    if isinstance(value, int | float) and math.isfinite(value):
+                        metrics.log_metric(f"{row['method']}_{key}".replace("@", "_at_"), float(row[key]))
+        return storage.join(s.out, "study.json")
+    if not s.base_model:
+        raise ConfigError("study pipeline: base_model is required; fix: pass an HF folder or s3:// URI")
+    base = local_model(s.base_model)
+    if step == "start":
+        start_of(s, base)
+        return storage.join(s.out, SETTINGS_FILE)  # what check stored: base and cells wait for this step
+    if step == "base":
+        run_base(s, base)
+        return storage.join(s.out, "cells")
+    if step == "cell":
+        run_cell(s, base, method, seed)
+        return cell_uri(s, cell_name(method, seed))
+    raise ConfigError(f"study pipeline: unknown step {step!r}; allowed: check, start, base, cell, report")
