@@ -546,7 +546,7 @@ class _Artifact:
 
 
 def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
-    from sdarflow.kfp_runtime import _write_report
+    from sdarflow.kfp_runtime import _write_reports
 
     made = tmp_path / "made"
     made.mkdir()
@@ -554,8 +554,7 @@ def test_missing_stage_reports_become_placeholders(tmp_path, caplog):
     out = tmp_path / "out"
     storage.publish_dir(made, str(out), kind="adapter")
     html, md = _Artifact(tmp_path / "a.html"), _Artifact(tmp_path / "a.md")
-    _write_report(html, str(out), "report.html", "train")
-    _write_report(md, str(out), "report.md", "train")
+    _write_reports(html, md, str(out), "train")
     assert "published no report.html" in Path(html.path).read_text()
     assert Path(md.path).read_text() == "# real report\n"
     assert "no report.html" in caplog.text

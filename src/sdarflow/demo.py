@@ -20,18 +20,15 @@ from sdarflow.model_cache import local_model
 from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_uri
 from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
-from sdarflow.sizes import SIZES, model_spec
+from sdarflow.sizes import SIZES, build_model
 from sdarflow.start_point import default_preset, start_point
-from sdarflow.train.warmstart import build_base_model
 
 log = logging.getLogger(__name__)
 
 
 class RunnerOutput:
-    """stdout while the KFP local runner runs the demo's DAG. For every task the runner prints the executor's input
-    as JSON, component-loading lines and the output artifacts' reprs (~50 lines a task, ~1500 for the demo): they
-    are dropped, so the log shows each task's start and status and the stages' own lines. Lines it does not know
-    pass through, so a runner that prints differently loses nothing."""
+    """stdout while the KFP local runner runs the demo's DAG, without the runner's plumbing (each task's executor
+    input as JSON, component-loading lines, artifact reprs: ~1500 lines a demo). Lines it does not know pass."""
 
     PLUMBING = (
         "Looking for component",
@@ -105,20 +102,14 @@ def run_demo(
 
     out = Path(out).absolute()
     t0 = time.perf_counter()
-    base, sizes = base_and_sizes(
-        out, base_model, preset
-    )  # a bad preset or model fails before anything is written
+    # a bad preset or model fails before anything is written
+    base, sizes = base_and_sizes(out, base_model, preset)
     out.mkdir(parents=True, exist_ok=True)
     storage_root = storage_root or str(out / "store")
     run_id = new_run_id()
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 
-    settings = {
-        "storage": storage_root,
-        "base_model": str(base),
-        "run_id": run_id,
-        **sizes["pipeline"],
-    }
+    settings = {"storage": storage_root, "base_model": str(base), "run_id": run_id, **sizes["pipeline"]}
     env = settings.get("env") or PipelineConfig().env
     settings.update(start_point(base, sizes, env, run_uri(storage_root, run_id), run_id))
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))
@@ -148,16 +139,12 @@ def base_and_sizes(out: Path, base_model: str | None, preset: str | None) -> tup
         base = Path(local_model(base_model))
         return base, SIZES[preset or default_preset(base)]
     preset = preset or "demo"
-    sizes = SIZES[preset]
-    spec = model_spec(preset, "demo")
-    return build_base_model(out / "base-model", spec, time_limit_s=sizes["sft_time_limit_s"]), sizes
+    return build_model(preset, out / "base-model", "demo"), SIZES[preset]
 
 
 def collect_summary(storage_root: str, run_id: str, rounds: int, base_model: str, shards: int = 1) -> dict:
-    """The run report's JSON (``run_report.json``, which the pipeline's last task published: the base model's and
-    each round's figures, three transcripts) with the base model and the last round's output URIs, each validated.
-
-    With shards, ``trajectories`` is the list of the last round's shard URIs (readers take a list)."""
+    """The run report's JSON (``run_report.json``, published by the pipeline's last task) with the base model and
+    the last round's output URIs, each validated; with shards, ``trajectories`` lists the shards' URIs."""
     last = rounds - 1
     uri = {
         stage: stage_uri(storage_root, run_id, last, stage)

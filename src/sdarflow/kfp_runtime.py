@@ -58,18 +58,6 @@ def setup_logging() -> None:
     progress.quiet_library_bars()
 
 
-def _write_report(artifact, uri: str, name: str, stage: str) -> None:
-    """Copy the published file ``name`` of ``uri`` into a KFP UI artifact; a stage that publishes none gets a
-    placeholder, because the KFP launcher fails a task whose declared output artifact file is missing."""
-    if storage.member_entry(storage.read_manifest(uri), name) is not None:
-        data = storage.read_member(uri, name)
-    else:
-        log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
-        note = f"{stage} published no {name} in {uri}"
-        data = (f"<p>{note}</p>" if name.endswith(".html") else f"_{note}_\n").encode()
-    Path(artifact.path).write_bytes(data)
-
-
 def kfp_actor(run_id: str) -> str:
     """Who acts in the registry's audit log for a pipeline run (``run_id`` is a whole parameter: KFP resolves a
     placeholder only when it is the whole value)."""
@@ -148,9 +136,18 @@ def _fill_outputs(stage: str, result: dict, metrics, html, markdown, output) -> 
 
 
 def _write_reports(html, markdown, uri: str, stage: str) -> None:
+    """Copy ``uri``'s published report.html / report.md into the UI artifacts (each optional); a stage that
+    publishes none gets a placeholder, because the KFP launcher fails a task whose output artifact file is missing."""
     for artifact, name in ((html, "report.html"), (markdown, "report.md")):
-        if artifact is not None:
-            _write_report(artifact, uri, name, stage)
+        if artifact is None:
+            continue
+        if storage.member_entry(storage.read_manifest(uri), name) is not None:
+            data = storage.read_member(uri, name)
+        else:
+            log.warning("%s: no %s in %s; the KFP UI shows a placeholder", stage, name, uri)
+            note = f"{stage} published no {name} in {uri}"
+            data = (f"<p>{note}</p>" if name.endswith(".html") else f"_{note}_\n").encode()
+        Path(artifact.path).write_bytes(data)
 
 
 def run_report_component(

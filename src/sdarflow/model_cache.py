@@ -14,8 +14,7 @@ from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# Stages that read the base model's weights (and so need a remote base model copied to local disk first):
-# (register reads an s3:// base's fingerprint and safetensors headers where it is, by ranges: no copy.)
+# Stages that read the base model's weights (register reads an s3:// base's fingerprint by ranges: no copy)
 LOADS_MODEL = ("generate", "rescore", "train", "evaluate")
 
 
@@ -54,8 +53,8 @@ def local_model(uri: str) -> str:
 
 
 def with_local_model(cfg: StageConfig) -> StageConfig:
-    """``cfg`` with an ``s3://`` base model copied to local disk first, for the stages that read its weights (the
-    KFP components and the CLI alike: every TrainJob rank fetches its own copy)."""
+    """``cfg`` with an ``s3://`` base model copied to local disk, for the stages that read its weights (every
+    TrainJob rank fetches its own copy)."""
     if cfg.stage in LOADS_MODEL and getattr(cfg, "model", ""):
         cfg.model = local_model(cfg.model)
     return cfg

@@ -1,11 +1,6 @@
-"""Things chosen by name: one registry type for methods, aggregation modes, retrieval strategies, engines, envs and
-stages.
-
-A config string (``sdar``, ``token-mean``, ``vllm``, ``textworld-cooking``, ...) is a key; each name is bound once,
-either to an object (the :meth:`NameRegistry.register` decorator) or to a ``"module:attribute"`` path imported on
-first use (:meth:`NameRegistry.add_lazy`, for entries that bring heavy dependencies). A failed look-up raises
-:class:`UnknownNameError`, one line naming the valid choices.
-"""
+"""Things chosen by name (methods, aggregation modes, retrieval strategies, engines, envs, stages): a config string
+is a key, bound once to an object (:meth:`NameRegistry.register`) or to a ``"module:attribute"`` path imported on
+first use (:meth:`NameRegistry.add_lazy`, for heavy dependencies). A failed look-up names the valid choices."""
 
 from __future__ import annotations
 
@@ -19,8 +14,6 @@ T = TypeVar("T")
 
 
 class UnknownNameError(ConfigError, ValueError):
-    """A config value names no registered entry; the message lists the valid names."""
-
     def __init__(self, kind: str, name: str, valid: tuple[str, ...]) -> None:
         super().__init__(f"unknown {kind} {name!r}; fix: choose one of {', '.join(valid)}")
         self.kind = kind
@@ -29,7 +22,7 @@ class UnknownNameError(ConfigError, ValueError):
 
 
 class NameRegistry(Generic[T]):
-    """A write-once mapping from names to objects (or to import paths of objects, resolved on first use)."""
+    """A write-once mapping from names to objects (or to import paths, resolved on first use)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -56,7 +49,6 @@ class NameRegistry(Generic[T]):
         self._items[name] = obj
 
     def get(self, name: str) -> T:
-        """The object bound to ``name``; raises :class:`UnknownNameError` listing the valid names."""
         if name not in self._items:
             raise UnknownNameError(self.kind, name, self.names())
         if name in self._lazy:
@@ -67,7 +59,6 @@ class NameRegistry(Generic[T]):
         return self._items[name]  # type: ignore[return-value]
 
     def names(self) -> tuple[str, ...]:
-        """Registered names, in registration order."""
         return tuple(self._items)
 
     def __contains__(self, name: object) -> bool:

@@ -46,7 +46,7 @@ def quiet_library_bars() -> None:
 
 
 def bar(iterable: Iterable | None = None, **kwargs) -> tqdm:
-    """``tqdm(iterable, **kwargs)``: a bar that disappears when done on a terminal, else throttled log lines."""
+    """A tqdm bar that disappears when done on a terminal, else throttled log lines."""
     if interactive():
         return tqdm(iterable, leave=False, **kwargs)
     return tqdm(iterable, file=_LogLines(), mininterval=LOG_INTERVAL_S, ascii=True, leave=True, **kwargs)

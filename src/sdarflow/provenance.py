@@ -36,9 +36,8 @@ def _git(source: Path, *args: str) -> str | None:
 
 
 def code(source: Path = _SOURCE) -> dict[str, Any]:
-    """sdarflow's version, the git commit ``source`` (sdarflow's own folder) is checked out at (outside a checkout:
-    ``$SDARFLOW_COMMIT``, which the images set at build, else None) and a hash of the uncommitted changes to tracked
-    files other than ``bench/results`` (None when there are none)."""
+    """sdarflow's version, the git commit of ``source`` (outside a checkout: ``$SDARFLOW_COMMIT``, set by the
+    images, else None) and a hash of the uncommitted changes outside ``bench/results`` (None when there are none)."""
     commit = _git(source, "rev-parse", "HEAD")
     # results written into the checkout are outputs, not code: a benchmark that commits one must not change the
     # code its next run (or a study reusing its cells) is keyed on
@@ -76,9 +75,8 @@ def machine() -> dict[str, Any]:
 
 
 def base_model(path: str | None) -> dict[str, Any] | None:
-    """The base model by its build (the spec hash ``build-model`` recorded, when it made it) and its content (the
-    fingerprint of its config and weights), not only by its path; a known model's name is read in its imported
-    folder (``model_cache.local_model``)."""
+    """The base model by its build (the spec hash ``build-model`` recorded) and its content (config and weights'
+    fingerprint), not only by its path; a known model's name is read in its imported folder."""
     if not path:
         return None
     from sdarflow.model_cache import local_model

@@ -1,11 +1,7 @@
-"""One way to write a report, for every stage that writes one (rescore, train, evaluate) and the method study.
-
-A :class:`Report` is a title, a subtitle and sections, each with any of a paragraph, a table, bullet items and
-plots. :func:`markdown` renders it for a KFP ``Output[Markdown]`` (every value escaped, so a task type or a path
-never turns into markup); :func:`html` renders one self-contained page for a KFP ``Output[HTML]`` (Jinja2 with
-autoescape, the plots inline as base64 ``data:`` URIs, nothing fetched from outside). :func:`png` turns a
-matplotlib figure into PNG bytes. Rendering is deterministic: the same report gives the same bytes.
-:func:`number` and :func:`with_interval` write a figure the way every report's tables write it.
+"""One way to write a report, for every stage that writes one and the method study: a :class:`Report` (title,
+subtitle, sections of text, a table, bullets and plots) rendered as escaped Markdown for a KFP ``Output[Markdown]``
+or one self-contained HTML page (Jinja2 with autoescape, plots inline) for ``Output[HTML]``. Rendering is
+deterministic: the same report gives the same bytes.
 """
 
 from __future__ import annotations
@@ -48,13 +44,10 @@ class Report:
     def shown(self, image_files: Mapping[str, str] | None = None) -> list[Section]:
         """The sections with something to show: with ``image_files`` (Markdown) a plot counts only if it has a
         file; without (HTML) every plot counts."""
-
-        def has_image(key: str) -> bool:
-            return image_files is None or key in image_files
-
         return [
             s for s in self.sections
-            if s.text or (s.table and s.table[0]) or s.items or any(map(has_image, s.images))
+            if s.text or (s.table and s.table[0]) or s.items
+            or any(image_files is None or key in image_files for key in s.images)
         ]  # fmt: skip
 
 

@@ -1,12 +1,7 @@
-"""The run report: one page for a whole training run, read before promoting its adapter.
-
-Per round it puts side by side what the stages published: rollout success, return, format errors and
-truncations (generate); GRPO's signal, the share of groups with zero advantage, the teacher's gap and gate,
-entropy, KL and clipping (train); held-out pass@k with 95% intervals and the task-paired difference from the base
-model with its one-sided lower bound, the promotion gate's statistic (evaluate). Three transcripts of the last
-round (its best, median and worst episode) show what the numbers are made of. Published as ``report.html``,
-``report.md`` and ``run_report.json`` at ``<storage>/runs/<run_id>/report``; the training pipeline's last task
-shows it in the KFP UI and ``sdarflow demo`` writes it.
+"""The run report: one page for a whole training run, read before promoting its adapter: per round what the stages
+published (rollouts, learning signal, held-out pass@k against the base model with the gate's paired lower bound)
+and three transcripts of the last round (best, median, worst). Published as ``report.html``, ``report.md`` and
+``run_report.json`` at ``<storage>/runs/<run_id>/report``; the training pipeline's last task shows it in the KFP UI.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from typing import Any
 from sdarflow import storage
 from sdarflow.evaluate.compare import difference
 from sdarflow.pipeline_config import run_uri, stage_uri
+from sdarflow.registry.intake import load_report
 from sdarflow.report import Report, Section, html, markdown, number, png, with_interval
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
 from sdarflow.skills.accuracy import VERDICTS
@@ -41,15 +37,9 @@ HOW_TO_READ = (
 
 def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
     """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
-    if shards == 1:
-        return [stage_uri(storage_root, run_id, round_, "generate")]
-    return [stage_uri(storage_root, run_id, round_, "generate", i) for i in range(shards)]
-
-
-def _read_report(uri: str) -> dict[str, Any]:
-    from sdarflow.registry.intake import load_report
-
-    return load_report(uri)
+    return [
+        stage_uri(storage_root, run_id, round_, "generate", i if shards > 1 else None) for i in range(shards)
+    ]
 
 
 def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[dict, list]:
@@ -64,9 +54,8 @@ def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[
         return sum(m.get(key, 0.0) * m["rollout/episodes"] for m in metrics) / n
 
     table = storage.read_table(uris, kind="trajectories", schema=TRAJECTORY_SCHEMA)
-    episodes = group_episodes(
-        table.select(TRANSCRIPT_COLUMNS).to_pylist()
-    )  # not the token ids: a round's are large
+    # not the token ids: a round's are large
+    episodes = group_episodes(table.select(TRANSCRIPT_COLUMNS).to_pylist())
     figures = {
         "episodes": int(n),
         "success": weighted("rollout/success"),
@@ -104,7 +93,7 @@ def _round(
     train = storage.read_manifest(stage_uri(storage_root, run_id, r, "train")).get("metrics", {})
     rescore = storage.read_manifest(stage_uri(storage_root, run_id, r, "rescore")).get("metrics", {})
     skills = storage.read_manifest(stage_uri(storage_root, run_id, r, "extract-skills")).get("metrics", {})
-    report = _read_report(stage_uri(storage_root, run_id, r, "evaluate"))
+    report = load_report(stage_uri(storage_root, run_id, r, "evaluate"))
     keys = ("adv/zero_group_share", "adv/std", "sdar/gate_mean", "sdar/teacher_gap_mean", "actor/entropy",
             "actor/kl_loss", "actor/clipfrac", "loss/total")  # fmt: skip
     evaluation = {}
@@ -131,7 +120,7 @@ def collect(
 ) -> dict[str, Any]:
     """Everything the report shows, as JSON (``run_report.json``); ``promotion`` is the promote task's outcome and
     ``base_uri`` the base model's evaluation ('': none)."""
-    base = _read_report(base_uri) if base_uri and storage.is_published(base_uri) else None
+    base = load_report(base_uri) if base_uri and storage.is_published(base_uri) else None
     per_round, episodes = [], []
     for r in range(rounds):
         row, episodes = _round(storage_root, run_id, r, shards, base)

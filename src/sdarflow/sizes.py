@@ -5,8 +5,10 @@ tiny base model's recipe and the pipeline's tasks, samples and per-stage setting
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sdarflow.errors import ConfigError
-from sdarflow.train.warmstart import BaseModelSpec
+from sdarflow.train.warmstart import BaseModelSpec, build_base_model
 
 _DEMO_MODEL = BaseModelSpec()
 _RL_SETTINGS = {
@@ -168,11 +170,12 @@ PIPELINE_PRESETS: dict[str, dict] = {
 }
 
 
-def model_spec(preset: str, command: str) -> BaseModelSpec:
-    """The tiny model ``preset`` builds; ConfigError for a preset that builds none (it needs a base model)."""
+def build_model(preset: str, folder: Path, command: str) -> Path:
+    """The tiny model ``preset`` builds, built into ``folder``; ConfigError for a preset that builds none (it
+    needs a base model)."""
     spec = SIZES[preset]["model"]
     if spec is None:
         raise ConfigError(
             f"{command}: preset {preset} builds no model; fix: pass --base-model (e.g. smollm2-135m-instruct)"
         )
-    return spec
+    return build_base_model(folder, spec, time_limit_s=SIZES[preset]["sft_time_limit_s"])

@@ -18,8 +18,7 @@ from sdarflow.train.warmstart import SEED_SKILLS
 
 
 def default_preset(base: Path) -> str:
-    """``demo`` for a model sdarflow built, ``pretrained`` (its warm start) for any other (the rule of the prompt
-    format's auto)."""
+    """``demo`` for a model sdarflow built, ``pretrained`` (its warm start) for any other (prompt format auto)."""
     from transformers import AutoTokenizer
 
     from sdarflow.rollout.engine import prompt_format
@@ -50,10 +49,8 @@ def makes_anything(base: Path, sizes: dict) -> bool:
 
 
 def seed_skills_of(env: str, tasks: int, uri: str) -> str:
-    """The seed skill library for a base model that brings none, published at ``uri``: the SDAR reference's
-    hand-written library where ``env`` has one (``skills.library.reference_library``), else the one mined from
-    ``tasks`` expert walkthroughs of the train split, as the tiny model's is (``warmstart.seed_library``;
-    search-qa's walkthroughs share no step across tasks, so they give none)."""
+    """The seed skill library, published at ``uri``, for a base model that brings none: the SDAR reference's where
+    ``env`` has one, else the one mined from ``tasks`` expert walkthroughs, as the tiny model's is."""
     from sdarflow.skills.library import SkillLibrary, reference_library
     from sdarflow.train.warmstart import expert_steps, seed_library
 
@@ -64,9 +61,8 @@ def seed_skills_of(env: str, tasks: int, uri: str) -> str:
 
 
 def warm_start(base: Path, env: str, tasks: int, train_settings: dict, folder: str, run_id: str) -> str:
-    """The SFT warm start a pretrained base gets before RL: ``tasks`` expert walkthroughs of the train split
-    in the model's prompt format (``generate --policy expert``), trained with ``train --mode sft``; the adapter's
-    URI (``folder``/warm-start), which round 0 continues from."""
+    """The SFT warm start a pretrained base gets before RL: ``train --mode sft`` on ``tasks`` expert walkthroughs
+    (``generate --policy expert``) in its prompt format; the adapter's URI (``folder``/warm-start)."""
     from sdarflow.stages import generate
 
     walkthroughs = generate.run(

@@ -268,8 +268,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 
 def run_study(s: StudySettings) -> dict:
     """Every cell (finished ones read back), then ``study.json`` and the reports in ``s.out``; returns study.json."""
-    from sdarflow.sizes import model_spec
-    from sdarflow.train.warmstart import build_base_model
+    from sdarflow.sizes import build_model
 
     if not s.base_model:
         if storage.resolve(s.out).uri.startswith("s3://"):
@@ -277,8 +276,7 @@ def run_study(s: StudySettings) -> dict:
                 f"study: out {s.out} is on object storage, where no base model can be built; fix: pass "
                 f"--base-model (an HF folder or s3:// URI)"
             )
-        spec, limit = model_spec(s.preset, "study"), SIZES[s.preset]["sft_time_limit_s"]
-        s.base_model = str(build_base_model(Path(s.out) / "base-model", spec, time_limit_s=limit))
+        s.base_model = str(build_model(s.preset, Path(s.out) / "base-model", "study"))
     t0 = time.perf_counter()
     base = local_model(s.base_model)  # an s3:// base is copied once per machine
     start_of(s, base)

@@ -101,13 +101,11 @@ def _curve(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, list]:
 
 
 def _present(evals: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The SPLITS every eval report has."""
     return [split for split in SPLITS if all(split in ev for ev in evals)]
 
 
 def _method_result(runs: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any]:
-    """One method's curves, pooled pass@1 (of every split), test pass@k and OOD pass@1 over its seeds, and its mean
-    stage seconds."""
+    """One method's curves, pooled pass@1 of every split and test pass@k over its seeds, and mean stage seconds."""
     evals = [c["eval"] for c in runs]
     return {
         "curves": {key: _curve(runs, key) for key in CURVE_KEYS},
@@ -141,9 +139,8 @@ def analyze(
     base_cells: Sequence[Mapping[str, Any]],
     cells: Sequence[Mapping[str, Any]],
 ) -> dict:
-    """study.json: the settings, every run, per-method curves and pooled results, the comparison table, paired
-    differences against GRPO (and GRPO against the base model, evaluated once per seed), and the gate's
-    verdicts."""
+    """study.json: the settings, every run, per-method results, the comparison table, paired differences against
+    GRPO (and GRPO against the base model), and the gate's verdicts."""
     from sdarflow.registry.gate import check_gate
 
     by_method = {
@@ -229,18 +226,11 @@ def _runs_table(study: Mapping[str, Any]) -> Table:
 def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
     k = study["k"]
     comparison = _comparison_table(study)
-    diff_rows = []
-    for m, d in study["paired"].items():
-        for key, v in d.items():
-            diff_rows.append(
-                [
-                    m,
-                    key,
-                    f"{v['mean_diff']:+.3f}",
-                    f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]",
-                    str(v["tasks"]),
-                ]
-            )
+    diff_rows = [
+        [m, key, f"{v['mean_diff']:+.3f}", f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]", str(v["tasks"])]
+        for m, d in study["paired"].items()
+        for key, v in d.items()
+    ]
     diffs = (["method vs grpo", "figure", "mean difference", "95% CI (over tasks)", "tasks"], diff_rows)
     tradeoff = (
         ["method", f"pass@{k} / pass@1", "relative to grpo's"],
@@ -318,7 +308,7 @@ def study_report(study: Mapping[str, Any], curves: bytes) -> Report:
 
 
 def write_reports(out: str, study: Mapping[str, Any]) -> None:
-    """The reports, then study.json, into the folder or object-storage prefix ``out`` (each written whole)."""
+    """The reports, then study.json, into the folder or object-storage prefix ``out``."""
     png = curves_png(study)
     doc = study_report(study, png)
     files = {

@@ -1,8 +1,7 @@
 """Experiment tracking in MLflow, off unless a stage gets ``--tracking-uri``: one MLflow run per stage run, with
 the stage's config as parameters, its per-step metrics (train; its summary then under ``summary/``) and summary
-metrics, and its published files
-(reports, the adapter) as artifacts. The experiment is ``$MLFLOW_EXPERIMENT_NAME`` or ``sdarflow``; tags name the
-stage, its output URI and config hash, so a run in the MLflow UI leads back to the data.
+metrics, and its published files (reports, the adapter) as artifacts. The experiment is ``$MLFLOW_EXPERIMENT_NAME``
+or ``sdarflow``; tags name the stage, its output URI and config hash, so a run in the MLflow UI leads back to the data.
 
 Tracking is a copy for people to browse, never the record the pipeline reads: a tracking server that fails is a
 warning, and the stage's published output stands. MLflow is optional (``pip install 'sdarflow[tracking]'``).
