@@ -16,9 +16,6 @@ T = TypeVar("T")
 class UnknownNameError(ConfigError, ValueError):
     def __init__(self, kind: str, name: str, valid: tuple[str, ...]) -> None:
         super().__init__(f"unknown {kind} {name!r}; fix: choose one of {', '.join(valid)}")
-        self.kind = kind
-        self.name = name
-        self.valid = valid
 
 
 class NameRegistry(Generic[T]):

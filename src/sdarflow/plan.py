@@ -160,7 +160,7 @@ def _time_env(suite, tokenizer) -> tuple[float, float, list[list[int]]]:
     train tasks."""
     from sdarflow.rollout.prompt import build_messages, encode_prompt
 
-    resets, turns, seconds_reset, seconds_turn, prompts = 0, 0, 0.0, 0.0, []
+    resets, seconds_reset, seconds_turn, prompts = 0, 0.0, 0.0, []
     for task in suite.tasks("train", 8):
         env = suite.make(task)
         t0 = time.perf_counter()
@@ -174,14 +174,13 @@ def _time_env(suite, tokenizer) -> tuple[float, float, list[list[int]]]:
             prompt = encode_prompt(tokenizer, build_messages(reset.instruction, actions, observation))
             step = env.step(action)
             seconds_turn += time.perf_counter() - t0
-            turns += 1
             prompts.append(prompt)
             actions.append(action)
             observation = step.observation
             if step.done:
                 break
         env.close()
-    return seconds_reset / resets, seconds_turn / turns, prompts
+    return seconds_reset / resets, seconds_turn / len(prompts), prompts
 
 
 def _time_model(engine, prompts: list[list[int]], new: int = 16) -> dict[str, float]:

@@ -95,12 +95,9 @@ SIZES: dict[str, dict] = {
 def _reference_step(
     env: str, tasks: int, max_turns: int, history_turns: int, seed_skills: str = "", **stages: dict
 ) -> dict:
-    """A round that is one training step of an SDAR reference script on ``env``: its tasks x 8 fresh rollouts,
-    turn limit and history window, 512 response tokens, 128 held-out tasks (4 samples each for the gate's
-    pass@k; the reference samples each once), one epoch in 2 mini-batches, and its LoRA recipe (rank and alpha
-    64, AdamW at 3e-6 with weight decay 0.01, carried across rounds as one run), on vLLM and DeepSpeed;
-    ``seed_skills``: the library round 0 starts from (``reference``: the reference's own); ``stages``: more stage
-    settings."""
+    """A round that is one training step of an SDAR reference script on ``env``, with its LoRA recipe (the optimizer
+    carried across rounds as one run); held-out tasks get 4 samples for the gate's pass@k (the reference samples
+    each once). ``seed_skills``: round 0's library (``reference``: the reference's own); ``stages``: more settings."""
     rollout = {"max_new_tokens": 512, "history_turns": history_turns}
     return {
         "env": env,
