@@ -45,9 +45,8 @@ SHARED_CACHE_ENV = "SDARFLOW_SHARED_CACHE"
 
 
 def shared_cache() -> str:
-    """A storage URI (``s3://`` or a folder) where machines share what they generate, keyed by what made it
-    (TextWorld games): ``$SDARFLOW_SHARED_CACHE``, which the pipeline's tasks get as ``<storage>/cache``; '' =
-    nothing shared."""
+    """``$SDARFLOW_SHARED_CACHE``: a storage URI where machines share what they generate (TextWorld games), keyed
+    by what made it; the pipeline's tasks get ``<storage>/cache``; '' = nothing shared."""
     return os.environ.get(SHARED_CACHE_ENV, "")
 
 

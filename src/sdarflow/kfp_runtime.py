@@ -14,6 +14,7 @@ from typing import Any
 from sdarflow import progress, storage
 from sdarflow.config import SHARED_CACHE_ENV
 from sdarflow.errors import ConfigError
+from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.model_cache import with_local_model
 from sdarflow.pipeline_config import (
     PipelineConfig,
@@ -23,6 +24,7 @@ from sdarflow.pipeline_config import (
     shared_cache,
     stage_config,
 )
+from sdarflow.registry import GateRefused, Registry
 from sdarflow.registry.layout import VERSION_KIND
 from sdarflow.stages import STAGES
 
@@ -188,8 +190,6 @@ def run_promotion(
     """The promotion pipeline's step: ``Registry.promote`` through the gate, which ``thresholds`` may only
     tighten; ``current_report``: the stage's version evaluated on the candidate's tasks. A refusal raises
     GateRefused; returns one summary line, also written to the Markdown artifact."""
-    from sdarflow.registry import Registry
-
     setup_logging()
     event = Registry(registry).promote(
         name,
@@ -219,8 +219,6 @@ def promote_candidate(
     the gate (which the run's gate parameters may only tighten), comparing with ``production_evaluation``. A gate
     refusal is an expected outcome of retraining: it is reported (result, Markdown, Metrics ``gate_refused`` 1)
     and the run still succeeds, production left as it was."""
-    from sdarflow.registry import GateRefused
-
     setup_logging()
     pc = load(config_uri)
     if pc.promote_to != "production":
@@ -268,8 +266,6 @@ def skip_run(reason: str, markdown=None, metrics=None) -> str:
 def _evaluated_version(pc: PipelineConfig, evaluation: str) -> tuple[int, dict] | None:
     """(version, report) of a registry version's evaluation in this run, the version its adapter copy's manifest
     names (of the run's registry and policy); None for ""."""
-    from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
-
     if not evaluation:
         return None
     report = storage.read_member_json(evaluation, REPORT, kind=REPORT_KIND)

@@ -27,7 +27,11 @@ from sdarflow.config import MAX_SEED, StageConfig, content_hash, like, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import OPTIONS, option_settings
+from sdarflow.model_cache import local_model
+from sdarflow.registry import Registry
 from sdarflow.registry.gate import GATE_HELP, GatePolicy
+from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES, parse_version
+from sdarflow.skills.library import SkillLibrary, reference_library
 from sdarflow.stages import STAGES, config_class
 from sdarflow.tracking import tracking_opt
 from sdarflow.train.format_guard import GUARD_HELP
@@ -288,7 +292,6 @@ def base_eval_config(pc: PipelineConfig) -> StageConfig:
     """The base model's evaluate config on the rounds' tasks, samples and seeds (the gate's reference for a first
     version, every round report's baseline). Its output, ``<storage>/cache/base-evaluations/<key>``, is keyed by the
     base weights' fingerprint (not the URI) and every evaluation setting, so later runs from the same base reuse it."""
-    from sdarflow.model_cache import local_model
     from sdarflow.models.identity import base_fingerprint
 
     cfg = _reference_eval_config(pc)
@@ -313,8 +316,6 @@ def production_eval_config(pc: PipelineConfig) -> StageConfig | None:
     """The production version's evaluate config on this run's evaluation tasks, so the gate compares candidate and
     production task by task (production's registered report is on an earlier run's tasks); its adapter is copied
     into the run. None when the run does not promote to production or there is no production version yet."""
-    from sdarflow.registry import Registry
-
     if pc.promote_to != "production":
         return None
     registry = Registry(pc.registry)
@@ -357,7 +358,6 @@ def continue_cursor(pc: PipelineConfig) -> None:
     env stopped (its lineage's cursor), with the next seed: a scheduled run trains on new tasks with new samples,
     and its gate never judges night after night on tasks it was tuned to pass. Every registered version counts,
     promoted or not, so a refused promotion does not replay its tasks; with no such version the settings stay."""
-    from sdarflow.registry import Registry
     from sdarflow.stages.register import Cursor
 
     registry = Registry(pc.registry)
@@ -414,8 +414,6 @@ def _whole_numbers(value: Any) -> Any:
 def unchanged_since(pc: PipelineConfig) -> str:
     """Why a prepared run would train nothing new ("" when it would): the newest registered version of
     ``policy_name`` came from the same :func:`request_key` (e.g. ``data_cursor=fixed`` and an unchanged start)."""
-    from sdarflow.registry import Registry
-
     registry = Registry(pc.registry)
     versions = registry.versions(pc.policy_name)
     if not versions:
@@ -432,8 +430,6 @@ def unchanged_since(pc: PipelineConfig) -> str:
 
 def resolve_seed_skills(pc: PipelineConfig) -> str:
     """The seed library's URI: ``reference`` becomes the env's SDAR reference library, published into the run."""
-    from sdarflow.skills.library import SkillLibrary, reference_library
-
     if pc.seed_skills != REFERENCE_SKILLS:
         return pc.seed_skills
     folder = reference_library(pc.env)
@@ -449,9 +445,6 @@ def resolve_seed_skills(pc: PipelineConfig) -> str:
 def resolve_start_adapter(pc: PipelineConfig) -> str:
     """The adapter URI round 0 starts from; a registry reference is resolved now (a scheduled run continues from
     what is in production when it starts) and copied into the run."""
-    from sdarflow.registry import Registry
-    from sdarflow.registry.layout import parse_version
-
     ref = pc.start_adapter.strip()
     if ref not in REGISTRY_REFS and parse_version(ref) is None:
         return ref  # empty (a new LoRA) or an adapter URI/folder
@@ -467,8 +460,6 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
 def copy_version(pc: PipelineConfig, registry, version: int, folder: str, ref: str) -> str:
     """A registry version's adapter published in ``runs/<run_id>/<folder>``, its manifest naming the registry, the
     policy, the version and the reference it was ``resolved_from``."""
-    from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES
-
     target = run_uri(pc.storage, pc.run_id, folder)
     with tempfile.TemporaryDirectory() as tmp:
         copy = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy

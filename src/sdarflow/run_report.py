@@ -19,6 +19,7 @@ from sdarflow.pipeline_config import run_uri, stage_uri
 from sdarflow.registry.intake import load_report
 from sdarflow.report import Report, Section, html, markdown, number, png, with_interval
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
+from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.skills.accuracy import VERDICTS
 
 REPORT_KIND = "run-report"
@@ -44,8 +45,6 @@ def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> l
 
 def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[dict, list]:
     """The round's rollout figures (weighted over shards) and its episodes."""
-    from sdarflow.schema import TRAJECTORY_SCHEMA
-
     uris = generate_uris(storage_root, run_id, round_, shards)
     metrics = [storage.read_manifest(u)["metrics"] for u in uris]
     n = sum(m["rollout/episodes"] for m in metrics) or 1.0

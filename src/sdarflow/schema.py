@@ -69,10 +69,8 @@ def fingerprint(schema: pa.Schema) -> str:
 
 
 def validate(table: pa.Table, schema: pa.Schema, dataset: str) -> pa.Table:
-    """Check ``table`` against ``schema`` and return it with columns in schema order (extra columns dropped).
-
-    Raises SchemaError naming ``dataset`` and the first missing/mistyped column or misaligned row.
-    """
+    """``table`` checked against ``schema``, its columns in schema order (extra columns dropped); a SchemaError
+    names ``dataset`` and the first missing/mistyped column or misaligned row."""
     for field in schema:
         if field.name not in table.column_names:
             raise SchemaError(

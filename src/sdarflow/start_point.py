@@ -14,7 +14,8 @@ from pathlib import Path
 
 from sdarflow import storage
 from sdarflow.errors import SdarflowError
-from sdarflow.train.warmstart import SEED_SKILLS
+from sdarflow.skills.library import SkillLibrary, reference_library
+from sdarflow.train.warmstart import SEED_SKILLS, expert_steps, seed_library
 
 
 def default_preset(base: Path) -> str:
@@ -51,9 +52,6 @@ def makes_anything(base: Path, sizes: dict) -> bool:
 def seed_skills_of(env: str, tasks: int, uri: str) -> str:
     """The seed skill library, published at ``uri``, for a base model that brings none: the SDAR reference's where
     ``env`` has one, else the one mined from ``tasks`` expert walkthroughs, as the tiny model's is."""
-    from sdarflow.skills.library import SkillLibrary, reference_library
-    from sdarflow.train.warmstart import expert_steps, seed_library
-
     if (folder := reference_library(env)) is not None:
         return SkillLibrary.load(folder).publish(uri)
     _, episodes = expert_steps(env, tasks)

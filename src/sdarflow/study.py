@@ -24,8 +24,14 @@ from sdarflow.config import MAX_SEED, Checked, content_hash, opt
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import split_method
 from sdarflow.model_cache import local_model
-from sdarflow.sizes import SIZES
+from sdarflow.pipeline_config import PipelineConfig, stage_config
+from sdarflow.provenance import provenance, reuse_key
+from sdarflow.registry.intake import load_report
+from sdarflow.rounds import Carry, run_round
+from sdarflow.sizes import SIZES, build_model
 from sdarflow.stages import STAGES
+from sdarflow.start_point import makes_anything, start_point
+from sdarflow.study_report import SPLITS, analyze, write_reports
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +92,6 @@ def stage_settings(s: StudySettings) -> dict[str, dict[str, Any]]:
 def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage_root: str):
     """The training pipeline's config for one cell: the preset's sizes, this method (its options as the pipeline's
     ``options``, under the study's stage settings) and seed, our storage."""
-    from sdarflow.pipeline_config import PipelineConfig
-
     split_method(method)  # a bad row fails here, with the study's words
     method, _, options = method.partition("+")
     return PipelineConfig.from_dict(
@@ -109,8 +113,6 @@ def pipeline_config(s: StudySettings, base: str, method: str, seed: int, storage
 def start_of(s: StudySettings, base: str) -> dict[str, str]:
     """Every cell's seed skills and start adapter (``sdarflow.start_point``); what is made for them (a pretrained
     base's library and warm start) is made once, in ``out``/start, and read back after."""
-    from sdarflow.start_point import makes_anything, start_point
-
     sizes, folder = SIZES[s.preset], storage.join(s.out, "start")
     if not makes_anything(Path(base), sizes):
         return start_point(Path(base), sizes, s.env, folder, "study")
@@ -131,8 +133,6 @@ def settings_key(s: StudySettings) -> str:
     """Hash of what shapes every cell (not the methods and seeds that pick the cells): a rerun into the same
     ``out`` may reuse a finished cell only when this matches, so also the code, the base model's build and content,
     and the machine (``provenance.reuse_key``)."""
-    from sdarflow.provenance import provenance, reuse_key
-
     content = {
         "base_model": s.base_model,
         "made_by": reuse_key(provenance(s.base_model)),
@@ -163,17 +163,13 @@ def _finished(s: StudySettings, name: str) -> dict | None:
 
 def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
     # storage writes whole objects: a cell is finished only when its complete record is there
-    from sdarflow.provenance import provenance
 
     record = {**cell, "settings_key": settings_key(s), "provenance": provenance(s.base_model)}
     storage.write_json(storage.join(cell_uri(s, name), CELL_FILE), record)
 
 
 def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
-    from sdarflow.pipeline_config import stage_config
-    from sdarflow.registry.intake import load_report
     from sdarflow.stages import evaluate
-    from sdarflow.study_report import SPLITS
 
     # pc has no registry: the report compares with nothing, the study compares the cells itself
     cfg = stage_config(pc, "evaluate", round_, adapter=adapter)
@@ -225,8 +221,6 @@ def _round_record(r: int, rnd) -> dict:
 
 def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
     """Train one (method, seed) cell for ``s.rounds`` rounds and evaluate it; a finished cell is read back."""
-    from sdarflow.rounds import Carry, run_round
-
     name = cell_name(method, seed)
     folder = cell_uri(s, name)
     if (cell := _finished(s, name)) is not None:
@@ -268,8 +262,6 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
 
 def run_study(s: StudySettings) -> dict:
     """Every cell (finished ones read back), then ``study.json`` and the reports in ``s.out``; returns study.json."""
-    from sdarflow.sizes import build_model
-
     if not s.base_model:
         if storage.resolve(s.out).uri.startswith("s3://"):
             raise ConfigError(
@@ -289,9 +281,6 @@ def run_study(s: StudySettings) -> dict:
 
 def report(s: StudySettings, seconds_this_run: float | None = None) -> dict:
     """Read every cell, write ``study.json``, ``report.md``, ``report.html`` and ``curves.png`` to ``s.out``."""
-    from sdarflow.provenance import provenance
-    from sdarflow.study_report import analyze, write_reports
-
     names = [cell_name(m, seed) for m in (BASE_CELL, *s.methods) for seed in s.seeds]
     cells = {n: _finished(s, n) for n in names}
     missing = [n for n, c in cells.items() if c is None]
