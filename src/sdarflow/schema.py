@@ -45,7 +45,7 @@ RESCORE_FIELDS: list[pa.Field] = [
     # The turn's progress, sum_t (old_logprobs - ref_logprobs): how far training has moved this action from the
     # base model (sdarflow.algo.turn_progress), for failure attribution; null without reference log-probs.
     pa.field("progress", pa.float32()),
-    # The turn's perplexity-delta reward (rescore --ppl-delta, sdarflow.algo.perplexity_delta); null when not
+    # The turn's perplexity-delta reward (rescore --ppl-delta, sdarflow.extensions.ppl_delta); null when not
     # scored, and for an episode's last turn (no context after it).
     pa.field("ppl_delta", pa.float32()),
     pa.field("skill_ids", pa.list_(pa.string())),
