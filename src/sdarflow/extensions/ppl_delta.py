@@ -77,3 +77,24 @@ def perplexity_delta(nll_before: Tensor, nll_after: Tensor) -> Tensor:
     log-likelihood. Positive: the turn (its action and what it observed) made the solution likelier. (N,) -> (N,).
     """
     return (nll_before - nll_after).detach()
+
+
+def rescore_column(cfg, table, policy) -> Callable[[int], list[float | None]] | None:
+    """rescore's hook: with ``--ppl-delta``, the function that scores the ``ppl_delta`` column (rows' rewards by the
+    student policy) at a forward's token budget; the tasks' reference continuations are looked up now, before any
+    scoring pass, so an env without one fails at once. None without ``--ppl-delta``."""
+    from sdarflow.teacher.rescore import score
+
+    if not cfg.ppl_delta:
+        return None
+    rows = table.select(["traj_id", "turn", "task_id", "env", "prompt_token_ids"]).to_pylist()
+    refs = references(rows, policy.tokenizer, policy.eos_id)
+    pad, kw = policy.tokenizer.pad_token_id, {"batching": cfg.batching, "pack_length": cfg.pack_length}
+
+    def column(budget: int) -> list[float | None]:
+        def scorer(prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+            return score(policy.model, prompts, responses, pad, budget, "rescore ppl-delta", **kw)
+
+        return ppl_delta_rewards(rows, refs, scorer)
+
+    return column

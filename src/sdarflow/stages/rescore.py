@@ -143,6 +143,7 @@ def _run_metrics(
 
 @once("rescored")
 def run(cfg: RescoreConfig) -> dict:
+    from sdarflow.extensions.ppl_delta import rescore_column
     from sdarflow.models import load_policy
     from sdarflow.rollout.expert import EXPERT_POLICY
     from sdarflow.skills.library import SkillLibrary
@@ -176,7 +177,7 @@ def run(cfg: RescoreConfig) -> dict:
     overridden: list[str] = []
     guards.check_retrieval(lib, teach.hits, task_types, cfg, overridden)
 
-    ppl = _ppl_rows(cfg, table, policy)
+    ppl = rescore_column(cfg, table, policy)
     old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts, adapter)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     guards.check_scores(old, teacher, vocab, teach.unchanged, cfg, overridden)
@@ -184,7 +185,7 @@ def run(cfg: RescoreConfig) -> dict:
     summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
     summary.info = _info(cfg, lib, overridden)
-    new_cols = _columns(old, teacher, ref, teach, _ppl_delta(cfg, ppl, policy, budget) if ppl else None)
+    new_cols = _columns(old, teacher, ref, teach, ppl(budget) if ppl else None)
     table = _write(cfg, table, new_cols, summary, lib.version, overridden)
     log.info(
         "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",
@@ -214,31 +215,6 @@ def _columns(old: list, teacher: list, ref: list | None, teach, ppl_delta: list 
         "skill_ids": teach.skill_ids,
         "skill_hit": teach.hits,
     }
-
-
-def _ppl_rows(cfg: RescoreConfig, table: pa.Table, policy) -> tuple[list[dict], dict] | None:
-    """With --ppl-delta: the rows' episode columns and each task's reference continuation, looked up before any
-    scoring pass so an env without one fails at once."""
-    from sdarflow.extensions.ppl_delta import references
-
-    if not cfg.ppl_delta:
-        return None
-    rows = table.select(["traj_id", "turn", "task_id", "env", "prompt_token_ids"]).to_pylist()
-    return rows, references(rows, policy.tokenizer, policy.eos_id)
-
-
-def _ppl_delta(cfg: RescoreConfig, ppl: tuple[list[dict], dict], policy, budget: int) -> list[float | None]:
-    """Each row's perplexity-delta reward (:mod:`sdarflow.extensions.ppl_delta`), scored by the student policy."""
-    from sdarflow.extensions.ppl_delta import ppl_delta_rewards
-    from sdarflow.teacher.rescore import score
-
-    rows, refs = ppl
-    pad, kw = policy.tokenizer.pad_token_id, {"batching": cfg.batching, "pack_length": cfg.pack_length}
-
-    def scorer(prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        return score(policy.model, prompts, responses, pad, budget, "rescore ppl-delta", **kw)
-
-    return ppl_delta_rewards(rows, refs, scorer)
 
 
 def _progress(old: list[list[float]], ref: list[list[float]]) -> list[float]:
