@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sdarflow.train.history import run_summary
+from sdarflow.train.report import run_summary
 
 
 def test_the_summary_averages_losses_and_totals_time_and_tokens():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sdarflow.errors import ConfigError
-from sdarflow.train.presets import PRESETS, resolve
+from sdarflow.train.rl_setup import PRESETS, preset_family
 
 
 def test_reference_values():
@@ -27,10 +27,10 @@ def test_reference_values():
     ],
 )
 def test_auto_follows_the_env(envs, family):
-    assert resolve("auto", envs) == family
+    assert preset_family("auto", envs) == family
 
 
 def test_explicit_preset_wins_and_mixed_families_fail_with_the_fix():
-    assert resolve("search", {"textworld-cooking"}) == "search"
+    assert preset_family("search", {"textworld-cooking"}) == "search"
     with pytest.raises(ConfigError, match="fix: pass --preset"):
-        resolve("auto", {"search-qa", "textworld-cooking"})
+        preset_family("auto", {"search-qa", "textworld-cooking"})

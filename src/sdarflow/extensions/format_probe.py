@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sdarflow.train.format_guard import FormatCollapse, format_spike, suites_of
-from sdarflow.train.history import REMEDY_KEY, ROLLBACK_KEY
+from sdarflow.train.report import REMEDY_KEY, ROLLBACK_KEY
 
 log = logging.getLogger(__name__)
 

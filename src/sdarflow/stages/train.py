@@ -34,15 +34,19 @@ from sdarflow.extensions.value_head import ValueHead, fit_round, policy_states
 from sdarflow.models.device import precision_opt, resolve_device, weights_dtype
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
-from sdarflow.train import presets
 from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
 from sdarflow.train.format_guard import GUARD_HELP, GUARDS, lineage_rates
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
-from sdarflow.train.history import jsonl_writer, run_summary
 from sdarflow.train.launch import deterministic_mode
-from sdarflow.train.output import publish_run
-from sdarflow.train.rl_setup import resolve_objective, rl_shaping, settings_record, train_inputs
+from sdarflow.train.report import jsonl_writer, publish_run, run_summary
+from sdarflow.train.rl_setup import (
+    PRESET_CHOICES,
+    resolve_objective,
+    rl_shaping,
+    settings_record,
+    train_inputs,
+)
 from sdarflow.train.samples import read_rows
 from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.trainer import TrainLoop, train
@@ -73,7 +77,7 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
         "auto",
         "reference settings for --kl-coef and --invalid-action-penalty: alfworld/webshop (0.01, 0.1), search "
         "(0.001, 0.01); auto = from the env that generated the rows",
-        choices=presets.PRESET_CHOICES,
+        choices=PRESET_CHOICES,
     )
     invalid_action_penalty: float | None = opt(
         None,

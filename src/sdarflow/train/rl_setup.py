@@ -1,6 +1,13 @@
 """What an RL round trains with, from the train config and its rows: the preset's KL and penalty resolved, each
 row's advantage with the chosen credit and filter, the format-collapse check, and the record of it all that
-``train_summary.json`` keeps. The SFT mode uses none of it."""
+``train_summary.json`` keeps. The SFT mode uses none of it.
+
+The presets are the SDAR reference scripts' objective settings per environment family: every reference script
+(``examples/<method>_trainer/run_<env>*.sh`` in ZJU-REAL/SDAR) trains with a KL loss to the reference policy
+(``low_var_kl``) and an invalid-action penalty whose coefficients depend on the environment family; everything
+else in the objective (entropy 0.001, dual clip 3, lambda 0.01, beta 5, Skill-SD 0.001, RLSD warm-down 100) is the
+same in all of them and lives as the train config's defaults. ``auto`` picks the family of the environment that
+generated the training rows."""
 
 from __future__ import annotations
 
@@ -12,7 +19,6 @@ from fractions import Fraction
 import torch
 
 from sdarflow.errors import ConfigError
-from sdarflow.train import presets
 from sdarflow.train.format_guard import check_round, repair_pairs
 from sdarflow.train.samples import (
     ROW_FILTERS,
@@ -26,6 +32,40 @@ from sdarflow.train.sft import sft_pairs_from_rows
 from sdarflow.train.trainer import TrainData
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Preset:
+    kl_coef: float  # actor_rollout_ref.actor.kl_loss_coef
+    invalid_action_penalty: float  # actor_rollout_ref.actor.invalid_action_penalty_coef
+    scripts: str  # the reference scripts these values come from
+
+
+PRESETS: dict[str, Preset] = {
+    "alfworld": Preset(0.01, 0.1, "examples/*_trainer/run_alfworld*.sh"),
+    "webshop": Preset(0.01, 0.1, "examples/*_trainer/run_webshop*.sh"),
+    "search": Preset(0.001, 0.01, "examples/*_trainer/run_search*.sh"),
+}
+PRESET_CHOICES: tuple[str, ...] = ("auto", *PRESETS)
+# Built-in environments and the reference family each stands in for; plug-in envs fall back to DEFAULT_FAMILY.
+ENV_FAMILY: dict[str, str] = {"textworld-cooking": "alfworld", "tool-use": "webshop", "search-qa": "search"}
+DEFAULT_FAMILY = "alfworld"
+
+
+def preset_family(preset: str, envs: set[str]) -> str:
+    """The reference family of a run: ``preset`` itself, or for ``auto`` the family of the rows' environment."""
+    if preset != "auto":
+        return preset
+    families = {ENV_FAMILY.get(e, DEFAULT_FAMILY) for e in envs}
+    if len({(PRESETS[f].kl_coef, PRESETS[f].invalid_action_penalty) for f in families}) > 1:
+        raise ConfigError(
+            f"train --preset auto: the input mixes environments {sorted(envs)} from different reference families "
+            f"{sorted(families)}; fix: pass --preset {'|'.join(PRESETS)}"
+        )
+    unknown = sorted(e for e in envs if e not in ENV_FAMILY)
+    if unknown:
+        log.info("train: env(s) %s have no reference family; using %s settings", unknown, DEFAULT_FAMILY)
+    return min(families) if families else DEFAULT_FAMILY
 
 
 @dataclass
@@ -42,7 +82,7 @@ def resolve_objective(cfg, rows: list[dict]):
     trains at RL step r + 1, so RLSD's weight decays across a pipeline's rounds as across the reference's steps."""
     if cfg.mode != "rl":
         return dataclasses.replace(cfg, kl_coef=0.0, invalid_action_penalty=0.0), 0
-    preset = presets.PRESETS[presets.resolve(cfg.preset, {r["env"] for r in rows})]
+    preset = PRESETS[preset_family(cfg.preset, {r["env"] for r in rows})]
     kl_coef = preset.kl_coef if cfg.kl_coef is None else cfg.kl_coef
     needs = {f"kl_coef = {kl_coef}": "--kl-coef 0"} if kl_coef != 0 else {}  # what needs them: its fix
     if cfg.advantage == "progress":

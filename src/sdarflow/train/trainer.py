@@ -29,7 +29,7 @@ from sdarflow.config import MAX_SEED, opt
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
 from sdarflow.train.engine import TrainEngine
-from sdarflow.train.history import progress_line
+from sdarflow.train.report import progress_line
 from sdarflow.train.samples import RLSample, TokenAdvantages
 from sdarflow.train.schedule import TrainState, WarmupConstant, mini_batch, step_kinds, total_steps
 from sdarflow.train.sft import STOP_WINDOW, SFTPair, reached, sft_micro_step
