@@ -12,7 +12,7 @@ import pytest
 
 from sdarflow import storage
 from sdarflow.skills.library import SkillLibrary
-from sdarflow.teacher import guards
+from sdarflow.teacher import report as guards
 
 SETTINGS = guards.GuardSettings()
 

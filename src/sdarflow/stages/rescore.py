@@ -2,7 +2,7 @@
 skills in its context) and ``ref_logprobs`` (the base model, adapter off, plain context: the KL term's reference) for
 every response token, plus ``skill_ids`` and whether a task-specific skill was found.
 
-Sanity guards (``sdarflow.teacher.guards``) fail the stage before anything is published; the output folder gets
+Sanity guards (``sdarflow.teacher.report``) fail the stage before anything is published; the output folder gets
 ``report.md`` and ``report.html`` beside the Parquet parts, written before the manifest publishes the dataset.
 """
 
@@ -23,7 +23,7 @@ from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher import TEACHER_WEIGHTS
-from sdarflow.teacher.guards import GuardSettings
+from sdarflow.teacher.report import GuardSettings, check_retrieval, check_scores, rescore_summary
 from sdarflow.teacher.rescore import BATCHINGS
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,6 @@ def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.rollout.expert import EXPERT_POLICY
     from sdarflow.skills.library import SkillLibrary
-    from sdarflow.teacher import guards
-    from sdarflow.teacher.report import rescore_summary
     from sdarflow.teacher.rescore import teacher_prompts
 
     require("rescore", input=cfg.input, skills=cfg.skills, model=cfg.model, output=cfg.output)
@@ -175,12 +173,12 @@ def run(cfg: RescoreConfig) -> dict:
     strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
     teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens)
     overridden: list[str] = []
-    guards.check_retrieval(lib, teach.hits, task_types, cfg, overridden)
+    check_retrieval(lib, teach.hits, task_types, cfg, overridden)
 
     ppl = rescore_column(cfg, table, policy)
     old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts, adapter)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
-    guards.check_scores(old, teacher, vocab, teach.unchanged, cfg, overridden)
+    check_scores(old, teacher, vocab, teach.unchanged, cfg, overridden)
 
     summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))

@@ -1,4 +1,4 @@
-"""Teacher rescoring (``rescore``), its sanity guards (``guards``) and the stage's metrics and report (``report``).
+"""Teacher rescoring (``rescore``), and its sanity guards, metrics and report (``report``).
 
 The teacher's weights are chosen by name (``rescore --teacher``): a factory ``(student model, its adapter folder) ->
 context manager`` inside which the model scores as the teacher. ``current`` is SDAR's (the student's own weights);
