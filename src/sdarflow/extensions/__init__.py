@@ -15,6 +15,7 @@ Each plugs into a named extension point of the core, the way env suites do (the 
 - turn rewards, ``rescore --ppl-delta`` + ``train --reward perplexity-delta`` (:mod:`.ppl_delta`);
 - training hooks: the format probe inside a round (``train --format-probe-every``, :mod:`.format_probe`).
 
+:mod:`.train_round` holds the train stage's per-round calls into the EMA, the value head and the probe;
 :mod:`.options` holds their train flags (``TrainOptions``, which the train stage's config extends) and the
 options by name for a study row or the pipeline's ``options`` parameter (``grpo+scpo``).
 """

@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,17 +25,14 @@ import torch
 from sdarflow import storage
 from sdarflow.config import StageConfig, cache_dir, content_hash, opt
 from sdarflow.errors import ConfigError
-from sdarflow.extensions.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
-from sdarflow.extensions.format_probe import LINEAGE_KEY as PROBE_LINEAGE
-from sdarflow.extensions.format_probe import round_probe, with_probe
 from sdarflow.extensions.options import TrainOptions
-from sdarflow.extensions.value_head import ValueHead, fit_round, policy_states
+from sdarflow.extensions.train_round import RoundOptions
 from sdarflow.models.device import precision_opt, resolve_device, weights_dtype
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
 from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
-from sdarflow.train.format_guard import GUARD_HELP, GUARDS, lineage_rates
+from sdarflow.train.format_guard import GUARD_HELP, GUARDS
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
 from sdarflow.train.launch import deterministic_mode
 from sdarflow.train.report import jsonl_writer, publish_run, run_summary
@@ -183,9 +179,8 @@ def weights_placement(cfg: TrainConfig) -> tuple[torch.device, torch.dtype]:
 
 
 def build_model(cfg: TrainConfig):
-    """(policy, trainable model, EMA teacher or None, value head or None): the base with the given adapter, a new
-    LoRA, or all weights (rank 0); with ``--ema-decay``, the moving average the input adapter carries (or the start
-    weights); with ``--value-estimate head``, the head it carries (or a new one)."""
+    """(policy, trainable model, the round's research options): the base with the given adapter, a new LoRA, or
+    all weights (rank 0)."""
     from sdarflow.models import load_policy
     from sdarflow.models.policy import new_lora
 
@@ -196,9 +191,7 @@ def build_model(cfg: TrainConfig):
     if not cfg.adapter and cfg.lora_rank > 0:
         model = new_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     model.train()
-    ema = EmaWeights(model, cfg.ema_decay, previous_average(adapter, model)) if cfg.ema_decay else None
-    head = ValueHead.load(adapter) if cfg.value_estimate == "head" else None
-    return policy, model, ema, head
+    return policy, model, RoundOptions(cfg, model, adapter)
 
 
 @once(None)  # adapter, or model when fully fine-tuned
@@ -250,7 +243,7 @@ def _train(cfg: TrainConfig) -> dict:
     rows = read_rows(cfg.mode, cfg.input)
     cfg, rl_step = resolve_objective(cfg, rows)
     torch.manual_seed(cfg.seed)  # LoRA initialization
-    policy, model, ema, head = build_model(cfg)
+    policy, model, options = build_model(cfg)
     # what the base loaded as (DeepSpeed on a GPU then trains bf16 copies of any float32 weights)
     weights = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     engine = make_engine(
@@ -263,38 +256,30 @@ def _train(cfg: TrainConfig) -> dict:
     )
     shaping = None
     if cfg.mode == "rl":
-        values, fitted, warm = None, {}, False
-        if head:
-            states = policy_states(engine, policy.tokenizer.pad_token_id, cfg.micro_batch_tokens)
-            values, fitted, warm = fit_round(head, states, cfg, rows)
+        values, fitted, warm = options.state_values(engine, policy.tokenizer.pad_token_id, rows)
         shaping = rl_shaping(cfg, rows, values, warm)
         shaping.metrics.update(fitted)
     data = train_inputs(cfg, rows, shaping, policy, rl_step)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps, start=carried_optimizer(cfg, engine))
-    state, save_checkpoint = checkpointing(cfg, engine, data, schedule, ema)
+    state, save_checkpoint = checkpointing(cfg, engine, data, schedule, options.ema)
     resumed_from = state.step if state else 0
     state = state or TrainState()
     warmup = bool(shaping and shaping.warmup)  # a warm-up round fits only the value head
-    probing = (
-        round_probe(cfg, rows, policy, engine, data, schedule, ema)
-        if shaping and not warmup
-        else nullcontext()
-    )
+    probing = options.probing(rows, policy, engine, data, schedule, active=bool(shaping) and not warmup)
 
-    with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp, probing as probe:
+    with tempfile.TemporaryDirectory(prefix="sdarflow-train-") as tmp, probing:
         out = Path(tmp)
         writer = jsonl_writer(out / "metrics.jsonl", state.history) if engine.rank == 0 else None
         start = {}
         if not warmup:
-            if probe:
-                start = probe.start(engine.model, state, lineage_rates(cfg.adapter, PROBE_LINEAGE))
+            start = options.start(engine.model, state)
             state = train(
                 engine,
                 data,
                 cfg,
                 schedule,
                 state=state,
-                on_step=with_probe(with_ema_step(writer, ema), probe, engine.model, state),
+                on_step=options.on_step(writer, engine.model, state),
                 on_checkpoint=save_checkpoint,
             )
         summary = {**run_summary(state.history), **start}
@@ -308,15 +293,9 @@ def _train(cfg: TrainConfig) -> dict:
                 if adam is not None:
                     torch.save({"steps": schedule.start + state.step, "state": adam}, out / OPTIMIZER_FILE)
                 lineage = {FORMAT_RATES: shaping.format_rates} if shaping else {}
-                if probe or warmup:  # a warm-up round passes its input's probes on
-                    lineage[PROBE_LINEAGE] = (
-                        state.probe_rates if probe else lineage_rates(cfg.adapter, PROBE_LINEAGE)
-                    )
+                lineage.update(options.lineage(state, warmup))
                 record = {**summary, "objective": objective, "weights_dtype": weights, **lineage}
-                if ema:
-                    ema.save(out / EMA_DIR)
-                if head:
-                    head.save(out)
+                options.save(out)
                 publish_run(cfg, policy, model, masters, out, state.history, summary, record)
         engine.barrier()
     label = "sft" if cfg.mode == "sft" else cfg.method
