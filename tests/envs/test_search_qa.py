@@ -7,8 +7,7 @@ import json
 import pytest
 
 from sdarflow.envs import EnvError, get_suite
-from sdarflow.envs.search_corpus import BM25, Document, build_world, documents
-from sdarflow.envs.search_qa import QA_SPLITS, SearchQASuite
+from sdarflow.envs.search_qa import BM25, QA_SPLITS, Document, SearchQASuite, build_world, documents
 
 
 @pytest.fixture(scope="module")

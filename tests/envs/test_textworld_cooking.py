@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from sdarflow.envs import EnvError, get_suite, list_envs
-from sdarflow.envs.textworld_cooking import TextWorldCookingSuite, clean_text
-from sdarflow.envs.textworld_games import SPLIT_SPECS, TASK_TYPES, build_game, game_metadata, task_type_of
+from sdarflow.envs.textworld_cooking import (
+    SPLIT_SPECS,
+    TASK_TYPES,
+    TextWorldCookingSuite,
+    build_game,
+    clean_text,
+    game_metadata,
+    task_type_of,
+)
 
 N_GAMES = 3
 
@@ -220,7 +227,7 @@ def test_a_rollout_env_runs_without_the_state_tracker_and_starts_it_only_when_as
 
 
 def test_failed_game_generation_is_one_line_with_the_fix(tmp_path: Path) -> None:
-    from sdarflow.envs.textworld_games import _generate_in_subprocess
+    from sdarflow.envs.textworld_cooking import _generate_in_subprocess
 
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")

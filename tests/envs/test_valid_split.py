@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sdarflow.envs import SPLITS, get_suite
-from sdarflow.envs.textworld_games import SPLIT_SPECS
+from sdarflow.envs.textworld_cooking import SPLIT_SPECS
 
 OTHERS = [s for s in SPLITS if s != "valid"]
 
