@@ -4,7 +4,8 @@ lanes of them, taking turns with their env steps in a worker process).
 Each agent turn becomes one trajectory row (``sdarflow.schema``); the episode's fields are filled in when it ends.
 Env calls run under a watchdog (``rollout.envhost``): an env that raises or hangs past ``step_timeout_s`` ends its
 episode as failed and the run goes on. Groups whose samples are token-identical at temperature > 0 although such a
-repeat was unlikely (a seeding bug seen in other RL systems) are flagged and counted.
+repeat was unlikely (a seeding bug seen in other RL systems) are flagged and counted. ``expert_rollout`` plays
+the env's expert walkthrough into the same rows.
 """
 
 from __future__ import annotations
@@ -22,8 +23,22 @@ from sdarflow import progress
 from sdarflow.envs import EnvSuite, Task
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.envhost import Outcome, ProcessEnvs, open_envs
-from sdarflow.rollout.episode import Episode, GenerationEngine, RolloutParams, RolloutResult, RolloutStats
-from sdarflow.rollout.prompt import build_messages, dumps, encode_prompt, parse_action, parse_reference
+from sdarflow.rollout.episode import (
+    Episode,
+    GenerationEngine,
+    RolloutParams,
+    RolloutResult,
+    RolloutStats,
+    Sample,
+)
+from sdarflow.rollout.prompt import (
+    build_messages,
+    dumps,
+    encode_prompt,
+    format_response,
+    parse_action,
+    parse_reference,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +47,7 @@ MAX_GROUP_WARNINGS = 5  # one line per flagged group up to this many, then a cou
 # a group's samples all alike is flagged only when one sample's tokens had less than this chance to come again
 REPEAT_PROBABILITY = 1e-3
 ActionParser = Callable[[str, bool], tuple[str, bool]]
+EXPERT_POLICY = "expert"
 
 
 def sample_seed(*parts: object) -> int:
@@ -362,3 +378,61 @@ def identical_groups(episodes: list[Episode]) -> list[str]:
     return sorted(
         gid for gid, sigs in groups.items() if sizes[gid] >= 2 and len(sigs) == 1 and not likely[gid]
     )
+
+
+def expert_rollout(
+    suite: EnvSuite,
+    tasks: list[Task],
+    params: RolloutParams,
+    tokenizer,
+    eos_id: int,
+    *,
+    run_id: str,
+    round_: int,
+) -> RolloutResult:
+    """The env's expert walkthrough played as a rollout (``generate --policy expert``, then ``train --mode sft``:
+    RL then starts with successes): one walkthrough per task, at most ``params.max_turns`` turns, with the turn
+    rows a policy's rollout writes; an env without an expert (``expert_action`` None from the start) gives an
+    episode without rows. The response is the action in the prompt format (in ``reference``, an empty
+    ``<think></think>``: a walkthrough holds no reasoning) followed by the end-of-turn token; the expert is not a
+    model, so its rows carry no behaviour log-probs (NaN, refused by rescore)."""
+    t0 = time.perf_counter()
+    stats, episodes = RolloutStats(), []
+    parse = action_parser(suite, params.prompt_format)
+    for i, task in enumerate(progress.bar(tasks, desc="expert walkthroughs", unit="ep")):
+        group_id = f"{run_id}/r{round_}/{task.task_id}"
+        ep = Episode(task, group_id, f"{group_id}/{EXPERT_POLICY}", i, "", "")
+        env = suite.make(task)
+        try:
+            _play_expert(env, ep, params, tokenizer, eos_id, parse, (run_id, round_, EXPERT_POLICY))
+        finally:
+            env.close()
+        stats.env_steps += ep.env_steps
+        episodes.append(ep)
+    rows = finish(episodes, suite.name)
+    stats.seconds = time.perf_counter() - t0
+    return RolloutResult(rows, episodes, stats)
+
+
+def _play_expert(env, ep: Episode, params: RolloutParams, tokenizer, eos_id: int, parse, lineage) -> None:
+    reset = env.reset()
+    ep.instruction, ep.observation = reset.instruction, reset.observation
+    listed = params.prompt_format == "reference" and hasattr(env, "admissible_commands")
+    for turn in range(params.max_turns):
+        if (action := env.expert_action()) is None:
+            return
+        ep.admissible = tuple(env.admissible_commands()) if listed else None
+        msgs = messages_of(ep, params)
+        text = format_response(action, params.prompt_format)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
+        step = env.step(action)
+        ep.observation, ep.won, ep.total = step.observation, step.won, ep.total + step.reward
+        ep.actions.append(action)
+        ep.env_steps += 1
+        sample = Sample(ids, [math.nan] * len(ids), text, True)
+        ok = parse(text, True)[1]
+        ep.rows.append(
+            turn_row(ep, turn, msgs, encode_prompt(tokenizer, msgs), sample, step.reward, ok, lineage)
+        )
+        if step.done:
+            return

@@ -195,7 +195,7 @@ def _expert(cfg: GenerateConfig, suite, tasks: list) -> RolloutResult:
     from sdarflow.models.identity import check_model_dir
     from sdarflow.rollout.engine import prompt_format
     from sdarflow.rollout.episode import RolloutParams
-    from sdarflow.rollout.expert import expert_rollout
+    from sdarflow.rollout.loop import expert_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(check_model_dir(cfg.model))
     params = RolloutParams(

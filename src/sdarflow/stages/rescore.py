@@ -145,7 +145,7 @@ def _run_metrics(
 def run(cfg: RescoreConfig) -> dict:
     from sdarflow.extensions.ppl_delta import rescore_column
     from sdarflow.models import load_policy
-    from sdarflow.rollout.expert import EXPERT_POLICY
+    from sdarflow.rollout.loop import EXPERT_POLICY
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher.rescore import teacher_prompts
 
