@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from sdarflow.errors import ConfigError
-from sdarflow.skills import bandit
 from sdarflow.skills.library import SkillLibrary
-from sdarflow.skills.retrieve import STRATEGIES, full, get_strategy, keyword
+from sdarflow.skills.retrieve import STRATEGIES, arm, carry_over, full, get_strategy, keyword, update
 
 REFERENCE = Path(__file__).parent / "data" / "reference_library"
 # A rendered student prompt as keyword retrieval reads it: the decoded ids, chat-template markers included.
@@ -219,14 +218,14 @@ def test_bandit_reward_is_the_outcome_signed_gap(ref):
             "teacher_logprobs": [],
         },
     ]
-    stats = bandit.update(ref, rows)
+    stats = update(ref, rows)
     assert stats["arms"] == {"cut": {"cutting": {"pulls": 2, "reward_sum": 0.5}}}  # +1.0 and -0.5
     assert "general" not in json.dumps(stats["arms"])
-    assert bandit.arm(stats, "cut", "cutting") == (2, 0.25)
+    assert arm(stats, "cut", "cutting") == (2, 0.25)
     ref.stats = stats
     # a skill whose text changed loses its statistics; unchanged ones keep them
     ref.skills["cutting"].text += "\n4. Eat the meal.\n"
-    assert bandit.carry_over(stats, ref)["arms"] == {}
+    assert carry_over(stats, ref)["arms"] == {}
 
 
 def test_unknown_strategy_lists_the_valid_names():

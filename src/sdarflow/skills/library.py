@@ -6,7 +6,7 @@ A library is a folder::
                           "task_keywords": {task_type: [keyword, ...]}, "evidence": {name: {...}}}
     general_skills.md    advice for every task (whatever its key: the reference says general or general_skills)
     <name>.md            one Markdown file per skill
-    skill_stats.json     optional: the UCB bandit's per-skill reward statistics (``sdarflow.skills.bandit``)
+    skill_stats.json     optional: the UCB bandit's per-skill reward statistics (``sdarflow.skills.retrieve``)
 
 Only ``skill_files`` (or, failing that, the ``*.md`` files) is needed. Order matters, as in the reference
 (``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``): ``full`` and ``keyword`` retrieval follow
@@ -77,7 +77,7 @@ class SkillLibrary:
     skills: dict[str, Skill] = field(default_factory=dict)
     # Per task type, the words that identify it in the rendered prompt (reference ``task_keywords``), in order.
     task_keywords: dict[str, list[str]] = field(default_factory=dict)
-    # Bandit statistics carried across rounds (see sdarflow.skills.bandit); {} when never updated.
+    # Bandit statistics carried across rounds (see sdarflow.skills.retrieve); {} when never updated.
     stats: dict = field(default_factory=dict)
 
     @property
@@ -210,7 +210,7 @@ class _Arm(Checked):
 
 @dataclass
 class _Stats(FileSchema):
-    """``skill_stats.json`` in the layout ``skills.bandit`` writes: task type -> skill -> arm (they feed UCB
+    """``skill_stats.json`` in the layout ``skills.retrieve`` writes: task type -> skill -> arm (they feed UCB
     scores)."""
 
     arms: dict[str, dict[str, _Arm]] = opt({}, "the bandit's arms by task type and skill")

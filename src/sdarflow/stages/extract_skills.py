@@ -20,7 +20,7 @@ from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
-from sdarflow.skills import bandit
+from sdarflow.skills import retrieve
 from sdarflow.skills.accuracy import VERDICTS, score_library
 from sdarflow.skills.extract import MIN_SUPPORT, episodes_from_rows, extract_skills
 from sdarflow.skills.library import GENERAL, SkillLibrary
@@ -131,7 +131,7 @@ def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> d
             )
     cols = ["task_type", "success", "skill_ids", "old_logprobs", "teacher_logprobs"]
     rows = storage.read_table(cfg.rescored, kind="rescored", schema=RESCORED_SCHEMA).select(cols).to_pylist()
-    return bandit.update(previous, rows)
+    return retrieve.update(previous, rows)
 
 
 def _new_skills(
@@ -192,7 +192,7 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     rounds = table.column("round").unique().to_pylist()
     new, rejected = _new_skills(cfg, episodes, rounds[0] if len(rounds) == 1 else None)
     lib, decisions = merge(previous, new, cfg.min_support, cfg.dedupe_threshold)
-    lib.stats = bandit.carry_over(stats, lib)
+    lib.stats = retrieve.carry_over(stats, lib)
     accuracy = _accuracy(table.column("env").unique().to_pylist(), lib)
     metrics = {} if accuracy is None else {f"skills/rules_{v}": accuracy[v] for v in VERDICTS}
     metrics["skills/replacements_made"] = sum(d["replaced"] for d in decisions)
