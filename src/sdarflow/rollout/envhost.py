@@ -51,19 +51,15 @@ class Outcome:
         return self.error is None
 
 
-def _describe(err: BaseException) -> str:
-    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
-    where = f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else ""
-    return f"{type(err).__name__}: {err}{where}"
-
-
 def _run(fn: Callable[[], Any], out: Outcome) -> None:
     start = time.perf_counter()
     try:
         out.value = fn()
     # Deliberately broad: any failure inside env code ends that episode only (recorded, logged, counted).
     except Exception as err:
-        out.error = _describe(err)
+        frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+        where = f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else ""
+        out.error = f"{type(err).__name__}: {err}{where}"
     out.seconds = time.perf_counter() - start
 
 

@@ -177,7 +177,12 @@ class _Rollout:
         outcomes = self.envs.result()
         self.stats.env_seconds += time.perf_counter() - start
         if batch.turn < 0:
-            _apply_resets(batch.episodes, outcomes)
+            for ep, out in zip(batch.episodes, outcomes, strict=True):
+                if out.ok:
+                    ep.instruction, ep.observation = out.value.instruction, out.value.observation
+                    ep.admissible = out.value.admissible
+                else:
+                    _fail(ep, out, "reset")
             _check_first_prompts(batch.episodes, self.episodes, self.envs, self.params, self.tokenizer)
         else:
             _apply_steps(batch, outcomes, self.params, self.lineage, self.hint)
@@ -226,15 +231,6 @@ class _Rollout:
                 )  # fmt: skip
         if in_flight is not None:
             self.land(in_flight)
-
-
-def _apply_resets(episodes: list[Episode], outcomes: list[Outcome]) -> None:
-    for ep, out in zip(episodes, outcomes, strict=True):
-        if out.ok:
-            ep.instruction, ep.observation = out.value.instruction, out.value.observation
-            ep.admissible = out.value.admissible
-        else:
-            _fail(ep, out, "reset")
 
 
 def _close(episodes: list[Episode], envs) -> None:

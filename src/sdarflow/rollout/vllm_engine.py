@@ -42,18 +42,6 @@ class VLLMOptions:
     enforce_eager: bool = False
 
 
-def import_vllm():
-    """The ``vllm`` module, or ConfigError with the install fix (one line)."""
-    try:
-        import vllm
-    except ImportError as err:
-        raise ConfigError(
-            f"engine 'vllm' needs the vllm package, which cannot be imported here ({err}); fix: {INSTALL_FIX}, "
-            f"or use --engine hf"
-        ) from err
-    return vllm
-
-
 def adapter_rank(adapter: str, base: str) -> int:
     """The largest LoRA rank of a PEFT folder (``rank_pattern`` included), after checking it was trained on
     ``base`` (ModelError otherwise)."""
@@ -79,7 +67,14 @@ class VLLMEngine:
         config = json.loads((Path(model) / "config.json").read_text())
         self.max_context = self.options.max_model_len or int(config.get("max_position_embeddings", 0))
         self.lora_rank = adapter_rank(adapter, model) if adapter else 0
-        self._vllm = import_vllm()
+        try:
+            import vllm
+        except ImportError as err:
+            raise ConfigError(
+                f"engine 'vllm' needs the vllm package, which cannot be imported here ({err}); fix: {INSTALL_FIX}, "
+                f"or use --engine hf"
+            ) from err
+        self._vllm = vllm
         self._llm = None
         self._lora = None
 
