@@ -46,38 +46,33 @@ def _overview_table(report: Mapping[str, Any], baseline: Mapping[str, Any] | Non
     return header, rows
 
 
+def _vs_baseline(header: list[str], rows: list, baseline: Mapping[str, Any] | None, label: str) -> Table:
+    """``rows`` of (cells, value, the baseline's value); with a baseline, its value and the delta are added."""
+    if baseline is None:
+        return header, [cells for cells, _, _ in rows]
+    return header + [label, "Δ vs baseline"], [cells + [number(b), _delta(v, b)] for cells, v, b in rows]
+
+
 def _pass_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Table:
     base = _split_of(baseline, split)
     # n next to every figure: an interval means little without the counts behind it.
-    header = ["k", "pass@k", "95% CI", "tasks × samples"] + (
-        ["baseline", "Δ vs baseline"] if baseline is not None else []
-    )
     counts = f"{s['n_tasks']} × {s['samples_per_task']}"
     rows = []
     for k, value in s["pass_at_k"].items():
         lo, hi = s["ci95"][k]
-        row = [k, number(value), f"{lo:.3f} – {hi:.3f}", counts]
-        if baseline is not None:
-            b = None if base is None else base["pass_at_k"].get(k)
-            row += [number(b), _delta(value, b)]
-        rows.append(row)
-    return header, rows
+        b = None if base is None else base["pass_at_k"].get(k)
+        rows.append(([k, number(value), f"{lo:.3f} – {hi:.3f}", counts], value, b))
+    return _vs_baseline(["k", "pass@k", "95% CI", "tasks × samples"], rows, baseline, "baseline")
 
 
 def _type_table(split: str, s: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> Table:
     base_types = (_split_of(baseline, split) or {}).get("by_task_type", {})
-    header = ["task type", "tasks", "pass@1"] + (
-        ["baseline pass@1", "Δ vs baseline"] if baseline is not None else []
-    )
     rows = []
     for task_type, t in s["by_task_type"].items():
         value = t["pass_at_k"].get("1")
-        row = [task_type, str(t["n_tasks"]), number(value)]
-        if baseline is not None:
-            b = base_types.get(task_type, {}).get("pass_at_k", {}).get("1")
-            row += [number(b), _delta(value, b)]
-        rows.append(row)
-    return header, rows
+        b = base_types.get(task_type, {}).get("pass_at_k", {}).get("1")
+        rows.append(([task_type, str(t["n_tasks"]), number(value)], value, b))
+    return _vs_baseline(["task type", "tasks", "pass@1"], rows, baseline, "baseline pass@1")
 
 
 def evaluation_report(
