@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from sdarflow.errors import SdarflowError
 
 # valid: held out like test, disjoint from every other split; settings are chosen on it, results reported on test
-Split = Literal["train", "valid", "test", "ood"]
 SPLITS: tuple[str, ...] = ("train", "valid", "test", "ood")
 S = TypeVar("S")  # a suite's per-split settings
 
