@@ -89,11 +89,21 @@ class OpenAIChat:
         for attempt in range(self.retries + 1):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                    return self._content(resp.read())
+                    raw = resp.read()
+                break
             except urllib.error.HTTPError as err:
+                if err.code in (401, 403):
+                    raise SkillExtractionError(
+                        f"LLM endpoint {self.url} refused the request (HTTP {err.code}); fix: put the API key in "
+                        f"the environment variable {self.api_key_env} (it is read from there only)"
+                    ) from err
                 # Rate limits and server errors are transient; anything else will not get better by retrying.
                 if err.code not in (429, 500, 502, 503, 504) or attempt == self.retries:
-                    raise self._http_error(err) from err
+                    detail = err.read()[:200].decode(errors="replace") if err.fp else ""
+                    raise SkillExtractionError(
+                        f"LLM endpoint {self.url} answered HTTP {err.code} {detail!r}; fix: check --llm-model "
+                        f"('{self.model}') and the server's logs"
+                    ) from err
             # IncompleteRead: the body ended before its Content-Length (a dropped connection)
             except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
                 if attempt == self.retries:
@@ -102,21 +112,6 @@ class OpenAIChat:
                         f"--llm-base-url (e.g. http://host:8000/v1) and that the server is up"
                     ) from err
             time.sleep(0.5 * 2**attempt)
-        raise AssertionError("unreachable")
-
-    def _http_error(self, err: urllib.error.HTTPError) -> SkillExtractionError:
-        if err.code in (401, 403):
-            return SkillExtractionError(
-                f"LLM endpoint {self.url} refused the request (HTTP {err.code}); fix: put the API key in the "
-                f"environment variable {self.api_key_env} (it is read from there only)"
-            )
-        detail = err.read()[:200].decode(errors="replace") if err.fp else ""
-        return SkillExtractionError(
-            f"LLM endpoint {self.url} answered HTTP {err.code} {detail!r}; fix: check --llm-model "
-            f"('{self.model}') and the server's logs"
-        )
-
-    def _content(self, raw: bytes) -> str:
         try:
             content = json.loads(raw)["choices"][0]["message"]["content"]
         # ValueError: not JSON, not UTF-8, or a number too long to convert
