@@ -1,5 +1,2 @@
 """Evaluation: pass@k with its intervals (``metrics``), paired comparisons (``compare``) and the report with its
 plots (``report``; matplotlib and Jinja2 are imported on first use, so importing this package stays cheap)."""
-
-from sdarflow.evaluate.metrics import build_report
-from sdarflow.evaluate.report import evaluation_report, plots

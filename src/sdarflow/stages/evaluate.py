@@ -106,7 +106,7 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
-    from sdarflow.evaluate import build_report
+    from sdarflow.evaluate.metrics import build_report
     from sdarflow.stages.generate import open_engine
 
     require("evaluate", model=cfg.model, output=cfg.output)
@@ -146,7 +146,7 @@ def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None, headline:
     """The report as JSON, Markdown and HTML with its plots, published at ``cfg.output`` (and, with
     ``--tracking-uri``, logged to MLflow with the ``headline`` metrics)."""
     from sdarflow import report as render
-    from sdarflow.evaluate import evaluation_report, plots
+    from sdarflow.evaluate.report import evaluation_report, plots
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
