@@ -153,7 +153,12 @@ class SkillLibrary:
         mapping = _read_json(folder / MAPPING, folder, required=True)
         fix = "fix: write it as in the reference layout"
         _Mapping.check(mapping, f"skill library '{folder}': {MAPPING}", fix, StorageError)
-        files = _skill_files(mapping, folder)
+        # skill_files, or every Markdown file when absent; general_skills.md is always included
+        files = dict(mapping.get("skill_files") or {}) or {
+            p.stem: p.name for p in sorted(folder.glob("*.md"))
+        }
+        if GENERAL_FILE not in files.values() and (folder / GENERAL_FILE).is_file():
+            files[GENERAL] = GENERAL_FILE
         types: dict[str, list[str]] = {}
         for task_type, names in mapping.get("task_to_skill", {}).items():
             # The reference maps a task type to one skill; a list (several skills per type) is accepted too.
@@ -232,16 +237,6 @@ def _read_json(path: Path, folder: Path, required: bool) -> dict:
             f"stage does (extract-skills)"
         )
     return data
-
-
-def _skill_files(mapping: dict, folder: Path) -> dict[str, str]:
-    """``skill_files``, or every Markdown file when absent; ``general_skills.md`` is always included."""
-    files = dict(mapping.get("skill_files") or {})
-    if not files:
-        files = {p.stem: p.name for p in sorted(folder.glob("*.md"))}
-    if GENERAL_FILE not in files.values() and (folder / GENERAL_FILE).is_file():
-        files[GENERAL] = GENERAL_FILE
-    return files
 
 
 def _keyword_list(value) -> list[str]:

@@ -169,13 +169,6 @@ def _new_skills(
     return new, rejected
 
 
-def _accuracy(envs: list[str], lib: SkillLibrary) -> dict | None:
-    """The library scored against the ground truth of the env its trajectories came from (sdarflow.skills.accuracy);
-    None where that env has none (or the trajectories mix envs)."""
-    truth = getattr(get_suite(envs[0]), "skill_truth", None) if len(envs) == 1 and envs[0] else None
-    return None if truth is None else score_library(lib, truth())
-
-
 def _shown(value) -> str:
     if isinstance(value, float):
         return f"{value:.2f}"
@@ -282,7 +275,10 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     new, rejected = _new_skills(cfg, episodes, rounds[0] if len(rounds) == 1 else None)
     lib, decisions = merge(previous, new, cfg.min_support, cfg.dedupe_threshold)
     lib.stats = retrieve.carry_over(stats, lib)
-    accuracy = _accuracy(table.column("env").unique().to_pylist(), lib)
+    # scored against the ground truth of the env the trajectories came from; None where it has none (or they mix)
+    envs = table.column("env").unique().to_pylist()
+    truth = getattr(get_suite(envs[0]), "skill_truth", None) if len(envs) == 1 and envs[0] else None
+    accuracy = None if truth is None else score_library(lib, truth())
     metrics = {} if accuracy is None else {f"skills/rules_{v}": accuracy[v] for v in VERDICTS}
     metrics["skills/replacements_made"] = sum(d["replaced"] for d in decisions)
     metrics["skills/replacements_refused"] = sum(not d["replaced"] for d in decisions)
