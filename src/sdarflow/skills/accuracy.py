@@ -12,7 +12,6 @@ steps are not scored.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from sdarflow.envs import SkillTruth
@@ -22,11 +21,6 @@ from sdarflow.skills.library import Skill, SkillLibrary
 VERDICTS = ("right", "wrong", "recipe_blind")
 
 
-def _verdict(holds: Iterable[bool]) -> str:
-    holds = list(holds)
-    return "right" if all(holds) else "wrong" if not any(holds) else "recipe_blind"
-
-
 def score_skill(skill: Skill, types: list[str], truth: SkillTruth) -> dict[str, list[str]]:
     """The skill's scored rules and steps by verdict (``"direction: action"`` for rules, the step for steps)."""
     out: dict[str, list[str]] = {v: [] for v in VERDICTS}
@@ -34,8 +28,9 @@ def score_skill(skill: Skill, types: list[str], truth: SkillTruth) -> dict[str, 
         if direction not in truth.actions:
             continue
         needs = truth.needs[direction]
-        holds = (needs in truth.prepared_by[t] and action == truth.actions[direction] for t in types)
-        out[_verdict(holds)].append(f"{direction}: {action}")
+        holds = [needs in truth.prepared_by[t] and action == truth.actions[direction] for t in types]
+        verdict = "right" if all(holds) else "wrong" if not any(holds) else "recipe_blind"
+        out[verdict].append(f"{direction}: {action}")
     by_action = {action: truth.needs[d] for d, action in truth.actions.items()}
     for step in skill.steps:
         if step in by_action:

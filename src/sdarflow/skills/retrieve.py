@@ -140,14 +140,6 @@ STRATEGIES.register("full")(lambda **_: full)
 REWARD = "sign(success) * mean_t(teacher_logprob - old_logprob) per rescored row, credited to its non-general skills"
 
 
-def row_reward(success: bool, old: list[float], teacher: list[float]) -> float | None:
-    """The reward of one rescored row (None for a row without response tokens)."""
-    if not old:
-        return None
-    gap = sum(q - s for s, q in zip(old, teacher, strict=True)) / len(old)
-    return gap if success else -gap
-
-
 def arm(stats: dict, task_type: str, skill: str) -> tuple[int, float]:
     """(pulls, mean reward) of a skill for a task type; (0, 0.0) when never observed."""
     entry = stats.get("arms", {}).get(task_type, {}).get(skill)
@@ -174,9 +166,11 @@ def update(lib: SkillLibrary, rows: list[dict]) -> dict:
     general = lib.general.name if lib.general else None
     credited = 0
     for row in rows:
-        r = row_reward(row["success"], row["old_logprobs"], row["teacher_logprobs"])
-        if r is None:
+        old, teacher = row["old_logprobs"], row["teacher_logprobs"]
+        if not old:  # no response tokens, no reward
             continue
+        gap = sum(q - s for s, q in zip(old, teacher, strict=True)) / len(old)
+        r = gap if row["success"] else -gap
         # Once per skill: keyword retrieval lists a skill twice when two matching task types map to it.
         for name in dict.fromkeys(row["skill_ids"]):
             if name == general or name not in lib.skills:
