@@ -190,17 +190,6 @@ def _game_files(seed: int) -> tuple[str, str]:
     return f"{seed}.json", f"{seed}.z8"  # in the order they are written: the z8 marks a complete game
 
 
-def _fetch_shared(shared: str, seeds: Sequence[int], game_dir: Path) -> set[int]:
-    """The seeds among ``seeds`` whose games are in ``shared``, copied into ``game_dir`` (``storage.write_bytes``
-    renames each file into place, so a local z8 is always a whole game)."""
-    there = set(storage.children(shared))
-    fetched = [seed for seed in seeds if _game_files(seed)[1] in there]
-    for seed in fetched:
-        for name in _game_files(seed):
-            storage.write_bytes(str(game_dir / name), storage.read_bytes(storage.join(shared, name)))
-    return set(fetched)
-
-
 def ensure_games(
     spec: SplitSpec, seeds: Sequence[int], game_dir: Path, workers: int = 2, shared: str = ""
 ) -> list[Path]:
@@ -210,13 +199,17 @@ def ensure_games(
     paths = [game_dir / f"{seed}.z8" for seed in seeds]
     missing = [seed for seed, path in zip(seeds, paths) if not path.exists()]
     if shared and missing:
-        try:
-            fetched = _fetch_shared(shared, missing, game_dir)
+        try:  # storage.write_bytes renames each file into place, so a local z8 is always a whole game
+            there = set(storage.children(shared))
+            fetched = [seed for seed in missing if _game_files(seed)[1] in there]
+            for seed in fetched:
+                for name in _game_files(seed):
+                    storage.write_bytes(str(game_dir / name), storage.read_bytes(storage.join(shared, name)))
         except (StorageError, OSError) as err:
             log.warning(
                 "tw-cooking games: cannot read %s (%s); generating them", shared, str(err).splitlines()[0]
             )
-            fetched = set()
+            fetched = []
         if fetched:
             log.info("tw-cooking games: %d from %s", len(fetched), shared)
         missing = [seed for seed in missing if seed not in fetched]
@@ -429,16 +422,14 @@ class TextWorldCookingSuite:
         """The generation settings of ``split``; EnvError naming the allowed splits if unknown."""
         return split_spec(self.splits, split, self.name)
 
-    def game_dir(self, split: str) -> Path:
-        """Cache folder holding the games of ``split``'s settings."""
-        return self.cache_dir / "games" / self.spec(split).settings_hash()
-
     def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
         """``n`` tasks of ``split`` from ``start`` (``task_indices``), generating games not yet cached."""
         spec = self.spec(split)
         seeds = [spec.seed_base + i for i in task_indices(split, spec.size, n, start)]
         shared = storage.join(self.shared, "games", spec.settings_hash()) if self.shared else ""
-        paths = ensure_games(spec, seeds, self.game_dir(split), self.workers, shared)
+        paths = ensure_games(
+            spec, seeds, self.cache_dir / "games" / spec.settings_hash(), self.workers, shared
+        )
         types = [task_type_of(game_metadata(path)["walkthrough"]) for path in paths]
         return [
             Task(f"tw-cooking-{split}-{seed}", t, split, str(path))
