@@ -19,10 +19,8 @@ class RoundOptions:
     """The options of a round whose student is ``model``: the moving average the input ``adapter`` carries (or the
     start weights), and the value head it carries (or a new one)."""
 
-    def __init__(
-        self, cfg, model, adapter: str | None
-    ) -> None:  # cfg resolved (train.rl_setup.resolve_objective)
-        self.cfg = cfg
+    def __init__(self, cfg, model, adapter: str | None) -> None:
+        self.cfg = cfg  # resolved (train.rl_setup.resolve_objective)
         self.ema = (
             EmaWeights(model, cfg.ema_decay, previous_average(adapter, model)) if cfg.ema_decay else None
         )
