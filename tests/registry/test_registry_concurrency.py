@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sdarflow import storage
-from sdarflow.registry import Registry, RegistryConflict, aliases, cas
+from sdarflow.registry import Registry, RegistryConflict, cas, store
 
 
 def test_cas_write_exactly_one_of_two_wins(registry_uri):
@@ -62,14 +62,14 @@ def test_racing_promotions_exactly_one_wins(registry_uri, make_adapter, report, 
 
     # Both promoters read the alias state before either writes: the worst case CAS must handle.
     barrier = threading.Barrier(2, timeout=20)
-    original = aliases.read_aliases
+    original = store.read_aliases
 
     def read_then_wait(layout):
         state = original(layout)
         barrier.wait()
         return state
 
-    monkeypatch.setattr(aliases, "read_aliases", read_then_wait)
+    monkeypatch.setattr(store, "read_aliases", read_then_wait)
 
     def promote(version: int) -> int | RegistryConflict:
         try:
@@ -80,7 +80,7 @@ def test_racing_promotions_exactly_one_wins(registry_uri, make_adapter, report, 
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(promote, [2, 3]))
-    monkeypatch.setattr(aliases, "read_aliases", original)
+    monkeypatch.setattr(store, "read_aliases", original)
 
     winners = [r for r in results if isinstance(r, int)]
     losers = [r for r in results if isinstance(r, RegistryConflict)]

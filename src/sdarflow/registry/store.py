@@ -1,8 +1,8 @@
 """The adapter registry: immutable numbered versions, stage aliases with history, a promotion gate, an audit log.
 
 Writers are concurrent pipeline runs and people, so every shared write is conditional: a version number is
-claimed by creating its claim marker exclusively, aliases move by compare-and-swap
-(:mod:`sdarflow.registry.aliases`), and each audit event is an object of its own, so appends never race.
+claimed by creating its claim marker exclusively, aliases (``aliases.json``: each stage's version, with its
+history) move by compare-and-swap, and each audit event is an object of its own, so appends never race.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import storage
+from sdarflow.config import FileSchema, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.lora import lora_rank
-from sdarflow.registry import aliases, cas, gate, intake
+from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.card import model_card
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
@@ -46,6 +47,84 @@ def default_actor() -> str:
     """Who is acting, for history and audit: ``SDARFLOW_ACTOR`` (set it in pipelines) or user@host."""
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
     return os.environ.get("SDARFLOW_ACTOR") or f"{user}@{socket.gethostname()}"
+
+
+def read_aliases(layout: Layout) -> tuple[dict[str, Any], str | None]:
+    """The alias state and its etag (None when no alias was ever set); pass the etag to :func:`move_alias`."""
+    data, etag = cas.read_versioned(layout.aliases)
+    if data is None:
+        return {"name": layout.name, "stages": {}}, None
+    try:
+        state = json.loads(data)
+    except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested without end
+        raise StorageError(f"'{layout.aliases}' is not valid JSON ({err}); fix: restore it") from err
+    try:  # the shape the registry writes: a version is used to build a path, so it must be a number >= 1
+        _AliasState.from_dict(state)
+    except ConfigError as err:
+        raise StorageError(
+            f"'{layout.aliases}' is not an alias state: {str(err).split('; fix:')[0]}; fix: restore it from a "
+            f"backup (the registry's audit log records every change)"
+        ) from None
+    for entry in state.setdefault("stages", {}).values():
+        entry.setdefault("history", [])
+    return state, etag
+
+
+def move_alias(
+    layout: Layout, state: dict[str, Any], etag: str | None, stage: str, event: dict[str, Any]
+) -> None:
+    """Point ``stage`` at ``event["version"]``, appending ``event`` (with its time) to the stage's history, and
+    write the state back only if it is still the one read with ``etag`` (:class:`RegistryConflict` otherwise)."""
+    entry = state["stages"].setdefault(stage, {"version": None, "history": []})
+    entry["history"].append({**event, "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
+    entry["version"] = event["version"]
+    try:
+        cas.cas_write(layout.aliases, json.dumps(state, indent=2, sort_keys=True).encode(), etag)
+    except RegistryConflict as err:
+        raise RegistryConflict(
+            f"{event['action']} of {layout.name} v{event['version']} to {stage} failed: someone else changed the "
+            f"aliases of '{layout.name}' at the same time; fix: check `sdarflow registry list --registry "
+            f"{layout.root} --policy-name {layout.name}` and retry"
+        ) from err
+    before = f"v{event['from']}" if event["from"] else "(none)"
+    log.info("%s %s: %s -> v%d", layout.name, stage, before, event["version"])
+
+
+def alias_stack(history: list[dict[str, Any]]) -> list[int]:
+    """Replay history: a promotion pushes its version, a rollback pops one; the top is the current version.
+
+    Popping (not "the previous history entry") makes two rollbacks go back two versions instead of toggling.
+    """
+    stack: list[int] = []
+    for item in history:
+        if item.get("action") == "rollback":
+            if stack:
+                stack.pop()
+        else:
+            stack.append(int(item["version"]))
+    return stack
+
+
+@dataclasses.dataclass
+class _Event(FileSchema):
+    version: int | None = opt(None, "the version a promotion pointed the stage at", ge=1)
+    action: str = opt("", "promote or rollback")
+
+    def validate(self) -> None:
+        # a promotion event carries its version; a rollback's may be empty
+        if self.version is None and self.action != "rollback":
+            raise ConfigError("a promotion in the history names no version")
+
+
+@dataclasses.dataclass
+class _Stage(FileSchema):
+    version: int | None = opt(None, "the version the stage points at now", ge=1)
+    history: list[_Event] = opt([], "every promotion and rollback of the stage")
+
+
+@dataclasses.dataclass
+class _AliasState(FileSchema):
+    stages: dict[str, _Stage] = opt({}, "each stage's alias")
 
 
 # Bounds the claim loop: more than this many writers racing for one name means something is wrong.
@@ -242,17 +321,17 @@ class Registry:
 
     def aliases(self, name: str) -> dict[str, int]:
         """Stage -> current version."""
-        state, _ = aliases.read_aliases(self._layout(name))
+        state, _ = read_aliases(self._layout(name))
         return {stage: entry["version"] for stage, entry in state["stages"].items() if entry.get("version")}
 
     def alias_history(self, name: str, stage: str = "production") -> list[dict[str, Any]]:
-        state, _ = aliases.read_aliases(self._layout(name))
+        state, _ = read_aliases(self._layout(name))
         return list(state["stages"].get(validate_stage(stage), {}).get("history", []))
 
     def list_versions(self, name: str) -> list[dict[str, Any]]:
         """One row per published version: version, created_at, by, pass@1 on test/ood, aliases pointing at it."""
         layout = self._layout(name)
-        aliases = self.aliases(name)
+        current = self.aliases(name)
         rows = []
         for version in self._published(layout):
             manifest = self._manifest(layout, version)
@@ -263,7 +342,7 @@ class Registry:
                     "created_at": manifest.get("created_at"),
                     "by": manifest.get("registered_by"),
                     "pass@1": {split: gate.pass_at_1(report, split) for split in ("test", "ood")},
-                    "aliases": sorted(stage for stage, v in aliases.items() if v == version),
+                    "aliases": sorted(stage for stage, v in current.items() if v == version),
                 }
             )
         return rows
@@ -366,7 +445,7 @@ class Registry:
         number = self.resolve(name, version)
         actor = actor or default_actor()
 
-        state, etag = aliases.read_aliases(layout)
+        state, etag = read_aliases(layout)
         entry = state["stages"].get(stage, {"version": None, "history": []})
         current = entry.get("version")
         if current == number:
@@ -380,7 +459,7 @@ class Registry:
             raise GateRefused(gate.refusal_message(verdict["gate_failures"]))
         if event["gate"] == "overridden":
             log.warning("gate overridden for %s v%d (%s): %s", name, number, reason, verdict["gate_failures"])
-        aliases.move(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
+        move_alias(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
         return self._audit(
             layout, "promote", stage=stage, by=actor, reason=reason, forced=force, **event, **verdict
         )
@@ -435,16 +514,16 @@ class Registry:
         layout = self._layout(name)
         validate_stage(stage)
         actor = actor or default_actor()
-        state, etag = aliases.read_aliases(layout)
+        state, etag = read_aliases(layout)
         history = state["stages"].get(stage, {}).get("history", [])
-        stack = aliases.alias_stack(history)
+        stack = alias_stack(history)
         if len(stack) < 2:
             raise RegistryError(
                 f"'{name}' {stage} has no previous version to roll back to (versions so far: {stack or 'none'}); "
                 f"fix: promote a version explicitly with `sdarflow registry promote`"
             )
         event = {"version": stack[-2], "action": "rollback", "from": stack[-1]}
-        aliases.move(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
+        move_alias(layout, state, etag, stage, {**event, "by": actor, "reason": reason})
         return self._audit(layout, "rollback", stage=stage, by=actor, reason=reason, **event)
 
     def _audit(self, layout: Layout, event: str, **fields: Any) -> dict[str, Any]:
