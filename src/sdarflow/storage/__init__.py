@@ -1,32 +1,30 @@
-"""Where sdarflow reads and writes: URIs (plain path, ``file://``, ``s3://``) through ``pyarrow.fs``
-(:mod:`sdarflow.storage.files`), and artifacts published atomically, a folder whose ``_manifest.json`` is written
-last and lists every file with its sha256 (:mod:`sdarflow.storage.publish`). Callers use ``storage.<name>``."""
+"""Where sdarflow reads and writes: URIs (plain path, ``file://``, ``s3://``) through ``pyarrow.fs``, and artifacts
+published atomically, a folder whose ``_manifest.json`` is written last and lists every file with its sha256
+(:mod:`sdarflow.storage.files`). Callers use ``storage.<name>``."""
 
 from sdarflow.storage.files import (
+    GENERATION,
+    MANIFEST,
     children,
     confined,
     delete_tree,
     exists,
+    fetch_dir,
     file_sha256,
     inside,
-    join,
-    read_bytes,
-    read_json,
-    resolve,
-    write_bytes,
-    write_json,
-)
-from sdarflow.storage.publish import (
-    GENERATION,
-    MANIFEST,
-    fetch_dir,
     is_published,
+    join,
     member_entry,
     publish_dir,
     publishing,
+    read_bytes,
+    read_json,
     read_manifest,
     read_member,
     read_member_json,
     read_table,
+    resolve,
+    write_bytes,
+    write_json,
     write_table,
 )

@@ -1,15 +1,24 @@
 """Storage URIs (plain path, ``file://``, ``s3://``) through ``pyarrow.fs``: resolving them, confining relative
 paths read from data to their root, and whole-object reads and writes (bytes, JSON). S3 endpoints come from
 ``AWS_ENDPOINT_URL`` and credentials from the standard AWS environment variables (never from configs).
+
+Atomic publish of artifacts. Every artifact sdarflow writes (a Parquet dataset, a skill library, an adapter, a
+report) is a *folder* whose ``_manifest.json`` is written last: a folder without a manifest does not exist for
+readers, and readers read only the files the manifest lists. A failed write removes what it wrote, so nothing
+half-published is left behind. Replacing a published artifact (``--overwrite``) writes the new files beside the old
+ones, in a generation folder the new manifest names as its ``prefix``; the manifest swap is the commit, so an
+interrupted overwrite leaves the old artifact readable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,8 +27,12 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-from sdarflow.errors import SchemaError, StorageError
+from sdarflow import __version__
+from sdarflow.config import FileSchema, opt
+from sdarflow.errors import ConfigError, SchemaError, StorageError
+from sdarflow.schema import check_turns_unique, fingerprint, validate
 
 log = logging.getLogger(__name__)
 
@@ -212,3 +225,335 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+MANIFEST = "_manifest.json"
+# A dataset's attachments (its reports) live here: Parquet readers of the folder (pyarrow, pandas, Spark) skip
+# paths that start with "_", so they see only the parts.
+ATTACHMENTS = "_attachments"
+
+
+def is_published(uri: str) -> bool:
+    return exists(join(uri, MANIFEST))
+
+
+GENERATION = "_gen-"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a publish writes: the artifact's URI and the folder inside it that holds this publication's files
+    (``prefix`` is empty when the folder is empty or new, else a fresh generation folder: ``publishing``)."""
+
+    uri: str
+    prefix: str = ""
+
+    def file(self, rel: str) -> str:
+        return join(self.uri, self.prefix, rel) if self.prefix else join(self.uri, rel)
+
+    def manifest(self, kind: str, files: list[dict], **meta) -> dict:
+        """Write the manifest: the commit of a publish."""
+        manifest = {
+            "kind": kind,
+            "files": files,
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "sdarflow_version": __version__,
+            **({"prefix": self.prefix} if self.prefix else {}),
+            **meta,
+        }
+        write_json(join(self.uri, MANIFEST), manifest)
+        return manifest
+
+
+def members(manifest: dict) -> list[dict]:
+    """Every file a manifest publishes: its ``files`` and its ``attachments`` (reports beside a dataset)."""
+    return [*manifest["files"], *manifest.get("attachments", [])]
+
+
+def _member_location(loc: Location, manifest: dict, rel: str, what: str) -> str:
+    """Where a listed file is, in ``loc.fs``: on local disk only once it resolves inside the artifact (no
+    symlink out), so nothing outside is ever read or deleted through a listed path."""
+    path = f"{manifest['prefix']}/{rel}" if manifest.get("prefix") else rel
+    if isinstance(loc.fs, pafs.LocalFileSystem):
+        return str(inside(loc.path, path, f"{what} {loc.uri}"))
+    return f"{loc.path}/{path}"
+
+
+@contextlib.contextmanager
+def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
+    """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``), write a replacement
+    beside it, and remove what the body wrote if it raises. The body writes its files at ``Target.file`` and the
+    manifest last (``Target.manifest``): that write is the commit. After it, the replaced files are removed."""
+    loc = resolve(uri)
+    old = None
+    if is_published(uri):
+        if not overwrite:
+            raise StorageError(
+                f"'{loc.uri}' is already published; fix: choose a new output URI or pass --overwrite"
+            )
+        try:
+            old = read_manifest(uri)
+        except StorageError:
+            old = {"files": []}  # a broken artifact: nothing of it is worth keeping readable
+    # Into a fresh generation when something is there already (a published artifact, or files this publish did
+    # not write: a killed run's leftovers, or a user's): a failure then removes only what this publish wrote.
+    with reachable(loc, "list"):
+        is_dir = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+        present = loc.fs.get_file_info(pafs.FileSelector(loc.path)) if is_dir else []
+    beside = old is not None or bool(present)
+    target = Target(loc.uri, f"{GENERATION}{uuid.uuid4().hex[:12]}" if beside else "")
+    with reachable(loc, "delete"):  # generations an interrupted overwrite left (no manifest names them)
+        for info in present:
+            if info.base_name.startswith(GENERATION) and info.base_name != (old or {}).get("prefix", ""):
+                loc.fs.delete_dir(info.path)
+    try:
+        yield target
+    except BaseException:
+        # Nothing half-written: readers would not see it (the manifest is written last), but it would confuse a
+        # rerun. A replacement removes only its own generation: the old artifact stays as it was.
+        with contextlib.suppress(StorageError):
+            delete_tree(join(loc.uri, target.prefix) if target.prefix else loc.uri)
+        raise
+    if old is not None:
+        with contextlib.suppress(StorageError):  # the new artifact is published; leftovers only cost space
+            _remove_replaced(loc, old)
+
+
+def _remove_replaced(loc: Location, old: dict) -> None:
+    """The files a replaced manifest listed, and its generation folder."""
+    with reachable(loc, "delete"):
+        if old.get("prefix"):
+            loc.fs.delete_dir(f"{loc.path}/{old['prefix']}")
+            return
+        for entry in members(old):
+            try:
+                path = _member_location(loc, old, entry["path"], "replaced artifact")
+            except StorageError:
+                continue  # a link out of the folder: never delete through it
+            if loc.fs.get_file_info(path).type == pafs.FileType.File:
+                loc.fs.delete_file(path)
+
+
+def read_manifest(uri: str, kind: str | None = None) -> dict:
+    loc = resolve(uri)
+    if not is_published(uri):
+        raise StorageError(
+            f"'{loc.uri}' has no {MANIFEST}: the dataset is missing or was never fully published; "
+            f"fix: check the URI or rerun the stage that writes it"
+        )
+    manifest = read_json(join(uri, MANIFEST))
+    _check_manifest(manifest, f"{loc.uri}/{MANIFEST}")
+    if kind is not None and manifest.get("kind") != kind:
+        raise StorageError(
+            f"'{loc.uri}' holds a '{manifest.get('kind')}' artifact, expected '{kind}'; fix: pass the right URI"
+        )
+    return manifest
+
+
+@dataclass
+class _Member(FileSchema):
+    """One file a manifest lists."""
+
+    path: str = opt("", "the file's path inside the artifact")
+    rows: int | None = opt(None, "rows of a Parquet part", ge=0)
+    bytes: int | None = opt(None, "the file's size", ge=0)
+    sha256: str = opt("0" * 64, "the file's sha256 digest")
+
+    def validate(self) -> None:
+        try:
+            confined(self.path, "file")
+        except StorageError as err:
+            raise ConfigError(str(err)) from None
+        if not (len(self.sha256) == 64 and all(c in "0123456789abcdef" for c in self.sha256)):
+            raise ConfigError(f"sha256 = {self.sha256!r} is not a sha256 digest")
+
+
+@dataclass
+class _Manifest(FileSchema):
+    """A manifest's shape, checked before any entry is used."""
+
+    files: list[_Member] = opt([], "the artifact's files")
+    attachments: list[_Member] = opt([], "reports beside a dataset")
+    rows: int | None = opt(None, "rows of a dataset", ge=0)
+    prefix: str = opt("", "the generation folder holding the files")
+
+    def validate(self) -> None:
+        if self.prefix and not (self.prefix.startswith(GENERATION) and "/" not in self.prefix):
+            raise ConfigError(f"prefix {self.prefix!r} is not a generation folder")
+        paths = [m.path for m in [*self.files, *self.attachments]]
+        if len(set(paths)) != len(paths):
+            raise ConfigError("it lists a file more than once")
+
+
+def _check_manifest(manifest: object, where: str) -> None:
+    """A manifest's shape (``_Manifest``): StorageError naming what is wrong."""
+    fix = "fix: republish the artifact with the stage that writes it"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
+    try:
+        _Manifest.from_dict(manifest)
+    except ConfigError as err:
+        raise StorageError(f"'{where}': {str(err).split('; fix:')[0]}; {fix}") from None
+
+
+def write_table(
+    table: pa.Table,
+    uri: str,
+    *,
+    kind: str,
+    schema: pa.Schema,
+    config_hash: str,
+    inputs: list[str],
+    rows_per_part: int = 50_000,
+    overwrite: bool = False,
+    attachments: dict[str, bytes] | None = None,
+    **meta,
+) -> dict:
+    """Validate and publish ``table`` as ``part-NNNNN.parquet`` files (zstd) plus a manifest written last.
+    ``attachments`` (name -> bytes, e.g. reports about the data) are published with it, read by ``read_member``."""
+    table = validate(table, schema, f"output {uri}")
+    with publishing(uri, overwrite) as target:
+        files = []
+        for i in range(max(1, -(-table.num_rows // rows_per_part))):
+            part = table.slice(i * rows_per_part, rows_per_part)
+            buffer = pa.BufferOutputStream()
+            pq.write_table(part, buffer, compression="zstd")
+            entry = _write_file(target, f"part-{i:05d}.parquet", buffer.getvalue().to_pybytes())
+            files.append({**entry, "rows": part.num_rows})
+        return target.manifest(
+            kind,
+            files,
+            attachments=[
+                _write_file(target, f"{ATTACHMENTS}/{rel}", data)
+                for rel, data in sorted((attachments or {}).items())
+            ],
+            rows=table.num_rows,
+            schema_fingerprint=fingerprint(schema),
+            config_hash=config_hash,
+            inputs=list(inputs),
+            **meta,
+        )
+
+
+def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Table:
+    """Read and validate one dataset, or the union of several (e.g. the shards of one stage)."""
+    uris = [uris] if isinstance(uris, str) else list(uris)
+    if not uris:
+        raise StorageError(f"no input {kind} dataset given; fix: pass at least one --input URI")
+    tables = []
+    for uri in uris:
+        manifest = read_manifest(uri, kind)
+        loc = resolve(uri)
+        with reachable(loc, "read"):
+            parts = []
+            for entry in manifest["files"]:
+                data = _read_entry(loc, manifest, entry, "dataset")  # the part published: its size and sha256
+                try:
+                    parts.append(pq.read_table(pa.BufferReader(data)))
+                except pa.ArrowInvalid as err:
+                    raise SchemaError(
+                        f"dataset {loc.uri}: '{entry['path']}' is not valid Parquet ({err}); fix: regenerate it"
+                    ) from err
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
+        _check_counts(manifest, table, schema, loc.uri)
+        tables.append(validate(table, schema, f"dataset {loc.uri}"))
+    table = pa.concat_tables(tables)
+    check_turns_unique(table, ", ".join(uris))
+    return table
+
+
+def _check_counts(manifest: dict, table: pa.Table, schema: pa.Schema, uri: str) -> None:
+    """What a dataset's manifest promises against what its files hold: the row count and the schema it was
+    written with. A mismatch means the files were replaced or truncated after publishing."""
+    rows = manifest.get("rows", table.num_rows)
+    if rows != table.num_rows:
+        raise SchemaError(
+            f"dataset {uri}: its files hold {table.num_rows} rows, its manifest says {rows} (changed after "
+            f"publishing); fix: regenerate it"
+        )
+    written = manifest.get("schema_fingerprint", fingerprint(schema))
+    if written != fingerprint(schema):
+        raise SchemaError(
+            f"dataset {uri} was written with schema {written}, this reader expects {fingerprint(schema)} "
+            f"(another sdarflow version?); fix: regenerate it with this version"
+        )
+
+
+def _write_file(target: Target, rel: str, data: bytes) -> dict:
+    write_bytes(target.file(confined(rel, f"publish {target.uri}")), data)
+    return {"path": rel, "bytes": len(data), "sha256": sha256(data)}
+
+
+def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
+    """Copy a local folder (adapter, skill library, report) to ``uri`` with sha256 sums in the manifest."""
+    local_dir = Path(local_dir)
+    with publishing(uri, overwrite) as target:
+        files = [
+            _write_file(target, path.relative_to(local_dir).as_posix(), path.read_bytes())
+            for path in sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+        ]
+        return target.manifest(kind, files, **meta)
+
+
+def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
+    """Materialize a published folder locally (a no-op view for local URIs) after verifying sha256 sums."""
+    manifest = read_manifest(uri, kind)
+    loc = resolve(uri)
+    if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
+        for entry in manifest["files"]:
+            path = Path(_member_location(loc, manifest, entry["path"], kind))
+            if not path.is_file():
+                raise StorageError(
+                    f"{kind} {loc.uri}: '{entry['path']}' is listed in its manifest but missing; "
+                    f"fix: republish the artifact"
+                )
+            _verify(entry, path.read_bytes(), loc.uri)
+        return Path(loc.path) / manifest.get("prefix", "")
+    target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
+    for entry in manifest["files"]:
+        out = inside(target, entry["path"], f"{kind} {loc.uri}")
+        data = _read_entry(loc, manifest, entry, kind)
+        with reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+    return target
+
+
+def member_entry(manifest: dict, name: str) -> dict | None:
+    """The manifest entry of the file ``name``: a listed file, or a dataset's attachment of that name."""
+    by_path = {e["path"]: e for e in members(manifest)}
+    return by_path.get(name) or by_path.get(f"{ATTACHMENTS}/{name}")
+
+
+def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
+    """One file of a published artifact (a listed file or an attachment), verified against its manifest."""
+    manifest = read_manifest(uri, kind)
+    entry = member_entry(manifest, name)
+    loc = resolve(uri)
+    if entry is None:
+        raise StorageError(
+            f"'{loc.uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
+        )
+    return _read_entry(loc, manifest, entry, manifest.get("kind", "artifact"))
+
+
+def _read_entry(loc: Location, manifest: dict, entry: dict, what: str) -> bytes:
+    """A listed file's bytes, verified against its manifest entry."""
+    path = _member_location(loc, manifest, entry["path"], what)
+    data = read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path)
+    _verify(entry, data, loc.uri)
+    return data
+
+
+def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
+    return parse_json(read_member(uri, name, kind), join(uri, name))
+
+
+def _verify(entry: dict, data: bytes, uri: str) -> None:
+    """A published file (a dataset's part, an adapter's, library's or report's file) against its manifest entry;
+    every entry carries its sha256 (every publish writes it), so an entry without one is refused too."""
+    if entry.get("bytes", len(data)) != len(data) or sha256(data) != entry.get("sha256"):
+        raise StorageError(
+            f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
+            f"fix: republish the artifact from its source"
+        )
