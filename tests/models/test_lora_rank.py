@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from sdarflow.errors import ModelError
-from sdarflow.models.lora import lora_rank, max_lora_rank
+from sdarflow.models.identity import lora_rank, max_lora_rank
 from sdarflow.rollout.vllm_engine import adapter_rank
 
 

@@ -139,7 +139,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
     path = registry.fetch_adapter(args.name, version, dest=args.out)
     if args.rank_file:
-        from sdarflow.models.lora import max_lora_rank
+        from sdarflow.models.identity import max_lora_rank
 
         rank = registry.show(args.name, version)["lora_rank"]
         if rank is None:

@@ -15,7 +15,7 @@ from typing import Any
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalReport
-from sdarflow.models.lora import lora_rank
+from sdarflow.models.identity import check_adapter, lora_rank, safetensors_shapes, weight_shapes
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,6 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
     import torch
     from safetensors import safe_open
 
-    from sdarflow.models.identity import safetensors_shapes
-
     declared = lora_rank(config)
     for weights in adapter_dir.glob("adapter_model*.safetensors"):
         for name, shape in safetensors_shapes(weights, "adapter weights").items():
@@ -126,8 +124,6 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
 def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) -> None:
     """Refuse an adapter that does not fit the base model ``base``: its recorded base fingerprint must match, and
     every tensor must fit the base's (:data:`_LORA_DIMS`), read from the safetensors headers (no weights loaded)."""
-    from sdarflow.models.identity import check_adapter, safetensors_shapes, weight_shapes
-
     check_adapter(str(adapter_dir), base)
     shapes = weight_shapes(base)
     if not shapes:

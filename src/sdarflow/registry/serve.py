@@ -16,7 +16,7 @@ from typing import Any
 from sdarflow import __version__
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ModelError
-from sdarflow.models.lora import max_lora_rank
+from sdarflow.models.identity import max_lora_rank
 from sdarflow.registry.errors import RegistryError
 from sdarflow.registry.layout import validate_name
 from sdarflow.registry.store import Registry
@@ -61,28 +61,6 @@ def production_adapters(registry: Registry, name: str | None, adapter_root: str)
     return adapters
 
 
-def vllm_args(base_model: str, adapters: list[dict[str, Any]], port: int = 8000) -> list[str]:
-    """``vllm serve`` argument list serving ``base_model`` with every adapter as a LoRA module."""
-    max_rank = max_lora_rank([a["lora_rank"] for a in adapters])
-    return [
-        "vllm",
-        "serve",
-        base_model,
-        "--enable-lora",
-        "--max-lora-rank",
-        str(max_rank),
-        # All adapters resident at once: a request for any of them never waits for a swap.
-        "--max-loras",
-        str(len(adapters)),
-        "--lora-modules",
-        *[f"{a['name']}={a['path']}" for a in adapters],
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(port),
-    ]
-
-
 def serve_config(
     registry: Registry | str | Path,
     base_model: str,
@@ -99,7 +77,24 @@ def serve_config(
     """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}``."""
     registry = registry if isinstance(registry, Registry) else Registry(registry)
     adapters = production_adapters(registry, name, adapter_root)
-    args = vllm_args(base_model, adapters, port)
+    max_rank = max_lora_rank([a["lora_rank"] for a in adapters])
+    args = [
+        "vllm",
+        "serve",
+        base_model,
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_rank),
+        # All adapters resident at once: a request for any of them never waits for a swap.
+        "--max-loras",
+        str(len(adapters)),
+        "--lora-modules",
+        *[f"{a['name']}={a['path']}" for a in adapters],
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
     # A Deployment (initContainer fetches adapters, vLLM container on one GPU) and a ClusterIP Service
     labels = {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "sdarflow"}
     metadata: dict[str, Any] = {"name": app, "labels": labels}
@@ -179,7 +174,7 @@ def serve_config(
             "args": args,
             "command": shlex.join(args),
             "adapters": adapters,
-            "max_lora_rank": int(args[args.index("--max-lora-rank") + 1]),
+            "max_lora_rank": max_rank,
         },
         "kubernetes": [deployment, service],
     }

@@ -23,7 +23,7 @@ from sdarflow import storage
 from sdarflow.config import FileSchema, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
-from sdarflow.models.lora import lora_rank
+from sdarflow.models.identity import lora_rank
 from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.card import model_card
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdarflow.errors import ConfigError, ModelError
-from sdarflow.models.identity import check_adapter
-from sdarflow.models.lora import lora_rank, max_lora_rank
+from sdarflow.models.identity import check_adapter, lora_rank, max_lora_rank
 from sdarflow.rollout.episode import Sample
 
 log = logging.getLogger(__name__)
