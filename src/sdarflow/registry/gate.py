@@ -14,7 +14,6 @@ With no reference at all the gate refuses.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -243,13 +242,3 @@ def check_gate(
 def refusal_message(failures: list[str]) -> str:
     """One line: every failed criterion, then the fix."""
     return f"gate refused: {'; '.join(failures)}; {FORCE_HINT}"
-
-
-def pass_at_1(report: Mapping[str, Any], split: str) -> float | None:
-    """A report's pass@1 on ``split``, or None when absent or not a probability (for listings)."""
-    splits = report.get("splits")
-    entry = splits.get(split) if isinstance(splits, Mapping) else None
-    pass_at_k = entry.get("pass_at_k") if isinstance(entry, Mapping) else None
-    value = pass_at_k.get("1") if isinstance(pass_at_k, Mapping) else None
-    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if number and 0 <= value <= 1 else None

@@ -273,17 +273,13 @@ class Registry:
             )
         return lineage
 
-    def _eval_report(self, layout: Layout, version: int) -> dict[str, Any]:
-        """A version's eval report, validated again as at register (a replaced one never reaches the gate)."""
-        report = self._read_verified_json(layout, version, EVAL_REPORT)
-        return intake.validate_report(report, f"of {layout.name} v{version}")
-
-    def _base_eval_report(self, layout: Layout, version: int) -> dict[str, Any] | None:
-        """The base model's eval report a version was registered with, or None (validated like its own)."""
-        if storage.member_entry(self._manifest(layout, version), BASE_EVAL_REPORT) is None:
+    def _eval_report(self, layout: Layout, version: int, base: bool = False) -> dict[str, Any] | None:
+        """A version's eval report (``base``: the base model's it was registered with, None when it has none),
+        validated again as at register (a replaced one never reaches the gate)."""
+        if base and storage.member_entry(self._manifest(layout, version), BASE_EVAL_REPORT) is None:
             return None
-        report = self._read_verified_json(layout, version, BASE_EVAL_REPORT)
-        return intake.validate_report(report, f"(base) of {layout.name} v{version}")
+        report = self._read_verified_json(layout, version, BASE_EVAL_REPORT if base else EVAL_REPORT)
+        return intake.validate_report(report, f"{'(base) ' if base else ''}of {layout.name} v{version}")
 
     def eval_report(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
         return self._eval_report(self._layout(name), self.resolve(name, version_or_alias))
@@ -341,7 +337,11 @@ class Registry:
                     "version": version,
                     "created_at": manifest.get("created_at"),
                     "by": manifest.get("registered_by"),
-                    "pass@1": {split: gate.pass_at_1(report, split) for split in ("test", "ood")},
+                    # a validated report's splits each have a pass@1 in [0, 1]
+                    "pass@1": {
+                        s: float(report["splits"][s]["pass_at_k"]["1"]) if s in report["splits"] else None
+                        for s in ("test", "ood")
+                    },
                     "aliases": sorted(stage for stage, v in current.items() if v == version),
                 }
             )
@@ -496,7 +496,7 @@ class Registry:
                     "%s %s moved from v%d to v%d during the run: the gate compares with v%d's registered report",
                     layout.name, stage, current_report[0], current, current,
                 )  # fmt: skip
-        references = {label: production, "base model": self._base_eval_report(layout, number)}
+        references = {label: production, "base model": self._eval_report(layout, number, base=True)}
         verdict = gate.check_gate(candidate, references, policy, candidate_label=f"candidate v{number}")
         failures = [*looser, *verdict.failures]
         outcome = "overridden" if failures and force else "refused" if failures else "passed"
