@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sdarflow import __version__, progress
-from sdarflow.cli import local, pipeline, plan, registry, stage
+from sdarflow.cli import local, pipeline, registry, stage
 from sdarflow.cli.common import PRESET_NAMES, Parser
 from sdarflow.errors import SdarflowError
 from sdarflow.stages import STAGES
@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     ),
     "plan": (
         "estimate a round's time per stage and GPU-hours before launching (capacity planning)",
-        plan.add_plan,
+        local.add_plan,
     ),
     "envs": ("environments", local.add_envs),
     "env": ("print versions for bug reports", local.add_env),
