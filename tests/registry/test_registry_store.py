@@ -36,7 +36,7 @@ def test_round_trip(registry_uri, make_adapter, report, lineage, tmp_path):
         "adapter_model.safetensors",
         "eval_report.json",
         "lineage.json",
-        "README.md",  # the model card (registry.card)
+        "README.md",  # the model card (registry.intake.model_card)
     }
     weights = (adapter / "adapter_model.safetensors").read_bytes()
     assert files["adapter_model.safetensors"] == hashlib.sha256(weights).hexdigest()

@@ -29,7 +29,7 @@ VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"
 BASE_EVAL_REPORT = "base_eval_report.json"  # the base model's evaluation on the same tasks, for the gate
 LINEAGE = "lineage.json"
-MODEL_CARD = "README.md"  # written by the registry from lineage and evaluation (registry.card)
+MODEL_CARD = "README.md"  # written by the registry from lineage and evaluation (registry.intake.model_card)
 ALIASES = "aliases.json"
 GATE_POLICY = "gate_policy.json"
 # Files the registry writes into a version folder itself; an adapter folder must not bring its own.

@@ -25,7 +25,6 @@ from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.identity import lora_rank
 from sdarflow.registry import cas, gate, intake
-from sdarflow.registry.card import model_card
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
     BASE_EVAL_REPORT,
@@ -217,7 +216,9 @@ class Registry:
             card = staged / MODEL_CARD
             # staging hard-links the adapter's own README.md (PEFT's template): replace the link, never edit it
             card.unlink(missing_ok=True)
-            card.write_text(model_card(name, number, report, lineage, adapter_config, base_report, actor))
+            card.write_text(
+                intake.model_card(name, number, report, lineage, adapter_config, base_report, actor)
+            )
             storage.publish_dir(
                 staged,
                 layout.version(number),
