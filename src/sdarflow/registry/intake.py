@@ -127,27 +127,6 @@ def _check_lora_tensors(adapter_dir: Path, config: Mapping[str, Any]) -> None:
                     )
 
 
-def check_against_base(adapter_dir: Path, config: Mapping[str, Any], base: str) -> None:
-    """Refuse an adapter that does not fit the base model ``base``: its recorded base fingerprint must match, and
-    every tensor must fit the base's (:data:`_LORA_DIMS`), read from the safetensors headers (no weights loaded)."""
-    check_adapter(str(adapter_dir), base)
-    shapes = weight_shapes(base)
-    if not shapes:
-        raise ModelError(
-            f"base model '{base}' has no safetensors weights to check the adapter against; fix: save the base "
-            f"with safe_serialization=True"
-        )
-    transposed = bool(config.get("fan_in_fan_out"))  # GPT-2 style Conv1D weights are stored (in, out)
-    for weights in sorted(adapter_dir.glob("adapter_model*.safetensors")):
-        for name, shape in safetensors_shapes(weights, "adapter weights").items():
-            problem = _misfit(name.removeprefix("base_model.model."), shape, shapes, transposed)
-            if problem:
-                raise ModelError(
-                    f"adapter '{adapter_dir}' does not fit base model '{base}': {problem}; fix: register it "
-                    f"with the base model it was trained on"
-                )
-
-
 # tensor kind -> (its dimension, the base weight's dimension it must equal), base as (out, in): lora_A is (rank, in),
 # lora_B (out, rank), an embedding's lora_embedding_A (rank, vocab), lora_embedding_B (dim, rank); any other tensor
 # (modules_to_save) has the shape of the base tensor it replaces
@@ -210,18 +189,19 @@ def stage_version(
     (staged / LINEAGE).write_text(json.dumps(dict(lineage), indent=2, sort_keys=True, default=str))
 
 
-def checked_base(adapter_dir: Path, adapter_config: Mapping[str, Any], base_model: str | Path | None) -> str:
+def checked_base(adapter_dir: Path, config: Mapping[str, Any], base_model: str | Path | None) -> str:
     """The base model ``adapter_dir`` was checked against: ``base_model`` (a folder or ``s3://`` URI) or, by
-    default, the adapter's ``base_model_name_or_path`` when that is a local folder; "" when none (logged)."""
-    base = str(base_model or adapter_config.get("base_model_name_or_path") or "")
-    if base and (base.startswith("s3://") or (Path(base) / "config.json").is_file()):
-        check_against_base(adapter_dir, adapter_config, base)  # an s3:// base is read where it is, by ranges
-    elif base_model:
-        raise ConfigError(
-            f"base model '{base_model}' is not an HF model folder (no config.json); fix: pass the folder (or s3:// "
-            f"URI) the adapter was trained on"
-        )
-    else:
+    default, the adapter's ``base_model_name_or_path`` when that is a local folder; "" when none (logged). An adapter
+    that does not fit it is refused: its recorded base fingerprint must match, and every tensor must fit the base's
+    (:data:`_LORA_DIMS`), read from the safetensors headers (no weights loaded; an s3:// base is read where it is,
+    by ranges)."""
+    base = str(base_model or config.get("base_model_name_or_path") or "")
+    if not (base and (base.startswith("s3://") or (Path(base) / "config.json").is_file())):
+        if base_model:
+            raise ConfigError(
+                f"base model '{base_model}' is not an HF model folder (no config.json); fix: pass the folder (or "
+                f"s3:// URI) the adapter was trained on"
+            )
         log.warning(
             "register: adapter %s not checked against its base model (%s is not a local folder); pass the "
             "base model to check its tensor shapes",
@@ -229,6 +209,22 @@ def checked_base(adapter_dir: Path, adapter_config: Mapping[str, Any], base_mode
             base or "none recorded",
         )
         return ""
+    check_adapter(str(adapter_dir), base)
+    shapes = weight_shapes(base)
+    if not shapes:
+        raise ModelError(
+            f"base model '{base}' has no safetensors weights to check the adapter against; fix: save the base "
+            f"with safe_serialization=True"
+        )
+    transposed = bool(config.get("fan_in_fan_out"))  # GPT-2 style Conv1D weights are stored (in, out)
+    for weights in sorted(adapter_dir.glob("adapter_model*.safetensors")):
+        for name, shape in safetensors_shapes(weights, "adapter weights").items():
+            problem = _misfit(name.removeprefix("base_model.model."), shape, shapes, transposed)
+            if problem:
+                raise ModelError(
+                    f"adapter '{adapter_dir}' does not fit base model '{base}': {problem}; fix: register it "
+                    f"with the base model it was trained on"
+                )
     return base
 
 

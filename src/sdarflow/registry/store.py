@@ -247,11 +247,6 @@ class Registry:
                 names.append(child)
         return names
 
-    def _published(self, layout: Layout) -> list[int]:
-        numbers = (parse_version(n) for n in storage.children(layout.versions))
-        # Claimed but unpublished versions (in progress, or failed) have no manifest and do not exist yet.
-        return sorted(v for v in numbers if v is not None and storage.is_published(layout.version(v)))
-
     def _manifest(self, layout: Layout, version: int) -> dict[str, Any]:
         uri = layout.version(version)
         if not storage.is_published(uri):
@@ -266,7 +261,8 @@ class Registry:
         self._manifest(layout, version)  # a missing version: the error that says how to list them
         return storage.read_member_json(layout.version(version), filename, VERSION_KIND)
 
-    def _lineage(self, layout: Layout, version: int) -> dict[str, Any]:
+    def lineage(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
+        layout, version = self._layout(name), self.resolve(name, version_or_alias)
         lineage = self._read_verified_json(layout, version, LINEAGE)
         if not isinstance(lineage, dict):
             raise StorageError(
@@ -287,10 +283,10 @@ class Registry:
 
     def versions(self, name: str) -> list[int]:
         """The name's published version numbers, oldest first ([] for a name with none)."""
-        return self._published(self._layout(name))
-
-    def lineage(self, name: str, version_or_alias: int | str) -> dict[str, Any]:
-        return self._lineage(self._layout(name), self.resolve(name, version_or_alias))
+        layout = self._layout(name)
+        numbers = (parse_version(n) for n in storage.children(layout.versions))
+        # Claimed but unpublished versions (in progress, or failed) have no manifest and do not exist yet.
+        return sorted(v for v in numbers if v is not None and storage.is_published(layout.version(v)))
 
     def resolve(self, name: str, version_or_alias: int | str) -> int:
         """A version number from ``3``, ``"3"``, ``"v3"``, a stage (``production``) or ``latest``."""
@@ -300,7 +296,7 @@ class Registry:
             self._manifest(layout, number)  # refuses a version that does not exist
             return number
         if version_or_alias == "latest":
-            published = self._published(layout)
+            published = self.versions(name)
             if not published:
                 raise StorageError(f"'{name}' has no versions in {self.uri}; fix: register one first")
             return published[-1]
@@ -330,7 +326,7 @@ class Registry:
         layout = self._layout(name)
         current = self.aliases(name)
         rows = []
-        for version in self._published(layout):
+        for version in self.versions(name):
             manifest = self._manifest(layout, version)
             report = self._eval_report(layout, version)
             rows.append(
@@ -368,7 +364,7 @@ class Registry:
             "base_model": report.get("base_model") or manifest.get("base_model"),
             "lora_rank": manifest.get("lora_rank"),
             "aliases": sorted(stage for stage, v in self.aliases(name).items() if v == version),
-            "lineage": self._lineage(layout, version),
+            "lineage": self.lineage(name, version),
             "eval": summary,
             "files": [{k: f.get(k) for k in ("path", "bytes", "sha256")} for f in manifest["files"]],
         }
