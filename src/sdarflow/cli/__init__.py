@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sdarflow import __version__, progress
-from sdarflow.cli import local, pipeline, registry, stage
+from sdarflow.cli import local, pipeline, registry
 from sdarflow.cli.common import PRESET_NAMES, Parser
 from sdarflow.errors import SdarflowError
 from sdarflow.stages import STAGES
@@ -23,7 +23,7 @@ __all__ = ["COMMANDS", "PRESET_NAMES", "build_parser", "main"]
 # name -> (help, adds the command's flags). Adding them imports the command's modules (a stage's config class
 # brings torch), so only the command being run gets them, and --help is fast.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    **{name: (f"run the {name} stage", functools.partial(stage.add_stage, name)) for name in STAGES},
+    **{name: (f"run the {name} stage", functools.partial(local.add_stage, name)) for name in STAGES},
     "demo": ("build the tiny base model and run the whole DAG locally (KFP local runner)", local.add_demo),
     "study": (
         "compare methods: train each (method, seed) for R rounds, evaluate, report against GRPO",

@@ -1,6 +1,7 @@
-"""Commands that run on this machine: ``demo``, ``study``, ``build-model``, ``import-model``, ``plan`` (a round's
-time per stage and GPU-hours before launching, from measured or published constants: ``sdarflow.plan``), ``envs``
-and ``env``."""
+"""Commands that run on this machine: ``sdarflow <stage>`` (one per pipeline stage, its flags built from the
+stage's config class, so the CLI and the KFP component run the same ``run(config)``), ``demo``, ``study``,
+``build-model``, ``import-model``, ``plan`` (a round's time per stage and GPU-hours before launching, from measured
+or published constants: ``sdarflow.plan``), ``envs`` and ``env``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import math
+import typing
 from pathlib import Path
 
 from sdarflow.cli.common import (
@@ -19,6 +21,7 @@ from sdarflow.cli.common import (
     study_flags,
 )
 from sdarflow.errors import ConfigError
+from sdarflow.stages import STAGES, config_class
 
 # the fields of train.warmstart.BaseModelSpec that build-model takes as flags
 SPEC_FLAGS = ("env", "tasks", "sft_steps", "sft_stop_at_loss", "seed")
@@ -352,3 +355,55 @@ def add_plan(p: argparse.ArgumentParser) -> None:
     output_flag(p, "--calibrate: write the constants here (JSON)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     p.set_defaults(func=_cmd_plan)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object; fix: e.g. '{{\"key\": 1}}'")
+    return value
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, config_cls) -> None:
+    from sdarflow.config import field_help
+
+    parser.add_argument(
+        "--config", action=ReadsPath, help="YAML file with this stage's settings (flags override it)"
+    )
+    for name, hint, f in field_help(config_cls):
+        help_text = f.metadata.get("help", "")
+        default = None if f.default is dataclasses.MISSING else f.default
+        list_type = typing.get_origin(hint) is list
+        shown = f"{help_text} (default {default!r})" + (" [repeatable]" if list_type else "")
+        if hint is bool:
+            kwargs = {"action": argparse.BooleanOptionalAction, "help": f"{help_text} (default {default})"}
+        elif f.metadata.get("reads"):
+            kwargs = {"action": ReadsPath, "append": list_type, "help": shown}
+        elif typing.get_origin(hint) is dict:
+            kwargs = {"type": _json_object, "help": f"{help_text} (a JSON object)"}
+        else:
+            # numeric choices are compared as numbers (argparse compares the raw string otherwise)
+            choices = f.metadata.get("choices")
+            numeric = choices and not isinstance(choices[0], str)
+            kwargs = {"action": "append" if list_type else "store", "choices": choices, "help": shown}
+            kwargs["type"] = type(choices[0]) if numeric else None
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, **kwargs)
+
+
+def _run_stage(args: argparse.Namespace) -> int:
+    from sdarflow.model_cache import with_local_model
+
+    config_cls = config_class(args.command)
+    overrides = {
+        k: v for k, v in vars(args).items() if k in config_cls.__dataclass_fields__ and v is not None
+    }
+    emit(STAGES.get(args.command).run(with_local_model(config_cls.load(args.config, **overrides))))
+    return 0
+
+
+def add_stage(name: str, p: argparse.ArgumentParser) -> None:
+    _add_config_flags(p, config_class(name))
+    p.set_defaults(func=_run_stage)
