@@ -342,7 +342,13 @@ def read_manifest(uri: str, kind: str | None = None) -> dict:
             f"fix: check the URI or rerun the stage that writes it"
         )
     manifest = read_json(join(uri, MANIFEST))
-    _check_manifest(manifest, f"{loc.uri}/{MANIFEST}")
+    where, fix = f"{loc.uri}/{MANIFEST}", "fix: republish the artifact with the stage that writes it"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
+    try:  # its shape (_Manifest) before any entry is used
+        _Manifest.from_dict(manifest)
+    except ConfigError as err:
+        raise StorageError(f"'{where}': {str(err).split('; fix:')[0]}; {fix}") from None
     if kind is not None and manifest.get("kind") != kind:
         raise StorageError(
             f"'{loc.uri}' holds a '{manifest.get('kind')}' artifact, expected '{kind}'; fix: pass the right URI"
@@ -383,17 +389,6 @@ class _Manifest(FileSchema):
         paths = [m.path for m in [*self.files, *self.attachments]]
         if len(set(paths)) != len(paths):
             raise ConfigError("it lists a file more than once")
-
-
-def _check_manifest(manifest: object, where: str) -> None:
-    """A manifest's shape (``_Manifest``): StorageError naming what is wrong."""
-    fix = "fix: republish the artifact with the stage that writes it"
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
-        raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
-    try:
-        _Manifest.from_dict(manifest)
-    except ConfigError as err:
-        raise StorageError(f"'{where}': {str(err).split('; fix:')[0]}; {fix}") from None
 
 
 def write_table(
