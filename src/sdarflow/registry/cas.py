@@ -92,20 +92,23 @@ def create_exclusive(uri: str, data: bytes) -> bool:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         return True
+    return _s3_put(uri, data, {"IfNoneMatch": "*"}, "create") is not None
 
+
+def _s3_put(uri: str, data: bytes, condition: dict[str, str], action: str) -> Any:
+    """A conditional PUT's response; None when the condition did not hold (someone else wrote first)."""
     from botocore.exceptions import ClientError
 
     bucket, key = _bucket_key(uri)
-    with _io(uri, "create"):
+    with _io(uri, action):
         try:
-            _s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return _s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
         except ClientError as err:
             if _s3_error_code(err) in _S3_CONFLICT_CODES:
-                return False
+                return None
             raise StorageError(
-                f"cannot create '{uri}': {err}; fix: check the bucket and credentials"
+                f"cannot {action} '{uri}': {err}; fix: check the bucket and credentials"
             ) from err
-    return True
 
 
 def read_versioned(uri: str) -> tuple[bytes | None, str | None]:
@@ -139,17 +142,10 @@ def cas_write(uri: str, data: bytes, expected_etag: str | None) -> str:
     if path is not None:
         return _local_cas(uri, path, data, expected_etag)
 
-    from botocore.exceptions import ClientError
-
-    bucket, key = _bucket_key(uri)
     condition = {"IfNoneMatch": "*"} if expected_etag is None else {"IfMatch": expected_etag}
-    with _io(uri, "write"):
-        try:
-            response = _s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
-        except ClientError as err:
-            if _s3_error_code(err) in _S3_CONFLICT_CODES:
-                raise _conflict(uri) from err
-            raise StorageError(f"cannot write '{uri}': {err}; fix: check the bucket and credentials") from err
+    response = _s3_put(uri, data, condition, "write")
+    if response is None:
+        raise _conflict(uri)
     return response["ETag"]
 
 
