@@ -78,8 +78,7 @@ def load_policy(
     model.to(place)
     model.train(trainable)
     log.info("model %s on %s (%s)", path, place, str(dtype).removeprefix("torch."))
-    eos_id = tokenizer.eos_token_id
-    return Policy(model=model, tokenizer=tokenizer, eos_id=eos_id, path=path)
+    return Policy(model=model, tokenizer=tokenizer, eos_id=tokenizer.eos_token_id, path=path)
 
 
 def new_lora(model, rank: int, alpha: int, targets: list[str] | None = None, dropout: float = 0.0):
