@@ -35,10 +35,9 @@ class Parser(argparse.ArgumentParser):
 
 
 class ReadsPath(argparse.Action):
-    """A flag naming a file, folder or URI the command reads (``append=True``: a repeatable one; ``fix``: the way
-    out, when there is a better one than checking the path). A local path that does not exist is refused while the
-    flags are parsed, before the command starts or writes anything; an s3:// URI is checked by the command, which
-    has the credentials."""
+    """A flag naming a file, folder or URI the command reads (``append``: repeatable; ``fix``: a better way out
+    than checking the path). A missing local path is refused while the flags are parsed, before anything runs; an
+    s3:// URI is checked by the command, which has the credentials."""
 
     def __init__(
         self, option_strings: list[str], dest: str, append: bool = False, fix: str = "", **kwargs: Any

@@ -42,9 +42,8 @@ def built_images(path: Path) -> dict[str, str]:
 
 
 def kube_options(args: argparse.Namespace):
-    """``KubeOptions`` from the compile flags over the training preset's sizes (``pipelines.kube.PRESET_RESOURCES``;
-    the other pipelines get the defaults); the images are the flags', else the ones ``make images`` built
-    (``images/built.json``), else the release tags (a warning says so)."""
+    """``KubeOptions`` from the compile flags over the training preset's sizes (the other pipelines: defaults);
+    images from the flags, else ``images/built.json``, else the release tags (with a warning)."""
     from pipelines.kube import KubeOptions, Toleration
 
     opts = KubeOptions.for_preset(args.preset if args.pipeline == "training" else None)

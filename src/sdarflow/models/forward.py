@@ -58,11 +58,9 @@ def to_device(batch, device: torch.device):
 def response_logprobs(
     model, batch: ResponseBatch, with_entropy: bool = False, chunk_size: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token float32 log-probs (B, R) of ``batch.targets`` (and entropies), masked positions set to 0.
-
-    When the LM head is a plain linear layer, it is fused with the log-prob (``linear_token_logprobs``): not even
-    the (B, R, V) logits exist. Otherwise the model computes logits for the last R + 1 positions only.
-    """
+    """Per-token float32 log-probs (B, R) of ``batch.targets`` (and entropies), masked positions set to 0. A plain
+    linear LM head is fused with the log-prob, so the (B, R, V) logits never exist; else only the last R + 1
+    positions' logits are computed."""
     r_max = batch.targets.shape[1]
     parts = _decoder_and_head(model)
     # fused with the log-prob, the head must be a plain bias-free matrix (not, e.g., a LoRA-wrapped head)
@@ -169,10 +167,8 @@ class PackedBatch:
 
 
 def pack_bins(lengths: list[int], capacity: int) -> list[list[int]]:
-    """First-fit decreasing: indices grouped into bins of at most ``capacity`` tokens, longest sequences first.
-
-    A sequence longer than ``capacity`` gets a bin of its own (never split: it must see its whole prompt).
-    """
+    """First-fit decreasing: indices in bins of at most ``capacity`` tokens, longest first; a longer sequence
+    gets a bin of its own (never split: it must see its whole prompt)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     free: list[int] = []

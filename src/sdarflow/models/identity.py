@@ -162,8 +162,7 @@ def lora_rank(adapter_config: Mapping[str, Any]) -> int | None:
 
 
 def max_lora_rank(ranks: Iterable[int]) -> int:
-    """vLLM's ``--max-lora-rank`` for adapters of these LoRA ranks: the largest, rounded up to a value vLLM
-    accepts."""
+    """vLLM's ``--max-lora-rank`` for these LoRA ranks: the largest, rounded up to a value vLLM accepts."""
     rank = max(ranks)
     for allowed in VLLM_LORA_RANKS:
         if rank <= allowed:

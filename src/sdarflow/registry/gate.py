@@ -91,8 +91,7 @@ def tightened(stored: GatePolicy, requested: Mapping[str, float | None]) -> tupl
 
 @dataclass
 class GateVerdict:
-    """The gate's decision: every failed criterion as one message, and every comparison with its numbers (what
-    the audit log records)."""
+    """Every failed criterion as one message, and every comparison with its numbers (for the audit log)."""
 
     failures: list[str] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)

@@ -180,8 +180,7 @@ def stage_version(
     staged: Path,
     base_report: Mapping[str, Any] | None = None,
 ) -> None:
-    """Lay out a version folder at ``staged``: the adapter files plus eval_report.json, lineage.json and, when
-    given, base_eval_report.json."""
+    """Lay out a version folder at ``staged``: the adapter files plus the registry's report and lineage files."""
     shutil.copytree(adapter_dir, staged, copy_function=_link_or_copy)
     (staged / EVAL_REPORT).write_text(json.dumps(dict(report), indent=2, sort_keys=True))
     if base_report is not None:
@@ -190,11 +189,9 @@ def stage_version(
 
 
 def checked_base(adapter_dir: Path, config: Mapping[str, Any], base_model: str | Path | None) -> str:
-    """The base model ``adapter_dir`` was checked against: ``base_model`` (a folder or ``s3://`` URI) or, by
-    default, the adapter's ``base_model_name_or_path`` when that is a local folder; "" when none (logged). An adapter
-    that does not fit it is refused: its recorded base fingerprint must match, and every tensor must fit the base's
-    (:data:`_LORA_DIMS`), read from the safetensors headers (no weights loaded; an s3:// base is read where it is,
-    by ranges)."""
+    """The base model ``adapter_dir`` was checked against: ``base_model`` (a folder or ``s3://`` URI), else the
+    adapter's ``base_model_name_or_path`` when that is a local folder; "" when none (logged). The adapter's base
+    fingerprint and every tensor shape (:data:`_LORA_DIMS`, from safetensors headers) must fit, or it is refused."""
     base = str(base_model or config.get("base_model_name_or_path") or "")
     if not (base and (base.startswith("s3://") or (Path(base) / "config.json").is_file())):
         if base_model:

@@ -90,10 +90,7 @@ def move_alias(
 
 
 def alias_stack(history: list[dict[str, Any]]) -> list[int]:
-    """Replay history: a promotion pushes its version, a rollback pops one; the top is the current version.
-
-    Popping (not "the previous history entry") makes two rollbacks go back two versions instead of toggling.
-    """
+    """Replay history: a promotion pushes its version, a rollback pops one (two rollbacks go back two versions)."""
     stack: list[int] = []
     for item in history:
         if item.get("action") == "rollback":
@@ -192,11 +189,8 @@ class Registry:
         version: int | None = None,
         actor: str | None = None,
     ) -> int:
-        """Publish ``adapter_dir`` with its eval report and lineage as a new immutable version; return it.
-
-        The adapter is checked against ``base_model`` (:func:`intake.checked_base`). ``base_eval_report`` (the base
-        model on the same tasks) is a reference of the gate. ``version`` asks for a number that must be free.
-        """
+        """Publish ``adapter_dir`` with its eval report and lineage as a new immutable version; return its number.
+        ``base_eval_report`` (the base model on the same tasks) is a reference of the gate."""
         layout = self._layout(name)
         adapter_dir = Path(adapter_dir)
         adapter_config = intake.check_adapter_dir(adapter_dir)
@@ -370,8 +364,7 @@ class Registry:
         }
 
     def fetch_adapter(self, name: str, version_or_alias: int | str, dest: str | Path | None = None) -> Path:
-        """A local folder with the version's files, every sha256 verified: for a local registry without
-        ``dest``, the version folder itself."""
+        """A local folder with the version's files, sha256-verified (a local registry's own, without ``dest``)."""
         version = self.resolve(name, version_or_alias)
         return storage.fetch_dir(self._layout(name).version(version), kind=VERSION_KIND, dest=dest)
 

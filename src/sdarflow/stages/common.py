@@ -77,9 +77,8 @@ def content_id(uri: str) -> str | None:
 
 
 def request_hash(cfg: StageConfig) -> str:
-    """Identity of one stage request: every setting and URI (``overwrite`` aside), the sdarflow version, and the
-    ``content_id`` of every input, so an input republished (or a model rebuilt) at the same URI makes it a new
-    request."""
+    """Identity of one stage request: every setting but ``overwrite``, the sdarflow version, and each input's
+    ``content_id`` (an input republished, or a model rebuilt, at the same URI makes a new request)."""
     request = {k: v for k, v in cfg.to_dict().items() if k != "overwrite"}
     inputs = {}
     for f in dataclasses.fields(cfg):

@@ -102,8 +102,7 @@ def confined(rel: object, what: str) -> str:
 
 
 def inside(root: str | Path, rel: object, what: str) -> Path:
-    """``root / rel`` on local disk once ``rel`` is ``confined`` and does not resolve out of ``root`` through a
-    symlink."""
+    """``root / rel`` once ``rel`` is ``confined`` and does not resolve out of ``root`` through a symlink."""
     rel = confined(rel, what)
     try:
         base = Path(root).resolve()
@@ -242,8 +241,7 @@ GENERATION = "_gen-"
 
 @dataclass(frozen=True)
 class Target:
-    """Where a publish writes: the artifact's URI and the folder inside it that holds this publication's files
-    (``prefix`` is empty when the folder is empty or new, else a fresh generation folder: ``publishing``)."""
+    """Where a publish writes: the artifact's URI and its files' generation folder (``prefix``, see ``publishing``)."""
 
     uri: str
     prefix: str = ""
@@ -545,8 +543,7 @@ def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
 
 
 def _verify(entry: dict, data: bytes, uri: str) -> None:
-    """A published file (a dataset's part, an adapter's, library's or report's file) against its manifest entry;
-    every entry carries its sha256 (every publish writes it), so an entry without one is refused too."""
+    """A published file against its manifest entry; an entry without a sha256 (every publish writes one) fails."""
     if entry.get("bytes", len(data)) != len(data) or sha256(data) != entry.get("sha256"):
         raise StorageError(
             f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
