@@ -148,7 +148,10 @@ def _claim(layout: Layout, version: int | None, actor: str) -> int:
                 f"fix: register without an explicit version to get the next free number"
             )
         return number
-    number = _highest(layout) + 1
+    # the highest version claimed or published, plus one
+    claimed = [parse_version(Path(n).stem) for n in storage.children(layout.claims)]
+    published = [parse_version(n) for n in storage.children(layout.versions)]
+    number = max([v for v in claimed + published if v is not None], default=0) + 1
     for _ in range(_MAX_CLAIM_ATTEMPTS):
         if cas.create_exclusive(layout.claim(number), data):
             return number
@@ -156,13 +159,6 @@ def _claim(layout: Layout, version: int | None, actor: str) -> int:
     raise RegistryConflict(
         f"could not claim a version of '{layout.name}' after {_MAX_CLAIM_ATTEMPTS} attempts; fix: retry"
     )
-
-
-def _highest(layout: Layout) -> int:
-    """The highest version number claimed or published (0 when none)."""
-    claimed = [parse_version(Path(n).stem) for n in storage.children(layout.claims)]
-    published = [parse_version(n) for n in storage.children(layout.versions)]
-    return max([v for v in claimed + published if v is not None], default=0)
 
 
 class Registry:
