@@ -448,28 +448,23 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
                         f"dataset {loc.uri}: '{entry['path']}' is not valid Parquet ({err}); fix: regenerate it"
                     ) from err
         table = pa.concat_tables(parts) if parts else schema.empty_table()
-        _check_counts(manifest, table, schema, loc.uri)
+        # what the manifest promises against what the files hold: a mismatch means they changed after publishing
+        rows = manifest.get("rows", table.num_rows)
+        if rows != table.num_rows:
+            raise SchemaError(
+                f"dataset {loc.uri}: its files hold {table.num_rows} rows, its manifest says {rows} (changed after "
+                f"publishing); fix: regenerate it"
+            )
+        written = manifest.get("schema_fingerprint", fingerprint(schema))
+        if written != fingerprint(schema):
+            raise SchemaError(
+                f"dataset {loc.uri} was written with schema {written}, this reader expects {fingerprint(schema)} "
+                f"(another sdarflow version?); fix: regenerate it with this version"
+            )
         tables.append(validate(table, schema, f"dataset {loc.uri}"))
     table = pa.concat_tables(tables)
     check_turns_unique(table, ", ".join(uris))
     return table
-
-
-def _check_counts(manifest: dict, table: pa.Table, schema: pa.Schema, uri: str) -> None:
-    """What a dataset's manifest promises against what its files hold: the row count and the schema it was
-    written with. A mismatch means the files were replaced or truncated after publishing."""
-    rows = manifest.get("rows", table.num_rows)
-    if rows != table.num_rows:
-        raise SchemaError(
-            f"dataset {uri}: its files hold {table.num_rows} rows, its manifest says {rows} (changed after "
-            f"publishing); fix: regenerate it"
-        )
-    written = manifest.get("schema_fingerprint", fingerprint(schema))
-    if written != fingerprint(schema):
-        raise SchemaError(
-            f"dataset {uri} was written with schema {written}, this reader expects {fingerprint(schema)} "
-            f"(another sdarflow version?); fix: regenerate it with this version"
-        )
 
 
 def _write_file(target: Target, rel: str, data: bytes) -> dict:
