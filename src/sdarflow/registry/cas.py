@@ -92,19 +92,20 @@ def create_exclusive(uri: str, data: bytes) -> bool:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         return True
-    return _s3_put(uri, data, {"IfNoneMatch": "*"}, "create") is not None
+    response = _s3_request(uri, "create", "put_object", _S3_CONFLICT_CODES, Body=data, IfNoneMatch="*")
+    return response is not None
 
 
-def _s3_put(uri: str, data: bytes, condition: dict[str, str], action: str) -> Any:
-    """A conditional PUT's response; None when the condition did not hold (someone else wrote first)."""
+def _s3_request(uri: str, action: str, method: str, quiet: set[str], **kwargs: Any) -> Any:
+    """An S3 request's response; None when it fails with a ``quiet`` code (a lost condition, a missing object)."""
     from botocore.exceptions import ClientError
 
     bucket, key = _bucket_key(uri)
     with _io(uri, action):
         try:
-            return _s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+            return getattr(_s3_client(), method)(Bucket=bucket, Key=key, **kwargs)
         except ClientError as err:
-            if _s3_error_code(err) in _S3_CONFLICT_CODES:
+            if _s3_error_code(err) in quiet:
                 return None
             raise StorageError(
                 f"cannot {action} '{uri}': {err}; fix: check the bucket and credentials"
@@ -121,17 +122,10 @@ def read_versioned(uri: str) -> tuple[bytes | None, str | None]:
             except FileNotFoundError:
                 return None, None
         return data, sha256(data)
-
-    from botocore.exceptions import ClientError
-
-    bucket, key = _bucket_key(uri)
+    response = _s3_request(uri, "read", "get_object", {"NoSuchKey", "404"})
+    if response is None:
+        return None, None
     with _io(uri, "read"):
-        try:
-            response = _s3_client().get_object(Bucket=bucket, Key=key)
-        except ClientError as err:
-            if _s3_error_code(err) in {"NoSuchKey", "404"}:
-                return None, None
-            raise StorageError(f"cannot read '{uri}': {err}; fix: check the bucket and credentials") from err
         return response["Body"].read(), response["ETag"]
 
 
@@ -143,7 +137,7 @@ def cas_write(uri: str, data: bytes, expected_etag: str | None) -> str:
         return _local_cas(uri, path, data, expected_etag)
 
     condition = {"IfNoneMatch": "*"} if expected_etag is None else {"IfMatch": expected_etag}
-    response = _s3_put(uri, data, condition, "write")
+    response = _s3_request(uri, "write", "put_object", _S3_CONFLICT_CODES, Body=data, **condition)
     if response is None:
         raise _conflict(uri)
     return response["ETag"]
