@@ -85,8 +85,7 @@ def output_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
 
 
 def policy_name_flag(p: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
-    """``--policy-name``, as the pipeline and evaluate spell the registry's adapter name (a run's or a schedule's
-    name is ``--name`` in the pipeline commands)."""
+    """``--policy-name``: the registry's adapter name, as the pipeline and evaluate spell it."""
     p.add_argument("--policy-name", dest="name", help=help, **kwargs)
 
 

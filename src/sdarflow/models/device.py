@@ -64,8 +64,7 @@ def resolve_device(request: str = "auto") -> torch.device:
 
 
 def inference_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on a GPU that has it (half the memory and bandwidth; log-probs are still taken in float32), else
-    float32."""
+    """bf16 on a GPU that has it (half the memory and bandwidth; log-probs stay float32), else float32."""
     import torch
 
     if device.type == "cuda" and torch.cuda.is_bf16_supported():

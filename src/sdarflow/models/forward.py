@@ -116,8 +116,7 @@ _LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "final_logit_softcapping",
 
 def _decoder_and_head(model):
     """(decoder, lm_head) of a causal LM (PEFT-wrapped or not) whose logits are exactly
-    ``lm_head(decoder(...).last_hidden_state)``; None for models that transform logits after the head (scaling,
-    soft-capping) or hide their parts."""
+    ``lm_head(decoder(...).last_hidden_state)``; None for one that transforms them or hides its parts."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None)
     if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings") or config is None:

@@ -1,10 +1,8 @@
 """What ``register`` accepts: a PEFT adapter folder, an eval report, lineage; checked before anything is written,
 then staged with the registry's own files in a temp folder, so the version is published in one manifest-last pass.
 
-One of those files is the model card, the version's ``README.md``, written in place of PEFT's unfilled template from
-what the registry knows (the lineage, the eval reports, the adapter config), so a team reads one file before
-promoting or serving a version. Values are escaped (``sdarflow.report``); the front matter is YAML a model hub reads
-(``library_name``, ``base_model``, ``tags``).
+One of those files is the model card, the version's ``README.md`` (in place of PEFT's unfilled template), made from
+the lineage, eval reports and adapter config (values escaped: ``sdarflow.report``) under YAML front matter for hubs.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ def _link_or_copy(src: str, dst: str) -> str:
 
 
 def validate_report(report: Any, source: str, require: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``report`` when it is an eval report the gate can trust: a ``test`` split (and every split in ``require``),
-    every pass@k a finite number in [0, 1] that does not decrease with k, intervals that are intervals.
-    ConfigError (one line) otherwise."""
+    """``report`` when it is an eval report the gate can trust (``EvalReport``) with a ``test`` split and every
+    split in ``require``; ConfigError (one line) otherwise."""
     EvalReport.check(
         report, f"eval report {source}", "fix: pass the eval_report.json written by `sdarflow evaluate`"
     )

@@ -421,8 +421,7 @@ class Registry:
     ) -> dict[str, Any]:
         """Point ``stage`` at ``version`` if the stage's gate (``set_gate``; ``thresholds`` may only tighten it)
         passes, or with ``force`` and a ``reason``; a refusal is audited too. Returns the audit event.
-
-        ``current_report`` (version, report): the stage's version evaluated again on the candidate's tasks, what
+        ``current_report``: (version, report) of the stage's version evaluated again on the candidate's tasks, what
         the gate compares with while that version is still the stage's current one."""
         layout = self._layout(name)
         validate_stage(stage)

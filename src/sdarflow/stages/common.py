@@ -91,10 +91,9 @@ def request_hash(cfg: StageConfig) -> str:
 
 
 def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], dict]]:
-    """Make a stage's ``run`` idempotent. When its output already holds what this very request published (a KFP
-    retry of a task whose pod died after publishing, or a rerun of the same command), the recorded result is
-    returned and nothing is redone. Another request's output there is refused before any work, unless
-    ``overwrite``. After a run, the manifest records the request and its result (rank 0 only)."""
+    """Make a stage's ``run`` idempotent: when its output holds what this very request published (a KFP retry, a
+    rerun), the recorded result is returned; another request's output there is refused unless ``overwrite``.
+    After a run, the manifest records the request and its result (rank 0 only)."""
 
     def wrap(run: Callable[[Any], dict]) -> Callable[[Any], dict]:
         @functools.wraps(run)
