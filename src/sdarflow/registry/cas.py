@@ -74,11 +74,6 @@ def _s3_client() -> Any:
         return _cached_client(endpoint, region, os.environ.get("AWS_ACCESS_KEY_ID"))
 
 
-def _s3_error_code(err: Exception) -> str:
-    response = getattr(err, "response", {}) or {}
-    return str(response.get("Error", {}).get("Code", ""))
-
-
 def create_exclusive(uri: str, data: bytes) -> bool:
     """Create ``uri`` holding ``data`` only if it does not exist. True if we created it, False if it existed."""
     path = _local_path(uri)
@@ -105,7 +100,7 @@ def _s3_request(uri: str, action: str, method: str, quiet: set[str], **kwargs: A
         try:
             return getattr(_s3_client(), method)(Bucket=bucket, Key=key, **kwargs)
         except ClientError as err:
-            if _s3_error_code(err) in quiet:
+            if str((err.response or {}).get("Error", {}).get("Code", "")) in quiet:
                 return None
             raise StorageError(
                 f"cannot {action} '{uri}': {err}; fix: check the bucket and credentials"
