@@ -60,8 +60,7 @@ MAX_VERSION = 999_999
 
 
 def parse_version(value: int | str) -> int | None:
-    """An explicit version number (``3``, ``"3"``, ``"v3"``, at most :data:`MAX_VERSION`) or None when ``value`` is
-    not one."""
+    """An explicit version number (``3``, ``"3"``, ``"v3"``, at most :data:`MAX_VERSION`), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):

@@ -431,8 +431,7 @@ class Registry:
         actor = actor or default_actor()
 
         state, etag = read_aliases(layout)
-        entry = state["stages"].get(stage, {"version": None, "history": []})
-        current = entry.get("version")
+        current = state["stages"].get(stage, {}).get("version")
         if current == number:
             log.info("%s %s already points at v%d: nothing to do", name, stage, number)
             return {"event": "promote", "name": name, "stage": stage, "version": number, "changed": False}
@@ -500,8 +499,7 @@ class Registry:
         validate_stage(stage)
         actor = actor or default_actor()
         state, etag = read_aliases(layout)
-        history = state["stages"].get(stage, {}).get("history", [])
-        stack = alias_stack(history)
+        stack = alias_stack(state["stages"].get(stage, {}).get("history", []))
         if len(stack) < 2:
             raise RegistryError(
                 f"'{name}' {stage} has no previous version to roll back to (versions so far: {stack or 'none'}); "

@@ -60,7 +60,6 @@ class RegisterConfig(StageConfig):
         '"next_eval_task": E}: a pipeline run with data_cursor continue starts after it',
         io=True,
     )
-
     request: str = opt(
         "",
         "what the run trains, as one hash (pipeline_config.request_key): a later run of the same is skipped",
