@@ -107,7 +107,6 @@ class _Event(FileSchema):
     action: str = opt("", "promote or rollback")
 
     def validate(self) -> None:
-        # a promotion event carries its version; a rollback's may be empty
         if self.version is None and self.action != "rollback":
             raise ConfigError("a promotion in the history names no version")
 
