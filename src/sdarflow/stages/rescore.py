@@ -79,10 +79,6 @@ class RescoreConfig(StageConfig, GuardSettings):
         ge=0,
     )
 
-    def batch_tokens(self, device) -> int:
-        """``max_batch_tokens``, or its default for ``device`` (a torch device)."""
-        return self.max_batch_tokens or (16384 if device.type == "cuda" else 4096)
-
     device: str = device_opt()
     # These log-probs are the PPO ratio's old policy and the KL's reference; the trainer computes the new ones
     # from bf16 weights on a GPU too (the frozen base, DeepSpeed's bf16 copies), so the ratio starts at 1 within
@@ -240,7 +236,7 @@ def _score_passes(
     t0 = time.perf_counter()
     prompts = [r["prompt_token_ids"] for r in rows]
     responses = [r["response_token_ids"] for r in rows]
-    budget = cfg.batch_tokens(model_device(policy.model))
+    budget = cfg.max_batch_tokens or (16384 if model_device(policy.model).type == "cuda" else 4096)
     pad, kw = policy.tokenizer.pad_token_id, {"batching": cfg.batching, "pack_length": cfg.pack_length}
 
     def scored(model, contexts: list[list[int]], desc: str) -> list[list[float]]:
