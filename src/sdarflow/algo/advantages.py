@@ -140,9 +140,7 @@ def rlsd_advantages(
     clip_eps: float,
 ) -> Tensor:
     """RLSD advantages: ``A_t * w_t`` (see :func:`rlsd_weights`) on response tokens, 0 on masked ones; all (B, T),
-    the result detached (``compute_rlsd_token_advantage`` in ``verl/trainer/ppo/rlsd_utils.py``). ``s_t`` are the
-    rollout-time (old) log-probs, as the reference passes them; ``lam`` 0 returns the advantages unchanged.
-    """
+    the result detached (``compute_rlsd_token_advantage`` in ``verl/trainer/ppo/rlsd_utils.py``)."""
     a = advantages.detach()
     w = rlsd_weights(a, student_logprobs, teacher_logprobs, lam, clip_eps)
     # where, not multiply: padded log-probs may be -inf, and (-inf) - (-inf) is NaN.

@@ -228,8 +228,7 @@ def _score_passes(
     cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts: list[list[int]], adapter: str | None
 ):
     """(student, teacher, reference or None) log-probs of every row's response, the seconds they took, the token
-    budget of a batch and the tokens of every scored sequence. The teacher is the student with skills in its
-    prompt, with the adapter's EMA weights under ``--teacher ema``. Without an adapter the reference is the student
+    budget of a batch and the tokens of every scored sequence. Without an adapter the reference is the student
     itself (the scored policy is then the base model, so a second pass would give the same numbers)."""
     from sdarflow.teacher.rescore import reference_model, score
 

@@ -3,9 +3,6 @@
 - ``torch``: plain ``torch.optim.AdamW`` with ``clip_grad_norm_``; one process.
 - ``deepspeed``: a DeepSpeed engine (ZeRO stage 2 or 3) wrapping the same AdamW; bf16 on GPU, fp32 on CPU; one
   process, or one per GPU under a launcher (see :mod:`sdarflow.train.launch`).
-
-``step(lr)`` skips a non-finite gradient and reports the pre-clip norm; ``optimizer_state()`` gives AdamW's moments
-by parameter name, whole whatever the ranks (what carries one optimizer across rounds).
 """
 
 from __future__ import annotations

@@ -228,11 +228,8 @@ def extra_sft_step(
 def accumulate(
     engine: TrainEngine, items: list, loss_fn: LossFn, agg: str, micro_batch_tokens: int
 ) -> tuple[dict[str, float], int]:
-    """Backward over the token-budget micro-batches of one mini-batch; returns its metrics and response tokens.
-
-    Each micro-batch loss is scaled by its share of the whole mini-batch (all ranks together), so the accumulated
-    gradient is the gradient of the mini-batch loss however it is split.
-    """
+    """Backward over the token-budget micro-batches of one mini-batch (each loss scaled by :func:`_weight`);
+    returns its metrics and response tokens."""
     total_tokens = sum(len(x.response) for x in items)
     mine = _rank_share(items, engine.rank, engine.world_size)
     lengths = [len(items[i].prompt) + len(items[i].response) for i, _ in mine]
