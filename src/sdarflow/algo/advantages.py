@@ -79,11 +79,9 @@ def grpo_advantages(
 
 
 def penalized_scores(episode_returns: Tensor, format_ok: Tensor, coef: float) -> Tensor:
-    """Per-row GRPO scores with the invalid-action penalty: ``R_ep - coef * (1 - format_ok)``, (N,) -> (N,).
-
-    verl-agent's ``apply_invalid_action_penalty`` (``verl/trainer/ppo/ray_trainer.py``) subtracts ``coef`` from a
-    turn whose action did not parse; the reference scripts use 0.1 (ALFWorld, WebShop) and 0.01 (search).
-    """
+    """Per-row GRPO scores with the invalid-action penalty: ``R_ep - coef * (1 - format_ok)``, (N,) -> (N,), as
+    verl-agent's ``apply_invalid_action_penalty`` (``verl/trainer/ppo/ray_trainer.py``); the reference scripts use
+    coef 0.1 (ALFWorld, WebShop) and 0.01 (search)."""
     if episode_returns.shape != format_ok.shape:
         raise ValueError(
             f"episode_returns {tuple(episode_returns.shape)} and format_ok {tuple(format_ok.shape)} must match"
@@ -101,12 +99,9 @@ def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
 
 
 def rlsd_lambda(step: int, lam0: float, warmdown_steps: int) -> float:
-    """RLSD's mixing weight at RL step ``step``: ``lam0 * max(0, 1 - step / warmdown_steps)``.
-
-    Linear decay to 0 over ``warmdown_steps`` (100 in the reference scripts, ``RLSDRayTrainer._get_rlsd_lambda``
-    in ``verl/trainer/ppo/rlsd_ray_trainer.py``; its first training step is 1); ``warmdown_steps <= 0`` keeps
-    ``lam0`` (no decay).
-    """
+    """RLSD's mixing weight at RL step ``step``: ``lam0 * max(0, 1 - step / warmdown_steps)``, a linear decay to 0
+    (100 steps in the reference scripts, ``RLSDRayTrainer._get_rlsd_lambda`` in
+    ``verl/trainer/ppo/rlsd_ray_trainer.py``; its first training step is 1); ``warmdown_steps <= 0``: no decay."""
     if warmdown_steps <= 0:
         return lam0
     return lam0 * max(0.0, 1.0 - step / warmdown_steps)

@@ -74,20 +74,16 @@ def _grpo(logp, old, teacher, adv, mask, cfg, step):
 
 @register_method("opsd")
 def _opsd(logp, old, teacher, adv, mask, cfg, step):
-    """OPSD: the gated distillation term alone, ``lambda * L_SDAR(beta)``; no policy gradient.
-
-    The reference runs ``main_sdar`` with ``pg_loss_coef=0`` (``examples/opsd_trainer``).
-    """
+    """OPSD: the gated distillation term alone, ``lambda * L_SDAR(beta)``; no policy gradient (the reference runs
+    ``main_sdar`` with ``pg_loss_coef=0``, ``examples/opsd_trainer``)."""
     aux, m = sdar_loss(logp, _teacher(teacher, "opsd"), mask, cfg.gate_beta, cfg.agg)
     return _combine(m, aux=aux, coef=cfg.sdar_coef)
 
 
 @register_method("grpo_opsd")
 def _grpo_opsd(logp, old, teacher, adv, mask, cfg, step):
-    """Naive GRPO + OPSD: ``L_GRPO + lambda * L_SDAR(beta=0)``, every token distilled with gate 0.5.
-
-    The reference runs ``main_sdar`` with ``gate_beta=0.0`` (``examples/grpo_opsd_trainer``).
-    """
+    """Naive GRPO + OPSD: ``L_GRPO + lambda * L_SDAR(beta=0)``, every token distilled with gate 0.5 (the reference
+    runs ``main_sdar`` with ``gate_beta=0.0``, ``examples/grpo_opsd_trainer``)."""
     pg, m = _pg(logp, old, adv, mask, cfg)
     aux, m_aux = sdar_loss(logp, _teacher(teacher, "grpo_opsd"), mask, 0.0, cfg.agg)
     return _combine(m | m_aux, pg=pg, aux=aux, coef=cfg.sdar_coef)
@@ -183,20 +179,18 @@ def method_loss(
     entropy: Tensor | None = None,
     step: int = 1,
 ) -> tuple[Tensor, Metrics]:
-    """The scalar training loss of ``cfg.method`` and its namespaced metrics (``loss/total``, ``loss/pg``, ...).
-
-    ``L = L_method + kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind)) - entropy_coef * agg(entropy)``:
-    the KL term whenever ``ref_logprobs`` is given (verl's ``use_kl_loss``; the reference scripts use
-    ``low_var_kl`` at 0.01 for ALFWorld/WebShop and 0.001 for search), the entropy bonus whenever ``entropy`` (the
-    policy's per-token entropy, with gradient) is given (verl's actor: ``pg_loss - entropy_coeff * entropy``).
+    """The scalar training loss of ``cfg.method`` and its namespaced metrics (``loss/total``, ``loss/pg``, ...):
+    ``L = L_method + kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind)) - entropy_coef * agg(entropy)``,
+    the KL term whenever ``ref_logprobs`` is given (verl's ``use_kl_loss``; the presets' coefficients are the
+    reference scripts'), the entropy bonus whenever ``entropy`` (the policy's per-token entropy, with gradient) is
+    given (verl's actor: ``pg_loss - entropy_coeff * entropy``).
 
     All tensors are (B, T); ``logprobs`` and ``entropy`` carry the gradient, the others are constants. ``step`` is
     the RL step (the reference's ``global_steps``, 1 for the first update), which RLSD's decaying weight reads.
     With a teacher, every method's metrics carry the gate diagnostics (what the gate is at ``gate_beta``), so a
     GRPO run also shows whether the teacher is informative. Raises :class:`UnknownNameError` for an unregistered
     method and ``ValueError`` for mismatched shapes, a missing teacher, or ``kl_coef > 0`` without reference
-    log-probs.
-    """
+    log-probs."""
     fn = METHOD_REGISTRY.get(cfg.method)
     _check_shapes(
         mask,

@@ -120,11 +120,8 @@ def score(
     batching: Batching = "packed",
     pack_length: int = 0,
 ) -> list[list[float]]:
-    """Teacher-forced float32 log-probs of each response given its prompt.
-
-    ``max_tokens`` bounds the tokens of one forward pass (padded width x rows); ``pack_length`` is the packed
-    bin size (0 = automatic, see ``pack_capacity``).
-    """
+    """Teacher-forced float32 log-probs of each response given its prompt; ``max_tokens`` bounds the tokens of one
+    forward pass (padded width x rows), ``pack_length`` is the packed bin size (0: :func:`pack_capacity`)."""
     out: list[list[float]] = [[] for _ in prompts]
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     if not lengths:

@@ -257,11 +257,9 @@ def _rank_share(items: list, rank: int, world: int) -> list[tuple[int, bool]]:
 
 
 def _weight(micro: list, counted: list, items: list, agg: str) -> float:
-    """Factor on a micro-batch's loss so the accumulated gradient is that of the whole mini-batch's loss.
-
-    token-mean and seq-mean-*: the micro-batch's share of the mini-batch's tokens or sequences. For
-    seq-mean-token-sum-norm (a sum over sequences divided by the padded width T), ``T_micro / T_mini``.
-    """
+    """Factor on a micro-batch's loss so the accumulated gradient is that of the whole mini-batch's loss: the
+    micro-batch's share of the mini-batch's tokens (token-mean) or sequences (seq-mean-*); for
+    seq-mean-token-sum-norm (a sum over sequences divided by the padded width T), ``T_micro / T_mini``."""
     if not counted:
         return 0.0
     if agg == "token-mean":
