@@ -34,7 +34,7 @@ from sdarflow.train.checkpoint import checkpointing
 from sdarflow.train.engine import TRAIN_ENGINES, make_engine
 from sdarflow.train.format_guard import GUARD_HELP, GUARDS
 from sdarflow.train.format_guard import SUMMARY_KEY as FORMAT_RATES
-from sdarflow.train.launch import deterministic_mode
+from sdarflow.train.launch import deterministic_mode, relaunch, resolve_engine, should_relaunch
 from sdarflow.train.report import jsonl_writer, publish_run, run_summary
 from sdarflow.train.rl_setup import (
     PRESET_CHOICES,
@@ -196,8 +196,6 @@ def build_model(cfg: TrainConfig):
 
 @once(None)  # adapter, or model when fully fine-tuned
 def run(cfg: TrainConfig) -> dict:
-    from sdarflow.train.launch import relaunch, resolve_engine, should_relaunch
-
     require("train", input=cfg.input, model=cfg.model, output=cfg.output)
     check_available(cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, engine=resolve_engine(cfg.engine, torch.cuda.device_count()))
