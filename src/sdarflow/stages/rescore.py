@@ -24,7 +24,7 @@ from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher import TEACHER_WEIGHTS
 from sdarflow.teacher.report import GuardSettings, check_retrieval, check_scores, rescore_summary
-from sdarflow.teacher.rescore import BATCHINGS
+from sdarflow.teacher.rescore import BATCHINGS, k1_mean, padding_share, reference_model, score
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,6 @@ def _run_metrics(
     overridden,
     budget: int,
 ) -> dict[str, float]:
-    from sdarflow.teacher.rescore import k1_mean, padding_share
-
     rollout = table["rollout_logprobs"].to_pylist()
     drift = [abs(a - b) for ro, o in zip(rollout, old, strict=True) for a, b in zip(ro, o, strict=True)]
     # How far the policy has moved from the base model (k1 estimate of KL): what --kl-coef pulls back on.
@@ -230,8 +228,6 @@ def _score_passes(
     """(student, teacher, reference or None) log-probs of every row's response, the seconds they took, the token
     budget of a batch and the tokens of every scored sequence. Without an adapter the reference is the student
     itself (the scored policy is then the base model, so a second pass would give the same numbers)."""
-    from sdarflow.teacher.rescore import reference_model, score
-
     t0 = time.perf_counter()
     prompts = [r["prompt_token_ids"] for r in rows]
     responses = [r["response_token_ids"] for r in rows]
