@@ -303,8 +303,7 @@ class TextWorldCookingEnv:
     GOAL = "Prepare the meal following the recipe, then eat it."
 
     def __init__(self, task: Task, max_turns: int) -> None:
-        self.task = task
-        self.max_turns = max_turns
+        self.task, self.max_turns = task, max_turns
         self._env = None
         self._state = None  # last textworld GameState
         self._entities: list[str] = []  # object, room and direction names: what room descriptions keep

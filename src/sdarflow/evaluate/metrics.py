@@ -32,13 +32,9 @@ EPISODE_KEYS: tuple[str, ...] = (
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one task from ``n`` samples of which ``c`` succeeded (Chen et al. 2021, arXiv:2107.03374).
-
-    ``pass@k = 1 - C(n - c, k) / C(n, k)``: the probability that at least one of ``k`` samples drawn without
-    replacement from the ``n`` is a success. Computed as in the Codex paper,
-    ``1 - prod_{i = n-c+1}^{n} (1 - k / i)``, which avoids the huge binomials; it is exactly 1 when
-    ``n - c < k`` (every draw of ``k`` must contain a success).
-    """
+    """Unbiased pass@k of one task from ``n`` samples of which ``c`` succeeded (Chen et al. 2021, arXiv:2107.03374):
+    ``1 - C(n - c, k) / C(n, k)``, computed as the Codex paper's ``1 - prod_{i = n-c+1}^{n} (1 - k / i)`` (no huge
+    binomials); exactly 1 when ``n - c < k`` (every draw of ``k`` must contain a success)."""
     if n < 1:
         raise ValueError(f"pass@k needs n >= 1 samples, got n={n}")
     if not 0 <= c <= n:

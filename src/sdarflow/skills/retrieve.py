@@ -156,10 +156,8 @@ def ucb_score(mean: float, pulls: int, total: int, c: float) -> float:
 
 
 def update(lib: SkillLibrary, rows: list[dict]) -> dict:
-    """New statistics: ``lib.stats`` plus the rewards of ``rows`` (rescored rows scored with ``lib``).
-
-    Each row needs ``task_type``, ``success``, ``skill_ids``, ``old_logprobs``, ``teacher_logprobs``.
-    """
+    """New statistics: ``lib.stats`` plus the rewards of ``rows``, rescored rows scored with ``lib`` (each with
+    ``task_type``, ``success``, ``skill_ids``, ``old_logprobs``, ``teacher_logprobs``)."""
     stats = copy.deepcopy(lib.stats) if lib.stats else {}
     stats["reward"] = REWARD
     arms = stats.setdefault("arms", {})

@@ -222,11 +222,8 @@ def library_report(
     accuracy: Mapping | None = None,
     decisions: Sequence[Mapping] = (),
 ) -> Report:
-    """The stage's report: every skill of ``lib`` (task types, steps, the evidence it was kept on, its text: what
-    the teacher reads as privileged context), added (not in ``previous``), changed from it, or kept; ``new`` are the
-    skills this round's episodes produced (merged into the library); each direction rule with its provenance; the
-    contested replacements (``sdarflow.skills.merge``), made or refused, with both sides' evidence; ``accuracy``: the
-    library scored against the env (``sdarflow.skills.accuracy.score_library``), shown per skill."""
+    """The stage's report: each skill of ``lib`` as added, changed or kept against ``previous``, with its evidence
+    and text; the rules' provenance and the contested replacements; ``accuracy`` (``score_library``) per skill."""
 
     def status(name: str) -> str:
         if previous is None or name not in previous.skills:
