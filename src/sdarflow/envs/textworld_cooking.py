@@ -307,8 +307,7 @@ class TextWorldCookingEnv:
         self._env = None
         self._state = None  # last textworld GameState
         self._entities: list[str] = []  # object, room and direction names: what room descriptions keep
-        self._turns = 0
-        self._done = False
+        self._turns, self._done = 0, False
         self._tracking = False  # TextWorld's state tracker is on (admissible and expert commands)
         self._commands: list[str] = []  # sent since the last reset, to replay when tracking starts
 

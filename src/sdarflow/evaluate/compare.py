@@ -33,18 +33,15 @@ def student_t_cdf(t: float, dof: int) -> float:
     if dof < 1:
         raise ValueError(f"Student's t needs dof >= 1, got {dof}")
     theta = math.atan(abs(t) / math.sqrt(dof))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    c2, s, odd = math.cos(theta) ** 2, math.sin(theta), dof % 2
     term, total = 1.0, 1.0
-    if dof % 2 == 0:
-        for j in range(1, dof // 2):
-            term *= c2 * (2 * j - 1) / (2 * j)
-            total += term
-        a = s * total
-    else:
-        for j in range(1, (dof - 1) // 2):
-            term *= c2 * (2 * j) / (2 * j + 1)
-            total += term
+    for j in range(1, (dof - odd) // 2):  # factors (2j - 1) / (2j) for even dof, 2j / (2j + 1) for odd
+        term *= c2 * (2 * j - 1 + odd) / (2 * j + odd)
+        total += term
+    if odd:
         a = (2 / math.pi) * (theta + (s * math.cos(theta) * total if dof > 1 else 0.0))
+    else:
+        a = s * total
     return 0.5 + math.copysign(a / 2, t)
 
 

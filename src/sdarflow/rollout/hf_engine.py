@@ -18,8 +18,7 @@ class _GumbelSampler:
 
     def __init__(self, seeds: list[int], temperature: float, top_p: float):
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        self.temperature = temperature
-        self.top_p = top_p
+        self.temperature, self.top_p = temperature, top_p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.temperature <= 0:

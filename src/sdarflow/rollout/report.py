@@ -101,9 +101,8 @@ def rollout_report(rows: Sequence[Mapping[str, Any]], metrics: Mapping[str, floa
             "By task type", table=(["task type", "episodes", "success", "mean turns", "format errors"], types)
         ),
     ]
-    solved = next((ep for ep in eps if ep[0]["success"]), None)
-    failed = next((ep for ep in eps if not ep[0]["success"]), None)
-    for name, ep in (("A solved episode", solved), ("A failed episode", failed)):
+    for name, won in (("A solved episode", True), ("A failed episode", False)):
+        ep = next((ep for ep in eps if bool(ep[0]["success"]) == won), None)
         if ep is not None:
             sections.append(transcript_section(name, transcript(ep)))
     return Report(title=title, subtitle=f"{len(eps)} episodes, {len(rows)} turn rows", sections=sections)

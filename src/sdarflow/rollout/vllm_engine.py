@@ -74,8 +74,7 @@ class VLLMEngine:
                 f"or use --engine hf"
             ) from err
         self._vllm = vllm
-        self._llm = None
-        self._lora = None
+        self._llm = self._lora = None
 
     def start(self) -> None:
         """Start vLLM's engine processes now (otherwise the first call does); idempotent."""
