@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -127,9 +127,6 @@ class Difference:
     paired: bool
     t_lower: float | None = None  # Student's bound
     sign_flip_lower: float | None = None  # the exact sign-flip bound (paired only)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def task_pass_at_k(split: Mapping[str, Any], k: int) -> dict[str, float]:

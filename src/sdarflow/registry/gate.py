@@ -135,7 +135,7 @@ def _criterion(d: Difference, split: str, ref: str, threshold: float, strict: bo
     """One comparison's record, with the failure message when its bound does not clear the threshold."""
     ok = d.lower is not None and (d.lower > threshold + _EPS if strict else d.lower >= threshold - _EPS)
     record = {"split": split, "against": ref, "criterion": name, "threshold": threshold, "passed": ok}
-    record |= d.to_dict()
+    record |= asdict(d)
     if not ok:
         what = f"{split} pass@{d.k} vs {ref}: {_fmt(d.candidate)} - {_fmt(d.reference)} = {_signed(d.diff)}"
         if d.lower is None:
