@@ -92,7 +92,6 @@ def run_rollout(
     prompts and seeds as in one lane). The lanes interleave episodes, so with two or more per task the first lane
     holds every task and its first prompts are checked before any engine call."""
     t0 = time.perf_counter()
-    stats = RolloutStats()
     episodes: list[Episode] = []
     for task in tasks:
         group_id = f"{run_id}/r{round_}/{task.task_id}"
@@ -114,7 +113,7 @@ def run_rollout(
         ep.max_turns = envs.max_turns[ep.index]
     lineage = (run_id, round_, policy_version)
     try:
-        return _Rollout(engine, suite, envs, episodes, params, tokenizer, stats, lineage).run(t0, desc)
+        return _Rollout(engine, suite, envs, episodes, params, tokenizer, lineage).run(t0, desc)
     finally:
         envs.shutdown()
 
@@ -137,9 +136,9 @@ class _InFlight:
 class _Rollout:
     """One rollout's episodes, envs and engine, turn by turn (see ``run_rollout``)."""
 
-    def __init__(self, engine, suite, envs, episodes, params, tokenizer, stats, lineage) -> None:
+    def __init__(self, engine, suite, envs, episodes, params, tokenizer, lineage) -> None:
         self.engine, self.suite, self.envs, self.episodes = engine, suite, envs, episodes
-        self.params, self.tokenizer, self.stats = params, tokenizer, stats
+        self.params, self.tokenizer, self.stats = params, tokenizer, RolloutStats()
         self.parse = action_parser(suite, params.prompt_format)
         self.lineage, self.hint = lineage, getattr(suite, "format_hint", FORMAT_ERROR_OBS)
         two = isinstance(envs, ProcessEnvs) and len(episodes) > 1
@@ -183,9 +182,9 @@ class _Rollout:
                     ep.admissible = out.value.admissible
                 else:
                     _fail(ep, out, "reset")
-            _check_first_prompts(batch.episodes, self.episodes, self.envs, self.params, self.tokenizer)
+            self.check_first_prompts(batch.episodes)
         else:
-            _apply_steps(batch, outcomes, self.params, self.lineage, self.hint)
+            self.apply_steps(batch, outcomes)
         if self.bar is not None:
             self.bar.update(sum(e.done for e in self.episodes) - self.bar.n)
 
@@ -210,9 +209,7 @@ class _Rollout:
                 if in_flight is not None and in_flight.lane == lane:  # one lane: its results come first
                     self.land(in_flight)
                     in_flight = None
-                batch = _generate(
-                    engine, lane, lane_episodes, turn, params, self.tokenizer, stats, self.parse
-                )
+                batch = self.generate(lane, lane_episodes, turn)
                 if in_flight is not None:
                     self.land(in_flight)
                     in_flight = None
@@ -232,6 +229,81 @@ class _Rollout:
         if in_flight is not None:
             self.land(in_flight)
 
+    def check_first_prompts(self, batch: list[Episode]) -> None:
+        """Refuse to start when a task's first prompt cannot fit the context: later prompts are only longer."""
+        params = self.params
+        if params.max_prompt_tokens <= 0:
+            return
+        for ep in batch:
+            if ep.done:
+                continue
+            n = len(encode_prompt(self.tokenizer, messages_of(ep, params)))
+            if n > params.max_prompt_tokens:
+                _close(self.episodes, self.envs)
+                raise ConfigError(
+                    f"task {ep.task.task_id}: the first prompt is {n} tokens, over the {params.max_prompt_tokens} "
+                    f"the engine allows (its context minus max_new_tokens={params.max_new_tokens}); fix: use a model "
+                    f"with a longer context, lower --max-new-tokens, or shorten the env's instructions"
+                )
+
+    def generate(self, lane: int, episodes: list[Episode], turn: int) -> _InFlight | None:
+        """One engine call for the lane's live episodes; their actions, parsed, await the env (None: none live)."""
+        params, stats = self.params, self.stats
+        live = [e for e in episodes if not e.done]
+        messages = [messages_of(e, params) for e in live]
+        prompts = [encode_prompt(self.tokenizer, m) for m in messages]
+        fits = [params.max_prompt_tokens <= 0 or len(p) <= params.max_prompt_tokens for p in prompts]
+        for ep, ok, prompt in zip(live, fits, prompts):
+            if not ok:  # the history grew past the context: end the episode rather than crash the engine
+                ep.done = ep.context_exceeded = True
+                log.warning(
+                    "episode %s: prompt of %d tokens exceeds the context; ended", ep.traj_id, len(prompt)
+                )
+        live, messages, prompts = (
+            [x for x, ok in zip(seq, fits) if ok] for seq in (live, messages, prompts)
+        )  # fmt: skip
+        if not live:
+            return None
+        start = time.perf_counter()
+        samples = self.engine.generate(
+            prompts,
+            [sample_seed(params.seed, e.seed_key, turn) for e in live],
+            max_new_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+        )
+        stats.engine_seconds += time.perf_counter() - start
+        parsed = [self.parse(s.text, s.finished) for s in samples]
+        stepping = [i for i, (_, ok) in enumerate(parsed) if ok]
+        stats.env_steps += len(stepping)
+        return _InFlight(lane, live, turn, messages, prompts, samples, parsed, stepping)
+
+    def apply_steps(self, batch: _InFlight, outcomes: list[Outcome]) -> None:
+        """The turn's rows, from each episode's sample and env outcome (or its format error)."""
+        outcomes = dict(zip(batch.stepping, outcomes, strict=True))
+        turn, params = batch.turn, self.params
+        for i, (ep, msgs, prompt, sample) in enumerate(
+            zip(batch.episodes, batch.messages, batch.prompts, batch.samples, strict=True)
+        ):
+            action, ok = batch.parsed[i]
+            reward = 0.0
+            if not ok:  # a malformed response is not executed: the agent is told and the turn is spent
+                ep.observation = self.hint
+                ep.format_errors += 1
+            elif outcomes[i].ok:
+                step = outcomes[i].value
+                ep.observation, reward, ep.won, ep.done = step.observation, step.reward, step.won, step.done
+                ep.admissible = step.admissible
+                ep.actions.append(action)
+                ep.env_steps += 1
+            else:
+                _fail(ep, outcomes[i], "step")
+            ep.total += reward
+            # Malformed turns never reach the env, so its own turn limit cannot end an agent stuck producing them.
+            if turn + 1 >= min(params.max_turns, ep.max_turns or params.max_turns):
+                ep.done = True
+            ep.rows.append(turn_row(ep, turn, msgs, prompt, sample, reward, ok, self.lineage))
+
 
 def _close(episodes: list[Episode], envs) -> None:
     """Close every env that can still be touched (a hung one's thread may still be inside it)."""
@@ -247,80 +319,6 @@ def _fail(ep: Episode, out: Outcome, what: str) -> None:
     ep.error, ep.done, ep.won = f"{what}: {out.error}", True, False
     ep.hung = out.timed_out
     log.warning("episode %s failed in env %s: %s", ep.traj_id, what, out.error)
-
-
-def _check_first_prompts(batch: list[Episode], episodes: list[Episode], envs, params, tokenizer) -> None:
-    """Refuse to start when a task's first prompt cannot fit the context: later prompts are only longer."""
-    if params.max_prompt_tokens <= 0:
-        return
-    for ep in batch:
-        if ep.done:
-            continue
-        n = len(encode_prompt(tokenizer, messages_of(ep, params)))
-        if n > params.max_prompt_tokens:
-            _close(episodes, envs)
-            raise ConfigError(
-                f"task {ep.task.task_id}: the first prompt is {n} tokens, over the {params.max_prompt_tokens} "
-                f"the engine allows (its context minus max_new_tokens={params.max_new_tokens}); fix: use a model "
-                f"with a longer context, lower --max-new-tokens, or shorten the env's instructions"
-            )
-
-
-def _generate(engine, lane, episodes, turn, params, tokenizer, stats, parse) -> _InFlight | None:
-    """One engine call for the lane's live episodes; their actions, parsed, await the env (None: none live)."""
-    live = [e for e in episodes if not e.done]
-    messages = [messages_of(e, params) for e in live]
-    prompts = [encode_prompt(tokenizer, m) for m in messages]
-    fits = [params.max_prompt_tokens <= 0 or len(p) <= params.max_prompt_tokens for p in prompts]
-    for ep, ok, prompt in zip(live, fits, prompts):
-        if not ok:  # the history grew past the context: end the episode rather than crash the engine
-            ep.done = ep.context_exceeded = True
-            log.warning("episode %s: prompt of %d tokens exceeds the context; ended", ep.traj_id, len(prompt))
-    live, messages, prompts = (
-        [x for x, ok in zip(seq, fits) if ok] for seq in (live, messages, prompts)
-    )  # fmt: skip
-    if not live:
-        return None
-    start = time.perf_counter()
-    samples = engine.generate(
-        prompts,
-        [sample_seed(params.seed, e.seed_key, turn) for e in live],
-        max_new_tokens=params.max_new_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-    )
-    stats.engine_seconds += time.perf_counter() - start
-    parsed = [parse(s.text, s.finished) for s in samples]
-    stepping = [i for i, (_, ok) in enumerate(parsed) if ok]
-    stats.env_steps += len(stepping)
-    return _InFlight(lane, live, turn, messages, prompts, samples, parsed, stepping)
-
-
-def _apply_steps(batch: _InFlight, outcomes: list[Outcome], params, lineage, hint: str) -> None:
-    """The turn's rows, from each episode's sample and env outcome (or its format error)."""
-    outcomes = dict(zip(batch.stepping, outcomes, strict=True))
-    turn = batch.turn
-    for i, (ep, msgs, prompt, sample) in enumerate(
-        zip(batch.episodes, batch.messages, batch.prompts, batch.samples, strict=True)
-    ):
-        action, ok = batch.parsed[i]
-        reward = 0.0
-        if not ok:  # a malformed response is not executed: the agent is told and the turn is spent
-            ep.observation = hint
-            ep.format_errors += 1
-        elif outcomes[i].ok:
-            step = outcomes[i].value
-            ep.observation, reward, ep.won, ep.done = step.observation, step.reward, step.won, step.done
-            ep.admissible = step.admissible
-            ep.actions.append(action)
-            ep.env_steps += 1
-        else:
-            _fail(ep, outcomes[i], "step")
-        ep.total += reward
-        # Malformed turns never reach the env, so its own turn limit cannot end an agent stuck producing them.
-        if turn + 1 >= min(params.max_turns, ep.max_turns or params.max_turns):
-            ep.done = True
-        ep.rows.append(turn_row(ep, turn, msgs, prompt, sample, reward, ok, lineage))
 
 
 def turn_row(ep: Episode, turn: int, msgs, prompt, sample, reward: float, ok: bool, lineage) -> dict:
