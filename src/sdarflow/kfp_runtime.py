@@ -39,7 +39,6 @@ def _load(config_uri: str) -> PipelineConfig:
 
 
 def run_stage(stage: str, config_uri: str, round_: int, **io: Any) -> dict:
-    """Load the pipeline config, build the stage config, run the stage."""
     return STAGES.get(stage).run(with_local_model(stage_config(_load(config_uri), stage, round_, **io)))
 
 

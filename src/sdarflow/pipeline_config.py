@@ -152,9 +152,8 @@ class PipelineConfig(StageConfig):
     def validate(self) -> None:
         from sdarflow.registry.layout import validate_name
 
-        option_settings(
-            self.options.split("+") if self.options else [], "pipeline: options"
-        )  # a bad name fails now
+        # a bad option name fails now
+        option_settings(self.options.split("+") if self.options else [], "pipeline: options")
         # the run id is a folder name under <storage>/runs: one safe path component
         if self.run_id and (not _RUN_ID.fullmatch(self.run_id) or ".." in self.run_id):
             raise ConfigError(

@@ -73,21 +73,15 @@ def warm_start(base: Path, env: str, tasks: int, train_settings: dict, folder: s
     # returned to the system while this process lives, and the RL train task needs as much again (the demo's train
     # task was OOM-killed on a 24 GB machine when the warm start ran in the demo's process).
     output = storage.join(folder, "warm-start")
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in train_settings.items()]
-    argv = [
-        "train",
-        "--mode",
-        "sft",
-        "--model",
-        str(base),
-        "--input",
-        walkthroughs["uri"],
-        "--output",
-        output,
-    ]
-    child = subprocess.run(
-        [sys.executable, "-m", "sdarflow.cli", *argv, *flags], stdout=subprocess.PIPE, text=True
-    )
+    settings = {
+        "mode": "sft",
+        "model": base,
+        "input": walkthroughs["uri"],
+        "output": output,
+        **train_settings,
+    }
+    argv = ["train", *(f"--{k.replace('_', '-')}={v}" for k, v in settings.items())]
+    child = subprocess.run([sys.executable, "-m", "sdarflow.cli", *argv], stdout=subprocess.PIPE, text=True)
     if child.returncode != 0:
         raise SdarflowError(f"the warm start failed (exit {child.returncode}); fix: see its error above")
     return output

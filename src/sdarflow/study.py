@@ -162,8 +162,7 @@ def _finished(s: StudySettings, name: str) -> dict | None:
 
 
 def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
-    # storage writes whole objects: a cell is finished only when its complete record is there
-
+    """Storage writes whole objects: a cell is finished only when its complete record is there."""
     record = {**cell, "settings_key": settings_key(s), "provenance": provenance(s.base_model)}
     storage.write_json(storage.join(cell_uri(s, name), CELL_FILE), record)
 
