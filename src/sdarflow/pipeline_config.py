@@ -353,10 +353,9 @@ def prepare(pc: PipelineConfig) -> str:
 
 
 def continue_cursor(pc: PipelineConfig) -> None:
-    """Start the run's train and evaluation tasks where the newest version of ``policy_name`` registered on this
-    env stopped (its lineage's cursor), with the next seed: a scheduled run trains on new tasks with new samples,
-    and its gate never judges night after night on tasks it was tuned to pass. Every registered version counts,
-    promoted or not, so a refused promotion does not replay its tasks; with no such version the settings stay."""
+    """``data_cursor=continue``: start where the newest version of ``policy_name`` registered on this env stopped
+    (its lineage's cursor), with the next seed. Every registered version counts, promoted or not, so a refused
+    promotion does not replay its tasks; with no such version the settings stay."""
     from sdarflow.stages.register import Cursor
 
     registry = Registry(pc.registry)
