@@ -1,5 +1,5 @@
 """A hand-written library in the reference layout loads and is retrieved from; the four strategies reproduce the
-reference's choice, order and joining (ZJU-REAL/SDAR ``SkillProvider``); the bandit."""
+reference's choice, order and joining (ZJU-REAL/SDAR ``SkillProvider``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from sdarflow.errors import ConfigError
 from sdarflow.skills.library import SkillLibrary
-from sdarflow.skills.retrieve import STRATEGIES, arm, carry_over, full, get_strategy, keyword, update
+from sdarflow.skills.retrieve import STRATEGIES, full, get_strategy, keyword
 
 REFERENCE = Path(__file__).parent / "data" / "reference_library"
 # A rendered student prompt as keyword retrieval reads it: the decoded ids, chat-template markers included.
@@ -172,60 +172,6 @@ def test_random_retrieval_is_seeded(ref):
 def test_full_retrieval_is_the_whole_library(ref):
     got = get_strategy("full")(ref, "plain", "")
     assert got.ids == ["general", "cutting", "cooking"] and got.hit and not got.matched
-
-
-def test_ucb_tries_every_skill_then_exploits_the_best(ref):
-    ucb = get_strategy("ucb", ucb_c=0.1)
-    first = [ucb(ref, "cut", "").ids[1] for _ in range(2)]
-    assert first == ["cutting", "cooking"]  # untried first, the task type's own skill before others
-    ref.stats = {
-        "arms": {
-            "cut": {
-                "cutting": {"pulls": 10, "reward_sum": 2.0},
-                "cooking": {"pulls": 10, "reward_sum": -1.0},
-            }
-        }
-    }
-    ucb = get_strategy("ucb", ucb_c=0.1)
-    picks = [ucb(ref, "cut", "").ids[1] for _ in range(10)]
-    assert picks.count("cutting") == 10
-    # a task type with no statistics explores
-    got = get_strategy("ucb")(ref, "cook", "")
-    assert got.ids == ["general", "cooking"] and got.matched
-
-
-def test_bandit_reward_is_the_outcome_signed_gap(ref):
-    rows = [
-        {
-            "task_type": "cut",
-            "success": True,
-            "skill_ids": ["cutting", "general"],
-            "old_logprobs": [-2.0, -3.0],
-            "teacher_logprobs": [-1.0, -2.0],
-        },
-        {
-            "task_type": "cut",
-            "success": False,
-            "skill_ids": ["cutting", "general"],
-            "old_logprobs": [-1.0],
-            "teacher_logprobs": [-0.5],
-        },
-        {
-            "task_type": "cut",
-            "success": True,
-            "skill_ids": ["cutting"],
-            "old_logprobs": [],
-            "teacher_logprobs": [],
-        },
-    ]
-    stats = update(ref, rows)
-    assert stats["arms"] == {"cut": {"cutting": {"pulls": 2, "reward_sum": 0.5}}}  # +1.0 and -0.5
-    assert "general" not in json.dumps(stats["arms"])
-    assert arm(stats, "cut", "cutting") == (2, 0.25)
-    ref.stats = stats
-    # a skill whose text changed loses its statistics; unchanged ones keep them
-    ref.skills["cutting"].text += "\n4. Eat the meal.\n"
-    assert carry_over(stats, ref)["arms"] == {}
 
 
 def test_unknown_strategy_lists_the_valid_names():

@@ -12,6 +12,8 @@ Each plugs into a named extension point of the core, the way env suites do (the 
   (:mod:`.filters`), on the group's Monte-Carlo value or a learned value head (FORCE, :mod:`.value_head`);
 - teacher weights, ``rescore --teacher`` (:data:`sdarflow.teacher.TEACHER_WEIGHTS`): ``ema`` (:mod:`.ema`, whose
   moving average train updates after every step with ``--ema-decay``);
+- skill retrieval strategies, ``rescore --retrieval`` (:data:`sdarflow.skills.retrieve.STRATEGIES`): ``ucb``
+  (:mod:`.skill_bandit`, whose statistics ``extract-skills --rescored`` updates);
 - turn rewards, ``rescore --ppl-delta`` + ``train --reward perplexity-delta`` (:mod:`.ppl_delta`);
 - training hooks: the format probe inside a round (``train --format-probe-every``, :mod:`.format_probe`).
 

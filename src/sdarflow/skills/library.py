@@ -6,7 +6,7 @@ A library is a folder::
                           "task_keywords": {task_type: [keyword, ...]}, "evidence": {name: {...}}}
     general_skills.md    advice for every task (whatever its key: the reference says general or general_skills)
     <name>.md            one Markdown file per skill
-    skill_stats.json     optional: the UCB bandit's per-skill reward statistics (``sdarflow.skills.retrieve``)
+    skill_stats.json     optional: the UCB bandit's per-skill reward statistics (``sdarflow.extensions.skill_bandit``)
 
 Only ``skill_files`` (or, failing that, the ``*.md`` files) is needed. Order matters, as in the reference
 (``SkillProvider`` in ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_utils.py``): ``full`` and ``keyword`` retrieval follow
@@ -215,7 +215,7 @@ class _Arm(Checked):
 
 @dataclass
 class _Stats(FileSchema):
-    """``skill_stats.json`` in the layout ``skills.retrieve`` writes: task type -> skill -> arm (they feed UCB
+    """``skill_stats.json`` in the layout ``extensions.skill_bandit`` writes: task type -> skill -> arm (they feed UCB
     scores)."""
 
     arms: dict[str, dict[str, _Arm]] = opt({}, "the bandit's arms by task type and skill")

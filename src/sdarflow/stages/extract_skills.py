@@ -19,10 +19,10 @@ from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
+from sdarflow.extensions.skill_bandit import carry_over, updated_stats
 from sdarflow.models.device import device_opt
 from sdarflow.report import Report, Section, html, markdown
-from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
-from sdarflow.skills import retrieve
+from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.skills.accuracy import VERDICTS, score_library
 from sdarflow.skills.extract import MIN_SUPPORT, episodes_from_rows, extract_skills
 from sdarflow.skills.library import GENERAL, SkillLibrary
@@ -114,26 +114,6 @@ def _backend(cfg: ExtractSkillsConfig):
     require("extract-skills (llm_backend engine)", model=cfg.model)
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
     return EngineChat(load_policy(cfg.model, adapter, device=cfg.device))
-
-
-def _updated_stats(cfg: ExtractSkillsConfig, previous: SkillLibrary | None) -> dict:
-    """The previous library's bandit statistics plus the rewards measured in the previous round's rescored rows."""
-    if not cfg.rescored:
-        return previous.stats if previous else {}
-    if previous is None:
-        raise ConfigError(
-            "extract-skills: --rescored needs --previous (the library those rows were scored with)"
-        )
-    for uri in cfg.rescored:
-        used = storage.read_manifest(uri, "rescored").get("skill_library")
-        if used != previous.version:
-            raise ConfigError(
-                f"extract-skills: rescored dataset '{uri}' was scored with skill library {used}, but --previous "
-                f"is library {previous.version}; fix: pass the previous round's library and its rescored dataset"
-            )
-    cols = ["task_type", "success", "skill_ids", "old_logprobs", "teacher_logprobs"]
-    rows = storage.read_table(cfg.rescored, kind="rescored", schema=RESCORED_SCHEMA).select(cols).to_pylist()
-    return retrieve.update(previous, rows)
 
 
 def _new_skills(
@@ -265,13 +245,13 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     episodes = episodes_from_rows(table.select(cols).to_pylist())
     previous_dir = local_artifact(cfg.previous, "skills", cfg.allow_unpublished)
     previous = SkillLibrary.load(previous_dir) if previous_dir else None
-    stats = _updated_stats(cfg, previous)
+    stats = updated_stats(cfg.rescored, previous)
     if previous is not None:
         previous = reevaluate(previous, episodes, follow_share=cfg.follow_share)
     rounds = table.column("round").unique().to_pylist()
     new, rejected = _new_skills(cfg, episodes, rounds[0] if len(rounds) == 1 else None)
     lib, decisions = merge(previous, new, cfg.min_support, cfg.dedupe_threshold)
-    lib.stats = retrieve.carry_over(stats, lib)
+    lib.stats = carry_over(stats, lib)
     # scored against the ground truth of the env the trajectories came from; None where it has none (or they mix)
     envs = table.column("env").unique().to_pylist()
     truth = getattr(get_suite(envs[0]), "skill_truth", None) if len(envs) == 1 and envs[0] else None
