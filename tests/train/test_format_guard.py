@@ -41,35 +41,3 @@ def _rows(errors: int, n: int = 10) -> list[dict]:
 def test_check_round_without_a_lineage_records_the_rate_and_never_fails():
     rates, metrics = check_round(_rows(9), adapter="", mode="fail")
     assert rates == [0.9] and metrics == {"format/error_rate": 0.9}
-
-
-def test_repair_pairs_target_the_repaired_call_and_skip_what_cannot_be_repaired(tiny_model):
-    from sdarflow.models import load_policy
-    from sdarflow.rollout.prompt import build_messages, dumps
-    from sdarflow.train.format_guard import repair_pairs
-
-    policy = load_policy(str(tiny_model))
-    call = '{"tool": "list_files", "args": {"folder": "notes"}}'
-    command, reference = (
-        dumps(build_messages("list notes", [], "Ready.", 4, f)) for f in ("command", "reference")
-    )
-    rows = [
-        {"env": "tool-use", "format_ok": False, "prompt_token_ids": [5, 6], "response_token_ids": [9],
-         "response_text": call.replace('"tool"', '"tol"'), "prompt_messages": command},
-        {"env": "tool-use", "format_ok": False, "prompt_token_ids": [7], "response_token_ids": [9],
-         "response_text": "list the files", "prompt_messages": command},  # no call in it
-        {"env": "tool-use", "format_ok": True, "prompt_token_ids": [8], "response_token_ids": [9],
-         "response_text": call, "prompt_messages": command},  # well formed: not a repair target
-        # the reference format: the repair goes inside the tags, the reply's closed reasoning is kept
-        {"env": "tool-use", "format_ok": False, "prompt_token_ids": [3], "response_token_ids": [9],
-         "response_text": f"<think>list them</think> {call.replace('tool', 'tol')}", "prompt_messages": reference},
-    ]  # fmt: skip
-    pairs, metrics = repair_pairs(rows, policy.tokenizer, policy.eos_id)
-    assert metrics == {"format/malformed_turns": 3.0, "format/repaired_turns": 2.0}
-    assert [p.prompt for p in pairs] == [[5, 6], [3]]
-    assert pairs[0].response[-1] == policy.eos_id
-    assert policy.tokenizer.decode(pairs[0].response[:-1]) == call
-    assert (
-        policy.tokenizer.decode(pairs[1].response[:-1])
-        == f"<think>list them</think>\n<action>{call}</action>"
-    )

@@ -141,10 +141,6 @@ class ActionFormat(Protocol):
         """The action that completes the task, or None: what rescore's ``--ppl-delta`` measures progress towards."""
         ...
 
-    def repair_action(self, text: str) -> str | None:
-        """The well-formed action a malformed response meant, or None: what ``--format-guard repair`` teaches."""
-        ...
-
 
 class EnvSuite(Protocol):
     """A named family of tasks with ``train``/``valid``/``test``/``ood`` splits (settings are chosen on valid)."""

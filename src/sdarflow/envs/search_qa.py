@@ -14,7 +14,6 @@ b = 0.75).
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import random
@@ -204,7 +203,6 @@ QA_SPLITS: dict[str, QASplit] = {
 
 _ACTION = re.compile(r"^(search|answer)\[([^\[\]]{1,80})\]$")
 _TASK_ID = re.compile(r"search-qa-(\w+)-(\d+)")
-_LOOSE = re.compile(r"^(\w+)\s*[:\[({]\s*([^\[\](){}]{1,80}?)\s*[\])}]?$")  # verb, then a bracketed argument
 INSTRUCTIONS = "Use search[query] to find documents, then answer[text] with the exact name."
 
 
@@ -339,13 +337,3 @@ class SearchQASuite:
             return None
         task = self.tasks(match[1], n=1, start=int(match[2]))[0]
         return f"answer[{self.world[json.loads(task.payload)['chain'][-1]].name.lower()}]"
-
-    def repair_action(self, text: str) -> str | None:
-        """``search[...]``/``answer[...]`` a malformed response meant: another bracket, a near verb (``serch``,
-        ``Answer:``), a missing closing bracket; None when it is not nearly an action."""
-        match = _LOOSE.match(normalize(text))
-        if not match:
-            return None
-        verb = difflib.get_close_matches(match[1], ("search", "answer"), n=1, cutoff=0.6)
-        repaired = f"{verb[0]}[{match[2].strip()}]" if verb else ""
-        return repaired if parse_qa_action(repaired) else None

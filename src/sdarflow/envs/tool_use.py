@@ -281,7 +281,3 @@ class ToolUseSuite:
         except ToolCallError:
             return " ".join(text.split()), False
         return canonical(tool, args), finished
-
-    def repair_action(self, text: str) -> str | None:
-        """The well-formed call a malformed response most likely meant (:func:`repair_call`), or None."""
-        return tool_api.repair_call(text)

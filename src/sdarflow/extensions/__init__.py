@@ -15,9 +15,11 @@ Each plugs into a named extension point of the core, the way env suites do (the 
 - skill retrieval strategies, ``rescore --retrieval`` (:data:`sdarflow.skills.retrieve.STRATEGIES`): ``ucb``
   (:mod:`.skill_bandit`, whose statistics ``extract-skills --rescored`` updates);
 - turn rewards, ``rescore --ppl-delta`` + ``train --reward perplexity-delta`` (:mod:`.ppl_delta`);
-- training hooks: the format probe inside a round (``train --format-probe-every``, :mod:`.format_probe`).
+- training hooks: the format probe inside a round (``train --format-probe-every``, :mod:`.format_probe`) and the
+  format guard's remedy, SFT on the malformed turns an env's repair mends (``train --format-guard repair``,
+  :mod:`.format_repair`).
 
-:mod:`.train_round` holds the train stage's per-round calls into the EMA, the value head and the probe;
+:mod:`.train_round` holds the train stage's per-round calls into the EMA, the value head, the probe and the repair;
 :mod:`.options` holds their train flags (``TrainOptions``, which the train stage's config extends) and the
 options by name for a study row or the pipeline's ``options`` parameter (``grpo+scpo``).
 """

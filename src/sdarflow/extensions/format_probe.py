@@ -33,7 +33,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sdarflow.train.format_guard import FormatCollapse, format_spike, suites_of
+from sdarflow.extensions.format_repair import suites_of
+from sdarflow.train.format_guard import FormatCollapse, format_spike
 from sdarflow.train.report import REMEDY_KEY, ROLLBACK_KEY
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The train stage's research options within one round, behind the calls the stage makes: the EMA teacher's
 moving average (``--ema-decay``, :mod:`.ema`), the learned value head (``--value-estimate head``,
-:mod:`.value_head`) and the format probe (``--format-probe-every``, :mod:`.format_probe`). Each is None when off.
+:mod:`.value_head`), the format probe (``--format-probe-every``, :mod:`.format_probe`) and the format repair
+(``--format-guard repair``, :mod:`.format_repair`). Each is None when off.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from sdarflow.extensions.ema import EMA_DIR, EmaWeights, previous_average, with_ema_step
 from sdarflow.extensions.format_probe import LINEAGE_KEY as PROBE_LINEAGE
 from sdarflow.extensions.format_probe import round_probe, with_probe
+from sdarflow.extensions.format_repair import repair_pairs
 from sdarflow.extensions.value_head import ValueHead, fit_round, policy_states
 from sdarflow.train.format_guard import lineage_rates
 
@@ -26,6 +28,15 @@ class RoundOptions:
         )
         self.head = ValueHead.load(adapter) if cfg.value_estimate == "head" else None
         self.probe = None
+
+    def repairs(self, rows: list[dict], policy, shaping) -> list:
+        """``--format-guard repair`` on an RL round: SFT pairs of its repairable malformed turns (their counts go to
+        the shaping's metrics)."""
+        if not (shaping and self.cfg.format_guard == "repair"):
+            return []
+        pairs, metrics = repair_pairs(rows, policy.tokenizer, policy.eos_id)
+        shaping.metrics.update(metrics)
+        return pairs
 
     def state_values(self, engine, pad_id: int, rows: list[dict]):
         """(each row's state value from the head refitted on this round, or None; the fit's metrics; whether the

@@ -257,7 +257,7 @@ def _train(cfg: TrainConfig) -> dict:
         values, fitted, warm = options.state_values(engine, policy.tokenizer.pad_token_id, rows)
         shaping = rl_shaping(cfg, rows, values, warm)
         shaping.metrics.update(fitted)
-    data = train_inputs(cfg, rows, shaping, policy, rl_step)
+    data = train_inputs(cfg, rows, shaping, policy, rl_step, options.repairs(rows, policy, shaping))
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps, start=carried_optimizer(cfg, engine))
     state, save_checkpoint = checkpointing(cfg, engine, data, schedule, options.ema)
     resumed_from = state.step if state else 0

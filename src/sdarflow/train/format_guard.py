@@ -1,5 +1,5 @@
-"""The tool-call format-collapse guard: a round's format-error rate against the rates of the rounds before it, and
-the remedy, SFT on the malformed turns with their repaired calls as targets.
+"""The tool-call format-collapse guard: a round's format-error rate against the rates of the rounds before it (the
+remedy, ``--format-guard repair``, is ``sdarflow.extensions.format_repair``).
 
 RL on tool-using agents can collapse in one batch: one wrong token in the call wrapper, every call fails to parse,
 and success does not recover. The train stage compares the share of its rows whose action did not parse with the
@@ -84,37 +84,3 @@ def check_round(rows: list[dict], adapter: str, mode: str) -> tuple[list[float],
             )
         log.warning("train: %s (--format-guard %s: training on it)", message, mode)
     return [*history, rate], metrics
-
-
-def suites_of(rows: list[dict]) -> dict[str, object]:
-    """The env suite of each env the rows come from, built once per env (a suite may build an index)."""
-    from sdarflow.envs import get_suite
-
-    return {env: get_suite(env) for env in sorted({r["env"] for r in rows})}
-
-
-def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[str, float]]:
-    """(SFT pairs prompt -> repaired call + eos for the malformed turns the env can repair, metrics).
-
-    A repair is taught in the turn's prompt format (``reference``: inside the reply's tags, its reasoning kept when
-    it closed) and counts only when the rollout's parser accepts it; an env without ``repair_action`` repairs
-    nothing."""
-    from sdarflow.rollout.loop import action_parser
-    from sdarflow.rollout.prompt import format_of, format_response, loads
-    from sdarflow.train.sft import SFTPair
-
-    malformed = [r for r in rows if not r["format_ok"] and r["response_token_ids"]]
-    suites = suites_of(malformed)
-    pairs = []
-    for r in malformed:
-        suite = suites[r["env"]]
-        repaired = suite.repair_action(r["response_text"]) if hasattr(suite, "repair_action") else None
-        fmt = format_of(loads(r["prompt_messages"]))
-        thought = r["response_text"].partition("<think>")[2].partition("</think>")
-        reply = None if repaired is None else format_response(repaired, fmt, thought[0] if thought[1] else "")
-        if reply is None or not action_parser(suite, fmt)(reply, True)[1]:
-            continue
-        target = tokenizer(reply, add_special_tokens=False)["input_ids"] + [eos_id]
-        pairs.append(SFTPair(list(r["prompt_token_ids"]), target))
-    metrics = {"format/malformed_turns": float(len(malformed)), "format/repaired_turns": float(len(pairs))}
-    return pairs, metrics

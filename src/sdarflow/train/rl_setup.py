@@ -19,7 +19,7 @@ from fractions import Fraction
 import torch
 
 from sdarflow.errors import ConfigError
-from sdarflow.train.format_guard import check_round, repair_pairs
+from sdarflow.train.format_guard import check_round
 from sdarflow.train.samples import (
     ROW_FILTERS,
     TOKEN_ADVANTAGES,
@@ -138,18 +138,17 @@ def reward_coef(cfg, rows: list[dict]) -> float:
     return cfg.reward_coef
 
 
-def train_inputs(cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int) -> TrainData:
-    """The trainer's data. SFT steps train on the successful rows (``--sft-ratio``); with ``--format-guard repair``
-    and repairable malformed turns, on those too, at least once every ``--format-repair-every`` RL steps (only on
+def train_inputs(
+    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int, repaired: list
+) -> TrainData:
+    """The trainer's data. SFT steps train on the successful rows (``--sft-ratio``); with ``repaired`` malformed
+    turns (``--format-guard repair``), on those too, at least once every ``--format-repair-every`` RL steps (only on
     them when ``--sft-ratio`` is 0)."""
     sft = sft_pairs_from_rows(rows)
     floor = Fraction(0)
-    if shaping and cfg.format_guard == "repair":
-        repaired, metrics = repair_pairs(rows, policy.tokenizer, policy.eos_id)
-        shaping.metrics.update(metrics)
-        if repaired:
-            sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired
-            floor = Fraction(1, cfg.format_repair_every)
+    if repaired:
+        sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired
+        floor = Fraction(1, cfg.format_repair_every)
     samples = make_samples(rows, shaping.advantages, shaping.dropped) if shaping else []
     token_advantages = TOKEN_ADVANTAGES.get(cfg.advantage)(cfg)
     return TrainData(samples, sft, policy.tokenizer.pad_token_id, rl_step, floor, token_advantages)
