@@ -57,13 +57,9 @@ def read_aliases(layout: Layout) -> tuple[dict[str, Any], str | None]:
         state = json.loads(data)
     except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested without end
         raise StorageError(f"'{layout.aliases}' is not valid JSON ({err}); fix: restore it") from err
-    try:  # the shape the registry writes: a version is used to build a path, so it must be a number >= 1
-        _AliasState.from_dict(state)
-    except ConfigError as err:
-        raise StorageError(
-            f"'{layout.aliases}' is not an alias state: {str(err).split('; fix:')[0]}; fix: restore it from a "
-            f"backup (the registry's audit log records every change)"
-        ) from None
+    # the shape the registry writes: a version is used to build a path, so it must be a number >= 1
+    fix = "fix: restore it from a backup (the registry's audit log records every change)"
+    _AliasState.check(state, f"'{layout.aliases}' is not an alias state", fix, StorageError)
     for entry in state.setdefault("stages", {}).values():
         entry.setdefault("history", [])
     return state, etag

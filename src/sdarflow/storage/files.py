@@ -343,10 +343,7 @@ def read_manifest(uri: str, kind: str | None = None) -> dict:
     where, fix = f"{loc.uri}/{MANIFEST}", "fix: republish the artifact with the stage that writes it"
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
         raise StorageError(f"'{where}' is not a manifest (an object with a 'files' list); {fix}")
-    try:  # its shape (_Manifest) before any entry is used
-        _Manifest.from_dict(manifest)
-    except ConfigError as err:
-        raise StorageError(f"'{where}': {str(err).split('; fix:')[0]}; {fix}") from None
+    _Manifest.check(manifest, f"'{where}'", fix, StorageError)  # its shape before any entry is used
     if kind is not None and manifest.get("kind") != kind:
         raise StorageError(
             f"'{loc.uri}' holds a '{manifest.get('kind')}' artifact, expected '{kind}'; fix: pass the right URI"
