@@ -19,7 +19,8 @@ import torch
 
 from bench.common import forward_flops, matmul_peak_flops, testbed_model, write_result
 from sdarflow.envs import get_suite
-from sdarflow.rollout.hf_engine import HFEngine, left_padded
+from sdarflow.models.forward import make_batch
+from sdarflow.rollout.hf_engine import HFEngine
 from sdarflow.rollout.prompt import build_messages, encode_prompt
 
 BATCH_SIZES = (1, 8, 32)
@@ -45,10 +46,10 @@ def first_prompts(tokenizer, count: int) -> list[list[int]]:
 @torch.inference_mode()
 def plain_generate(model, prompts: list[list[int]], pad_id: int, new_tokens: int) -> None:
     """``model.generate`` sampling at temperature 1 (no top-k, no top-p), prompts left-padded as the engine pads."""
-    ids, mask = left_padded(prompts, pad_id)
+    batch = make_batch(prompts, [[] for _ in prompts], pad_id)
     model.generate(
-        input_ids=ids,
-        attention_mask=mask,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
         do_sample=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from sdarflow.models.device import model_device
+from sdarflow.models.forward import make_batch, to_device
 from sdarflow.rollout.episode import Sample
 
 
@@ -32,18 +33,6 @@ class _GumbelSampler:
         # u in (0, 1) strictly, so both logs are finite
         gumbel = -torch.log(-torch.log(u.clamp(1e-12, 1.0 - 1e-7)))
         return logits + gumbel
-
-
-def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input ids, attention mask), both (B, longest prompt): prompts padded on the left, so generation continues
-    every row from the right edge."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p) :] = torch.tensor(p)
-        mask[row, width - len(p) :] = 1
-    return ids, mask
 
 
 def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -86,12 +75,12 @@ class HFEngine:
     ) -> list[Sample]:
         from transformers import LogitsProcessorList
 
-        ids, mask = left_padded(prompts, self.pad_id)
-        width = ids.shape[1]
-        device = model_device(self.model)
+        # left-padded, so generation continues every row from the right edge
+        batch = to_device(make_batch(prompts, [[] for _ in prompts], self.pad_id), model_device(self.model))
+        width = batch.input_ids.shape[1]
         gen = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
             do_sample=False,
