@@ -20,7 +20,7 @@ from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalReport
 from sdarflow.models.identity import check_adapter, lora_rank, safetensors_shapes, weight_shapes
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
-from sdarflow.report import Report, Section, markdown
+from sdarflow.report import Report, Section, markdown, with_interval
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +227,8 @@ def _targets(modules: object) -> str:
 
 
 def _figure(split: Mapping[str, Any], k: str) -> str:
-    value = split["pass_at_k"][k]
-    ci = split.get("ci95", {}).get(k)
-    return f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+    ci = split.get("ci95", {}).get(k)  # JSON may hold 1 for 1.0: printed as a float all the same
+    return with_interval(float(split["pass_at_k"][k]), ci and [float(c) for c in ci])
 
 
 def _evaluation(report: Mapping[str, Any], base_report: Mapping[str, Any] | None) -> Section:

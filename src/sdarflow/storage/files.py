@@ -46,7 +46,7 @@ class Location:
     uri: str
 
 
-def _s3_filesystem(uri: str) -> pafs.S3FileSystem:
+def _s3_filesystem() -> pafs.S3FileSystem:
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
     kwargs: dict = {
         "connect_timeout": 5,
@@ -69,7 +69,7 @@ def resolve(uri: str) -> Location:
         path = uri[len("s3://") :].rstrip("/")
         if not path or len(path.split("/")[0]) < 3:
             raise StorageError(f"bad S3 URI '{uri}': expected s3://<bucket (3+ chars)>/<prefix>")
-        return Location(_s3_filesystem(uri), path, "s3://" + path)
+        return Location(_s3_filesystem(), path, "s3://" + path)
     if "://" in uri and not uri.startswith("file://"):
         raise StorageError(f"unsupported URI scheme in '{uri}': use a local path, file:// or s3://")
     local = Path(uri.removeprefix("file://")).expanduser().absolute()
