@@ -185,12 +185,8 @@ def build_training_pipeline(
     # required)
     params = kfp_parameters(required=("storage", "base_model"), leave_out=("shards",))
     pipeline = with_parameters(sdar_training, params, returns=str)
-    describe(pipeline, description, parameter_help())
+    # each parameter's description: PipelineConfig's field help (the one definition of the settings)
+    describe(pipeline, description, {f.name: f.metadata["help"] for f in dataclasses.fields(PipelineConfig)})
     if preset is not None:
         with_defaults(pipeline, PIPELINE_PRESETS[preset])
     return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(pipeline)
-
-
-def parameter_help() -> dict[str, str]:
-    """Each pipeline parameter's description: PipelineConfig's field help (the one definition of the settings)."""
-    return {f.name: f.metadata["help"] for f in dataclasses.fields(PipelineConfig) if f.name != "shards"}
