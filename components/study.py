@@ -22,10 +22,9 @@ def study_settings(
     stage_settings: dict,
 ) -> str:
     # typed pipeline parameters in; the checked settings are stored in `out` and their URI goes to the other tasks
+    settings = dict(locals())  # first statement: exactly the pipeline parameters
     from sdarflow.study import run_step
 
-    settings = dict(out=out, base_model=base_model, methods=methods, seeds=seeds, rounds=rounds, env=env,
-                    preset=preset, stage_settings=stage_settings)  # fmt: skip
     return run_step("check", settings)
 
 
