@@ -31,8 +31,6 @@ def start_point(base: Path, sizes: dict, env: str, folder: str, run_id: str) -> 
     """``{"seed_skills": URI, "start_adapter": URI or ""}`` for ``base`` under the preset ``sizes``; what is made
     for it (a seed library, walkthroughs, a warm-start adapter) is published under ``folder``."""
     own = base / SEED_SKILLS
-    if not makes_anything(base, sizes):
-        return {"seed_skills": str(own), "start_adapter": ""}
     # the walkthroughs the warm start trains on, else those a tiny model is built from
     tasks = sizes["warm_start"]["tasks"] if "warm_start" in sizes else sizes["model"].tasks
     seed_skills = (
