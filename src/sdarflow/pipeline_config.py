@@ -320,9 +320,8 @@ def production_eval_config(pc: PipelineConfig) -> StageConfig | None:
     registry = Registry(pc.registry)
     if "production" not in registry.aliases(pc.policy_name):
         return None
-    version = registry.resolve(pc.policy_name, "production")
     cfg = _reference_eval_config(pc)
-    cfg.adapter = copy_version(pc, registry, version, "production-adapter", "production")
+    cfg.adapter = copy_version(pc, registry, "production", "production-adapter")
     cfg.output = run_uri(pc.storage, pc.run_id, "production-evaluation")
     return cfg
 
@@ -451,13 +450,13 @@ def resolve_start_adapter(pc: PipelineConfig) -> str:
         msg = "start_adapter: %s has no %s version yet in %s; starting from a new LoRA"
         log.warning(msg, pc.policy_name, ref, pc.registry)
         return ""
+    return copy_version(pc, registry, ref, "start-adapter")
+
+
+def copy_version(pc: PipelineConfig, registry, ref: str, folder: str) -> str:
+    """The adapter of the registry version ``ref`` resolves to, published in ``runs/<run_id>/<folder>``, its
+    manifest naming the registry, the policy, the version and the reference it was ``resolved_from``."""
     version = registry.resolve(pc.policy_name, ref)
-    return copy_version(pc, registry, version, "start-adapter", ref)
-
-
-def copy_version(pc: PipelineConfig, registry, version: int, folder: str, ref: str) -> str:
-    """A registry version's adapter published in ``runs/<run_id>/<folder>``, its manifest naming the registry, the
-    policy, the version and the reference it was ``resolved_from``."""
     target = run_uri(pc.storage, pc.run_id, folder)
     with tempfile.TemporaryDirectory() as tmp:
         copy = registry.fetch_adapter(pc.policy_name, version, dest=tmp)  # sha256-verified copy
