@@ -143,18 +143,14 @@ def upload(client, package: str, name: str | None = None, version_name: str | No
     description = spec["pipelineInfo"].get("description", "")
     pipeline_id = client.get_pipeline_id(name)
     if pipeline_id is None:
-        created = client.upload_pipeline(package, pipeline_name=name, description=description)
-        version = _latest_version(client, created.pipeline_id)
-        return {
-            "pipeline": name,
-            "pipeline_id": created.pipeline_id,
-            "version_id": version.pipeline_version_id,
-        }
-    # Version names must be unique within a pipeline: the package version plus the upload time is.
-    version_name = version_name or f"{name}-{__version__}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
-    version = client.upload_pipeline_version(
-        package, pipeline_version_name=version_name, pipeline_id=pipeline_id, description=description
-    )
+        pipeline_id = client.upload_pipeline(package, pipeline_name=name, description=description).pipeline_id
+        version = _latest_version(client, pipeline_id)
+    else:
+        # Version names must be unique within a pipeline: the package version plus the upload time is.
+        version_name = version_name or f"{name}-{__version__}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
+        version = client.upload_pipeline_version(
+            package, pipeline_version_name=version_name, pipeline_id=pipeline_id, description=description
+        )
     return {"pipeline": name, "pipeline_id": pipeline_id, "version_id": version.pipeline_version_id}
 
 
