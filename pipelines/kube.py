@@ -153,6 +153,12 @@ class Toleration:
             )
         return cls(key=match.group(1), value=match.group(2), effect=effect)
 
+    def as_dict(self) -> dict[str, str]:
+        """The pod spec's toleration: operator ``Exists`` without a value, else ``Equal``."""
+        if self.value is None:
+            return {"key": self.key, "operator": "Exists", "effect": self.effect}
+        return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
+
 
 @dataclass
 class KubeOptions(Checked):
@@ -231,13 +237,7 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
         for key, value in sorted(opts.node_selector.items()):
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for tol in opts.tolerations:
-            kubernetes.add_toleration(
-                task,
-                key=tol.key,
-                operator="Exists" if tol.value is None else "Equal",
-                value=tol.value,
-                effect=tol.effect,
-            )
+            kubernetes.add_toleration(task, **tol.as_dict())
     for key, value in queue_label(opts.queue).items():
         kubernetes.add_pod_label(task, key, value)
     if opts.s3_secret:

@@ -147,10 +147,5 @@ def _pod_patch(node_selector: dict[str, str], tolerations: list[Toleration]) -> 
     if node_selector:
         patch["nodeSelector"] = dict(node_selector)
     if tolerations:
-        patch["tolerations"] = [
-            {"key": t.key, "operator": "Exists", "effect": t.effect}
-            if t.value is None
-            else {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect}
-            for t in tolerations
-        ]
+        patch["tolerations"] = [t.as_dict() for t in tolerations]
     return patch
