@@ -120,22 +120,7 @@ class Checkpoints:
         CheckpointError: the checkpoints before it stay as they were."""
         final = self.root / f"step-{state.step:08d}"
         tmp = final.with_name(final.name + ".tmp")
-        try:
-            return self._save(engine, state, meta, final, tmp, extra)
-        except BaseException as err:
-            shutil.rmtree(tmp, ignore_errors=True)
-            # torch.save reports a failed write as RuntimeError
-            if not isinstance(err, (OSError, RuntimeError)):
-                raise
-            reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
-            raise CheckpointError(
-                f"cannot write checkpoint {final}: {reason}; fix: free space in {self.root} or pass "
-                f"a --checkpoint-dir on a larger volume (the run resumes from the last complete checkpoint)"
-            ) from err
 
-    def _save(
-        self, engine: TrainEngine, state: TrainState, meta: dict, final: Path, tmp: Path, extra: dict | None
-    ) -> Path:
         def make_tmp() -> None:
             if engine.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -171,8 +156,19 @@ class Checkpoints:
             if self.mirror:
                 self._upload(final)
 
-        for phase in (make_tmp, write_parts, commit):
-            _on_every_rank(engine, phase)
+        try:
+            for phase in (make_tmp, write_parts, commit):
+                _on_every_rank(engine, phase)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            # torch.save reports a failed write as RuntimeError
+            if not isinstance(err, (OSError, RuntimeError)):
+                raise
+            reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
+            raise CheckpointError(
+                f"cannot write checkpoint {final}: {reason}; fix: free space in {self.root} or pass "
+                f"a --checkpoint-dir on a larger volume (the run resumes from the last complete checkpoint)"
+            ) from err
         return final
 
     def _mirrored(self) -> list[tuple[int, str]]:
