@@ -83,13 +83,12 @@ def _name(rng: random.Random, kind: str) -> str:
     return _word(rng, 3)
 
 
-def build_world(seed: int, sizes: dict[str, int] | None = None) -> dict[str, Entity]:
+def build_world(seed: int) -> dict[str, Entity]:
     """Entities by id (``person-0``, ``company-3``, ...) with unique names and every relation of their kind."""
     rng = random.Random(seed)
-    sizes = {**KIND_SIZES, **(sizes or {})}
     used: set[str] = set()
     names: dict[str, str] = {}
-    for kind, n in sizes.items():
+    for kind, n in KIND_SIZES.items():
         for i in range(n):
             name = _name(rng, kind)
             while name.lower() in used:  # names are answers: they must be unique, case-insensitively
@@ -103,9 +102,9 @@ def build_world(seed: int, sizes: dict[str, int] | None = None) -> dict[str, Ent
         for rel, (subj, obj, _) in RELATIONS.items():
             if subj != kind:
                 continue
-            target = rng.randrange(sizes[obj])
+            target = rng.randrange(KIND_SIZES[obj])
             if obj == kind and target == int(index):  # nobody mentors themselves
-                target = (target + 1) % sizes[obj]
+                target = (target + 1) % KIND_SIZES[obj]
             facts[rel] = f"{obj}-{target}"
         world[eid] = Entity(eid, kind, name, facts)
     return world
