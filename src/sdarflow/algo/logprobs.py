@@ -14,9 +14,9 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 
-def _compute_dtype(logits: Tensor) -> torch.dtype:
+def _compute_dtype(x: Tensor) -> torch.dtype:
     # bf16/fp16 logits are upcast (their log-softmax loses the small gaps the losses depend on); fp64 stays fp64.
-    return torch.promote_types(logits.dtype, torch.float32)
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _chunks(n: int, chunk_size: int) -> list[slice]:
@@ -114,7 +114,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, hidden: Tensor, weight: Tensor, labels: Tensor, chunk_size: int) -> Tensor:
-        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        dtype = _compute_dtype(hidden)
         w = weight.to(dtype)
         out = torch.empty(hidden.shape[0], dtype=dtype, device=hidden.device)
         lse = torch.empty_like(out)
@@ -160,7 +160,7 @@ class _FusedLinearEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, hidden: Tensor, weight: Tensor, chunk_size: int) -> Tensor:
-        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        dtype = _compute_dtype(hidden)
         w = weight.to(dtype)
         out = torch.empty(hidden.shape[0], dtype=dtype, device=hidden.device)
         for sl in _chunks(hidden.shape[0], chunk_size):
