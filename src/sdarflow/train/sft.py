@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sdarflow import progress
-from sdarflow.algo import masked_mean_value
+from sdarflow.algo import masked_mean, masked_mean_value
 from sdarflow.errors import SdarflowError
 from sdarflow.models.device import model_device
 from sdarflow.models.forward import make_batch, response_logprobs, to_device
@@ -36,7 +36,7 @@ def _token_mean_nll(model, pairs: list[SFTPair], pad_id: int, device, with_entro
     """(token-mean NLL of the responses, per-token entropy or None, response mask)."""
     batch = to_device(make_batch([p.prompt for p in pairs], [p.response for p in pairs], pad_id), device)
     logp, ent = response_logprobs(model, batch, with_entropy=with_entropy)
-    return -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1), ent, batch.mask
+    return -masked_mean(logp, batch.mask), ent, batch.mask
 
 
 def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
