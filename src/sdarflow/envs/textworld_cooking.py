@@ -424,10 +424,9 @@ class TextWorldCookingSuite:
         """``n`` tasks of ``split`` from ``start`` (``task_indices``), generating games not yet cached."""
         spec = self.spec(split)
         seeds = [spec.seed_base + i for i in task_indices(split, spec.size, n, start)]
-        shared = storage.join(self.shared, "games", spec.settings_hash()) if self.shared else ""
-        paths = ensure_games(
-            spec, seeds, self.cache_dir / "games" / spec.settings_hash(), self.workers, shared
-        )
+        key = spec.settings_hash()
+        shared = storage.join(self.shared, "games", key) if self.shared else ""
+        paths = ensure_games(spec, seeds, self.cache_dir / "games" / key, self.workers, shared)
         types = [task_type_of(game_metadata(path)["walkthrough"]) for path in paths]
         return [
             Task(f"tw-cooking-{split}-{seed}", t, split, str(path))
