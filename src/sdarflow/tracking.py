@@ -47,12 +47,13 @@ def check_available(tracking_uri: str) -> None:
         ) from None
 
 
+def finite(v) -> bool:
+    """A finite number (not a bool)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
-    return {
-        k: float(v)
-        for k, v in values.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    }
+    return {k: float(v) for k, v in values.items() if finite(v)}
 
 
 def log_stage_run(

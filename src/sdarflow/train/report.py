@@ -15,7 +15,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.report import Report, Section, html, markdown, png
-from sdarflow.tracking import log_stage_run
+from sdarflow.tracking import finite, log_stage_run
 
 # The format probe's (extensions.format_probe) keys in the record of a step after which it repaired or rolled back.
 REMEDY_KEY = "format/remedy_steps"  # the remedy's SFT steps
@@ -33,11 +33,6 @@ def progress_line(r: dict) -> str:
         f"ent {f('actor/entropy', 3)} | clip {f('actor/clipfrac', 3)} | "
         f"grad {f('grad_norm', 3)} | lr {f('lr', 6)} | {r['seconds']:.2f} s/it"
     )
-
-
-def finite(v) -> bool:
-    """A finite number (not a bool)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _line(record: dict) -> str:
