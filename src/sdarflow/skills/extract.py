@@ -339,7 +339,6 @@ def extract_skills(
     episodes: list[EpisodeActions],
     min_support: int = MIN_SUPPORT,
     min_win_share: float = 0.5,
-    literal_share: float = 0.3,
     min_lift: float = 0.0,
     follow_share: float = 0.5,
     origin: Mapping | None = None,
@@ -351,7 +350,7 @@ def extract_skills(
     those wrongly (``cook`` is in ``cookbook``), so keyword retrieval maps the row's task type to its skill instead.
     """
     origin = origin or {"source": "rule"}
-    literal = literal_actions(episodes, literal_share)
+    literal = literal_actions(episodes)
     settings = dict(
         min_support=min_support, min_win_share=min_win_share, min_lift=min_lift, follow_share=follow_share
     )

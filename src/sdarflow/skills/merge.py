@@ -56,12 +56,10 @@ def _rules(skill: Skill) -> dict[str, dict]:
     }
 
 
-def reevaluate(
-    lib: SkillLibrary, episodes: list[EpisodeActions], literal_share: float = 0.3, follow_share: float = 0.5
-) -> SkillLibrary:
+def reevaluate(lib: SkillLibrary, episodes: list[EpisodeActions], follow_share: float = 0.5) -> SkillLibrary:
     """A copy of ``lib`` with each skill's evidence, and each of its direction rules', measured on this round's
     episodes of its task types (all episodes for the general skill); skills with no such episodes keep theirs."""
-    literal = literal_actions(episodes, literal_share)
+    literal = literal_actions(episodes)
     out = SkillLibrary(dict(lib.skills), dict(lib.task_keywords), lib.stats)
     for name, skill in lib.skills.items():
         eps = episodes if lib.is_general(skill) else [e for e in episodes if e.task_type in skill.task_types]
