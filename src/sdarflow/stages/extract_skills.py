@@ -21,7 +21,7 @@ from sdarflow.envs import get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.extensions.skill_bandit import carry_over, updated_stats
 from sdarflow.models.device import device_opt
-from sdarflow.report import Report, Section, html, markdown
+from sdarflow.report import Report, Section, html, markdown, number
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.skills.accuracy import VERDICTS, score_library
 from sdarflow.skills.extract import MIN_SUPPORT, episodes_from_rows, extract_skills
@@ -150,11 +150,9 @@ def _new_skills(
 
 
 def _shown(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.2f}"
     if isinstance(value, list) and len(value) == 2 and all(isinstance(x, float) for x in value):
-        return f"[{value[0]:.2f}, {value[1]:.2f}]"  # an interval
-    return str(value)
+        return f"[{number(value[0], 2)}, {number(value[1], 2)}]"  # an interval
+    return number(value, 2)
 
 
 def _evidence(evidence: Mapping) -> str:
