@@ -21,6 +21,7 @@ from collections import defaultdict
 from typing import Protocol
 
 from sdarflow.errors import SdarflowError
+from sdarflow.rollout.prompt import encode_prompt
 from sdarflow.skills.extract import (
     MIN_SUPPORT,
     EpisodeActions,
@@ -138,17 +139,13 @@ class EngineChat:
         self.tokenizer, self.seed, self.name = policy.tokenizer, seed, f"engine:{policy.path}"
         self.context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
 
-    def _ids(self, messages: list[dict]) -> list[int]:
-        from sdarflow.rollout.prompt import encode_prompt
-
-        return encode_prompt(self.tokenizer, messages)
-
     def fits(self, messages: list[dict], max_tokens: int) -> bool:
-        return len(self._ids(messages)) + max_tokens <= self.context
+        return len(encode_prompt(self.tokenizer, messages)) + max_tokens <= self.context
 
     def complete(self, messages: list[dict], *, max_tokens: int, temperature: float) -> str:
+        ids = encode_prompt(self.tokenizer, messages)
         sample = self.engine.generate(
-            [self._ids(messages)], [self.seed], max_new_tokens=max_tokens, temperature=temperature, top_p=1.0
+            [ids], [self.seed], max_new_tokens=max_tokens, temperature=temperature, top_p=1.0
         )[0]
         return sample.text
 
