@@ -104,10 +104,9 @@ def _shard(table: pa.Table, shard: int, num_shards: int) -> pa.Table:
     """Every ``num_shards``-th GRPO group (in sorted group order), so a group's rows stay together."""
     if num_shards == 1:
         return table
-    groups = sorted(set(table["group_id"].to_pylist()))
-    mine = {g for i, g in enumerate(groups) if i % num_shards == shard}
-    keep = [g in mine for g in table["group_id"].to_pylist()]
-    return table.filter(pa.array(keep, type=pa.bool_()))
+    group_ids = table["group_id"].to_pylist()
+    mine = set(sorted(set(group_ids))[shard::num_shards])
+    return table.filter(pa.array([g in mine for g in group_ids], type=pa.bool_()))
 
 
 def _run_metrics(
