@@ -83,9 +83,8 @@ def run(cfg: RegisterConfig) -> dict:
     require("register", registry=cfg.registry, adapter=cfg.adapter, eval_report=cfg.eval_report)
     adapter_manifest = storage.read_manifest(cfg.adapter, "adapter")
     report = load_report(cfg.eval_report)
-    skills = [
-        u for u in cfg.data if storage.is_published(u) and storage.read_manifest(u).get("kind") == "skills"
-    ]
+    manifests = [storage.read_manifest(u) for u in cfg.data if storage.is_published(u)]
+    skills = [m for m in manifests if m.get("kind") == "skills"]
     lineage = {
         "run_id": cfg.run_id,
         "round": cfg.round,
@@ -96,7 +95,7 @@ def run(cfg: RegisterConfig) -> dict:
         "eval_report_uri": cfg.eval_report,
         "base_eval_report_uri": cfg.base_eval_report or None,
         "data": list(cfg.data),
-        "skill_library_version": storage.read_manifest(skills[0]).get("version") if skills else None,
+        "skill_library_version": skills[0].get("version") if skills else None,
         "cursor": cfg.cursor or None,
         "request": cfg.request or None,
     }
