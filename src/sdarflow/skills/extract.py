@@ -91,12 +91,10 @@ def abstract(action: str, literal: set[str], goal: str = "") -> str:
     if action == DIRECTIONS_STEP or any(p in action for p in _PLACEHOLDERS):
         return action
     verb, obj, tail = _parts(action)
-    if not goal:
-        if action in literal or not obj:
-            return action
-        return f"{verb} <item>" + (tail if tail.startswith(" with ") else "")
-    if not obj:
+    if not obj or (not goal and action in literal):
         return action
+    if not goal:
+        return f"{verb} <item>" + (tail if tail.startswith(" with ") else "")
     named = action not in literal and re.search(rf"\b{re.escape(obj)}\b", goal)
     return f"{verb} {'<item>' if named else obj}{' from <place>' if tail.startswith(' from ') else tail}"
 
