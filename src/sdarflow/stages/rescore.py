@@ -177,7 +177,7 @@ def run(cfg: RescoreConfig) -> dict:
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
     summary.info = _info(cfg, lib, overridden)
     new_cols = _columns(old, teacher, ref, teach, ppl(budget) if ppl else None)
-    table = _write(cfg, table, new_cols, summary, lib.version, overridden)
+    _write(cfg, table, new_cols, summary, lib.version, overridden)
     log.info(
         "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",
         table.num_rows,
@@ -268,15 +268,14 @@ def _info(cfg: RescoreConfig, lib, overridden: list[str]) -> dict[str, str]:
 
 def _write(
     cfg: RescoreConfig, table: pa.Table, new_cols: dict, summary, library_version: str, overridden: list[str]
-) -> pa.Table:
-    """Publish the trajectories with the rescored columns added, and the report beside them; return the table."""
+) -> None:
+    """Publish the trajectories with the rescored columns added, and the report beside them."""
     from sdarflow import report
     from sdarflow.teacher.report import rescore_report
 
     doc = rescore_report(summary)
-    types = {f.name: f.type for f in RESCORE_FIELDS}
-    for name, values in new_cols.items():
-        table = table.append_column(pa.field(name, types[name]), pa.array(values, type=types[name]))
+    for f in RESCORE_FIELDS:
+        table = table.append_column(f, pa.array(new_cols[f.name], type=f.type))
 
     storage.write_table(
         table,
@@ -294,4 +293,3 @@ def _write(
         skill_library=library_version,
         guards_overridden=overridden,
     )
-    return table
