@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdarflow import report as render
 from sdarflow import storage
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME
@@ -133,7 +134,7 @@ def run(cfg: EvaluateConfig) -> dict:
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
     _publish(cfg, report, baseline, headline)
     shown = [
-        f"{split}/pass@{k} {v:.3f} [{d['ci95'][k][0]:.3f}, {d['ci95'][k][1]:.3f}] "
+        f"{split}/pass@{k} {render.with_interval(v, d['ci95'][k])} "
         f"({d['n_tasks']} tasks x {d['samples_per_task']})"
         for split, d in report["splits"].items()
         for k, v in d["pass_at_k"].items()
@@ -145,7 +146,6 @@ def run(cfg: EvaluateConfig) -> dict:
 def _publish(cfg: EvaluateConfig, report: dict, baseline: dict | None, headline: dict[str, float]) -> None:
     """The report as JSON, Markdown and HTML with its plots, published at ``cfg.output`` (and, with
     ``--tracking-uri``, logged to MLflow with the ``headline`` metrics)."""
-    from sdarflow import report as render
     from sdarflow.evaluate.report import evaluation_report, plots
 
     with tempfile.TemporaryDirectory() as tmp:
