@@ -216,9 +216,12 @@ class StageConfig(Checked):
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def settings(self) -> dict[str, Any]:
+        """The fields that are not ``io``: what the stage does, not where it reads and writes."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("io")}
+
     def config_hash(self) -> str:
-        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("io")}
-        return content_hash({"stage": self.stage, **params})
+        return content_hash({"stage": self.stage, **self.settings()})
 
 
 def _out_of_bounds(value: Any, ge: float | None, gt: float | None, le: float | None) -> str:

@@ -60,9 +60,7 @@ def _combine(
         terms.append(coef * aux)
         metrics["loss/aux"] = float(aux.detach())
         metrics["loss/aux_coef"] = coef
-    total = sum(terms[1:], terms[0])
-    metrics["loss/total"] = float(total.detach())
-    return total, metrics
+    return sum(terms[1:], terms[0]), metrics  # method_loss records loss/total, with the KL and entropy terms
 
 
 @register_method("grpo")

@@ -40,7 +40,6 @@ from sdarflow.train.rl_setup import (
     PRESET_CHOICES,
     resolve_objective,
     rl_shaping,
-    settings_record,
     train_inputs,
 )
 from sdarflow.train.samples import read_rows
@@ -283,7 +282,7 @@ def _train(cfg: TrainConfig) -> dict:
         summary = {**run_summary(state.history), **start}
         if shaping:
             summary.update(shaping.metrics)
-        objective = settings_record(cfg, rl_step)
+        objective = {**cfg.settings(), "rl_step": rl_step}  # as the run used them: the preset resolved
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()
             adam = engine.optimizer_state() if cfg.carry_optimizer else None  # collective too

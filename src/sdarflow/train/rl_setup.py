@@ -1,6 +1,5 @@
 """What an RL round trains with, from the train config and its rows: the preset's KL and penalty resolved, each
-row's advantage with the chosen credit and filter, the format-collapse check, and the record of it all that
-``train_summary.json`` keeps. The SFT mode uses none of it.
+row's advantage with the chosen credit and filter, and the format-collapse check. The SFT mode uses none of it.
 
 The presets are the SDAR reference scripts' objective settings per environment family: every reference script
 (``examples/<method>_trainer/run_<env>*.sh`` in ZJU-REAL/SDAR) trains with a KL loss to the reference policy
@@ -152,9 +151,3 @@ def train_inputs(
     samples = make_samples(rows, shaping.advantages, shaping.dropped) if shaping else []
     token_advantages = TOKEN_ADVANTAGES.get(cfg.advantage)(cfg)
     return TrainData(samples, sft, policy.tokenizer.pad_token_id, rl_step, floor, token_advantages)
-
-
-def settings_record(cfg, rl_step: int) -> dict:
-    """The run's settings as it used them (preset resolved; inputs and outputs left out), for train_summary.json."""
-    kept = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if not f.metadata.get("io")}
-    return {**kept, "rl_step": rl_step}
