@@ -22,7 +22,7 @@ from collections.abc import Callable
 from sdarflow.envs.search_qa import normalize, parse_qa_action
 from sdarflow.envs.tool_api import TOOLS, ToolCallError, canonical, parse_call
 
-CUTOFF = 0.6  # difflib similarity a misspelled key or tool name needs to be taken for the declared one
+CUTOFF = 0.6  # difflib similarity a misspelled key, tool name or verb needs to be taken for the declared one
 
 
 def _closest(name: object, choices) -> str | None:
@@ -66,9 +66,8 @@ def repair_call(text: str) -> str | None:
         return None
 
 
-_QA_LOOSE = re.compile(
-    r"^(\w+)\s*[:\[({]\s*([^\[\](){}]{1,80}?)\s*[\])}]?$"
-)  # verb, then a bracketed argument
+# a verb, then a bracketed argument
+_QA_LOOSE = re.compile(r"^(\w+)\s*[:\[({]\s*([^\[\](){}]{1,80}?)\s*[\])}]?$")
 
 
 def repair_qa(text: str) -> str | None:
@@ -76,7 +75,7 @@ def repair_qa(text: str) -> str | None:
     match = _QA_LOOSE.match(normalize(text))
     if not match:
         return None
-    verb = difflib.get_close_matches(match[1], ("search", "answer"), n=1, cutoff=0.6)
+    verb = difflib.get_close_matches(match[1], ("search", "answer"), n=1, cutoff=CUTOFF)
     repaired = f"{verb[0]}[{match[2].strip()}]" if verb else ""
     return repaired if parse_qa_action(repaired) else None
 
