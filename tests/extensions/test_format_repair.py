@@ -87,3 +87,19 @@ def test_repair_pairs_target_the_repaired_call_and_skip_what_cannot_be_repaired(
         policy.tokenizer.decode(pairs[1].response[:-1])
         == f"<think>list them</think>\n<action>{call}</action>"
     )
+
+
+def test_a_suite_without_a_registered_repair_is_repaired_by_its_own_repair_action(tiny_model, monkeypatch):
+    from sdarflow.envs.textworld_cooking import TextWorldCookingSuite
+    from sdarflow.models import load_policy
+    from sdarflow.rollout.prompt import build_messages, dumps
+
+    policy = load_policy(str(tiny_model))
+    row = {"env": "textworld-cooking", "format_ok": False, "prompt_token_ids": [5], "response_token_ids": [9],
+           "response_text": "I will LOOK around", "prompt_messages": dumps(build_messages("cook", [], "Ready.", 4))}  # fmt: skip
+    assert repair_pairs([row], policy.tokenizer, policy.eos_id)[0] == []  # no repair: nothing to train on
+    # a plug-in env's suite brings its own repair
+    monkeypatch.setattr(TextWorldCookingSuite, "repair_action", lambda self, text: "look", raising=False)
+    pairs, metrics = repair_pairs([row], policy.tokenizer, policy.eos_id)
+    assert metrics == {"format/malformed_turns": 1.0, "format/repaired_turns": 1.0}
+    assert policy.tokenizer.decode(pairs[0].response[:-1]) == "look"

@@ -1,6 +1,7 @@
 """The format guard's remedy (``train --format-guard repair``): each malformed turn of a round whose env can tell the
 well-formed action it meant becomes an SFT pair, prompt -> repaired action, trained besides the RL update. An env's
-repair is registered here by its name (:data:`REPAIRS`); an env without one repairs nothing.
+repair is registered here by its name (:data:`REPAIRS`), or is its suite's own ``repair_action(text) -> action or
+None`` (a plug-in env's); an env with neither repairs nothing.
 
 ``tool-use`` (:func:`repair_call`): RL collapse on tool-using agents starts with one wrong token in the call wrapper (a
 misspelled key, a missing brace, single quotes, a code fence). It keeps the JSON object the response contains,
@@ -104,7 +105,7 @@ def repair_pairs(rows: list[dict], tokenizer, eos_id: int) -> tuple[list, dict[s
     pairs = []
     for r in malformed:
         suite = suites[r["env"]]
-        repair = REPAIRS.get(r["env"])
+        repair = REPAIRS.get(r["env"]) or getattr(suite, "repair_action", None)
         repaired = repair(r["response_text"]) if repair else None
         fmt = format_of(loads(r["prompt_messages"]))
         thought = r["response_text"].partition("<think>")[2].partition("</think>")
