@@ -10,7 +10,9 @@ from sdarflow.algo import (
     METHODS,
     Objective,
     UnknownNameError,
+    aux_grad_share,
     method_loss,
+    method_terms,
     register_method,
     token_logprobs,
 )
@@ -308,3 +310,48 @@ def test_one_step_moves_the_sampled_tokens_the_right_way(method, case):
         assert change > 1e-6
     else:
         assert torch.equal(policy.weight, before) and change == 0.0
+
+
+def test_aux_grad_share_by_hand():
+    """pg = a . theta and aux = 0.01 * (b . theta): the gradients are a and 0.01 b, so with |a| = 5 (3, 0, 4) and
+    |b| = 1 the share is 0.01 / 5 = 0.002."""
+    theta = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    pg = (torch.tensor([3.0, 0.0, 4.0]) * theta).sum()
+    aux = 0.01 * (torch.tensor([0.0, 1.0, 0.0]) * theta).sum()
+    share = aux_grad_share({"pg": pg, "aux": aux, "kl": theta.sum()}, [theta])
+    assert share["grad/pg_norm"] == pytest.approx(5.0)
+    assert share["grad/aux_norm"] == pytest.approx(0.01)
+    assert share["grad/aux_share"] == pytest.approx(0.002)
+    (pg + aux).backward()  # the graph is kept for the update's own backward
+    assert theta.grad.tolist() == pytest.approx([3.0, 0.01, 4.0])
+
+
+def test_aux_grad_share_spans_every_parameter_and_is_none_without_a_term():
+    # over two tensors: |grad pg| = |(3, 4)| = 5 from two parameters, |grad aux| = |(0, 0.5)| = 0.5
+    u, v = torch.tensor(1.0, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+    share = aux_grad_share({"pg": 3 * u + 4 * v, "aux": 0.5 * v}, [u, v])
+    assert share["grad/aux_share"] == pytest.approx(0.1)
+    assert aux_grad_share({"pg": 3 * u}, [u]) == {
+        "grad/aux_share": None,
+        "grad/pg_norm": pytest.approx(3.0),
+        "grad/aux_norm": None,
+    }
+    # a policy gradient of 0 (every advantage 0) has no share
+    assert aux_grad_share({"pg": 0 * u, "aux": 2 * u}, [u])["grad/aux_share"] is None
+    assert aux_grad_share({"aux": 2 * u}, [u])["grad/pg_norm"] is None
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_loss_is_the_sum_of_its_terms(method):
+    batch = _batch()
+    cfg = Objective(method=method, kl_coef=0.01, entropy_coef=0.1)
+    ref = batch["old_logprobs"] - 0.1
+    entropy = batch["logprobs"].abs()
+    terms, _ = method_terms(**batch, cfg=cfg, ref_logprobs=ref, entropy=entropy)
+    loss, metrics = method_loss(**batch, cfg=cfg, ref_logprobs=ref, entropy=entropy)
+    assert float(loss) == pytest.approx(float(sum(terms.values())))
+    assert metrics["loss/total"] == pytest.approx(float(loss))
+    assert set(terms) <= {"pg", "aux", "kl", "entropy"} and {"kl", "entropy"} <= set(terms)
+    # the aux term is weighted by its coefficient: the recorded loss/aux is the unweighted one
+    if "aux" in terms:
+        assert float(terms["aux"]) == pytest.approx(metrics["loss/aux_coef"] * metrics["loss/aux"])

@@ -304,3 +304,22 @@ def test_the_stage_settings_reach_the_advantages():
     shaped = _shaping(rows, reward="perplexity-delta", reward_coef=0.5).advantages  # 1, 1, 1, 0
     b = 0.25 / ((3 * 0.25**2 + 0.75**2) / 3) ** 0.5
     assert shaped == pytest.approx([b, b, b, -3 * b], rel=1e-5)
+
+
+def test_each_rl_step_records_the_aux_terms_gradient_share(tiny_model):
+    """sdar's share is |grad(lambda * L_SDAR)| / |grad L_pg| on the step's first micro-batch: linear in lambda at
+    the same weights (lr 0 keeps them), absent (None) for grpo, which has no auxiliary term."""
+
+    def first_step(method: str, coef: float) -> dict:
+        torch.manual_seed(0)
+        model, pad = lora_model(tiny_model)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+        hp = TrainLoop(method=method, mini_batches=1, sdar_coef=coef, kl_coef=0.0)
+        return rl_update(model, opt, make_samples(rescored_rows()), hp, pad)[0]
+
+    small, large = first_step("sdar", 0.01), first_step("sdar", 0.04)
+    assert 0 < small["grad/aux_share"] and math.isfinite(small["grad/aux_share"])
+    assert large["grad/aux_share"] == pytest.approx(4 * small["grad/aux_share"], rel=1e-4)
+    assert large["grad/pg_norm"] == pytest.approx(small["grad/pg_norm"], rel=1e-5)
+    grpo = first_step("grpo", 0.01)
+    assert grpo["grad/aux_share"] is None and grpo["grad/pg_norm"] > 0

@@ -28,5 +28,13 @@ from sdarflow.algo.losses import (
     sdar_loss,
     skill_sd_loss,
 )
-from sdarflow.algo.objective import METHOD_REGISTRY, METHODS, Objective, method_loss, register_method
+from sdarflow.algo.objective import (
+    METHOD_REGISTRY,
+    METHODS,
+    Objective,
+    aux_grad_share,
+    method_loss,
+    method_terms,
+    register_method,
+)
 from sdarflow.names import UnknownNameError

@@ -6,9 +6,11 @@ reference trains each one, and :func:`method_loss`, the one entry point the trai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from sdarflow.algo.advantages import rlsd_advantages, rlsd_lambda, rlsd_weights
@@ -25,16 +27,19 @@ from sdarflow.algo.losses import (
 from sdarflow.config import opt
 from sdarflow.names import NameRegistry
 
-# (logprobs, old_logprobs, teacher_logprobs, advantages, mask, cfg, step) -> (loss, metrics); tensors are (B, T).
-MethodFn = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, "Objective", int], tuple[Tensor, Metrics]]
+# A loss's named scalar terms, each with its weight applied (pg, aux = coef * L_aux, kl, entropy); the loss is their
+# sum. Named so the trainer can measure each one's gradient (:func:`aux_grad_share`).
+Terms = dict[str, Tensor]
+# (logprobs, old_logprobs, teacher_logprobs, advantages, mask, cfg, step) -> (terms, metrics); tensors are (B, T).
+MethodFn = Callable[[Tensor, Tensor, Tensor | None, Tensor, Tensor, "Objective", int], tuple[Terms, Metrics]]
 
 METHOD_REGISTRY: NameRegistry[MethodFn] = NameRegistry("method")
 register_method = METHOD_REGISTRY.register
 
 
 # Methods: config name -> composed loss, as the SDAR reference's scripts train each one (examples/<method>_trainer).
-# Each returns (loss, metrics with loss/total, loss/pg and the *unweighted* loss/aux where the method has them);
-# method_loss adds the KL and entropy terms to every method.
+# Each returns (terms, metrics with loss/pg and the *unweighted* loss/aux where the method has them); method_terms
+# adds the KL and entropy terms to every method.
 
 
 def _teacher(teacher: Tensor | None, method: str) -> Tensor:
@@ -50,17 +55,17 @@ def _pg(logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, cfg: Objective) ->
 
 def _combine(
     metrics: Metrics, pg: Tensor | None = None, aux: Tensor | None = None, coef: float = 1.0
-) -> tuple[Tensor, Metrics]:
-    """``pg + coef * aux`` over the terms a method has, with the ``loss/*`` metrics added."""
-    terms = []
+) -> tuple[Terms, Metrics]:
+    """The method's terms, ``{"pg": pg, "aux": coef * aux}`` over those it has, with the ``loss/*`` metrics."""
+    terms: Terms = {}
     if pg is not None:
-        terms.append(pg)
+        terms["pg"] = pg
         metrics["loss/pg"] = float(pg.detach())
     if aux is not None:
-        terms.append(coef * aux)
+        terms["aux"] = coef * aux
         metrics["loss/aux"] = float(aux.detach())
         metrics["loss/aux_coef"] = coef
-    return sum(terms[1:], terms[0]), metrics  # method_loss records loss/total, with the KL and entropy terms
+    return terms, metrics  # method_terms adds the KL and entropy terms; method_loss records loss/total
 
 
 @register_method("grpo")
@@ -178,10 +183,46 @@ def method_loss(
     step: int = 1,
 ) -> tuple[Tensor, Metrics]:
     """The scalar training loss of ``cfg.method`` and its namespaced metrics (``loss/total``, ``loss/pg``, ...):
-    ``L = L_method + kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind)) - entropy_coef * agg(entropy)``,
-    the KL term whenever ``ref_logprobs`` is given (verl's ``use_kl_loss``; the presets' coefficients are the
-    reference scripts'), the entropy bonus whenever ``entropy`` (the policy's per-token entropy, with gradient) is
-    given (verl's actor: ``pg_loss - entropy_coeff * entropy``).
+    the sum of :func:`method_terms`."""
+    terms, metrics = method_terms(
+        logprobs,
+        old_logprobs,
+        teacher_logprobs,
+        advantages,
+        mask,
+        cfg,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+        step=step,
+    )
+    return total_loss(terms, metrics), metrics
+
+
+def total_loss(terms: Terms, metrics: Metrics) -> Tensor:
+    """``sum(terms)``, recorded as ``metrics["loss/total"]``."""
+    values = list(terms.values())
+    loss = sum(values[1:], values[0])
+    metrics["loss/total"] = float(loss.detach())
+    return loss
+
+
+def method_terms(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    teacher_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: Objective,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    step: int = 1,
+) -> tuple[Terms, Metrics]:
+    """The weighted loss terms of ``cfg.method`` (:data:`Terms`: ``pg``, ``aux`` = coef * L_aux, where the method
+    has them) and its namespaced metrics, with ``kl = kl_coef * agg(kl_penalty(logprobs, ref_logprobs, kl_kind))``
+    whenever ``ref_logprobs`` is given (verl's ``use_kl_loss``; the presets' coefficients are the reference
+    scripts') and ``entropy = -entropy_coef * agg(entropy)`` whenever ``entropy`` (the policy's per-token entropy,
+    with gradient) is given (verl's actor: ``pg_loss - entropy_coeff * entropy``). The loss is their sum.
 
     All tensors are (B, T); ``logprobs`` and ``entropy`` carry the gradient, the others are constants. ``step`` is
     the RL step (the reference's ``global_steps``, 1 for the first update), which RLSD's decaying weight reads.
@@ -204,23 +245,41 @@ def method_loss(
         raise ValueError(
             f"kl_coef ({kl_coef}) needs ref_logprobs: the KL term compares with a reference policy"
         )
-    loss, metrics = fn(logprobs, old_logprobs, teacher_logprobs, advantages, mask, cfg, step)
+    terms, metrics = fn(logprobs, old_logprobs, teacher_logprobs, advantages, mask, cfg, step)
     if ref_logprobs is not None:
         kl = agg_loss(kl_penalty(logprobs, ref_logprobs.detach(), cfg.kl_kind), mask, cfg.agg)
-        loss = loss + kl_coef * kl
+        terms["kl"] = kl_coef * kl
         metrics["actor/kl_loss"] = float(kl.detach())
         metrics["actor/kl_coef"] = kl_coef
     if entropy is not None:
         if cfg.entropy_coef != 0:
-            loss = loss - cfg.entropy_coef * agg_loss(entropy, mask, cfg.agg)
+            terms["entropy"] = -cfg.entropy_coef * agg_loss(entropy, mask, cfg.agg)
         metrics["actor/entropy"] = masked_mean_value(entropy, mask)
-    metrics["loss/total"] = float(loss.detach())
     if teacher_logprobs is not None and "sdar/gate_mean" not in metrics:
         gate = sdar_gate(logprobs, teacher_logprobs, cfg.gate_beta)
         metrics["sdar/gate_mean"] = masked_mean_value(gate, mask)
         metrics["sdar/gate_active_ratio"] = masked_mean_value((gate > 0.5).float(), mask)
         metrics["sdar/teacher_gap_mean"] = masked_mean_value(teacher_logprobs - logprobs.detach(), mask)
-    return loss, metrics
+    return terms, metrics
+
+
+def aux_grad_share(terms: Terms, params: list[Tensor]) -> dict[str, float | None]:
+    """How much the auxiliary term moves the update next to the policy gradient, over the trainable ``params``:
+    ``grad/aux_share = ||d aux / d params|| / ||d pg / d params||`` (L2 norms over all of them; ``aux`` is the
+    weighted term, coef * L_aux), with both norms (``grad/pg_norm``, ``grad/aux_norm``). None for each quantity a
+    method lacks a term for (grpo and rlsd: no aux; opsd: no pg), and for the share when the policy gradient is 0
+    (every advantage 0). Both backward passes keep the graph, so the loss can still be backpropagated after."""
+    norms: dict[str, float | None] = {}
+    for name in ("pg", "aux"):
+        term = terms.get(name)
+        if term is None or not term.requires_grad:
+            norms[name] = None
+            continue
+        grads = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+        norms[name] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads if g is not None))
+    pg, aux = norms["pg"], norms["aux"]
+    share = aux / pg if pg and aux is not None else None
+    return {"grad/aux_share": share, "grad/pg_norm": pg, "grad/aux_norm": aux}
 
 
 def _check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:

@@ -34,6 +34,9 @@ class TrainEngine(Protocol):
     world_size: int
     device: torch.device
     forward_model: object  # what the loss functions call for log-probs
+    # The trainable weights whole on this rank, which the gradient share is measured over (empty where ZeRO-3
+    # partitions them: no rank holds a whole gradient before the step).
+    grad_params: list[torch.Tensor]
 
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self, lr: float) -> StepResult: ...
@@ -85,6 +88,7 @@ class TorchEngine:
         self.max_grad_norm = max_grad_norm
         self.device = next(model.parameters()).device
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.grad_params = self._params
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -213,6 +217,7 @@ class DeepSpeedEngine:
         # ZeRO-3 gathers a module's weights in that module's forward hook. The fused head + log-prob path reads
         # lm_head.weight without calling lm_head, so under ZeRO-3 the model is called as a whole instead.
         self.forward_model = WholeModelCall(model) if zero_stage >= 3 else model
+        self.grad_params = [] if zero_stage >= 3 else [p for p in model.parameters() if p.requires_grad]
         self.rank = torch.distributed.get_rank()
         self.world_size = torch.distributed.get_world_size()
         self.device = self.engine.device

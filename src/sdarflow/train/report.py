@@ -29,7 +29,7 @@ def progress_line(r: dict) -> str:
 
     return (
         f"step {r['step']} {r.get('kind', 'rl')} | loss {f('loss/total', 4)} | pg {f('loss/pg', 4)} | "
-        f"gate {f('sdar/gate_mean', 3)} | gap {f('sdar/teacher_gap_mean', 3)} | kl {f('actor/kl_loss', 4)} | "
+        f"gate {f('sdar/gate_mean', 3)} | gap {f('sdar/teacher_gap_mean', 3)} | aux/pg {f('grad/aux_share', 4)} | kl {f('actor/kl_loss', 4)} | "
         f"ent {f('actor/entropy', 3)} | clip {f('actor/clipfrac', 3)} | "
         f"grad {f('grad_norm', 3)} | lr {f('lr', 6)} | {r['seconds']:.2f} s/it"
     )
@@ -96,6 +96,7 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("sdar/gate_mean", "gate mean"),
     ("sdar/teacher_gap_mean", "teacher gap (q - s)"),
     ("actor/entropy", "entropy"),
+    ("grad/aux_share", "gradient share |grad aux| / |grad pg|"),
 )
 TABLE_KEYS: tuple[str, ...] = (
     "step",
@@ -105,6 +106,7 @@ TABLE_KEYS: tuple[str, ...] = (
     "loss/aux",
     "sdar/gate_mean",
     "sdar/teacher_gap_mean",
+    "grad/aux_share",
     "actor/entropy",
     "actor/clipfrac",
     "grad_norm",

@@ -24,7 +24,8 @@ from functools import partial
 import torch
 
 from sdarflow import progress
-from sdarflow.algo import Objective, broadcast_advantages, method_loss
+from sdarflow.algo import Objective, aux_grad_share, broadcast_advantages, method_terms
+from sdarflow.algo.objective import total_loss
 from sdarflow.config import MAX_SEED, opt
 from sdarflow.errors import SdarflowError
 from sdarflow.models.forward import make_batch, response_logprobs, to_device, token_budget_batches
@@ -189,8 +190,17 @@ def _one_step(
     t0 = time.perf_counter()
     rows, done = (data.samples, state.rl_steps) if kind == "rl" else (data.sft_pairs, state.sft_steps)
     epoch, position, idx = mini_batch(len(rows), min(cfg.mini_batches, len(rows)), cfg.seed, done, kind)
+    share: dict[str, float | None] = {}  # the gradient share, measured on the step's first micro-batch
     if kind == "rl":
-        loss_fn = partial(micro_step, engine.forward_model, cfg=cfg, data=data, device=engine.device)
+        loss_fn = partial(
+            micro_step,
+            engine.forward_model,
+            cfg=cfg,
+            data=data,
+            device=engine.device,
+            share=share if engine.grad_params else None,
+            share_params=engine.grad_params,
+        )
     else:
         loss_fn = partial(sft_micro_step, engine.forward_model, pad_id=data.pad_id, device=engine.device)
     agg = cfg.agg if kind == "rl" else "token-mean"
@@ -201,6 +211,7 @@ def _one_step(
     return {
         **dict.fromkeys(REQUIRED_METRICS),
         **metrics,
+        **share,
         "step": state.step + 1,
         "kind": kind,
         "epoch": epoch,
@@ -270,9 +281,17 @@ def _weight(micro: list, counted: list, items: list, agg: str) -> float:
 
 
 def micro_step(
-    model, samples: list[RLSample], cfg: TrainLoop, data: TrainData, device: torch.device | None = None
+    model,
+    samples: list[RLSample],
+    cfg: TrainLoop,
+    data: TrainData,
+    device: torch.device | None = None,
+    share: dict | None = None,
+    share_params: list[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss and metrics of one micro-batch of ``data`` (not yet scaled for accumulation)."""
+    """Loss and metrics of one micro-batch of ``data`` (not yet scaled for accumulation). An empty ``share`` is
+    filled with this micro-batch's gradient share over ``share_params`` (:func:`~sdarflow.algo.aux_grad_share`):
+    one step's first micro-batch measures it, for two extra backward passes."""
     batch = make_batch([s.prompt for s in samples], [s.response for s in samples], data.pad_id)
     device = device or batch.mask.device
     batch = to_device(batch, device)
@@ -286,7 +305,7 @@ def micro_step(
     adv = broadcast_advantages(torch.tensor([s.advantage for s in samples], device=device), batch.mask)
     if data.token_advantages:
         adv = data.token_advantages(adv, old, ref, batch.mask)
-    loss, metrics = method_loss(
+    terms, metrics = method_terms(
         logp,
         old,
         teacher,
@@ -297,6 +316,9 @@ def micro_step(
         entropy=ent,
         step=data.rl_step,
     )
+    if share is not None and not share:
+        share.update(aux_grad_share(terms, list(share_params)))
+    loss = total_loss(terms, metrics)
     if not torch.isfinite(loss):
         # A NaN in a constant input (old or teacher log-probs) can leave the gradient finite (min/max route it to
         # neither branch), and the step would go through. Make the gradient non-finite too, so every engine skips.
