@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 PROMOTE_TO = ("", "staging", "production")
 DATA_CURSORS = ("continue", "fixed")
+ROUND_TASKS = ("next", "same")
 # kl_coef: the train stage's env preset (a KFP parameter cannot be None, which is the stage's "unset")
 KL_FROM_ENV = -1.0
 # Registry references a run may start from; anything else in ``start_adapter`` is an adapter URI or folder.
@@ -136,6 +137,13 @@ class PipelineConfig(StageConfig):
         "new tasks with new samples, and its gate judges on tasks no earlier run was judged on); fixed = "
         "first_task and seed as set (to reproduce a run)",
         choices=DATA_CURSORS,
+    )
+    round_tasks: str = opt(
+        "next",
+        "which train tasks each round plays: next = the split's next tasks (the policy must learn what carries over "
+        "to new tasks); same = round 0's tasks again every round, with new samples (the overfit check: can the "
+        "method learn tasks it sees again?)",
+        choices=ROUND_TASKS,
     )
     tracking_uri: str = tracking_opt()
     shards: int = opt(
@@ -254,8 +262,9 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
         values["num_shards"] = pc.shards
         # Each round plays the next tasks of the split, as an RL trainer steps through its prompt dataset: the
         # policy must learn what carries over between tasks, not the answers to the same few.
+        step = 0 if pc.round_tasks == "same" else round_
         try:
-            values["first_task"] = int(values.get("first_task", 0)) + round_ * int(values["tasks"])
+            values["first_task"] = int(values.get("first_task", 0)) + step * int(values["tasks"])
         except (TypeError, ValueError) as err:
             raise ConfigError(
                 f"generate: first_task ({values.get('first_task')!r}) and tasks ({values['tasks']!r}) must be whole "

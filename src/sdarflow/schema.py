@@ -35,6 +35,11 @@ TRAJECTORY_FIELDS: list[pa.Field] = [
     pa.field("prompt_messages", pa.string()),
     pa.field("env", pa.string()),
     pa.field("num_turns", pa.int32()),
+    # The env's expert action at the state this turn's prompt shows, and whether the policy's parsed action was it
+    # (generate --expert-labels): what rescore measures the teacher's discrimination against; null where the env
+    # has no expert or labels were not recorded.
+    pa.field("expert_action", pa.string()),
+    pa.field("expert_match", pa.bool_()),
 ]
 
 RESCORE_FIELDS: list[pa.Field] = [

@@ -12,7 +12,8 @@ from rollout_fakes import FakeSuite, JsonSuite, ScriptedEngine, run
 
 from sdarflow.errors import ConfigError
 from sdarflow.rollout.envhost import call_all
-from sdarflow.rollout.loop import FORMAT_ERROR_OBS
+from sdarflow.rollout.episode import RolloutParams
+from sdarflow.rollout.loop import FORMAT_ERROR_OBS, run_rollout
 from sdarflow.rollout.prompt import build_messages, encode_prompt, parse_action
 
 
@@ -152,3 +153,38 @@ def test_call_all_captures_errors_and_timeouts() -> None:
     assert outs[2].error.startswith("TimeoutError") and outs[2].timed_out
     assert not outs[1].timed_out  # an env that raises its own TimeoutError is a failure, not a hung call
     assert [o.value for o in call_all([lambda: 2, lambda: 3], timeout_s=0)] == [2, 3]
+
+
+@pytest.mark.parametrize("env_process", [False, True])
+def test_expert_labels_record_the_experts_action_at_each_turns_state(env_process) -> None:
+    """On real search-qa questions an engine that always sends the expert's first search matches the expert on turn 0
+    and not on turn 1, where the expert has moved on to the next hop; without labels the columns stay unset."""
+    from sdarflow.envs import get_suite
+
+    suite = get_suite("search-qa")
+    for task in suite.tasks("train", 20):
+        env = suite.make(task)
+        env.reset()
+        first = env.expert_action()
+        env.close()
+        if first.startswith("search["):
+            break
+    engine = ScriptedEngine(reply=lambda seed: first)
+    labelled = run_rollout(
+        engine, suite, [task], 2, RolloutParams(max_turns=2, expert_labels=True, env_process=env_process),
+        engine.tokenizer, run_id="t", round_=0, policy_version="p",
+    ).rows  # fmt: skip
+    assert [(r["turn"], r["expert_action"] == first, r["expert_match"]) for r in labelled] == [
+        (0, True, True), (1, False, False), (0, True, True), (1, False, False),
+    ]  # fmt: skip
+    assert all(r["expert_action"].startswith(("search[", "answer[")) for r in labelled)
+    plain, _ = run(suite, ScriptedEngine(reply=lambda seed: first), n_tasks=1, max_turns=1)
+    assert all("expert_action" not in r and "expert_match" not in r for r in plain.rows)
+
+
+def test_expert_labels_by_hand() -> None:
+    from sdarflow.rollout.loop import expert_labels
+
+    assert expert_labels("take  Knife", "take knife") == {"expert_action": "take  Knife", "expert_match": True}
+    assert expert_labels("take knife", None)["expert_match"] is False  # a malformed reply matches nothing
+    assert expert_labels(None, "take knife") == {"expert_action": None, "expert_match": None}

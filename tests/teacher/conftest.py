@@ -106,6 +106,12 @@ def student_rows(tokenizer) -> list[dict]:
 
 
 @pytest.fixture
+def write_dataset(tmp_path):
+    """Write trajectory rows as a dataset named ``name`` under tmp_path; returns its URI."""
+    return lambda name, rows: write_trajectories(str(tmp_path / name), rows)
+
+
+@pytest.fixture
 def dataset(tmp_path, tokenizer):
     """Write a hand-built trajectory dataset; ``task_types`` overrides the four games' types."""
 

@@ -295,3 +295,31 @@ def test_the_ema_teacher_scores_with_the_adapters_average(
     same = [(a, b) for ra, rb in zip(read(str(tmp_path / "x")), read(str(tmp_path / "no-ema")))
             for a, b in zip(ra["teacher_logprobs"], rb["teacher_logprobs"])]  # fmt: skip
     assert max(abs(a - b) for a, b in same) < 1e-6
+
+
+def test_the_report_shows_the_teachers_discrimination_with_task_intervals(
+    student_rows, write_dataset, rescore, reference_library, tmp_path
+):
+    """Four games: every contrast is n/a (4 tasks) and no discrimination metric is written; the same turns as six
+    tasks with expert labels (turn 0 matches) give both contrasts a difference with a task-level interval."""
+    code, few = rescore(write_dataset("few", student_rows), reference_library, str(tmp_path / "a"))
+    assert code == 0, few
+    assert not any(k.startswith("rescore/discrimination/") for k in few["metrics"])
+    page = storage.read_member(str(tmp_path / "a"), "report.md").decode()
+    assert "Teacher discrimination" in page and "n/a (4 tasks)" in page and "n/a (0 tasks)" in page
+
+    copies = [dict(r, task_id=f"{r['task_id']}-2", traj_id=f"{r['traj_id']}-2") for r in student_rows[:8]]
+    labelled = [
+        dict(r, expert_action="take knife", expert_match=r["turn"] == 0) for r in student_rows + copies
+    ]
+    code, out = rescore(write_dataset("six", labelled), reference_library, str(tmp_path / "b"))
+    assert code == 0, out
+    m = out["metrics"]
+    for contrast in ("expert", "success"):
+        for q in ("gate", "gap"):
+            key = f"rescore/discrimination/{contrast}/{q}"
+            assert m[f"{key}/lo"] <= m[key] <= m[f"{key}/hi"], key
+    section = (
+        storage.read_member(str(tmp_path / "b"), "report.md").decode().split("Teacher discrimination")[1]
+    )
+    assert "n/a" not in section.split("##")[0]

@@ -94,11 +94,13 @@ class SkillTruth:
 @dataclass(frozen=True)
 class Reset:
     """What the agent sees at the start: the goal/instructions (kept in context every turn) and the first view;
-    ``admissible``: filled by the rollout host from ``admissible_commands()`` when the prompt lists them."""
+    ``admissible``: filled by the rollout host from ``admissible_commands()`` when the prompt lists them;
+    ``expert``: the expert's next action (``expert_action()``), filled when the rollout records expert labels."""
 
     instruction: str
     observation: str
     admissible: tuple[str, ...] | None = None
+    expert: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class Step:
     won: bool
     info: dict = field(default_factory=dict)
     admissible: tuple[str, ...] | None = None  # as Reset's
+    expert: str | None = None  # as Reset's
 
 
 class Env(Protocol):

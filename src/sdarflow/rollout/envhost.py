@@ -3,8 +3,9 @@
 ``LocalEnvs`` keeps the envs in this process, ``ProcessEnvs`` in one worker process, so env work (Python that
 holds the GIL) runs while this process generates. Both have one asynchronous form: ``submit(op, items)`` hands over
 a batch of calls (``reset``/``close`` with item None, ``step`` with the action) and ``result()`` returns their
-``Outcome``s in order; one batch is in flight at a time. Asked for ``admissible`` actions, a host adds an env's
-``admissible_commands()`` to each Reset and each Step that does not end the episode.
+``Outcome``s in order; one batch is in flight at a time. Asked for ``infos``, a host adds to each Reset and each
+Step that does not end the episode the env's ``admissible_commands()`` ("admissible") and its expert's next action,
+``expert_action()`` ("expert").
 
 The watchdog (``call_all``): env code is user code (plugins, simulators, interpreters), so one env that raises or
 hangs must cost its episode, not the run. Each call runs in a *daemon* thread so that a call still hung when the run
@@ -106,12 +107,16 @@ def in_worker(envs: str, device: object) -> bool:
     return envs == "process" or (envs == "auto" and str(device).startswith("cuda"))
 
 
-def _call(env, op: str, arg: Any, admissible: bool) -> Any:
+def _call(env, op: str, arg: Any, infos: frozenset[str]) -> Any:
     if op == "close":
         return env.close()
     value = env.step(arg) if op == "step" else env.reset()
-    if admissible and hasattr(env, "admissible_commands") and not getattr(value, "done", False):
+    if getattr(value, "done", False):
+        return value
+    if "admissible" in infos and hasattr(env, "admissible_commands"):
         value = dataclasses.replace(value, admissible=tuple(env.admissible_commands()))
+    if "expert" in infos and hasattr(env, "expert_action"):
+        value = dataclasses.replace(value, expert=env.expert_action())
     return value
 
 
@@ -119,10 +124,15 @@ class LocalEnvs:
     """The envs in this process; a batch runs when its result is asked for."""
 
     def __init__(
-        self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, admissible: bool = False
+        self,
+        suite: EnvSuite,
+        tasks: Sequence[Task],
+        timeout_s: float,
+        workers: int,
+        infos: frozenset[str] = frozenset(),
     ) -> None:
         self.envs = [suite.make(task) for task in tasks]
-        self.admissible = admissible
+        self.infos = infos
         # The env's own turn limit, where it has one (the loop also counts malformed turns against it).
         self.max_turns: list[int | None] = [getattr(env, "max_turns", None) for env in self.envs]
         self.timeout_s, self.workers = timeout_s, workers
@@ -134,7 +144,7 @@ class LocalEnvs:
     def result(self) -> list[Outcome]:
         op, items = self._pending
         self._pending = None
-        calls = [functools.partial(_call, self.envs[i], op, arg, self.admissible) for i, arg in items]
+        calls = [functools.partial(_call, self.envs[i], op, arg, self.infos) for i, arg in items]
         return call_all(calls, self.timeout_s, self.workers)
 
     def shutdown(self) -> None:
@@ -142,11 +152,11 @@ class LocalEnvs:
 
 
 def _serve(
-    conn, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, admissible: bool
+    conn, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, infos: frozenset[str]
 ) -> None:
     """The worker: build the envs, then answer batches until told to stop (None)."""
     try:
-        host = LocalEnvs(suite, tasks, timeout_s, workers, admissible)
+        host = LocalEnvs(suite, tasks, timeout_s, workers, infos)
     except Exception as err:  # the suite's own error, shown in the parent as one line
         conn.send(("error", f"{type(err).__name__}: {err}"))
         return
@@ -161,13 +171,18 @@ class ProcessEnvs:
     threads); ``submit`` returns at once and the worker runs the batch while this process generates."""
 
     def __init__(
-        self, suite: EnvSuite, tasks: Sequence[Task], timeout_s: float, workers: int, admissible: bool = False
+        self,
+        suite: EnvSuite,
+        tasks: Sequence[Task],
+        timeout_s: float,
+        workers: int,
+        infos: frozenset[str] = frozenset(),
     ) -> None:
         ctx = multiprocessing.get_context("forkserver")
         # Imported once in the forkserver (textworld takes ~1 s), not in every worker it forks.
         ctx.set_forkserver_preload([__name__, type(suite).__module__])
         self._conn, child = ctx.Pipe()
-        args = (child, suite, tasks, timeout_s, workers, admissible)
+        args = (child, suite, tasks, timeout_s, workers, infos)
         self._proc = ctx.Process(target=_serve, args=args, daemon=True, name="sdarflow-envs")
         self._proc.start()
         child.close()
@@ -231,15 +246,15 @@ def open_envs(
     timeout_s: float,
     workers: int,
     in_process: bool,
-    admissible: bool = False,
+    infos: frozenset[str] = frozenset(),
 ) -> LocalEnvs | ProcessEnvs:
     """``ProcessEnvs`` unless ``in_process``, or the suite or its tasks cannot be sent to a worker (pickle); both
-    report the envs' ``admissible`` actions when asked."""
+    add the envs' ``infos`` ("admissible", "expert") to their resets and steps."""
     if not in_process:
         try:
             pickle.dumps((suite, list(tasks)))
         except Exception as err:
             log.info("%s: envs run in this process (the suite cannot go to a worker: %s)", suite.name, err)
         else:
-            return ProcessEnvs(suite, tasks, timeout_s, workers, admissible)
-    return LocalEnvs(suite, tasks, timeout_s, workers, admissible)
+            return ProcessEnvs(suite, tasks, timeout_s, workers, infos)
+    return LocalEnvs(suite, tasks, timeout_s, workers, infos)

@@ -48,7 +48,9 @@ class RolloutParams:
     once (for suites with ``thread_safe = True``; others get 1); max_prompt_tokens: the engine's context minus
     max_new_tokens (0 = unchecked); env_process: envs run in a worker process and two halves of the episodes
     take turns, one generating while the other's env steps run (``rollout.envhost``; the stages' ``--envs``);
-    prompt_format: ``rollout.prompt.PROMPT_FORMATS`` (``reference`` asks the envs for their admissible actions)."""
+    prompt_format: ``rollout.prompt.PROMPT_FORMATS`` (``reference`` asks the envs for their admissible actions);
+    expert_labels: each turn row records the env's expert action at its state and whether the policy's action was it
+    (``expert_action``, ``expert_match``; envs without an expert give nulls)."""
 
     max_turns: int
     max_new_tokens: int = 24
@@ -61,6 +63,7 @@ class RolloutParams:
     env_workers: int = 1
     max_prompt_tokens: int = 0
     env_process: bool = False
+    expert_labels: bool = False
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Episode:
     observation: str
     actions: list[str] = field(default_factory=list)
     admissible: tuple[str, ...] | None = None  # the env's admissible actions now, when the prompt lists them
+    expert: str | None = None  # the expert's action now, when the rollout records expert labels
     rows: list[dict] = field(default_factory=list)
     total: float = 0.0
     won: bool = False

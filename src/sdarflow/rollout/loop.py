@@ -107,7 +107,14 @@ def run_rollout(
         params.step_timeout_s,
         params.env_workers,
         not params.env_process,
-        admissible=params.prompt_format == "reference",
+        frozenset(
+            info
+            for info, wanted in (
+                ("admissible", params.prompt_format == "reference"),
+                ("expert", params.expert_labels),
+            )
+            if wanted
+        ),
     )
     for ep in episodes:
         ep.max_turns = envs.max_turns[ep.index]
@@ -179,7 +186,7 @@ class _Rollout:
             for ep, out in zip(batch.episodes, outcomes, strict=True):
                 if out.ok:
                     ep.instruction, ep.observation = out.value.instruction, out.value.observation
-                    ep.admissible = out.value.admissible
+                    ep.admissible, ep.expert = out.value.admissible, out.value.expert
                 else:
                     _fail(ep, out, "reset")
             self.check_first_prompts(batch.episodes)
@@ -286,14 +293,14 @@ class _Rollout:
             zip(batch.episodes, batch.messages, batch.prompts, batch.samples, strict=True)
         ):
             action, ok = batch.parsed[i]
-            reward = 0.0
+            expert, reward = ep.expert, 0.0  # the expert's action at the state this turn's prompt shows
             if not ok:  # a malformed response is not executed: the agent is told and the turn is spent
                 ep.observation = self.hint
                 ep.format_errors += 1
             elif outcomes[i].ok:
                 step = outcomes[i].value
                 ep.observation, reward, ep.won, ep.done = step.observation, step.reward, step.won, step.done
-                ep.admissible = step.admissible
+                ep.admissible, ep.expert = step.admissible, step.expert
                 ep.actions.append(action)
                 ep.env_steps += 1
             else:
@@ -302,7 +309,10 @@ class _Rollout:
             # Malformed turns never reach the env, so its own turn limit cannot end an agent stuck producing them.
             if turn + 1 >= min(params.max_turns, ep.max_turns or params.max_turns):
                 ep.done = True
-            ep.rows.append(turn_row(ep, turn, msgs, prompt, sample, reward, ok, self.lineage))
+            row = turn_row(ep, turn, msgs, prompt, sample, reward, ok, self.lineage)
+            if self.params.expert_labels:
+                row.update(expert_labels(expert, action if ok else None))
+            ep.rows.append(row)
 
 
 def _close(episodes: list[Episode], envs) -> None:
@@ -343,6 +353,15 @@ def turn_row(ep: Episode, turn: int, msgs, prompt, sample, reward: float, ok: bo
         "policy_version": policy_version,
         "prompt_messages": dumps(msgs),
     }
+
+
+def expert_labels(expert: str | None, action: str | None) -> dict:
+    """A turn's ``expert_action`` (None: the env has no expert) and ``expert_match``: whether the parsed action
+    (None: malformed) is the expert's, compared as the env reads commands (case and spacing aside)."""
+    if expert is None:
+        return {"expert_action": None, "expert_match": None}
+    same = action is not None and " ".join(action.lower().split()) == " ".join(expert.lower().split())
+    return {"expert_action": expert, "expert_match": same}
 
 
 def finish(episodes: list[Episode], env: str) -> list[dict]:

@@ -61,6 +61,11 @@ class GenerateConfig(StageConfig):
     temperature: float = opt(1.0, "sampling temperature; > 0 so a group's samples differ", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass, (0, 1]", gt=0, le=1)
     history_turns: int = opt(4, "recent actions kept in the prompt", ge=0)
+    expert_labels: bool = opt(
+        True,
+        "record the env's expert action at each turn and whether the policy's action matched it (expert_action, "
+        "expert_match; null for an env without an expert): rescore's teacher discrimination reads them",
+    )
     engine: str = opt(
         "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINE_CHOICES
     )
@@ -139,7 +144,11 @@ def rollout_params(cfg: StageConfig, suite, engine) -> RolloutParams:
         env_process=in_worker(cfg.envs, resolve_device(cfg.device)),
         max_prompt_tokens=engine.max_context - max_new_tokens if engine.max_context else 0,
         # generate's own settings (evaluate samples at top_p 1 with the loop's defaults)
-        **{k: getattr(cfg, k) for k in ("top_p", "step_timeout_s", "env_workers") if hasattr(cfg, k)},
+        **{
+            k: getattr(cfg, k)
+            for k in ("top_p", "step_timeout_s", "env_workers", "expert_labels")
+            if hasattr(cfg, k)
+        },
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from sdarflow import storage
+from sdarflow.algo import Objective
 from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt, model_device, precision_opt, resolve_device, weights_dtype
@@ -23,6 +24,12 @@ from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher import TEACHER_WEIGHTS
+from sdarflow.teacher.discrimination import (
+    discrimination,
+    discrimination_metrics,
+    discrimination_rows,
+    turn_scores,
+)
 from sdarflow.teacher.report import GuardSettings, check_retrieval, check_scores, rescore_summary
 from sdarflow.teacher.rescore import BATCHINGS, k1_mean, padding_share, reference_model, score
 
@@ -175,6 +182,9 @@ def run(cfg: RescoreConfig) -> dict:
 
     summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
+    contrasts = _discrimination(table, old, teacher)
+    summary.metrics.update(discrimination_metrics(contrasts))
+    summary.discrimination = discrimination_rows(contrasts)
     summary.info = _info(cfg, lib, overridden)
     new_cols = _columns(old, teacher, ref, teach, ppl(budget) if ppl else None)
     _write(cfg, table, new_cols, summary, lib.version, overridden)
@@ -186,12 +196,27 @@ def run(cfg: RescoreConfig) -> dict:
         summary.metrics["rescore/tokens_per_s"],
         cfg.output,
     )
+    log.info(
+        "rescore: teacher discrimination, gate: expert - other %s, success - failure %s",
+        contrasts["expert"]["gate"].text(),
+        contrasts["success"]["gate"].text(),
+    )
     return {
         "uri": cfg.output,
         "rows": table.num_rows,
         "metrics": summary.metrics,
         "skill_library": lib.version,
     }
+
+
+def _discrimination(table: pa.Table, old: list, teacher: list) -> dict:
+    """The teacher's discrimination (:mod:`sdarflow.teacher.discrimination`) on the rows, at the train stage's
+    default gate sharpness (the paper's beta)."""
+    labels = table.select(["task_id", "success", "expert_match"]).to_pydict()
+    turns = turn_scores(
+        labels["task_id"], labels["success"], labels["expert_match"], old, teacher, Objective.gate_beta
+    )
+    return discrimination(turns)
 
 
 def _columns(old: list, teacher: list, ref: list | None, teach, ppl_delta: list | None) -> dict[str, list]:

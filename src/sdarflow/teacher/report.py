@@ -16,6 +16,7 @@ from sdarflow.config import opt
 from sdarflow.errors import SdarflowError
 from sdarflow.report import Report, Section, png
 from sdarflow.skills.library import SkillLibrary
+from sdarflow.teacher.discrimination import DISCRIMINATION_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class RescoreSummary:
     skills: dict[str, dict[str, float]]  # skill -> rows, gap_mean
     gaps: list[float] = field(repr=False)
     info: dict[str, str] = field(default_factory=dict)  # strategy, library version, batching, ...
+    discrimination: list[list[str]] = field(default_factory=list)  # teacher.discrimination's report rows
 
 
 def _gap_stats(gaps: list[float]) -> tuple[float, float]:
@@ -247,6 +249,10 @@ def rescore_report(summary: RescoreSummary) -> Report:
         sections=[
             Section("Summary", table=(["metric", "value"], headline)),
             Section("Gap per token", images=("gaps",)),
+            Section(
+                "Teacher discrimination (turn means; 95% intervals resample tasks)",
+                table=(DISCRIMINATION_HEADER, summary.discrimination),
+            ),
             Section("Per task type", table=(type_header, types)),
             Section("Skills used", table=(["skill", "rows", "gap mean"], skills))
             if skills
