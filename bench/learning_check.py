@@ -1,81 +1,114 @@
 """Learning check: several rounds of an RL method from the SFT base on ``textworld-cooking``, per seed.
 
-Each round: generate (the train split's next tasks) -> extract-skills -> rescore -> train (``sdarflow.rounds``, the
-pipeline's round), continuing the same LoRA adapter; the train-split success of each round's rollouts is the
-learning curve (round 0 = the base policy). Results go to ``bench/results/learning_check.json``. Not part of ``make bench --quick``: it takes minutes per seed.
+Each round: generate -> extract-skills -> rescore -> train (``sdarflow.rounds``, the pipeline's round), continuing
+the same LoRA adapter; the train-split success of each round's rollouts is the learning curve (round 0 = the base
+policy; the last point is the final adapter's rollouts). With ``--fixed-tasks`` every round replays the same tasks
+(``round_tasks=same``): the overfit check, the first thing an RL framework shows (can the method raise success on
+tasks it sees again?); without it each round plays new tasks. Each round also records why the update was what it
+was: the share of groups whose advantages are all zero (no gradient), the auxiliary term's gradient share, the
+gate. Results go to ``bench/results/learning_check_<method>[_fixed].json`` with a PNG of the curves beside it. Not
+part of ``make bench --quick``: it takes minutes per seed.
 
-    python -m bench.learning_check --model demo-output/base-model --seeds 0 1 2 --rounds 6
+    python -m bench.learning_check --method grpo --fixed-tasks --tasks 16 --seeds 0 1 2 --rounds 8
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import statistics
 import tempfile
 import time
 
-from bench.common import write_result
+from bench.common import RESULTS, demo_model, write_result
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.rounds import Carry, run_round
+from sdarflow.sizes import SIZES
 from sdarflow.stages import generate
+from sdarflow.study import round_record
+from sdarflow.study_report import CURVE_KEYS, curve, curves_png
 from sdarflow.train.warmstart import SEED_SKILLS
 
 
-def one_seed(
-    model: str, seed: int, rounds: int, method: str, tasks: int, group: int, root: str, lr: float
-) -> list:
-    """Train-split success of each round's rollouts (round 0: the base policy's), ``rounds`` rounds of
-    ``method`` continuing one LoRA, every round on new tasks."""
+def one_seed(args: argparse.Namespace, model: str, seed: int, root: str) -> list[dict]:
+    """Each round's record (``sdarflow.study.round_record``: train success of its rollouts, round 0 the base
+    policy's, and its update's diagnostics), ``args.rounds`` rounds continuing one LoRA, then the final adapter's
+    rollouts as one more record."""
     pc = PipelineConfig(
-        storage=root, base_model=model, run_id=f"lc{seed}", seed_skills=f"{model}/{SEED_SKILLS}", method=method,
-        seed=seed, tasks=tasks, group_size=group, lr=lr,
+        storage=root, base_model=model, run_id=f"lc{seed}", seed_skills=f"{model}/{SEED_SKILLS}",
+        method=args.method, seed=seed, tasks=args.tasks, group_size=args.group_size, lr=args.lr,
+        train_steps=args.train_steps, lora_rank=args.lora_rank, max_turns=0,
+        round_tasks="same" if args.fixed_tasks else "next", stage_settings=stage_settings(args),
     )  # fmt: skip
-    carry, curve = Carry(), []
-    for r in range(rounds):
+    carry, records = Carry(), []
+    for r in range(args.rounds):
         rnd = run_round(pc, r, carry)
         carry = rnd.carry()
-        curve.append(rnd.generate["metrics"]["rollout/success"])
-        logging.warning("seed %d round %d (%s): train success %.3f", seed, r, method, curve[-1])
-    last = generate.run(stage_config(pc, "generate", rounds, adapter=carry.adapter))  # the last adapter's
-    return [*curve, last["metrics"]["rollout/success"]]
+        records.append(round_record(r, rnd))
+        logging.warning(
+            "seed %d round %d (%s): train success %.3f, zero-advantage groups %.2f, %.0f s",
+            seed, r, args.method, records[-1]["train_success"], records[-1]["zero_adv_group_share"] or 0,
+            sum(rnd.seconds.values()),
+        )  # fmt: skip
+    last = generate.run(stage_config(pc, "generate", args.rounds, adapter=carry.adapter))
+    return [*records, {"round": args.rounds, "train_success": last["metrics"]["rollout/success"]}]
+
+
+def stage_settings(args: argparse.Namespace) -> dict:
+    """The demo preset's stage settings with ``--train`` (JSON) on top of its train settings."""
+    settings = {k: dict(v) for k, v in SIZES["demo"]["pipeline"]["stage_settings"].items()}
+    settings["train"] = {**settings.get("train", {}), **json.loads(args.train)}
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.learning_check")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", default="", help="base model folder; default: the demo's (built if absent)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--method", default="sdar")
     p.add_argument("--tasks", type=int, default=8)
+    p.add_argument("--fixed-tasks", action="store_true", help="every round replays round 0's tasks")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--train-steps", type=int, default=8)
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--train", default="{}", help='more train settings as JSON, e.g. {"epochs": 2}')
+    p.add_argument("--name", default="", help="result name; default learning_check_<method>[_fixed]")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    model = args.model or demo_model()
+    name = args.name or f"learning_check_{args.method}" + ("_fixed" if args.fixed_tasks else "")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sdarflow-lc-") as root:
-        curves = {
-            s: one_seed(
-                args.model, s, args.rounds, args.method, args.tasks, args.group_size, root, lr=args.lr
-            )
-            for s in args.seeds
-        }
+        runs = {s: one_seed(args, model, s, root) for s in args.seeds}
+    curves = {s: [r["train_success"] for r in records] for s, records in runs.items()}
+    base = statistics.mean(c[0] for c in curves.values())
+    final = statistics.mean(c[-1] for c in curves.values())
     result = {
         "method": args.method,
-        "model": args.model,
-        "rounds": args.rounds,
-        "tasks": args.tasks,
-        "group_size": args.group_size,
-        "lr": args.lr,
+        "fixed_tasks": args.fixed_tasks,
+        "settings": {
+            k: getattr(args, k) for k in ("rounds", "tasks", "group_size", "lr", "train_steps", "lora_rank")
+        },
         "train_success_by_round": curves,
-        "gain_last_vs_base": {s: c[-1] - c[0] for s, c in curves.items()},
+        "mean_by_round": [statistics.mean(x) for x in zip(*curves.values(), strict=True)],
+        "rounds_by_seed": runs,
+        "base_mean": base,
+        "final_mean": final,
+        # the overfit check's bar: at least twice the base's success, or +0.3
+        "passed": final >= min(2 * base, base + 0.3),
         "seconds": time.perf_counter() - t0,
     }
+    # the study report's curves (mean and min-max band over seeds), one panel per diagnostic
+    study = {"methods": {args.method: {"curves": {k: curve(list(runs.values()), k) for k in CURVE_KEYS}}}}
+    (RESULTS / f"{name}.png").write_bytes(curves_png(study))
     write_result(
-        f"learning_check_{args.method}",
+        name,
         result,
         [(f"seed {s}", " ".join(f"{x:.2f}" for x in c)) for s, c in curves.items()],
-        base=args.model,
+        base=model,
     )
     return 0
 

@@ -315,19 +315,38 @@ def skill_support_table(results_dir: Path = RESULTS) -> str:
     return "\n".join([*lines, "", _made_by([r])])
 
 
-def learning_check_table(results_dir: Path = RESULTS) -> str:
-    """Train-split success per round and seed (round 0 = the base) of ``python -m bench.learning_check``."""
-    r = _load(results_dir, "learning_check_sdar")
+def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
+    """Train success per round and seed (round 0 = the base; the last column: the final adapter's rollouts) of
+    ``python -m bench.learning_check``, the mean over seeds, and per round the update's diagnostics (mean over
+    seeds): the share of groups with no advantage and the auxiliary term's gradient share."""
+    r = _load(results_dir, name)
     if r is None:
         return "(no result yet: `python -m bench.learning_check`)"
-    rounds = range(1, r["rounds"] + 1)
+    curves = r["train_success_by_round"]
+    n = len(r["mean_by_round"])
     lines = [
-        "| seed | base | " + " | ".join(f"round {i}" for i in rounds) + " | last - base |",
-        "|---" * (r["rounds"] + 3) + "|",
+        "| seed | base | " + " | ".join(f"after round {i}" for i in range(1, n)) + " | final - base |",
+        "|---" * (n + 2) + "|",
     ]
-    for seed, curve in r["train_success_by_round"].items():
-        cells = " | ".join(f"{x:.3f}" for x in curve)
-        lines.append(f"| {seed} | {cells} | {r['gain_last_vs_base'][seed]:+.3f} |")
+    rows = [(f"seed {s}", c) for s, c in curves.items()] + [("mean", r["mean_by_round"])]
+    lines += [f"| {label} | {' | '.join(f'{x:.3f}' for x in c)} | {c[-1] - c[0]:+.3f} |" for label, c in rows]
+
+    def by_round(key: str) -> str:  # the mean over seeds of each trained round's value
+        values = [[rec.get(key) for rec in records[:-1]] for records in r["rounds_by_seed"].values()]
+        means = [[v for v in col if v is not None] for col in zip(*values, strict=True)]
+        return " ".join("-" if not m else f"{sum(m) / len(m):.3g}" for m in means)
+
+    s = r["settings"]
+    what = "the same" if r["fixed_tasks"] else "new ones"
+    lines += [
+        "",
+        f"{r['method']}, {s['tasks']} train tasks x {s['group_size']} samples a round ({what} every round), lr {s['lr']}, "
+        f"{s['train_steps']} mini-batches, LoRA rank {s['lora_rank']}, train settings {json.dumps(s['train'])}. "
+        f"By round: the share of groups with zero advantage {by_round('zero_adv_group_share')}; the gradient "
+        f"share |grad aux| / |grad pg| {by_round('aux_grad_share')}; the gate's expert-match discrimination "
+        f"{by_round('gate_discrimination_expert')}. Overfit bar (final >= min(2 x base, "
+        f"base + 0.3)): {'met' if r['passed'] else 'not met'} ({r['base_mean']:.3f} -> {r['final_mean']:.3f}).",
+    ]
     return "\n".join([*lines, "", _made_by([r])])
 
 
@@ -432,7 +451,6 @@ def premise_table(name: str, results_dir: Path = RESULTS) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
-    "learning_check": learning_check_table,
     **{name: functools.partial(format_collapse_table, name) for name in FORMAT_COLLAPSE},
     "bench": bench_table,
     "grpo_tuning": grpo_tuning_table,
@@ -445,7 +463,11 @@ def _tables(results_dir: Path) -> dict[str, Callable[[Path], str]]:
     """TABLES, and a study table for every committed ``study_*.json`` (a premise table per ``premise_*.json``)."""
     per_file = {
         p.stem: functools.partial(make, p.stem)
-        for prefix, make in (("study", study_table), ("premise", premise_table))
+        for prefix, make in (
+            ("study", study_table),
+            ("premise", premise_table),
+            ("learning_check", learning_check_table),
+        )
         for p in sorted(results_dir.glob(f"{prefix}_*.json"))
     }
     return {**TABLES, **per_file}
@@ -453,7 +475,7 @@ def _tables(results_dir: Path) -> dict[str, Callable[[Path], str]]:
 
 def _shows(name: str) -> set[str]:
     """The result files (stems) table ``name`` renders."""
-    return {"bench": set(ROWS), "learning_check": {"learning_check_sdar"}}.get(name, {name})
+    return {"bench": set(ROWS)}.get(name, {name})
 
 
 def _markers(name: str) -> tuple[str, str]:

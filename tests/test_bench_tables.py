@@ -231,3 +231,31 @@ def test_a_committed_study_gets_its_table_and_one_without_a_table_is_named(tmp_p
     page.write_text(page.read_text() + f"{start}\n{end}\n")
     tables.update(page, tmp_path)
     assert tables.stale(page, tmp_path) == []
+
+
+def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_path):
+    def records(curve: list[float], share: float | None) -> list[dict]:
+        trained = [{"round": i, "train_success": x, "zero_adv_group_share": 0.25, "aux_grad_share": share,
+                    "gate_discrimination_expert": 0.05} for i, x in enumerate(curve[:-1])]  # fmt: skip
+        return [*trained, {"round": len(curve) - 1, "train_success": curve[-1]}]
+
+    result = {
+        "benchmark": "learning_check_grpo_fixed", "machine": machine(), "method": "grpo", "fixed_tasks": True,
+        "settings": {"rounds": 2, "tasks": 16, "group_size": 8, "lr": 0.002, "train_steps": 8, "lora_rank": 8,
+                     "train": {"epochs": 4}},
+        "train_success_by_round": {"0": [0.25, 0.5, 0.75], "1": [0.25, 0.25, 0.5]},
+        "mean_by_round": [0.25, 0.375, 0.625],
+        "rounds_by_seed": {"0": records([0.25, 0.5, 0.75], 0.01), "1": records([0.25, 0.25, 0.5], 0.03)},
+        "base_mean": 0.25, "final_mean": 0.625, "passed": True,
+    }  # fmt: skip
+    (tmp_path / "learning_check_grpo_fixed.json").write_text(json.dumps(result))
+    table = tables.render(
+        "<!-- generated: learning_check_grpo_fixed (python -m bench.tables) -->\n"
+        "<!-- end generated: learning_check_grpo_fixed -->",
+        tmp_path,
+    )
+    assert "| seed 0 | 0.250 | 0.500 | 0.750 | +0.500 |" in table
+    assert "| mean | 0.250 | 0.375 | 0.625 | +0.375 |" in table
+    assert "the gradient share |grad aux| / |grad pg| 0.02 0.02" in table
+    assert "grpo, 16 train tasks x 8 samples a round (the same every round), lr 0.002" in table
+    assert "Overfit bar (final >= min(2 x base, base + 0.3)): met (0.250 -> 0.625)" in table

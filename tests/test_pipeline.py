@@ -307,6 +307,12 @@ def test_each_round_plays_the_next_tasks(tmp_path):
     pc = make_config(tmp_path, run_id="r1", tasks=4, stage_settings={"generate": {"first_task": None}})
     with pytest.raises(ConfigError, match=r"first_task \(None\) and tasks \(4\) must be whole numbers"):
         stage_config(pc, "generate", 1, adapter="")
+    # the overfit check: every round replays round 0's tasks (new samples: the seeds derive from the round)
+    pc = make_config(
+        tmp_path, run_id="r1", tasks=4, round_tasks="same", stage_settings={"generate": {"first_task": 100}}
+    )
+    assert [stage_config(pc, "generate", r, adapter="").first_task for r in range(3)] == [100, 100, 100]
+    assert [stage_config(pc, "generate", r, adapter="").round for r in range(3)] == [0, 1, 2]
 
 
 def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_with_production, tmp_path):

@@ -196,9 +196,10 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
     return cells
 
 
-def _round_record(r: int, rnd) -> dict:
+def round_record(r: int, rnd) -> dict:
     """What the study report shows of round ``r`` (a ``rounds.Round``): rollout success, GRPO's signal, the
-    teacher, the gate, and the skill library against the env's ground truth (None where it has none)."""
+    teacher, its discrimination, the gate, the auxiliary term's gradient share, and the skill library against the
+    env's ground truth (None where it has none)."""
     m_gen, m_sk, m_rs, m_tr = (x["metrics"] for x in (rnd.generate, rnd.extract, rnd.rescore, rnd.train))
     return {
         "round": r,
@@ -209,7 +210,13 @@ def _round_record(r: int, rnd) -> dict:
         "teacher_gap_mean": m_rs["rescore/gap_mean"],
         "teacher_gap_positive_share": m_rs["rescore/gap_positive_share"],
         "retrieval_hit_rate": m_rs["rescore/retrieval_hit_rate"],
+        # the gate's difference between expert-matching and other turns, and between successful and failed episodes
+        **{
+            f"gate_discrimination_{c}": m_rs.get(f"rescore/discrimination/{c}/gate")
+            for c in ("expert", "success")
+        },
         "gate_mean": m_tr.get("sdar/gate_mean"),
+        "aux_grad_share": m_tr.get("grad/aux_share"),
         "gate_active_ratio": m_tr.get("sdar/gate_active_ratio"),
         "entropy": m_tr.get("actor/entropy"),
         "kl_loss": m_tr.get("actor/kl_loss"),
@@ -232,7 +239,7 @@ def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
         carry = rnd.carry()
         for stage, t in rnd.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + t
-        rounds.append(_round_record(r, rnd))
+        rounds.append(round_record(r, rnd))
         log.info(
             "study: %s round %d/%d | train success %.3f | gap %.3f | gate %.3f | %.0f s so far",
             name,

@@ -37,6 +37,9 @@ CURVE_KEYS = (
     "adv_std",
     "teacher_gap_mean",
     "gate_mean",
+    "gate_discrimination_expert",
+    "gate_discrimination_success",
+    "aux_grad_share",
     "entropy",
     "format_error_rate",
     "skill_rules_wrong",
@@ -90,8 +93,9 @@ def _ratio(x: float | None, base: float | None) -> float | None:
     return None if x is None or base is None or base <= 0 else x / base
 
 
-def _curve(runs: Sequence[Mapping[str, Any]], key: str) -> dict[str, list]:
-    values = [[r.get(key) for r in run["rounds"]] for run in runs]
+def curve(runs: Sequence[Sequence[Mapping[str, Any]]], key: str) -> dict[str, list]:
+    """Mean, min and max over runs (each a list of round records) of ``key`` per round; None where no run has it."""
+    values = [[r.get(key) for r in rounds] for rounds in runs]
     cols = [[v for v in col if v is not None] for col in zip(*values, strict=True)]
     return {
         "mean": [float(np.mean(c)) if c else None for c in cols],
@@ -108,7 +112,7 @@ def _method_result(runs: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any]:
     """One method's curves, pooled pass@1 of every split and test pass@k over its seeds, and mean stage seconds."""
     evals = [c["eval"] for c in runs]
     return {
-        "curves": {key: _curve(runs, key) for key in CURVE_KEYS},
+        "curves": {key: curve([run["rounds"] for run in runs], key) for key in CURVE_KEYS},
         **{f"{split}_pass@1": pooled(evals, split, 1) for split in _present(evals)},
         "test_pass@k": pooled(evals, "test", k),
         "train_seconds": float(np.mean([sum(c["seconds"].values()) for c in runs])),

@@ -323,3 +323,39 @@ def test_each_rl_step_records_the_aux_terms_gradient_share(tiny_model):
     assert large["grad/pg_norm"] == pytest.approx(small["grad/pg_norm"], rel=1e-5)
     grpo = first_step("grpo", 0.01)
     assert grpo["grad/aux_share"] is None and grpo["grad/pg_norm"] > 0
+
+
+def test_grpo_overfits_a_fixed_set_round_after_round(tiny_model):
+    """The overfit direction at smoke size: GRPO rounds on the same groups (each round re-scored on-policy, as
+    rescore does) widen every group's margin of its rewarded response over its unrewarded one, round after round."""
+    model, pad = lora_model(tiny_model)
+    rows = rescored_rows(
+        n_groups=3, g=2
+    )  # per group: episode 0 failed (return 0), episode 1 solved (return 1)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+
+    def logprobs() -> list[float]:
+        with torch.no_grad():
+            batch = make_batch(
+                [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows], pad
+            )
+            return response_logprobs(model, batch)[0].sum(dim=1).tolist()
+
+    def margins() -> list[float]:  # per group: log p(solved response) - log p(failed response)
+        lp = logprobs()
+        return [lp[i + 1] - lp[i] for i in range(0, len(rows), 2)]
+
+    history = [margins()]
+    for _ in range(3):
+        with torch.no_grad():
+            batch = make_batch(
+                [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows], pad
+            )
+            current = response_logprobs(model, batch)[0]
+        for r, lp in zip(rows, current, strict=True):  # on-policy old log-probs, as the next round's rescore
+            r["old_logprobs"] = lp[-len(r["response_token_ids"]) :].tolist()
+        rl_update(model, opt, make_samples(rows), TrainLoop(method="grpo", mini_batches=2, kl_coef=0.0), pad)
+        history.append(margins())
+    for group in zip(*history, strict=True):
+        assert all(b > a for a, b in zip(group, group[1:])), history
+    assert sum(history[-1]) - sum(history[0]) > 0.3, history
