@@ -129,3 +129,49 @@ def test_training_on_a_multi_gpu_node_or_as_a_launched_rank_is_deepspeed():
     assert resolve_engine("auto", device_count=1, env={}) == "torch"
     assert resolve_engine("auto", device_count=0, env={"WORLD_SIZE": "4"}) == "deepspeed"
     assert resolve_engine("torch", device_count=8, env={}) == "torch"
+
+
+_MMAP_PROBE = """
+import ctypes, sys
+from sdarflow.models.device import pin_malloc_mmap_threshold
+fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in fields]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+print(pin_malloc_mmap_threshold() if sys.argv[1] == "pin" else None)
+libc.free(libc.malloc(8 << 20))  # glibc's dynamic threshold follows a freed mmap block: up to 8 MiB here
+before = libc.mallinfo2().hblkhd
+libc.malloc(2 << 20)
+print(libc.mallinfo2().hblkhd - before >= 2 << 20)  # the 2 MiB block was mmapped, not carved from the heap
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+@pytest.mark.parametrize(
+    ("mode", "env", "expected"),
+    [
+        ("pin", {}, ["True", "True"]),
+        ("none", {}, ["None", "False"]),  # the control: without the pin, glibc serves it from the heap
+        (
+            "pin",
+            {"MALLOC_MMAP_THRESHOLD_": "65536"},
+            ["False", "True"],
+        ),  # the user's setting wins, and holds too
+    ],
+)
+def test_the_allocator_keeps_large_blocks_off_the_heap(mode, env, expected):
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _MMAP_PROBE, mode],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.split() == expected

@@ -5,6 +5,9 @@ evaluation, a LoRA's frozen base) are bf16 (``--precision auto``); log-probs are
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -75,3 +78,21 @@ def inference_dtype(device: torch.device) -> torch.dtype:
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of the model's first parameter: where its inputs must go."""
     return next(model.parameters()).device
+
+
+@functools.cache
+def pin_malloc_mmap_threshold(size: int = 1 << 20) -> bool:
+    """Fix glibc's mmap threshold at ``size`` bytes for this process (``mallopt(M_MMAP_THRESHOLD)``); True when
+    set. glibc raises the threshold to each freed block's size (up to 32 MiB), so a forward pass's activations
+    then come from the heap, where freed ones fragment it and resident memory only grows: measured on
+    SmolLM2-135M with LoRA, 12 x 459 tokens, forward and backward peaked at 12.2 GB resident, 7.4 GB with the
+    threshold fixed (no slower). A no-op off glibc, or where ``MALLOC_MMAP_THRESHOLD_`` already sets it."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        mallopt = None
+    m_mmap_threshold = -3  # glibc's malloc.h
+    return bool(mallopt and mallopt(m_mmap_threshold, size))

@@ -46,7 +46,9 @@ def load_policy(
     half-precision weights on a GPU with flash-attn; packed batches need it off (its packed path takes one row)."""
     from transformers import AutoModelForCausalLM
 
-    from sdarflow.models.device import inference_dtype, resolve_device
+    from sdarflow.models.device import inference_dtype, pin_malloc_mmap_threshold, resolve_device
+
+    pin_malloc_mmap_threshold()  # before any activation is allocated
 
     tokenizer = load_tokenizer(path)  # refuses a folder that is not an HF model
     place = resolve_device(device)
