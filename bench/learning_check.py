@@ -30,6 +30,8 @@ from sdarflow.study import round_record
 from sdarflow.study_report import CURVE_KEYS, curve, curves_png
 from sdarflow.train.warmstart import SEED_SKILLS
 
+SETTINGS = ("rounds", "tasks", "group_size", "lr", "train_steps", "lora_rank")  # recorded with the result
+
 
 def one_seed(args: argparse.Namespace, model: str, seed: int, root: str) -> list[dict]:
     """Each round's record (``sdarflow.study.round_record``: train success of its rollouts, round 0 the base
@@ -89,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "method": args.method,
         "fixed_tasks": args.fixed_tasks,
-        "settings": {
-            k: getattr(args, k) for k in ("rounds", "tasks", "group_size", "lr", "train_steps", "lora_rank")
-        },
+        "settings": {k: getattr(args, k) for k in SETTINGS} | {"train": json.loads(args.train)},
         "train_success_by_round": curves,
         "mean_by_round": [statistics.mean(x) for x in zip(*curves.values(), strict=True)],
         "rounds_by_seed": runs,

@@ -337,11 +337,12 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
         return " ".join("-" if not m else f"{sum(m) / len(m):.3g}" for m in means)
 
     s = r["settings"]
+    command = f" (`{r['provenance']['command']}`)" if r.get("provenance") else ""
     what = "the same" if r["fixed_tasks"] else "new ones"
     lines += [
         "",
         f"{r['method']}, {s['tasks']} train tasks x {s['group_size']} samples a round ({what} every round), lr {s['lr']}, "
-        f"{s['train_steps']} mini-batches, LoRA rank {s['lora_rank']}, train settings {json.dumps(s['train'])}. "
+        f"{s['train_steps']} mini-batches, LoRA rank {s['lora_rank']}{command}. "
         f"By round: the share of groups with zero advantage {by_round('zero_adv_group_share')}; the gradient "
         f"share |grad aux| / |grad pg| {by_round('aux_grad_share')}; the gate's expert-match discrimination "
         f"{by_round('gate_discrimination_expert')}. Overfit bar (final >= min(2 x base, "

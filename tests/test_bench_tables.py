@@ -247,6 +247,8 @@ def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_
         "mean_by_round": [0.25, 0.375, 0.625],
         "rounds_by_seed": {"0": records([0.25, 0.5, 0.75], 0.01), "1": records([0.25, 0.25, 0.5], 0.03)},
         "base_mean": 0.25, "final_mean": 0.625, "passed": True,
+        "provenance": {"commit": "abc", "uncommitted": "", "sdarflow": "0.1.0", "base_model": None,
+                       "command": "python -m bench.learning_check --train '{\"epochs\": 4}'"},
     }  # fmt: skip
     (tmp_path / "learning_check_grpo_fixed.json").write_text(json.dumps(result))
     table = tables.render(
@@ -258,4 +260,5 @@ def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_
     assert "| mean | 0.250 | 0.375 | 0.625 | +0.375 |" in table
     assert "the gradient share |grad aux| / |grad pg| 0.02 0.02" in table
     assert "grpo, 16 train tasks x 8 samples a round (the same every round), lr 0.002" in table
+    assert "LoRA rank 8 (`python -m bench.learning_check --train '{\"epochs\": 4}'`)." in table
     assert "Overfit bar (final >= min(2 x base, base + 0.3)): met (0.250 -> 0.625)" in table
