@@ -20,11 +20,10 @@ from sdarflow.train.warmstart import SEED_SKILLS, expert_steps, seed_library
 
 def default_preset(base: Path) -> str:
     """``demo`` for a model sdarflow built, ``pretrained`` (its warm start) for any other (prompt format auto)."""
-    from transformers import AutoTokenizer
-
+    from sdarflow.models.policy import load_tokenizer
     from sdarflow.rollout.engine import prompt_format
 
-    return "demo" if prompt_format("auto", AutoTokenizer.from_pretrained(base)) == "command" else "pretrained"
+    return "demo" if prompt_format("auto", load_tokenizer(str(base))) == "command" else "pretrained"
 
 
 def start_point(base: Path, sizes: dict, env: str, folder: str, run_id: str) -> dict[str, str]:

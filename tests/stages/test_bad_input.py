@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from factories import reseal
+from factories import cli, reseal
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -339,3 +340,36 @@ def test_evaluate_refuses_a_prompt_longer_than_the_context(tmp_path, capsys, tin
     ]
     fails(capsys, argv, "the first prompt is", "tokens, over the", "fix:")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "change"),
+    [
+        # an architecture transformers does not know: it can only come from the folder's code
+        ("config.json", {"model_type": "evil", "auto_map": {"AutoConfig": "evil.EvilConfig"}}),
+        ("tokenizer_config.json", {"auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}),
+    ],
+)
+def test_a_model_that_ships_its_own_code_is_refused_without_a_prompt(tmp_path, tiny_model, config, change):
+    """``yes | sdarflow evaluate --model evil``: transformers would ask on stdin whether to run the folder's
+    Python, and the piped "y" would import it. Refused in one line before any loading; the code never runs."""
+    import shutil
+
+    evil = tmp_path / "evil"
+    shutil.copytree(tiny_model, evil)
+    marker = tmp_path / "ran"
+    (evil / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    settings = json.loads((evil / config).read_text()) if (evil / config).is_file() else {}
+    (evil / config).write_text(json.dumps({**settings, **change}))
+    out = tmp_path / "o"
+    proc = cli("evaluate", "--model", str(evil), "--env", "tool-use", "--tasks", "1", "--output", str(out),
+               stdin=subprocess.PIPE)  # fmt: skip
+    _, err = proc.communicate("y\n" * 20, timeout=120)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode != 0
+    assert (
+        last.startswith("error: ")
+        and f"ships its own Python ({config} has auto_map)" in last
+        and "fix:" in last
+    )
+    assert not marker.exists() and not out.exists()

@@ -21,12 +21,27 @@ BASE_FILE = "base_model.json"
 
 
 def check_model_dir(path: str) -> Path:
+    """``path`` as a local HF model folder whose config and tokenizer config load without the folder's own code
+    (ModelError otherwise). A config's ``auto_map`` names Python shipped in the folder; transformers would ask on
+    stdin whether to run it, so ``yes | sdarflow ...`` would import it: sdarflow never runs a model's code."""
     p = Path(path)
     if not (p / "config.json").is_file():
         raise ModelError(
             f"model folder '{path}' not found or has no config.json; fix: pass an HF model folder "
             f"(build the demo model with `sdarflow build-model --output DIR`)"
         )
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            config = json.loads((p / name).read_text()) if (p / name).is_file() else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ModelError(
+                f"model folder '{path}': {name} is not JSON ({err}); fix: re-export the model"
+            ) from err
+        if isinstance(config, dict) and config.get("auto_map"):
+            raise ModelError(
+                f"model folder '{path}' ships its own Python ({name} has auto_map), which sdarflow never runs; "
+                f"fix: use a model whose architecture transformers has built in, or convert it to one"
+            )
     return p
 
 

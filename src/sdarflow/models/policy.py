@@ -27,7 +27,7 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     check_model_dir(path)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)  # never asks (check_model_dir refused)
     tok.padding_side = "left"  # decoder-only generation needs left padding
     return tok
 
@@ -53,7 +53,7 @@ def load_policy(
     tokenizer = load_tokenizer(path)  # refuses a folder that is not an HF model
     place = resolve_device(device)
     dtype = dtype or (torch.float32 if trainable else inference_dtype(place))
-    kwargs = {"dtype": dtype}
+    kwargs = {"dtype": dtype, "trust_remote_code": False}
     if place.type == "cuda":
         kwargs["device_map"] = {"": place}
     half = dtype != torch.float32

@@ -89,6 +89,7 @@ class VLLMEngine:
         on_cpu = current_platform.is_cpu()
         kwargs = {
             "model": self.model_path,
+            "trust_remote_code": False,  # a model's own code never runs (identity.check_model_dir)
             "dtype": self.options.dtype,
             "max_model_len": self.max_context or None,
             "gpu_memory_utilization": self.options.memory or (CPU_KV_SHARE if on_cpu else 0.85),

@@ -199,14 +199,12 @@ def run(cfg: GenerateConfig) -> dict:
 
 def _expert(cfg: GenerateConfig, suite, tasks: list) -> RolloutResult:
     """The walkthrough rows for ``cfg.model``'s tokenizer (the weights are not needed)."""
-    from transformers import AutoTokenizer
-
-    from sdarflow.models.identity import check_model_dir
+    from sdarflow.models.policy import load_tokenizer
     from sdarflow.rollout.engine import prompt_format
     from sdarflow.rollout.episode import RolloutParams
     from sdarflow.rollout.loop import expert_rollout
 
-    tokenizer = AutoTokenizer.from_pretrained(check_model_dir(cfg.model))
+    tokenizer = load_tokenizer(cfg.model)
     params = RolloutParams(
         max_turns=cfg.max_turns or 1000,
         history_turns=cfg.history_turns,
