@@ -134,3 +134,27 @@ def test_an_adapter_whose_weights_hold_nan_or_inf_is_refused(local_registry, mak
         with pytest.raises(ModelError, match=r"holds 1 NaN or infinite value\(s\) .*; fix:"):
             reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
     assert reg.list_versions("agent") == []
+
+
+def test_an_adapter_in_pickle_format_is_refused(local_registry, make_adapter, report, lineage):
+    """A NaN adapter saved as adapter_model.bin got past the weight checks, which read safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sdarflow.errors import ModelError
+    from sdarflow.registry import Registry
+
+    reg = Registry(local_registry)
+    for keep_safetensors in (False, True):  # alone, or beside checked weights that PEFT would load instead
+        adapter = make_adapter()
+        weights = adapter / "adapter_model.safetensors"
+        tensors = load_file(str(weights))
+        next(iter(tensors.values()))[0, 0] = float("nan")
+        torch.save(tensors, adapter / "adapter_model.bin")
+        if not keep_safetensors:
+            weights.unlink()
+        with pytest.raises(
+            ModelError, match=r"holds adapter_model\.bin: the registry keeps safetensors .*; fix:"
+        ):
+            reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
+    assert reg.list_versions("agent") == []

@@ -75,9 +75,16 @@ def check_adapter_dir(adapter_dir: Path) -> dict[str, Any]:
             f"'{adapter_dir}' is not a PEFT adapter folder (no adapter_config.json); "
             f"fix: pass the folder the train stage saved with save_pretrained"
         )
-    if not any(adapter_dir.glob("adapter_model.*")):
+    # Only safetensors: their weights are checked below and load without running code (a .bin is a pickle).
+    other = sorted(p.name for p in adapter_dir.glob("adapter_model*") if p.suffix != ".safetensors")
+    if other:
         raise ModelError(
-            f"'{adapter_dir}' has no adapter_model.safetensors (or .bin); fix: pass a complete adapter folder"
+            f"adapter '{adapter_dir}' holds {', '.join(other)}: the registry keeps safetensors weights only; fix: "
+            f"re-save the adapter with save_pretrained(..., safe_serialization=True)"
+        )
+    if not any(adapter_dir.glob("adapter_model*.safetensors")):
+        raise ModelError(
+            f"'{adapter_dir}' has no adapter_model.safetensors; fix: pass a complete adapter folder"
         )
     for reserved in RESERVED_FILES:
         if (adapter_dir / reserved).exists():
