@@ -253,3 +253,24 @@ def test_bad_uris():
         storage.resolve("gs://bucket/x")
     with pytest.raises(StorageError, match="3\\+ chars"):
         storage.resolve("s3://ab/x")
+
+
+def test_a_local_output_is_replaced_only_when_it_is_the_commands_own_and_only_once_complete(tmp_path):
+    from sdarflow.errors import ConfigError
+
+    out = tmp_path / "m"
+    with storage.replacing_folder(out, "own.json", "cmd") as staged:  # absent: made
+        (staged / "own.json").write_text("1")
+    with pytest.raises(RuntimeError), storage.replacing_folder(out, "own.json", "cmd") as staged:
+        (staged / "own.json").write_text("2")
+        raise RuntimeError("killed halfway")
+    assert (out / "own.json").read_text() == "1"  # a failed run leaves the earlier output as it was
+    with storage.replacing_folder(out, "own.json", "cmd") as staged:  # its own earlier output: replaced
+        (staged / "own.json").write_text("3")
+    assert [p.name for p in tmp_path.iterdir()] == ["m"] and (out / "own.json").read_text() == "3"
+    (out / "own.json").unlink()
+    (out / "notes").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files cmd did not write"):
+        with storage.replacing_folder(out, "own.json", "cmd"):
+            raise AssertionError("refused before the block runs")
+    assert [p.name for p in tmp_path.rglob("*")] == ["m", "notes"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from sdarflow.cli import main
@@ -84,3 +85,25 @@ def test_a_corrupt_file_and_an_unsupported_architecture_are_refused(tmp_path, ca
     assert code != 0 and "holds a 'rwkv6' model, which transformers cannot load from GGUF" in err
     assert "llama" in err and "qwen2" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("other", ["a user's notes", "another model", "a file"])
+def test_an_output_the_import_did_not_make_is_refused_before_any_work(tmp_path, capsys, other):
+    """--output that holds a user's notes or another tool's model (a registry version, another build) was deleted
+    whole, with any DIR.tmp beside it; a file there failed only after the import. Now: refused first, untouched."""
+    from sdarflow.models.gguf_import import known_file
+    from sdarflow.train.warmstart import BUILD_FILE
+
+    out, beside = tmp_path / "out", tmp_path / "out.tmp"
+    beside.mkdir()
+    (beside / "keep").write_text("mine")
+    if other == "a file":
+        out.write_text("mine")
+    else:
+        out.mkdir()
+        (out / ("notes.md" if other == "a user's notes" else BUILD_FILE)).write_text("mine")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, err = _run(capsys, "--gguf", str(known_file("smollm2-135m-instruct")), "--output", str(out))
+    assert code == 2 and err.startswith(f"error: import-model: --output {out}") and "fix:" in err
+    assert ("is not a folder" if other == "a file" else f"no {IMPORT_FILE}") in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

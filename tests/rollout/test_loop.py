@@ -185,6 +185,9 @@ def test_expert_labels_record_the_experts_action_at_each_turns_state(env_process
 def test_expert_labels_by_hand() -> None:
     from sdarflow.rollout.loop import expert_labels
 
-    assert expert_labels("take  Knife", "take knife") == {"expert_action": "take  Knife", "expert_match": True}
+    assert expert_labels("take  Knife", "take knife") == {
+        "expert_action": "take  Knife",
+        "expert_match": True,
+    }
     assert expert_labels("take knife", None)["expert_match"] is False  # a malformed reply matches nothing
     assert expert_labels(None, "take knife") == {"expert_action": None, "expert_match": None}

@@ -92,3 +92,16 @@ def test_build_model_rejects_bad_sizes_in_one_line(tmp_path, capsys, flags, mess
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not out.exists()
+
+
+def test_build_model_never_replaces_a_folder_it_did_not_build(tmp_path, capsys):
+    """--output holding anything but an earlier build (a user's notes, an imported model) was deleted whole."""
+    from sdarflow.cli import main
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    assert main(["build-model", "--output", str(out), "--tasks", "1", "--sft-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds files build-model did not write (no sdarflow_build.json)" in err[0]
+    assert [p.name for p in tmp_path.rglob("*")] == ["model", "notes.md"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,36 +116,37 @@ def import_gguf(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    t0 = time.perf_counter()
-    folder, file = str(gguf_file.parent), gguf_file.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the weights are dequantized: nothing quantized is left to describe
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    tmp = output.with_name(output.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "README.md").write_text(
-        f"---\nlicense: {license_.lower()}\nlibrary_name: transformers\n---\n\n# {name}\n\n"
-        f"Imported by `sdarflow import-model` from a GGUF file (sha256 `{digest}`, architecture `{arch}`), "
-        f"dequantized to float32.\n\nSource: {source}.\n\nLicense: {license_} (the source model's).\n"
-    )
-    info = {
-        "name": name,
-        "source": source,
-        "license": license_,
-        "gguf_file": file,
-        "sha256": digest,
-        "architecture": arch,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    (tmp / IMPORT_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    shutil.rmtree(output, ignore_errors=True)
-    tmp.rename(output)
+    from sdarflow.storage import replacing_folder
+
+    with replacing_folder(output, IMPORT_FILE, "import-model") as tmp:
+        t0 = time.perf_counter()
+        folder, file = str(gguf_file.parent), gguf_file.name
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del (
+                config.quantization_config
+            )  # the weights are dequantized: nothing quantized is left to describe
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "README.md").write_text(
+            f"---\nlicense: {license_.lower()}\nlibrary_name: transformers\n---\n\n# {name}\n\n"
+            f"Imported by `sdarflow import-model` from a GGUF file (sha256 `{digest}`, architecture `{arch}`), "
+            f"dequantized to float32.\n\nSource: {source}.\n\nLicense: {license_} (the source model's).\n"
+        )
+        info = {
+            "name": name,
+            "source": source,
+            "license": license_,
+            "gguf_file": file,
+            "sha256": digest,
+            "architecture": arch,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        (tmp / IMPORT_FILE).write_text(json.dumps(info, indent=2) + "\n")
     log.info("import-model: %s -> %s (%s, %d parameters)", gguf_file.name, output, arch, info["parameters"])
     return output

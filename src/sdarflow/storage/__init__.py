@@ -23,6 +23,7 @@ from sdarflow.storage.files import (
     read_member,
     read_member_json,
     read_table,
+    replacing_folder,
     resolve,
     write_bytes,
     write_json,

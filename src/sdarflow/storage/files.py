@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -135,6 +136,38 @@ def reachable(loc: Location, action: str, errors: tuple = (OSError, pa.ArrowExce
             )
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StorageError(f"cannot {action} '{loc.uri}': {first}; fix: {hint}") from err
+
+
+@contextlib.contextmanager
+def replacing_folder(out: str | Path, own: str, what: str) -> Iterator[Path]:
+    """A new staging folder beside the local folder ``out`` that takes its place when the block completes (and is
+    removed if it raises). ``out`` may be absent, empty, or this command's own earlier output (a folder holding the
+    file ``own``); anything else there (a file, another model, a registry, a user's notes) is refused before the
+    block runs: nothing is deleted that the command did not make, and a killed command leaves ``out`` as it was."""
+    out = Path(out)
+    _check_replaceable(out, own, what)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged, old = (out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.{k}") for k in ("staging", "replaced"))
+    staged.mkdir()  # unique, so two commands on one output never share it; with the umask's mode
+    try:
+        yield staged
+        _check_replaceable(out, own, what)  # nothing else appeared there meanwhile
+        if out.exists():
+            out.rename(old)
+        staged.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _check_replaceable(out: Path, own: str, what: str) -> None:
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"{what}: --output {out} is not a folder; fix: pass a new folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / own).is_file():
+        raise ConfigError(
+            f"{what}: --output {out} holds files {what} did not write (no {own}), which it never replaces; fix: "
+            f"pass a new or empty folder"
+        )
 
 
 def children(uri: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -179,39 +178,36 @@ def build_base_model(
     if not force and is_built(out_dir, spec):
         log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
         return out_dir
-    t0 = time.perf_counter()
-    tokenizer, pairs, seed_lib = _sft_data(spec)
-    place = resolve_device(device)
-    model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed).to(place)
-    history = sft(
-        model,
-        pairs,
-        tokenizer.pad_token_id,
-        steps=spec.sft_steps,
-        batch_size=spec.sft_batch_size,
-        lr=spec.sft_lr,
-        seed=spec.seed,
-        time_limit_s=time_limit_s,
-        stop_at_loss=spec.sft_stop_at_loss,
-    )
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(model.cpu(), tokenizer, tmp)
-    seed_lib.publish(str(tmp / SEED_SKILLS))
-    info = {
-        "spec": asdict(spec),
-        "spec_hash": spec.hash(),
-        "sft_pairs": len(pairs),
-        "sft_final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
-        "sft_steps_taken": len(history),
-        "seed_skill_library": seed_lib.version,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "device": str(place),
-    }
-    (tmp / BUILD_FILE).write_text(json.dumps(info, indent=2))
-    # Swap in the finished folder only now, so an interrupted build never looks complete.
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    # staged beside out_dir and swapped in only when complete, so an interrupted build never looks complete
+    with storage.replacing_folder(out_dir, BUILD_FILE, "build-model") as tmp:
+        t0 = time.perf_counter()
+        tokenizer, pairs, seed_lib = _sft_data(spec)
+        place = resolve_device(device)
+        model = build_model(tokenizer, TinyShape(vocab_size=spec.vocab_size), spec.seed).to(place)
+        history = sft(
+            model,
+            pairs,
+            tokenizer.pad_token_id,
+            steps=spec.sft_steps,
+            batch_size=spec.sft_batch_size,
+            lr=spec.sft_lr,
+            seed=spec.seed,
+            time_limit_s=time_limit_s,
+            stop_at_loss=spec.sft_stop_at_loss,
+        )
+        save(model.cpu(), tokenizer, tmp)
+        seed_lib.publish(str(tmp / SEED_SKILLS))
+        info = {
+            "spec": asdict(spec),
+            "spec_hash": spec.hash(),
+            "sft_pairs": len(pairs),
+            "sft_final_loss": sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])),
+            "sft_steps_taken": len(history),
+            "seed_skill_library": seed_lib.version,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "device": str(place),
+        }
+        (tmp / BUILD_FILE).write_text(json.dumps(info, indent=2))
     log.info(
         "base model built in %.0f s: %s (SFT loss %.3f)", info["seconds"], out_dir, info["sft_final_loss"]
     )
