@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -207,3 +208,28 @@ def test_listing_a_registry_that_is_not_there_is_an_error(tmp_path, capsys, loca
     assert main(["registry", "list", "--registry", local_registry, "--policy-name", "agnet"]) == 2
     err = capsys.readouterr().err
     assert "no adapter named 'agnet'" in err and "fix: one of agent" in err
+
+
+def test_fetch_replaces_only_an_earlier_fetch(local_registry, make_adapter, report, lineage, tmp_path):
+    """--output holding a user's README.md was overwritten by the model card; an earlier fetch (an init
+    container's retry) is still replaced, and a published version folder never is."""
+    from sdarflow.registry import Registry
+
+    Registry(local_registry).register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    argv = ["fetch", "--registry", local_registry, "--policy-name", "agent", "--version", "1", "--output"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    version = Path(local_registry) / "agent" / "versions" / "1"
+    for refused, message in ((mine, r"did not write \(no lineage\.json\)"), (version, "is a published artifact")):
+        before = {p: p.read_bytes() for p in refused.rglob("*") if p.is_file()}
+        with pytest.raises(ConfigError, match=message):
+            run([*argv, str(refused)])
+        assert {p: p.read_bytes() for p in refused.rglob("*") if p.is_file()} == before
+    assert run([*argv, str(tmp_path / "dl")]) == 0
+    (tmp_path / "dl" / "adapter_model.safetensors").write_bytes(b"half-written")
+    assert run([*argv, str(tmp_path / "dl")]) == 0
+    assert (
+        Registry(local_registry).fetch_adapter("agent", 1).joinpath("adapter_model.safetensors").read_bytes()
+        == (tmp_path / "dl" / "adapter_model.safetensors").read_bytes()
+    )

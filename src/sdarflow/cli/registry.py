@@ -137,7 +137,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     registry = _registry(args)
     version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
-    path = registry.fetch_adapter(args.name, version, dest=args.out)
+    from sdarflow import storage
+    from sdarflow.registry.layout import LINEAGE
+
+    if args.out:  # a fetch replaces only an earlier fetch's folder (an init container's retry)
+        with storage.replacing_folder(args.out, LINEAGE, "registry fetch") as staged:
+            registry.fetch_adapter(args.name, version, dest=staged)
+        path = Path(args.out)
+    else:
+        path = registry.fetch_adapter(args.name, version)
     if args.rank_file:
         from sdarflow.models.identity import max_lora_rank
 

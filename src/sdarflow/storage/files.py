@@ -163,6 +163,11 @@ def replacing_folder(out: str | Path, own: str, what: str) -> Iterator[Path]:
 def _check_replaceable(out: Path, own: str, what: str) -> None:
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"{what}: --output {out} is not a folder; fix: pass a new folder")
+    if (out / MANIFEST).exists():
+        raise ConfigError(
+            f"{what}: --output {out} is a published artifact (it has {MANIFEST}), which it never replaces; fix: "
+            f"pass a new or empty folder"
+        )
     if out.is_dir() and any(out.iterdir()) and not (out / own).is_file():
         raise ConfigError(
             f"{what}: --output {out} holds files {what} did not write (no {own}), which it never replaces; fix: "
