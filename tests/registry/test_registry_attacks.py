@@ -158,3 +158,43 @@ def test_an_adapter_in_pickle_format_is_refused(local_registry, make_adapter, re
         ):
             reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
     assert reg.list_versions("agent") == []
+
+
+def test_overwrite_never_replaces_another_kind_of_artifact(
+    local_registry, make_adapter, report, lineage, tiny_model, capsys, tmp_path
+):
+    """`evaluate --output <registry>/p/versions/1 --overwrite` deleted a registered adapter (another stage's
+    output there was taken for a broken artifact); and a publish with --overwrite replaces only its own kind."""
+    from sdarflow import storage
+    from sdarflow.cli import main
+    from sdarflow.errors import StorageError
+    from sdarflow.registry import Registry
+
+    reg = Registry(local_registry)
+    reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
+    version = Path(local_registry) / "agent" / "versions" / "1"
+    before = {p: p.read_bytes() for p in version.rglob("*") if p.is_file()}
+    argv = [
+        "evaluate",
+        "--model",
+        str(tiny_model),
+        "--env",
+        "tool-use",
+        "--tasks",
+        "1",
+        "--output",
+        str(version),
+    ]
+    assert main([*argv, "--overwrite"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds a 'sdarflow-adapter-version' artifact, expected 'eval-report'" in err and "fix:" in err
+    assert {p: p.read_bytes() for p in version.rglob("*") if p.is_file()} == before
+    assert [v["version"] for v in reg.list_versions("agent")] == [1]
+    report_dir = tmp_path / "r"
+    report_dir.mkdir()
+    (report_dir / "x.json").write_text("{}")
+    with pytest.raises(
+        StorageError, match="is a published sdarflow-adapter-version, and --overwrite replaces only a report"
+    ):
+        storage.publish_dir(report_dir, str(version), kind="report", overwrite=True)
+    assert {p: p.read_bytes() for p in version.rglob("*") if p.is_file()} == before

@@ -221,7 +221,10 @@ def test_fetch_replaces_only_an_earlier_fetch(local_registry, make_adapter, repo
     mine.mkdir()
     (mine / "README.md").write_text("my notes")
     version = Path(local_registry) / "agent" / "versions" / "1"
-    for refused, message in ((mine, r"did not write \(no lineage\.json\)"), (version, "is a published artifact")):
+    for refused, message in (
+        (mine, r"did not write \(no lineage\.json\)"),
+        (version, "is a published artifact"),
+    ):
         before = {p: p.read_bytes() for p in refused.rglob("*") if p.is_file()}
         with pytest.raises(ConfigError, match=message):
             run([*argv, str(refused)])

@@ -101,11 +101,13 @@ def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], 
             key = request_hash(cfg)
             if cfg.output and storage.is_published(cfg.output):
                 try:
-                    manifest = storage.read_manifest(cfg.output, kind)
+                    manifest = storage.read_manifest(cfg.output)
                 except StorageError:
                     if not cfg.overwrite:
                         raise
                     manifest = {}  # a broken artifact there is replaced
+                if kind and manifest.get("kind", kind) != kind:  # never another kind's: a registered adapter
+                    storage.read_manifest(cfg.output, kind)  # raises: the one message for the wrong kind
                 if manifest.get("request_hash") == key and "result" in manifest:
                     log.info(
                         "%s: %s already holds this request's output; nothing to do", cfg.stage, cfg.output

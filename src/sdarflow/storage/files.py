@@ -316,9 +316,10 @@ def _member_location(loc: Location, manifest: dict, rel: str, what: str) -> str:
 
 
 @contextlib.contextmanager
-def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
-    """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``), write a replacement
-    beside it, and remove what the body wrote if it raises. The body writes its files at ``Target.file`` and the
+def publishing(uri: str, overwrite: bool = False, kind: str | None = None) -> Iterator[Target]:
+    """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``, and then only one of
+    the same ``kind``: a report never replaces a registered adapter), write a replacement beside it, and remove
+    what the body wrote if it raises. The body writes its files at ``Target.file`` and the
     manifest last (``Target.manifest``): that write is the commit. After it, the replaced files are removed."""
     loc = resolve(uri)
     old = None
@@ -331,6 +332,11 @@ def publishing(uri: str, overwrite: bool = False) -> Iterator[Target]:
             old = read_manifest(uri)
         except StorageError:
             old = {"files": []}  # a broken artifact: nothing of it is worth keeping readable
+        if kind and old.get("kind", kind) != kind:
+            raise StorageError(
+                f"'{loc.uri}' is a published {old['kind']}, and --overwrite replaces only a {kind}; fix: choose a "
+                f"new output URI"
+            )
     # Into a fresh generation when something is there already (a published artifact, or files this publish did
     # not write: a killed run's leftovers, or a user's): a failure then removes only what this publish wrote.
     with reachable(loc, "list"):
@@ -440,7 +446,7 @@ def write_table(
     """Validate and publish ``table`` as ``part-NNNNN.parquet`` files (zstd) plus a manifest written last.
     ``attachments`` (name -> bytes, e.g. reports about the data) are published with it, read by ``read_member``."""
     table = validate(table, schema, f"output {uri}")
-    with publishing(uri, overwrite) as target:
+    with publishing(uri, overwrite, kind) as target:
         files = []
         for i in range(max(1, -(-table.num_rows // rows_per_part))):
             part = table.slice(i * rows_per_part, rows_per_part)
@@ -510,7 +516,7 @@ def _write_file(target: Target, rel: str, data: bytes) -> dict:
 def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
     """Copy a local folder (adapter, skill library, report) to ``uri`` with sha256 sums in the manifest."""
     local_dir = Path(local_dir)
-    with publishing(uri, overwrite) as target:
+    with publishing(uri, overwrite, kind) as target:
         files = [
             _write_file(target, path.relative_to(local_dir).as_posix(), path.read_bytes())
             for path in sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
