@@ -3,6 +3,9 @@ and through Registry.promote), the floor, forced overrides audited with their nu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from sdarflow.errors import ConfigError
@@ -476,3 +479,34 @@ def test_other_samples_per_task_are_not_compared(tasks):
         "samples per task 8 vs 4), so their tasks cannot be compared; fix: evaluate both with the same env and "
         "evaluate settings"
     ]
+
+
+@pytest.mark.parametrize("tamper", ["delete", "empty", "edit"])
+def test_a_gate_policy_the_audit_log_did_not_set_is_refused(
+    reg_with_production, make_adapter, lineage, tasks, tamper
+):
+    """A deleted, emptied or hand-edited gate_policy.json read as the default policy (or as edited), although the
+    audit log holds the set-gate event that made it; `registry gate` sets it again."""
+    from sdarflow.errors import StorageError
+
+    reg = reg_with_production
+    v = _register(reg, make_adapter, lineage, tasks(GAIN, PROD))
+    reg.set_gate("agent", "staging", {"min_gain": 0.2}, reason="staging gated")
+    reg.set_gate("agent", "production", {"min_gain": 0.3}, reason="tighter for Q4")
+    policy = Path(reg._layout("agent").gate_policy)
+    if tamper == "delete":
+        policy.unlink()
+    elif tamper == "empty":
+        policy.write_text("{}")
+    else:
+        data = json.loads(policy.read_text())
+        data["production"]["min_gain"] = 0.0
+        policy.write_text(json.dumps(data))
+    with pytest.raises(StorageError, match="gate policy .* is not the one its audit log records"):
+        reg.promote("agent", v)
+    assert reg.audit_log("agent")[-1]["event"] == "set-gate"  # nothing was judged by the tampered policy
+    reg.set_gate("agent", "production", {"min_gain": 0.3}, reason="restored")
+    policies = reg.gate_policies("agent")[0]  # the other stage's policy comes back from the audit log too
+    assert (policies.production.min_gain, policies.staging.min_gain) == (0.3, 0.2)
+    with pytest.raises(GateRefused, match="not above min_gain 0.30"):
+        reg.promote("agent", v)

@@ -365,9 +365,32 @@ class Registry:
         return [storage.read_json(storage.join(layout.audit, n)) for n in storage.children(layout.audit)]
 
     def gate_policies(self, name: str) -> tuple[gate.GatePolicies, str | None]:
-        """The name's gate policies (``GATE`` for production until ``set_gate`` stores one) and their etag."""
+        """The name's gate policies (``GATE`` for production until ``set_gate`` stores one) and their etag, after
+        checking them against the audit log: each stage's policy is its last ``set-gate`` event's ``after``, so a
+        deleted, emptied or hand-edited policy file is refused, never read as the default."""
+        policies, etag = self._stored_gate_policies(name)
+        for stage, after in self._audited_gates(name).items():
+            stored = getattr(policies, stage, None)
+            if stored is None or dataclasses.asdict(stored) != after:
+                state = "missing" if etag is None else f"{dataclasses.asdict(stored) if stored else 'none'}"
+                raise StorageError(
+                    f"{name}'s {stage} gate policy ({state}) is not the one its audit log records ({after}); fix: "
+                    f"set it again with `sdarflow registry gate --stage {stage} ... --reason TEXT`"
+                )
+        return policies, etag
+
+    def _audited_gates(self, name: str) -> dict[str, Any]:
+        """Stage -> the policy its last ``set-gate`` event set."""
+        return {e.get("stage"): e.get("after") for e in self.audit_log(name) if e.get("event") == "set-gate"}
+
+    def _stored_gate_policies(self, name: str, repair: bool = False) -> tuple[gate.GatePolicies, str | None]:
+        """The policy file as stored (the defaults when absent) and its etag; with ``repair``, the policies the
+        audit log records whatever the file holds (``set_gate`` starts from them and rewrites the file)."""
         layout = self._layout(name)
         data, etag = cas.read_versioned(layout.gate_policy)
+        if repair:
+            audited = self._audited_gates(name)
+            return gate.GatePolicies(**{k: gate.GatePolicy.from_dict(v) for k, v in audited.items()}), etag
         if data is None:
             return gate.GatePolicies(), None
         fix = "fix: set it again with `sdarflow registry gate` (the audit log records every change)"
@@ -390,7 +413,7 @@ class Registry:
             raise ConfigError(
                 "registry gate: setting a policy needs --reason TEXT (it is audited); fix: add it"
             )
-        policies, etag = self.gate_policies(name)
+        policies, etag = self._stored_gate_policies(name, repair=True)
         before = getattr(policies, stage)
         given = {k: v for k, v in thresholds.items() if v is not None}
         after = dataclasses.replace(before or gate.GATE, **given)
