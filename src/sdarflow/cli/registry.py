@@ -135,11 +135,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    registry = _registry(args)
-    version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
     from sdarflow import storage
     from sdarflow.registry.layout import LINEAGE
 
+    registry = _registry(args)
+    version = registry.resolve(args.name, args.version)  # once: an alias moved meanwhile cannot split the two
     if args.out:  # a fetch replaces only an earlier fetch's folder (an init container's retry)
         with storage.replacing_folder(args.out, LINEAGE, "registry fetch") as staged:
             registry.fetch_adapter(args.name, version, dest=staged)
