@@ -159,11 +159,14 @@ def demo_round(settings: dict) -> dict[str, float]:
     return seconds
 
 
-def write_result(name: str, result: dict, rows: list[tuple], base: str | None = None) -> Path:
+def write_result(
+    name: str, result: dict, rows: list[tuple], base: str | None = None, made_by: dict | None = None
+) -> Path:
     """Print a table and write ``bench/results/<name>.json`` with its provenance: the code, the base model
-    (``base``, when the result depends on one), the command and the machine (``sdarflow.provenance``)."""
+    (``base``, when the result depends on one), the command and the machine (``sdarflow.provenance``);
+    ``made_by``: that provenance taken when a long run started (the code it ran, not the checkout at its end)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    made_by = provenance(base)
+    made_by = dict(made_by or provenance(base))
     result = {"benchmark": name, "machine": made_by.pop("machine"), "provenance": made_by, **result}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -23,6 +23,7 @@ import time
 
 from bench.common import RESULTS, demo_model, write_result
 from sdarflow.pipeline_config import PipelineConfig, stage_config
+from sdarflow.provenance import provenance
 from sdarflow.rounds import Carry, run_round
 from sdarflow.sizes import SIZES
 from sdarflow.stages import generate
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     model = args.model or demo_model()
+    made_by = provenance(model)  # the code this run ran: the checkout may move during its hours
     name = args.name or f"learning_check_{args.method}" + ("_fixed" if args.fixed_tasks else "")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sdarflow-lc-") as root:
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         result,
         [(f"seed {s}", " ".join(f"{x:.2f}" for x in c)) for s, c in curves.items()],
         base=model,
+        made_by=made_by,
     )
     return 0
 
