@@ -220,7 +220,21 @@ def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
             "task_successes": {f"t{i}": c for i, c in enumerate(counts)},
         }
 
-    return {"adapter": adapter, "base_model": "tiny", "splits": {"test": split(test), "ood": split([2] * 10)}}
+    splits = {"test": split(test), "ood": split([2] * 10)}
+    protocol = {
+        "temperature": 1.0,
+        "max_turns": 0,
+        "max_new_tokens": 32,
+        "history_turns": 4,
+        "prompt_format": "command",
+    }
+    return {
+        "adapter": adapter,
+        "base_model": "tiny",
+        "splits": splits,
+        "env": "tool-use",
+        "protocol": protocol,
+    }
 
 
 @pytest.fixture

@@ -168,7 +168,7 @@ def analyze(
     gate = {
         m: {
             str(c["seed"]): check_gate(
-                {"splits": c["eval"]}, {"grpo": {"splits": g["eval"]}}, candidate_label=m
+                {"splits": c["eval"]}, {"grpo": {"splits": g["eval"]}}, candidate_label=m, one_protocol=True
             ).failures
             for c, g in zip(by_method[m], by_method[BASELINE], strict=True)
         }

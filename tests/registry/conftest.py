@@ -74,12 +74,28 @@ def task_split(counts: list[int], n: int = 4, ks: tuple[int, ...] = (1, 2, 4)) -
     }
 
 
+# what `sdarflow evaluate` records of how it evaluated (the gate pairs only reports that record the same)
+PROTOCOL = {
+    "temperature": 1.0,
+    "max_turns": 0,
+    "max_new_tokens": 32,
+    "history_turns": 4,
+    "prompt_format": "command",
+}
+
+
 def task_report(
     test: list[int], ood: list[int] | None = None, n: int = 4, adapter: str = "file:///a"
 ) -> dict:
     """An eval report from per-task success counts; ``ood=None`` leaves the ood split out."""
     splits = {"test": task_split(test, n)} | ({} if ood is None else {"ood": task_split(ood, n)})
-    return {"adapter": adapter, "base_model": "tiny-qwen2", "splits": splits}
+    return {
+        "adapter": adapter,
+        "base_model": "tiny-qwen2",
+        "splits": splits,
+        "env": "tool-use",
+        "protocol": PROTOCOL,
+    }
 
 
 def _spread(rate: float, reach: float, n: int) -> list[int]:

@@ -457,7 +457,13 @@ def test_three_of_32_tasks_gaining_one_success_do_not_pass(tasks):
     ],
 )
 def test_reports_made_differently_are_not_compared(tasks, field, value, named):
-    protocol = {"temperature": 0.4, "max_turns": 0, "max_new_tokens": 0, "history_turns": 4}
+    protocol = {
+        "temperature": 0.4,
+        "max_turns": 0,
+        "max_new_tokens": 0,
+        "history_turns": 4,
+        "prompt_format": "chat",
+    }
     reference = {**tasks(PROD, PROD), "env": "textworld-cooking", "protocol": protocol}
     candidate = {**tasks(GAIN, PROD), "env": "textworld-cooking", "protocol": dict(protocol)}
     assert check_gate(candidate, _refs(reference)).passed
@@ -470,6 +476,24 @@ def test_reports_made_differently_are_not_compared(tasks, field, value, named):
     assert (
         f"the candidate and production v1 eval reports were made differently ({named})" in verdict.failures[0]
     )
+
+
+@pytest.mark.parametrize("strip", ["protocol", "env", "prompt_format", "all"])
+def test_a_report_that_does_not_record_how_it_was_made_is_never_paired(tasks, strip):
+    """A report without protocol or env (or `{}` as its protocol) skipped the protocol check: a gain measured
+    at another temperature or on another env could pass."""
+    candidate = tasks(GAIN, PROD)
+    if strip == "prompt_format":
+        candidate["protocol"] = {k: v for k, v in candidate["protocol"].items() if k != strip}
+    elif strip == "all":
+        candidate["protocol"] = {}
+    else:
+        del candidate[strip]
+    verdict = check_gate(candidate, _refs(tasks(PROD, PROD)))
+    assert verdict.checks == [] and len(verdict.failures) == 1
+    named = {"protocol": "temperature, max_turns", "all": "temperature, max_turns", "env": "its env,"}
+    assert verdict.failures[0].startswith("the candidate eval report does not record its ")
+    assert named.get(strip, strip) in verdict.failures[0] and "fix: evaluate it again" in verdict.failures[0]
 
 
 def test_other_samples_per_task_are_not_compared(tasks):

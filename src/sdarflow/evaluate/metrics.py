@@ -232,6 +232,11 @@ class SplitReport(FileSchema):
             raise ConfigError(f"pass@1 {ks['1']:.4g} disagrees with its per-task results ({per_task:.4g})")
 
 
+# The evaluate settings a report records as its protocol (besides its env and each split's samples per task): the
+# gate pairs two reports task by task only when they are equal.
+PROTOCOL = ("temperature", "max_turns", "max_new_tokens", "history_turns", "prompt_format")
+
+
 @dataclass
 class EvalReport(FileSchema):
     splits: dict[str, SplitReport] = opt({}, "each evaluated split's figures, by split name")

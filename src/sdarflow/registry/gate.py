@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from sdarflow.config import Checked, opt
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.compare import Difference, difference
-from sdarflow.evaluate.metrics import SplitReport
+from sdarflow.evaluate.metrics import PROTOCOL, SplitReport
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +161,19 @@ def _protocol(report: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _mismatch(
-    candidate: Mapping[str, Any], reference: Mapping[str, Any], ref: str, cand_label: str
+    candidate: Mapping[str, Any], reference: Mapping[str, Any], ref: str, cand_label: str, one_protocol: bool
 ) -> str | None:
     """Why two reports may not be compared task by task (another env, temperature, turn limit, samples...), or
-    None. A setting one report does not record (made by an older sdarflow) is not compared."""
+    None. Each report must record its env and every ``PROTOCOL`` setting: one that does not (by hand, or by an
+    older sdarflow) cannot be shown to match, so it is never paired."""
     a, b = _protocol(candidate), _protocol(reference)
+    for label, p in ((cand_label, a), (ref, b)):
+        missing = [] if one_protocol else [k for k in ("env", *PROTOCOL) if p.get(k) is None]
+        if missing:
+            return (
+                f"the {label} eval report does not record its {', '.join(missing)}, so its tasks cannot be shown "
+                f"to match the other report's; fix: evaluate it again with `sdarflow evaluate`"
+            )
     differ = [
         f"{key} {a[key]!r} vs {b[key]!r}"
         for key in a
@@ -180,9 +188,15 @@ def _mismatch(
 
 
 def _compare(
-    candidate, reference, ref: str, policy: GatePolicy, cand_label: str, verdict: GateVerdict
+    candidate,
+    reference,
+    ref: str,
+    policy: GatePolicy,
+    cand_label: str,
+    verdict: GateVerdict,
+    one_protocol: bool,
 ) -> None:
-    if (mismatch := _mismatch(candidate, reference, ref, cand_label)) is not None:
+    if (mismatch := _mismatch(candidate, reference, ref, cand_label, one_protocol)) is not None:
         verdict.failures.append(mismatch)
         return
     splits = {}
@@ -214,9 +228,11 @@ def check_gate(
     policy: GatePolicy | None = None,
     *,
     candidate_label: str = "candidate",
+    one_protocol: bool = False,
 ) -> GateVerdict:
     """The verdict on ``candidate`` against every report in ``references`` (label -> report; None = not
-    available, e.g. no production version yet)."""
+    available, e.g. no production version yet). ``one_protocol``: the caller evaluated all of them with one
+    evaluate config (a study's cells), so reports without a recorded protocol may be paired."""
     policy = policy or GATE
     verdict = GateVerdict()
     present = {label: report for label, report in references.items() if report is not None}
@@ -226,7 +242,7 @@ def check_gate(
             f"(register versions with the base model's eval report, --base-eval-report)"
         )
     for label, report in present.items():
-        _compare(candidate, report, label, policy, candidate_label, verdict)
+        _compare(candidate, report, label, policy, candidate_label, verdict, one_protocol)
     test, _ = _split(candidate, "test", candidate_label)
     if test is not None and not test["pass_at_k"]["1"] > policy.floor + _EPS:
         verdict.failures.append(

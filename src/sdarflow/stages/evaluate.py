@@ -15,7 +15,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
-from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND
+from sdarflow.evaluate.metrics import BASE_ADAPTER, PROTOCOL, REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt
 from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt
@@ -126,10 +126,7 @@ def run(cfg: EvaluateConfig) -> dict:
         config_hash=cfg.config_hash(),
         env=cfg.env,
         # what the gate requires to be equal before it pairs two reports task by task
-        protocol={
-            **{k: getattr(cfg, k) for k in ("temperature", "max_turns", "max_new_tokens", "history_turns")},
-            "prompt_format": params.prompt_format,
-        },
+        protocol={k: params.prompt_format if k == "prompt_format" else getattr(cfg, k) for k in PROTOCOL},
     )
     headline = {f"{s}/pass@{k}": v for s, d in report["splits"].items() for k, v in d["pass_at_k"].items()}
     _publish(cfg, report, baseline, headline)
