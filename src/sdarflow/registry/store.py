@@ -372,7 +372,7 @@ class Registry:
         for stage, after in self._audited_gates(name).items():
             stored = getattr(policies, stage, None)
             if stored is None or dataclasses.asdict(stored) != after:
-                state = "missing" if etag is None else f"{dataclasses.asdict(stored) if stored else 'none'}"
+                state = "missing" if etag is None else dataclasses.asdict(stored) if stored else "none"
                 raise StorageError(
                     f"{name}'s {stage} gate policy ({state}) is not the one its audit log records ({after}); fix: "
                     f"set it again with `sdarflow registry gate --stage {stage} ... --reason TEXT`"
@@ -383,14 +383,10 @@ class Registry:
         """Stage -> the policy its last ``set-gate`` event set."""
         return {e.get("stage"): e.get("after") for e in self.audit_log(name) if e.get("event") == "set-gate"}
 
-    def _stored_gate_policies(self, name: str, repair: bool = False) -> tuple[gate.GatePolicies, str | None]:
-        """The policy file as stored (the defaults when absent) and its etag; with ``repair``, the policies the
-        audit log records whatever the file holds (``set_gate`` starts from them and rewrites the file)."""
+    def _stored_gate_policies(self, name: str) -> tuple[gate.GatePolicies, str | None]:
+        """The policy file as stored (the defaults when absent) and its etag."""
         layout = self._layout(name)
         data, etag = cas.read_versioned(layout.gate_policy)
-        if repair:
-            audited = self._audited_gates(name)
-            return gate.GatePolicies(**{k: gate.GatePolicy.from_dict(v) for k, v in audited.items()}), etag
         if data is None:
             return gate.GatePolicies(), None
         fix = "fix: set it again with `sdarflow registry gate` (the audit log records every change)"
@@ -413,7 +409,10 @@ class Registry:
             raise ConfigError(
                 "registry gate: setting a policy needs --reason TEXT (it is audited); fix: add it"
             )
-        policies, etag = self._stored_gate_policies(name, repair=True)
+        # from what the audit log records, whatever the file holds: setting a policy also repairs a broken file
+        _, etag = cas.read_versioned(layout.gate_policy)
+        audited = self._audited_gates(name)
+        policies = gate.GatePolicies(**{k: gate.GatePolicy.from_dict(v) for k, v in audited.items()})
         before = getattr(policies, stage)
         given = {k: v for k, v in thresholds.items() if v is not None}
         after = dataclasses.replace(before or gate.GATE, **given)
