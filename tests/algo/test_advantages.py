@@ -7,8 +7,10 @@ import torch
 
 from sdarflow.algo import (
     broadcast_advantages,
+    episode_length_scale,
     grpo_advantages,
     penalized_scores,
+    ppo_clip_loss,
     rlsd_advantages,
     rlsd_lambda,
     rlsd_weights,
@@ -179,3 +181,48 @@ def test_rlsd_carries_no_gradient():
     student = torch.randn(2, 3, requires_grad=True)
     out = rlsd_advantages(adv, student, torch.randn(2, 3), torch.ones(2, 3), 0.5, 0.2)
     assert not out.requires_grad
+
+
+def test_episode_length_scale_hand_values():
+    # group g: episode a = two turns of 3 and 5 tokens (N = 8), episode b = one turn of 4 (N = 4); mean N 6.
+    # group h: episode c = one turn of 2 tokens; episode d = two empty turns (no tokens: scale 0, not in the mean).
+    tokens = torch.tensor([3.0, 4.0, 5.0, 2.0, 0.0, 0.0])
+    groups = ["g", "g", "g", "h", "h", "h"]
+    trajs = ["a", "b", "a", "c", "d", "d"]
+    out = episode_length_scale(tokens, groups, trajs)
+    assert out.tolist() == pytest.approx([6 / 8, 6 / 4, 6 / 8, 1.0, 0.0, 0.0])
+    # each episode's weight, scale x tokens summed over its turns, is its group's mean length
+    assert float(out[0] * 3 + out[2] * 5) == pytest.approx(6.0) and float(out[1] * 4) == pytest.approx(6.0)
+
+
+def test_episode_length_scale_keys_episodes_by_group_and_traj():
+    # traj ids restart in every group: (g, 0) and (h, 0) are different episodes
+    out = episode_length_scale(torch.tensor([2.0, 6.0, 1.0, 3.0]), ["g", "g", "h", "h"], [0, 1, 0, 1])
+    assert out.tolist() == pytest.approx([4 / 2, 4 / 6, 2 / 1, 2 / 3])
+
+
+def test_episode_length_scale_errors():
+    with pytest.raises(ValueError, match="tokens must be"):
+        episode_length_scale(torch.ones(2, 2), [0, 0], [0, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        episode_length_scale(torch.tensor([1.0, -1.0]), [0, 0], [0, 1])
+    with pytest.raises(ValueError, match="traj_ids"):
+        episode_length_scale(torch.tensor([1.0, 1.0]), [0, 0], [0])
+
+
+def test_equal_episode_weight_makes_the_token_mean_gradient_balanced():
+    # One group: a success (A = +1) in one turn of 2 tokens and a failure (A = -1) in two turns of 3 tokens each.
+    # At ratio 1, token-mean PPO is -(1/T) sum_t A_t r_t, so d loss / d logp_t = -A_t / T with T = 8 tokens.
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0, -1.0])
+    scale = episode_length_scale(mask.sum(-1).float(), [0, 0, 0], ["s", "f", "f"])  # mean N 4: 4/2, 4/6, 4/6
+    for a, net in ((adv, -(2 * 1 - 6 * 1) / 8), (adv * scale, 0.0)):
+        logp = torch.zeros(3, 3, requires_grad=True)
+        per_token = broadcast_advantages(a, mask)
+        loss, _ = ppo_clip_loss(logp, logp.detach(), per_token, mask, 0.2, 0.28, "token-mean", None)
+        loss.backward()
+        grad = logp.grad
+        # tokens: the failure's 6 tokens outweigh the success's 2, so the sampled tokens are pushed down on net
+        # (a positive summed gradient of the loss); equal: each episode's tokens sum to -A_e * 4 / 8
+        assert float(grad[mask].sum()) == pytest.approx(net, abs=1e-6)
+    assert float(grad[0, :2].sum()) == pytest.approx(-4 / 8) and float(grad[1:].sum()) == pytest.approx(4 / 8)

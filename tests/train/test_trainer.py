@@ -86,10 +86,22 @@ def test_row_advantages_by_hand():
     std_e = (2 * 0.55**2) ** 0.5
     per_episode = [(x - 0.45) / (std_e + 1e-6) for x in a] + [0.5 / (1 + 1e-6)] * 2
     assert row_advantages(rows, penalty=0.1, per_episode=True) == pytest.approx(per_episode, rel=1e-5)
+    # equal episode weight: a/0 has 2 + 3 + 1 = 6 response tokens, a/1 has 2; group a's mean episode length is 4
+    for r, n in zip(rows, (2, 3, 1, 2, 1, 1), strict=True):
+        r["response_token_ids"] = list(range(n))
+    scale = [4 / 6] * 3 + [4 / 2] + [1.0, 1.0]
+    equal = row_advantages(rows, penalty=0.1, episode_weight="equal")
+    assert equal == pytest.approx([x * c for x, c in zip(expected, scale, strict=True)], rel=1e-5)
+
+
+def test_advantage_stats_token_weighted_mean_by_hand():
+    # a success (A = +1) of 2 tokens and a failure (A = -1) of 6: (2 - 6) / 8
+    rows = [{"group_id": "a", "response_token_ids": [0] * n} for n in (2, 3, 3)]
+    assert advantage_stats(rows, [1.0, -1.0, -1.0])["adv/token_weighted_mean"] == pytest.approx(-0.5)
 
 
 def test_advantage_stats_by_hand():
-    rows = [{"group_id": g} for g in ("a", "a", "b", "b", "c")]
+    rows = [{"group_id": g, "response_token_ids": [0]} for g in ("a", "a", "b", "b", "c")]
     stats = advantage_stats(rows, [1.0, -1.0, 0.0, 0.0, 0.0])
     # b (both 0) and c (a group of one that scored 0) give no gradient: 2 of 3 groups
     assert stats["adv/zero_group_share"] == pytest.approx(2 / 3)

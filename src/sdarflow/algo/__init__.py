@@ -7,6 +7,7 @@ to :func:`method_loss`, which selects the method by name (names in :data:`METHOD
 
 from sdarflow.algo.advantages import (
     broadcast_advantages,
+    episode_length_scale,
     grpo_advantages,
     penalized_scores,
     rlsd_advantages,

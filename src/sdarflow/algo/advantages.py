@@ -78,6 +78,48 @@ def grpo_advantages(
     return centered / (std[inv] + eps) if norm_by_std else centered
 
 
+def episode_length_scale(tokens: Tensor, group_ids: Ids, traj_ids: Ids) -> Tensor:
+    """Per-row advantage multiplier that makes every episode weigh the same in a token-mean policy gradient.
+
+    Under token-mean aggregation a turn row of episode e contributes ``A_e`` on each of its tokens, so episode e
+    weighs ``A_e * N_e`` with ``N_e`` its response tokens over all its turns: in a multi-turn group where failed
+    episodes run longer, the negative advantages outweigh the positive ones (the group's token-weighted
+    advantage is below 0 although its episode advantages sum to 0), and the update lowers the probability of
+    what was sampled on net. Scaling each row's advantage by
+
+        ``c_row = Nbar_g / N_e``,  ``Nbar_g`` = the mean of ``N_e`` over the episodes of the row's group g
+
+    gives every episode the weight ``A_e * Nbar_g``: the GRPO objective's ``1/|o_i|`` (DeepSeekMath,
+    arXiv:2402.03300, eq. 3) with the whole episode as the output ``o_i``, at the token-mean's scale.
+
+    Args:
+        tokens: (N,) response tokens of each row (a turn); rows of one episode sum to ``N_e``.
+        group_ids: (N,) group of each row; traj_ids: (N,) episode of each row (an episode is a (group, traj) pair).
+    Returns:
+        (N,) float ``c_row``; 0 for the rows of an episode without response tokens (they train nothing), which
+        also leave ``Nbar_g``.
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be (N,), got {tuple(tokens.shape)}")
+    n = tokens.shape[0]
+    if bool((tokens < 0).any()):
+        raise ValueError("tokens must be >= 0")
+    pairs = list(zip(codes(group_ids, n, "group_ids"), codes(traj_ids, n, "traj_ids"), strict=True))
+    t = tokens.detach().to(torch.float64)
+    episode_tokens: dict = {}
+    for pair, count in zip(pairs, t.tolist(), strict=True):
+        episode_tokens[pair] = episode_tokens.get(pair, 0.0) + count
+    lengths: dict = {}  # group -> the token counts of its episodes that have any
+    for (group, _), count in episode_tokens.items():
+        if count > 0:
+            lengths.setdefault(group, []).append(count)
+    scale = [
+        sum(lengths[g]) / len(lengths[g]) / episode_tokens[(g, e)] if episode_tokens[(g, e)] > 0 else 0.0
+        for g, e in pairs
+    ]
+    return torch.tensor(scale, dtype=torch.float32, device=tokens.device)
+
+
 def penalized_scores(episode_returns: Tensor, format_ok: Tensor, coef: float) -> Tensor:
     """Per-row GRPO scores with the invalid-action penalty: ``R_ep - coef * (1 - format_ok)``, (N,) -> (N,), as
     verl-agent's ``apply_invalid_action_penalty`` (``verl/trainer/ppo/ray_trainer.py``); the reference scripts use

@@ -42,7 +42,7 @@ from sdarflow.train.rl_setup import (
     rl_shaping,
     train_inputs,
 )
-from sdarflow.train.samples import read_rows
+from sdarflow.train.samples import EPISODE_WEIGHTS, read_rows
 from sdarflow.train.schedule import TrainState, WarmupConstant
 from sdarflow.train.trainer import TrainLoop, train
 
@@ -84,6 +84,13 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
         "turn",
         "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes",
         choices=("turn", "episode"),
+    )
+    episode_weight: str = opt(
+        "tokens",
+        "weight of an episode in the policy gradient: tokens (each response token its episode's advantage, so long "
+        "episodes weigh more; the reference) or equal (each row's advantage times its group's mean episode length "
+        "over its episode's: every episode weighs the same, GRPO's 1/|o_i| with the episode as o_i)",
+        choices=EPISODE_WEIGHTS,
     )
     format_repair_every: int = opt(
         4,

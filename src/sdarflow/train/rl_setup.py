@@ -110,7 +110,9 @@ def rl_shaping(cfg, rows: list[dict], values: torch.Tensor | None = None, warm: 
     place of the group's estimate; ``warm`` marks a warm-up round, which updates no policy weight."""
     rates, metrics = check_round(rows, cfg.adapter, cfg.format_guard)
     penalty, coef = cfg.invalid_action_penalty, reward_coef(cfg, rows)
-    advantages = row_advantages(rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit, coef)
+    advantages = row_advantages(
+        rows, cfg.norm_by_std, penalty, cfg.adv_stats == "episode", cfg.credit, coef, cfg.episode_weight
+    )
     dropped = ROW_FILTERS.get(cfg.filter)(rows, row_scores(rows, penalty, coef), values)
     metrics.update(advantage_stats(rows, advantages))
     if cfg.filter != "none":

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from sdarflow import storage
-from sdarflow.algo import grpo_advantages, penalized_scores
+from sdarflow.algo import episode_length_scale, grpo_advantages, penalized_scores
 from sdarflow.errors import ConfigError
 from sdarflow.names import NameRegistry
 from sdarflow.schema import RESCORED_SCHEMA, SCHEMAS
@@ -36,6 +36,7 @@ TOKEN_ADVANTAGES.register("outcome")(lambda cfg: None)
 TOKEN_ADVANTAGES.add_lazy("progress", "sdarflow.extensions.progress:progress_term")
 
 REWARDS = ("outcome", "perplexity-delta")
+EPISODE_WEIGHTS = ("tokens", "equal")
 
 
 def read_rows(mode: str, inputs: list[str]) -> list[dict]:
@@ -85,9 +86,12 @@ def row_advantages(
     per_episode: bool = False,
     credit: str = "outcome",
     reward_coef: float = 0.0,
+    episode_weight: str = "tokens",
 ) -> list[float]:
     """GRPO advantage of each turn row: its :func:`row_scores` standardised within its group over rows (or over
-    episodes, one score each, with ``per_episode``), then re-credited by the ``credit`` assigner."""
+    episodes, one score each, with ``per_episode``), then re-credited by the ``credit`` assigner; with
+    ``episode_weight`` "equal", scaled by :func:`~sdarflow.algo.episode_length_scale` so that every episode weighs
+    the same in the token-mean policy gradient ("tokens": each token its episode's advantage, as the reference)."""
     groups = [r["group_id"] for r in rows]
     trajs = [r["traj_id"] for r in rows]
     adv = grpo_advantages(
@@ -96,19 +100,30 @@ def row_advantages(
         norm_by_std=norm_by_std,
         traj_ids=trajs if per_episode else None,
     )
-    return CREDIT_ASSIGNERS.get(credit)(adv, rows).tolist()
+    adv = CREDIT_ASSIGNERS.get(credit)(adv, rows)
+    if episode_weight == "equal":
+        adv = adv * episode_length_scale(_response_tokens(rows), groups, trajs)
+    return adv.tolist()
+
+
+def _response_tokens(rows: list[dict]) -> torch.Tensor:
+    return torch.tensor([len(r["response_token_ids"] or ()) for r in rows], dtype=torch.float32)
 
 
 def advantage_stats(rows: list[dict], advantages: list[float]) -> dict[str, float]:
     """What GRPO has to learn from: the share of groups whose rows all got advantage 0 (every rollout scored
-    alike, so the group gives no policy gradient) and the spread of the row advantages."""
+    alike, so the group gives no policy gradient), the spread of the row advantages, and their mean over response
+    tokens (what a token-mean update pushes on net)."""
     groups: dict[str, list[float]] = {}
     for r, a in zip(rows, advantages, strict=True):
         groups.setdefault(r["group_id"], []).append(a)
     zero = sum(all(abs(a) < 1e-6 for a in values) for values in groups.values())
     t = torch.tensor(advantages, dtype=torch.float64)
+    tokens = _response_tokens(rows).to(torch.float64)
     return {
         "adv/zero_group_share": zero / max(1, len(groups)),
+        # < 0: the token-mean update lowers the sampled tokens' probability on net (long failures outweigh)
+        "adv/token_weighted_mean": float((t * tokens).sum() / tokens.sum()) if tokens.sum() > 0 else 0.0,
         "adv/std": float(t.std()) if t.numel() > 1 else 0.0,
         "adv/abs_mean": float(t.abs().mean()) if t.numel() else 0.0,
     }
