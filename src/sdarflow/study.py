@@ -206,6 +206,7 @@ def round_record(r: int, rnd) -> dict:
         "train_success": m_gen["rollout/success"],
         "zero_adv_group_share": m_tr.get("adv/zero_group_share"),
         "adv_std": m_tr.get("adv/std"),
+        "adv_token_weighted_mean": m_tr.get("adv/token_weighted_mean"),
         "format_error_rate": m_gen.get("rollout/format_error_rate"),
         "teacher_gap_mean": m_rs["rescore/gap_mean"],
         "teacher_gap_positive_share": m_rs["rescore/gap_positive_share"],

@@ -26,6 +26,7 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         # per-round train success, gate and teacher-gap statistics, wall time per stage, held-out pass@k + CIs
         assert {"train_success", "gate_mean", "teacher_gap_mean", "teacher_gap_positive_share"} <= rnd.keys()
         assert 0 <= rnd["zero_adv_group_share"] <= 1 and rnd["adv_std"] >= 0
+        assert -1e3 < rnd["adv_token_weighted_mean"] < 1e3
         assert set(run["seconds"]) == {"generate", "extract-skills", "rescore", "train"}
         for split in ("test", "ood"):
             assert set(run["eval"][split]["ci95"]) == set(run["eval"][split]["pass_at_k"])
