@@ -207,7 +207,8 @@ def fake_adapter(folder, rank: int = 8):
 
 
 def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
-    """Successes of 4 samples per test task (ood: 2 of 4 on each of 10 tasks), as `sdarflow evaluate` reports."""
+    """Successes of 4 samples on each of 10 test tasks (ood: 2 of 4 on each of 10), as `sdarflow evaluate`
+    reports."""
 
     def split(counts: list[int]) -> dict:
         pass_at_4 = sum(c > 0 for c in counts) / len(counts)  # with 4 samples: solved at least once
@@ -227,6 +228,9 @@ def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
         "max_new_tokens": 32,
         "history_turns": 4,
         "prompt_format": "command",
+        "first_task": 0,
+        "tasks": 10,
+        "seed": 1234,
     }
     return {
         "adapter": adapter,

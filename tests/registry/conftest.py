@@ -81,6 +81,8 @@ PROTOCOL = {
     "max_new_tokens": 32,
     "history_turns": 4,
     "prompt_format": "command",
+    "first_task": 0,
+    "seed": 1234,
 }
 
 
@@ -94,14 +96,14 @@ def task_report(
         "base_model": "tiny-qwen2",
         "splits": splits,
         "env": "tool-use",
-        "protocol": PROTOCOL,
+        "protocol": PROTOCOL | {"tasks": len(test)},  # evaluate plays as many tasks on every split
     }
 
 
-def _spread(rate: float, reach: float, n: int) -> list[int]:
+def _spread(rate: float, reach: float, n: int, counts: tuple[int, ...] = (20, 50, 100)) -> list[int]:
     """Per-task successes with ``reach`` of the tasks solved at least once and ``rate`` of all samples solved,
-    spread as evenly as they go, on the fewest tasks (20, 50 or 100) that make both whole numbers."""
-    for tasks in (20, 50, 100):
+    spread as evenly as they go, on the fewest tasks (of ``counts``) that make both whole numbers."""
+    for tasks in counts:
         solved, total = reach * tasks, rate * n * tasks
         if abs(solved - round(solved)) < 1e-9 and abs(total - round(total)) < 1e-9:
             solved, total = round(solved), round(total)
@@ -114,8 +116,11 @@ def _spread(rate: float, reach: float, n: int) -> list[int]:
 def eval_report(test1: float, testk: float, ood1: float | None = None, k: int = 4) -> dict:
     """An eval report with test pass@1 ``test1`` and pass@k ``testk`` (and ood pass@1 ``ood1``, each ood task
     solved by all or none of its samples; None leaves the ood split out), with per-task results that agree."""
-    ood = None if ood1 is None else _spread(ood1, ood1, k)
-    return task_report(_spread(test1, testk, k), ood, n=k)
+    test = _spread(test1, testk, k)
+    ood = None if ood1 is None else _spread(ood1, ood1, k, tuple(c for c in (20, 50, 100) if c >= len(test)))
+    if ood is not None and len(ood) > len(test):  # one task count on both splits, as evaluate plays them
+        test = _spread(test1, testk, k, (len(ood),))
+    return task_report(test, ood, n=k)
 
 
 @pytest.fixture

@@ -245,7 +245,7 @@ def test_production_evaluated_again_on_the_candidates_tasks_is_compared_task_by_
     """A scheduled run judges on new tasks: its candidate (3 of 4 on nine of them) looks better than production's
     registered report (2 of 4, on other tasks), but production evaluated on the same tasks does as well (3 of 4
     on all ten), so the paired comparison refuses; a report of a version that is no longer production is not
-    used."""
+    used, and production's registered report, on other tasks, is not compared."""
     reg = reg_with_production
     v = _register(reg, make_adapter, lineage, _on_other_tasks(tasks(GAIN, PROD)))
     same_tasks = _on_other_tasks(tasks([3] * 10, PROD))
@@ -256,10 +256,11 @@ def test_production_evaluated_again_on_the_candidates_tasks_is_compared_task_by_
         reg.promote("agent", v, current_report=(1, same_tasks))
     (check,) = [c for c in reg.audit_log("agent")[-1]["gate_checks"] if c["criterion"] == "min_gain"]
     assert check["paired"] and check["tasks"] == 10
-    # production moved on meanwhile: the registered report it is (unpaired, other tasks)
-    event = reg.promote("agent", v, current_report=(7, same_tasks))
-    assert event["gate"] == "passed" and {c["against"] for c in event["gate_checks"]} == {"production v1"}
-    assert not any(c["paired"] for c in event["gate_checks"])
+    # production moved on meanwhile: its registered report is on other tasks, never compared unpaired
+    with pytest.raises(
+        GateRefused, match="the candidate and production v1 eval reports are on different tasks"
+    ):
+        reg.promote("agent", v, current_report=(7, same_tasks))
 
 
 def test_force_needs_reason_and_is_audited(reg_with_production, make_adapter, lineage, tasks):
@@ -454,6 +455,8 @@ def test_three_of_32_tasks_gaining_one_success_do_not_pass(tasks):
         ("env", "tool-use", "env 'tool-use' vs 'textworld-cooking'"),
         ("temperature", 1.0, "temperature 1.0 vs 0.4"),
         ("max_turns", 8, "max_turns 8 vs 0"),
+        ("first_task", 10, "first_task 10 vs 0"),
+        ("seed", 7, "seed 7 vs 1234"),
     ],
 )
 def test_reports_made_differently_are_not_compared(tasks, field, value, named):
@@ -463,6 +466,9 @@ def test_reports_made_differently_are_not_compared(tasks, field, value, named):
         "max_new_tokens": 0,
         "history_turns": 4,
         "prompt_format": "chat",
+        "first_task": 0,
+        "tasks": len(PROD),
+        "seed": 1234,
     }
     reference = {**tasks(PROD, PROD), "env": "textworld-cooking", "protocol": protocol}
     candidate = {**tasks(GAIN, PROD), "env": "textworld-cooking", "protocol": dict(protocol)}
@@ -534,3 +540,62 @@ def test_a_gate_policy_the_audit_log_did_not_set_is_refused(
     assert (policies.production.min_gain, policies.staging.min_gain) == (0.3, 0.2)
     with pytest.raises(GateRefused, match="not above min_gain 0.30"):
         reg.promote("agent", v)
+
+
+# a gain on 3 of 32 tasks (+.25 each) and 29 ties: the sign-flip bound cannot clear 0, so the paired gate refuses
+FEW_GAINS, FLAT = [3] * 3 + [2] * 29, [2] * 32
+
+
+def _renamed(report: dict, old: str, new: str) -> dict:
+    for split in report["splits"].values():
+        split["task_successes"] = {new if t == old else t: c for t, c in split["task_successes"].items()}
+    return report
+
+
+def test_reports_on_other_tasks_are_refused_not_compared_unpaired(tasks):
+    assert not check_gate(tasks(FEW_GAINS, FLAT), _refs(tasks(FLAT, FLAT))).passed
+    # one unchanged (tied) task renamed: before, an unpaired Welch bound with no sign-flip bound promoted it
+    renamed = _renamed(tasks(FEW_GAINS, FLAT), "task-031", "task-999")
+    verdict = check_gate(renamed, _refs(tasks(FLAT, FLAT)))
+    assert not verdict.passed and verdict.checks == []
+    assert verdict.failures[0].startswith(
+        "test: the candidate and production v1 eval reports are on different tasks (1 only in the candidate's, "
+        "1 only in the other, e.g. task-999)"
+    )
+    # two tasks solved every time against two other tasks never solved: zero variance, was a +1.0 bound
+    two = _renamed(_renamed(tasks([4, 4], [4, 4]), "task-000", "x-0"), "task-001", "x-1")
+    assert "are on different tasks" in check_gate(two, _refs(tasks([0, 0], [0, 0]))).failures[0]
+
+
+def test_a_split_listing_more_tasks_than_its_protocol_evaluated_is_refused(tasks):
+    # every task written twice (t and t-dup) on both sides, twice the tasks for the same evidence
+    def doubled(counts):
+        report = tasks(counts + counts, counts + counts)
+        report["protocol"] = {**report["protocol"], "tasks": len(counts)}
+        return report
+
+    verdict = check_gate(doubled(FEW_GAINS), _refs(doubled(FLAT)))
+    assert not verdict.passed and verdict.checks == []
+    assert (
+        "test of the candidate eval report lists 64 tasks, but its protocol evaluated 32"
+        in verdict.failures[0]
+    )
+
+
+def test_n_tasks_that_disagrees_with_the_listed_tasks_is_refused(tasks):
+    candidate = tasks(GAIN, PROD)
+    candidate["splits"]["test"]["n_tasks"] = 1000
+    verdict = check_gate(candidate, _refs(tasks(PROD, PROD)))
+    assert any("n_tasks 1000 but 10 tasks in task_successes" in f for f in verdict.failures)
+
+
+def test_a_report_file_with_a_key_twice_is_refused(tasks, tmp_path):
+    from sdarflow.errors import StorageError
+    from sdarflow.registry.intake import load_report
+
+    text = json.dumps(tasks(PROD, PROD))
+    # the same split twice: json.loads would keep the second silently
+    path = tmp_path / "report.json"
+    path.write_text(text.replace('"splits": {', '"splits": {"test": {}, ', 1))
+    with pytest.raises(StorageError, match="has the key 'test' twice in one object"):
+        load_report(str(path))

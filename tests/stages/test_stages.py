@@ -167,6 +167,12 @@ def test_evaluate_and_register(chain, tiny_model, tmp_path, capsys):
         report["splits"]["test"]["pass_at_k"]
     ) == {"1", "2"}
     assert out["metrics"]["test/pass@1"] == report["splits"]["test"]["pass_at_k"]["1"]
+    # the task window and the seed are the protocol too: the gate pairs only reports on the same tasks and samples
+    assert {k: report["protocol"][k] for k in ("first_task", "tasks", "seed")} == {
+        "first_task": 0,
+        "tasks": 1,
+        "seed": 1234,
+    }
     reg = str(tmp_path / "registry")
     got = run_cli(
         capsys,

@@ -225,6 +225,10 @@ class SplitReport(FileSchema):
                 raise ConfigError(f"ci95.{k} = [{lo}, {hi}] is not an interval for a reported pass@{k}")
         if not self.task_successes:
             return
+        if self.n_tasks is not None and self.n_tasks != len(self.task_successes):
+            raise ConfigError(
+                f"n_tasks {self.n_tasks} but {len(self.task_successes)} tasks in task_successes"
+            )
         if n is None or any(c > n for c in self.task_successes.values()):
             raise ConfigError(f"task_successes must be counts of at most samples_per_task ({n}) each")
         per_task = sum(self.task_successes.values()) / (n * len(self.task_successes))
@@ -233,8 +237,17 @@ class SplitReport(FileSchema):
 
 
 # The evaluate settings a report records as its protocol (besides its env and each split's samples per task): the
-# gate pairs two reports task by task only when they are equal.
-PROTOCOL = ("temperature", "max_turns", "max_new_tokens", "history_turns", "prompt_format")
+# gate pairs two reports task by task only when they are equal: the same task window and seed, played alike.
+PROTOCOL = (
+    "temperature",
+    "max_turns",
+    "max_new_tokens",
+    "history_turns",
+    "prompt_format",
+    "first_task",
+    "tasks",
+    "seed",
+)
 
 
 @dataclass

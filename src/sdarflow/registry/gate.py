@@ -8,7 +8,8 @@ the same tasks, on the one-sided 95% lower bound ``lower`` of each difference (:
 - ood  pass@1:  ``lower(candidate - reference) >= -ood_tolerance``
 
 and candidate test pass@1 ``> floor``. The two guards catch self-distillation sharpening onto fewer solutions.
-With no reference at all the gate refuses.
+With no reference at all the gate refuses, and so it does for two reports of other tasks or another protocol (env,
+evaluate settings, task window, seed): they are never compared unpaired.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def _signed(x: float) -> str:
 
 
 def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str, Any] | None, str | None]:
-    """The split as the gate compares it (pass@k and per-task results that agree), or what is wrong with it."""
+    """The split as the gate compares it (pass@k and per-task results that agree, as many tasks as its protocol
+    evaluated), or what is wrong with it."""
     splits = report.get("splits")
     entry = splits.get(split) if isinstance(splits, Mapping) else None
     if not isinstance(entry, Mapping):
@@ -128,7 +130,28 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str
             f"{split} of the {who} eval report has no per-task results (samples_per_task, task_successes), "
             f"which the gate compares task by task; fix: evaluate it again with `sdarflow evaluate`"
         )
+    protocol = report.get("protocol")
+    window = protocol.get("tasks") if isinstance(protocol, Mapping) else None
+    if window is not None and window != len(checked.task_successes):
+        return None, (
+            f"{split} of the {who} eval report lists {len(checked.task_successes)} tasks, but its protocol "
+            f"evaluated {window}; fix: evaluate it again with `sdarflow evaluate`"
+        )
     return entry, None
+
+
+def _other_tasks(cand: Mapping[str, Any], ref: Mapping[str, Any], split: str, ref_label: str) -> str | None:
+    """Why two splits are not the same tasks, or None: the gate compares only task by task, never unpaired (a
+    task renamed or dropped must not turn a refused gain into an unpaired pass)."""
+    a, b = set(cand["task_successes"]), set(ref["task_successes"])
+    if a == b:
+        return None
+    only = sorted(a - b)[:3] or sorted(b - a)[:3]
+    return (
+        f"{split}: the candidate and {ref_label} eval reports are on different tasks ({len(a - b)} only in the "
+        f"candidate's, {len(b - a)} only in the other, e.g. {', '.join(only)}); fix: evaluate both on the same "
+        f"tasks (the same env, first_task, tasks and seed)"
+    )
 
 
 def _criterion(d: Difference, split: str, ref: str, threshold: float, strict: bool, name: str) -> dict:
@@ -214,6 +237,10 @@ def _compare(
         checks.append(("test", k, -policy.passk_tolerance, False, "passk_tolerance"))
     if None not in splits["ood"]:
         checks.append(("ood", 1, -policy.ood_tolerance, False, "ood_tolerance"))
+    for split in dict.fromkeys(c[0] for c in checks):
+        if (other := _other_tasks(*splits[split], split, ref)) is not None:
+            verdict.failures.append(other)
+            checks = [c for c in checks if c[0] != split]
     for split, k, threshold, strict, name in checks:
         cand, refd = splits[split]
         record = _criterion(difference(cand, refd, k, CONFIDENCE), split, ref, threshold, strict, name)

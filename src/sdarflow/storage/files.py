@@ -225,9 +225,26 @@ def read_json(uri: str) -> dict:
     return parse_json(read_bytes(uri), uri)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    # json.loads keeps the last of two equal keys: a file that says one thing twice is not one sdarflow wrote
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        keys = [k for k, _ in pairs]
+        raise _DuplicateKey(next(k for k in keys if keys.count(k) > 1))
+    return out
+
+
 def parse_json(raw: bytes, uri: str) -> dict:
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as err:
+        raise StorageError(
+            f"'{uri}' has the key {err.args[0]!r} twice in one object; fix: regenerate it"
+        ) from err
     except RecursionError as err:
         raise StorageError(
             f"'{uri}' is nested too deeply to be a file sdarflow wrote; fix: regenerate it"
