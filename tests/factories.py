@@ -1,18 +1,62 @@
 """Test data factories: a synthetic rescored dataset published the way the rescore stage publishes it, adapter
-weights, metrics lines, and the CLI in a subprocess."""
+weights, a fake PEFT adapter and eval reports bound to it, metrics lines, and the CLI in a subprocess."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tempfile
+from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
 import torch
 
 from sdarflow import storage
+from sdarflow.models.identity import adapter_folder_id
 from sdarflow.schema import RESCORED_SCHEMA
+
+# The base model fingerprint the fake eval reports record (no base model folder behind it)
+FAKE_BASE_ID = "0123456789abcdef"
+
+
+def fake_adapter(folder: Path, rank: int = 8, seed: int = 0) -> Path:
+    """A tiny PEFT-format LoRA adapter folder (adapter_config.json, adapter_model.safetensors) whose content is a
+    function of ``rank`` and ``seed`` alone, so reports bound to one (:func:`bound`) fit every copy."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": ["q_proj", "v_proj"],
+        "base_model_name_or_path": "tiny-qwen2",
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(rank, 16, generator=generator)}
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+@cache
+def fake_adapter_id(rank: int = 8, seed: int = 0) -> str:
+    """The adapter id (``models.identity.adapter_id``) of :func:`fake_adapter` with ``rank`` and ``seed``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return adapter_folder_id(fake_adapter(Path(tmp) / "a", rank, seed))
+
+
+def with_report(adapter: Path, report: dict) -> tuple[Path, dict]:
+    """``(adapter, report bound to it)``: ``reg.register(name, *with_report(make_adapter(seed=1), report(...)))``."""
+    return adapter, bound(report, adapter)
+
+
+def bound(report: dict, adapter: Path | None, base_id: str = FAKE_BASE_ID) -> dict:
+    """``report`` as ``sdarflow evaluate`` records what it evaluated: ``adapter`` (None: the base model) on the
+    base model with fingerprint ``base_id``."""
+    return {**report, "adapter_id": adapter_folder_id(adapter) if adapter else None, "base_id": base_id}
 
 
 def rescored_table(

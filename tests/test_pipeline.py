@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from factories import dag_tasks
+from factories import FAKE_BASE_ID, dag_tasks, fake_adapter, fake_adapter_id
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -194,18 +194,6 @@ def test_demo_dag_with_two_generate_shards(tiny_model, tmp_path):
 # ------------------------------------------------------------------------------------- the promotion pipeline
 
 
-def fake_adapter(folder, rank: int = 8):
-    """A tiny PEFT LoRA adapter folder, as tests/registry/conftest.py builds one."""
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True)
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj"]}
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    save_file({"lora_A.weight": torch.zeros(rank, 16)}, str(folder / "adapter_model.safetensors"))
-    return folder
-
-
 def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
     """Successes of 4 samples on each of 10 test tasks (ood: 2 of 4 on each of 10), as `sdarflow evaluate`
     reports."""
@@ -238,6 +226,8 @@ def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
         "splits": splits,
         "env": "tool-use",
         "protocol": protocol,
+        "adapter_id": None if adapter == "base" else fake_adapter_id(),  # what fake_adapter() makes
+        "base_id": FAKE_BASE_ID,
     }
 
 

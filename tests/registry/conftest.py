@@ -3,12 +3,12 @@ eval reports."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from factories import FAKE_BASE_ID, fake_adapter, fake_adapter_id
 
 
 @pytest.fixture
@@ -30,31 +30,9 @@ def registry_uri(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_adapter(tmp_path: Path) -> Callable[..., Path]:
-    """A tiny PEFT-format LoRA adapter folder: adapter_config.json and adapter_model.safetensors."""
-    import torch
-    from safetensors.torch import save_file
-
+    """A tiny PEFT-format LoRA adapter folder (:func:`tests.factories.fake_adapter`), a new folder each call."""
     counter = iter(range(1_000_000))
-
-    def make(rank: int = 8, seed: int = 0) -> Path:
-        folder = tmp_path / f"adapter-{next(counter)}"
-        folder.mkdir()
-        config = {
-            "peft_type": "LORA",
-            "r": rank,
-            "lora_alpha": 2 * rank,
-            "target_modules": ["q_proj", "v_proj"],
-            "base_model_name_or_path": "tiny-qwen2",
-        }
-        (folder / "adapter_config.json").write_text(json.dumps(config))
-        generator = torch.Generator().manual_seed(seed)
-        tensors = {
-            "base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(rank, 16, generator=generator)
-        }
-        save_file(tensors, str(folder / "adapter_model.safetensors"))
-        return folder
-
-    return make
+    return lambda rank=8, seed=0: fake_adapter(tmp_path / f"adapter-{next(counter)}", rank, seed)
 
 
 def _pass_at(c: int, n: int, k: int) -> float:
@@ -97,6 +75,9 @@ def task_report(
         "splits": splits,
         "env": "tool-use",
         "protocol": PROTOCOL | {"tasks": len(test)},  # evaluate plays as many tasks on every split
+        # evaluated the default make_adapter() (tests.factories.bound binds a report to another adapter)
+        "adapter_id": None if adapter in ("", "base") else fake_adapter_id(),
+        "base_id": FAKE_BASE_ID,
     }
 
 

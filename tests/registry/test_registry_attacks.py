@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import with_report
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -29,7 +30,7 @@ def registry_with_versions(tmp_path, make_adapter, report, lineage) -> str:
 
     reg = Registry(tmp_path / "registry")
     reg.register("pol", make_adapter(), report(0.5, 0.7, 0.4), lineage)
-    reg.register("pol", make_adapter(seed=1), report(0.3, 0.5, 0.3), lineage)
+    reg.register("pol", *with_report(make_adapter(seed=1), report(0.3, 0.5, 0.3)), lineage)
     reg.promote("pol", 1, force=True, reason="test setup")
     return str(tmp_path / "registry")
 
@@ -113,7 +114,9 @@ def test_a_claim_file_cannot_move_the_next_version_out_of_range(
     (claims / "99999999999999999999.json").write_text("{}")  # a stray or hostile claim name
     (claims / "1000000.json").write_text("{}")
     assert (
-        Registry(registry_with_versions).register("pol", make_adapter(seed=2), report(0.5, 0.7, 0.4), lineage)
+        Registry(registry_with_versions).register(
+            "pol", *with_report(make_adapter(seed=2), report(0.5, 0.7, 0.4)), lineage
+        )
         == 3
     )
 

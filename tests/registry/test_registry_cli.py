@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories import with_report
 
 from sdarflow import storage
 from sdarflow.cli.registry import add_arguments
@@ -170,7 +171,7 @@ def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
     from sdarflow.registry import Registry
 
     registry = Registry(local_registry)
-    registry.register("agent", make_adapter(rank=rank), report(0.5, 0.7, 0.4), lineage)
+    registry.register("agent", *with_report(make_adapter(rank=rank), report(0.5, 0.7, 0.4)), lineage)
     registry.promote("agent", 1, force=True, reason="test setup")
     rank_file = tmp_path / "max-lora-rank"
     argv = ["fetch", "--registry", local_registry, "--policy-name", "agent", "--version", "production"]

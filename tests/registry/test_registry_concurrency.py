@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from factories import bound
 
 from sdarflow import storage
 from sdarflow.registry import Registry, RegistryConflict, cas, store
@@ -44,7 +45,8 @@ def test_concurrent_registers_get_distinct_versions(registry_uri, make_adapter, 
     adapters = [make_adapter(seed=i) for i in range(4)]
 
     def register(i: int) -> int:
-        return reg.register("agent", adapters[i], report(0.5, 0.6, 0.4), {**lineage, "run_id": f"run-{i}"})
+        rep = bound(report(0.5, 0.6, 0.4), adapters[i])
+        return reg.register("agent", adapters[i], rep, {**lineage, "run_id": f"run-{i}"})
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         versions = list(pool.map(register, range(4)))

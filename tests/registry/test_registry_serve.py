@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories import with_report
 
 from sdarflow.errors import ModelError
 from sdarflow.registry import Registry, RegistryError, serve_config
@@ -15,10 +16,12 @@ from sdarflow.registry import Registry, RegistryError, serve_config
 @pytest.fixture
 def reg(local_registry, make_adapter, report, lineage):
     reg = Registry(local_registry)
-    reg.register("cook", make_adapter(rank=4), report(0.5, 0.6, 0.4), lineage)
-    reg.register("cook", make_adapter(rank=4), report(0.6, 0.7, 0.5), lineage)
-    reg.register("search", make_adapter(rank=16), report(0.5, 0.6, 0.4), lineage)
-    reg.register("draft", make_adapter(rank=8), report(0.5, 0.6, 0.4), lineage)  # never promoted
+    reg.register("cook", *with_report(make_adapter(rank=4), report(0.5, 0.6, 0.4)), lineage)
+    reg.register("cook", *with_report(make_adapter(rank=4), report(0.6, 0.7, 0.5)), lineage)
+    reg.register("search", *with_report(make_adapter(rank=16), report(0.5, 0.6, 0.4)), lineage)
+    reg.register(
+        "draft", *with_report(make_adapter(rank=8), report(0.5, 0.6, 0.4)), lineage
+    )  # never promoted
     for name, version in (
         ("cook", 1),
         ("cook", 2),
@@ -73,7 +76,7 @@ def test_errors(reg, local_registry):
 
 def test_rank_above_vllm_maximum(local_registry, make_adapter, report, lineage):
     reg = Registry(local_registry)
-    reg.register("big", make_adapter(rank=1024), report(0.5, 0.6, 0.4), lineage)
+    reg.register("big", *with_report(make_adapter(rank=1024), report(0.5, 0.6, 0.4)), lineage)
     reg.promote("big", 1, force=True, reason="test setup")
     with pytest.raises(ModelError, match="LoRA rank 1024 is above vLLM's maximum 512"):
         serve_config(reg, "/models/qwen")

@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import bound, with_report
 
 from sdarflow import storage
 from sdarflow.errors import ConfigError, ModelError, StorageError
+from sdarflow.models.identity import base_fingerprint
 from sdarflow.registry import Registry, RegistryError
 from sdarflow.registry.layout import Layout
 
@@ -18,7 +20,10 @@ def test_round_trip(registry_uri, make_adapter, report, lineage, tmp_path):
     reg = Registry(registry_uri)
     adapter = make_adapter()
     assert reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage, actor="ci") == 1
-    assert reg.register("agent", make_adapter(seed=1), report(0.6, 0.8, 0.5), lineage, actor="ci") == 2
+    assert (
+        reg.register("agent", *with_report(make_adapter(seed=1), report(0.6, 0.8, 0.5)), lineage, actor="ci")
+        == 2
+    )
     assert reg.list_names() == ["agent"]
 
     rows = reg.list_versions("agent")
@@ -52,7 +57,7 @@ def test_fetched_adapter_loads_with_safetensors(local_registry, make_adapter, re
     from safetensors.torch import load_file
 
     reg = Registry(local_registry)
-    reg.register("agent", make_adapter(rank=4), report(0.5, 0.7, 0.4), lineage)
+    reg.register("agent", *with_report(make_adapter(rank=4), report(0.5, 0.7, 0.4)), lineage)
     tensors = load_file(str(reg.fetch_adapter("agent", 1) / "adapter_model.safetensors"))
     assert next(iter(tensors.values())).shape == (4, 16)
 
@@ -61,13 +66,13 @@ def test_versions_are_immutable(registry_uri, make_adapter, report, lineage):
     reg = Registry(registry_uri)
     reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage, version=1)
     with pytest.raises(RegistryError, match="version 1 of 'agent' already exists and versions are immutable"):
-        reg.register("agent", make_adapter(seed=1), report(0.9, 0.9, 0.9), lineage, version=1)
+        reg.register("agent", *with_report(make_adapter(seed=1), report(0.9, 0.9, 0.9)), lineage, version=1)
     # Even bypassing the claim, the published folder refuses to be overwritten.
     with pytest.raises(StorageError, match="already published"):
         storage.publish_dir(make_adapter(seed=2), Layout(reg.uri, "agent").version(1), kind="x")
     assert reg.show("agent", 1)["eval"]["test"]["pass_at_k"]["1"] == 0.5
     # The next automatic number skips the taken one.
-    assert reg.register("agent", make_adapter(seed=3), report(0.5, 0.7, 0.4), lineage) == 2
+    assert reg.register("agent", *with_report(make_adapter(seed=3), report(0.5, 0.7, 0.4)), lineage) == 2
 
 
 @pytest.mark.parametrize(
@@ -187,7 +192,8 @@ def test_an_adapter_is_checked_against_its_base_model(
     local_registry, lora_adapter, tiny_model, report, lineage
 ):
     reg = Registry(local_registry)
-    assert reg.register("agent", lora_adapter, report(0.5, 0.7, 0.4), lineage, base_model=tiny_model) == 1
+    rep = bound(report(0.5, 0.7, 0.4), lora_adapter, base_fingerprint(str(tiny_model)))
+    assert reg.register("agent", lora_adapter, rep, lineage, base_model=tiny_model) == 1
     assert reg._manifest(reg._layout("agent"), 1)["checked_against_base"] == str(tiny_model)
 
 
@@ -199,7 +205,7 @@ def test_an_s3_base_is_checked_where_it_is(
     import shutil
 
     from sdarflow import storage
-    from sdarflow.models.identity import BASE_FILE, base_fingerprint, weight_shapes
+    from sdarflow.models.identity import BASE_FILE, weight_shapes
 
     base = storage.join(s3_root, "models", "tiny")
     for f in Path(tiny_model).iterdir():
@@ -209,7 +215,8 @@ def test_an_s3_base_is_checked_where_it_is(
     assert weight_shapes(base) == weight_shapes(str(tiny_model)) != {}
     monkeypatch.setenv("SDARFLOW_CACHE", str(tmp_path / "cache"))
     reg = Registry(local_registry)
-    assert reg.register("agent", lora_adapter, report(0.5, 0.7, 0.4), lineage, base_model=base) == 1
+    rep = bound(report(0.5, 0.7, 0.4), lora_adapter, base_fingerprint(base))
+    assert reg.register("agent", lora_adapter, rep, lineage, base_model=base) == 1
     assert reg._manifest(reg._layout("agent"), 1)["checked_against_base"] == base
     assert not (tmp_path / "cache").exists()  # the model was not copied
     other = tmp_path / "other-base"
@@ -299,7 +306,53 @@ def test_real_peft_adapters_of_every_shape_fit_their_base(
     model = get_peft_model(load_policy(str(tiny_model), device="cpu").model, LoraConfig(r=4, **lora))
     model.save_pretrained(tmp_path / "adapter")
     reg = Registry(local_registry)
-    assert (
-        reg.register("agent", tmp_path / "adapter", report(0.5, 0.7, 0.4), lineage, base_model=tiny_model)
-        == 1
-    )
+    rep = bound(report(0.5, 0.7, 0.4), tmp_path / "adapter", base_fingerprint(str(tiny_model)))
+    assert reg.register("agent", tmp_path / "adapter", rep, lineage, base_model=tiny_model) == 1
+
+
+# ------------------------------------------------------------------- a report is bound to what it judges
+
+
+def test_a_report_of_another_adapter_is_refused(local_registry, make_adapter, report, lineage):
+    reg = Registry(local_registry)
+    # report() evaluated the default adapter; seed 1 is another one with the same config
+    with pytest.raises(ConfigError, match=r"the eval report evaluated another adapter \('file:///a', id "):
+        reg.register("agent", make_adapter(seed=1), report(0.5, 0.7, 0.4), lineage)
+    assert reg.list_names() == []
+
+
+def test_the_base_models_own_report_is_not_an_adapters(local_registry, make_adapter, tasks, lineage):
+    with pytest.raises(
+        ConfigError, match=r"does not record which adapter it evaluated \(adapter_id: it evaluated 'base'"
+    ):
+        Registry(local_registry).register("agent", make_adapter(), tasks([2] * 10, adapter="base"), lineage)
+
+
+def test_a_report_on_another_base_model_is_refused(local_registry, lora_adapter, tiny_model, report, lineage):
+    reg = Registry(local_registry)
+    rep = bound(report(0.5, 0.7, 0.4), lora_adapter)  # the fake base fingerprint, not tiny_model's
+    with pytest.raises(ConfigError, match="evaluated the adapter on another base model"):
+        reg.register("agent", lora_adapter, rep, lineage, base_model=tiny_model)
+    # a report that does not say which base it ran on cannot be shown to be this one's
+    with pytest.raises(ConfigError, match=r"does not record the base model it evaluated \(base_id\)"):
+        reg.register("agent", lora_adapter, {**rep, "base_id": None}, lineage, base_model=tiny_model)
+
+
+def test_a_base_eval_report_of_another_base_model_is_refused(local_registry, make_adapter, tasks, lineage):
+    base_report = {**tasks([1] * 10, adapter="base"), "base_id": "fedcba9876543210"}
+    with pytest.raises(ConfigError, match="the base eval report is of another base model"):
+        Registry(local_registry).register(
+            "agent", make_adapter(), tasks([2] * 10), lineage, base_eval_report=base_report
+        )
+
+
+def test_production_evaluated_again_must_be_productions_adapter(local_registry, make_adapter, tasks, lineage):
+    reg = Registry(local_registry)
+    flat = [2] * 10
+    reg.register("agent", make_adapter(), tasks(flat, flat), lineage)
+    reg.promote("agent", 1, force=True, reason="test setup")
+    reg.register("agent", *with_report(make_adapter(seed=1), tasks([3] * 10, flat)), lineage)
+    # "production evaluated again" made with another adapter (the candidate's own, seed 1)
+    again = bound(tasks([1] * 10, flat), make_adapter(seed=1))
+    with pytest.raises(ConfigError, match="the report of agent v1 evaluated again evaluated another adapter"):
+        reg.promote("agent", 2, current_report=(1, again))

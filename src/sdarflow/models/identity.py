@@ -20,6 +20,30 @@ log = logging.getLogger(__name__)
 BASE_FILE = "base_model.json"
 
 
+def adapter_files(names: Iterable[str]) -> list[str]:
+    """The files that make an adapter what it computes: its PEFT config and weights (not a card, lineage, a carried
+    optimizer or the registry's own files)."""
+    return sorted(n for n in names if n == "adapter_config.json" or n.startswith("adapter_model"))
+
+
+def adapter_id(sha256s: Mapping[str, str]) -> str:
+    """An adapter's identity from its files' sha256 digests (file name -> digest; :func:`adapter_files` count):
+    the sha256 of their sorted ``name:digest`` lines. A published artifact's manifest holds the digests, so a
+    registered version's identity needs no weight read."""
+    lines = "".join(f"{n}:{sha256s[n]}\n" for n in adapter_files(sha256s))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def adapter_folder_id(folder: str | Path) -> str:
+    """:func:`adapter_id` of a local adapter folder, its files hashed in full."""
+    from sdarflow import storage
+
+    root = Path(folder)
+    return adapter_id(
+        {n: storage.file_sha256(root / n) for n in adapter_files(p.name for p in root.iterdir())}
+    )
+
+
 def check_model_dir(path: str) -> Path:
     """``path`` as a local HF model folder whose config and tokenizer config load without the folder's own code
     (ModelError otherwise). A config's ``auto_map`` names Python shipped in the folder; transformers would ask on

@@ -177,6 +177,47 @@ def load_base_report(base_report: Mapping[str, Any] | str | Path) -> dict[str, A
     return report
 
 
+def check_bound(
+    report: Mapping[str, Any],
+    adapter: str,
+    base_id: str | None,
+    base_report: Mapping[str, Any] | None = None,
+    what: str = "the eval report",
+) -> None:
+    """Refuse (ConfigError) a ``report`` that did not evaluate the adapter whose :func:`adapter_id` is ``adapter``
+    on the base model whose fingerprint is ``base_id`` (None: not known here, so only ``base_report`` is
+    compared), or a ``base_report`` of another base model: the gate must judge what it is shown."""
+    fix = "fix: evaluate this adapter with `sdarflow evaluate --adapter ...` and register it with that report"
+    recorded = report.get("adapter_id")
+    if not recorded:
+        raise ConfigError(
+            f"{what} does not record which adapter it evaluated (adapter_id: it evaluated "
+            f"{report.get('adapter')!r}, or was made by an older sdarflow); {fix}"
+        )
+    if recorded != adapter:
+        raise ConfigError(
+            f"{what} evaluated another adapter ({report.get('adapter')!r}, id {str(recorded)[:12]}) than this one "
+            f"(id {adapter[:12]}); {fix}"
+        )
+    evaluated_on = report.get("base_id")
+    if not evaluated_on:
+        raise ConfigError(
+            f"{what} does not record the base model it evaluated (base_id); fix: evaluate it again with "
+            f"`sdarflow evaluate`"
+        )
+    if base_id is not None and evaluated_on != base_id:
+        raise ConfigError(
+            f"{what} evaluated the adapter on another base model (fingerprint {evaluated_on}) than the one it is "
+            f"registered with ({base_id}); fix: evaluate it on this base model (--model)"
+        )
+    if base_report is not None and base_report.get("base_id") != evaluated_on:
+        raise ConfigError(
+            f"the base eval report is of another base model (fingerprint {base_report.get('base_id')}) than the "
+            f"adapter's eval report ({evaluated_on}); fix: pass the evaluate output of the same base model, made "
+            f"without --adapter"
+        )
+
+
 def stage_version(
     adapter_dir: Path,
     report: Mapping[str, Any],

@@ -23,7 +23,7 @@ from sdarflow import storage
 from sdarflow.config import FileSchema, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
-from sdarflow.models.identity import lora_rank
+from sdarflow.models.identity import adapter_folder_id, adapter_id, base_fingerprint, lora_rank
 from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
@@ -188,6 +188,9 @@ class Registry:
         base = intake.checked_base(adapter_dir, adapter_config, base_model)
         report = intake.load_report(eval_report)
         base_report = None if base_eval_report is None else intake.load_base_report(base_eval_report)
+        intake.check_bound(
+            report, adapter_folder_id(adapter_dir), base_fingerprint(base) if base else None, base_report
+        )
         if not isinstance(lineage, Mapping):
             raise ConfigError(
                 f"lineage must be a JSON object, got {type(lineage).__name__}; fix: pass a dict"
@@ -491,7 +494,12 @@ class Registry:
             label, production = f"{stage} v{current}", self._eval_report(layout, current)
             if current_report is not None and current_report[0] == current:
                 where = f"of {layout.name} v{current} evaluated again"
-                label, production = f"{label} (same tasks)", intake.validate_report(current_report[1], where)
+                again = intake.validate_report(current_report[1], where)
+                files = {e["path"]: e["sha256"] for e in self._manifest(layout, current)["files"]}
+                intake.check_bound(
+                    again, adapter_id(files), candidate.get("base_id"), what=f"the report {where}"
+                )
+                label, production = f"{label} (same tasks)", again
             elif current_report is not None:
                 log.warning(
                     "%s %s moved from v%d to v%d during the run: the gate compares with v%d's registered report",

@@ -108,13 +108,14 @@ def _play(cfg: EvaluateConfig, split: str, suite, engine, params) -> list[dict]:
 @once(REPORT_KIND)
 def run(cfg: EvaluateConfig) -> dict:
     from sdarflow.evaluate.metrics import build_report
+    from sdarflow.models.identity import adapter_folder_id, base_fingerprint
     from sdarflow.stages.generate import open_engine
 
     require("evaluate", model=cfg.model, output=cfg.output)
     check_available(cfg.tracking_uri)
     suite = get_suite(cfg.env)
     baseline = _baseline(cfg)  # a bad baseline report fails here, before any episode
-    engine, params = open_engine(cfg, suite)
+    engine, params, adapter = open_engine(cfg, suite)
     try:
         results = [row for split in cfg.splits for row in _play(cfg, split, suite, engine, params)]
     finally:
@@ -123,6 +124,9 @@ def run(cfg: EvaluateConfig) -> dict:
         results,
         adapter=cfg.adapter or BASE_ADAPTER,
         base_model=cfg.model,
+        # what was evaluated, by content: register refuses a report of another adapter or base model
+        adapter_id=adapter_folder_id(adapter) if adapter else None,
+        base_id=base_fingerprint(cfg.model),
         config_hash=cfg.config_hash(),
         env=cfg.env,
         # what the gate requires to be equal before it pairs two reports task by task

@@ -153,13 +153,14 @@ def rollout_params(cfg: StageConfig, suite, engine) -> RolloutParams:
 
 
 def open_engine(cfg: StageConfig, suite, vllm_options=None) -> tuple:
-    """The generation engine of a generate or evaluate ``cfg`` (its adapter verified) and its ``rollout_params``."""
+    """The generation engine of a generate or evaluate ``cfg`` (its adapter verified), its ``rollout_params`` and
+    the adapter's local folder (None without one)."""
     from sdarflow.rollout.engine import load_engine
 
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
     kwargs = {"batch_size": cfg.batch_size, "vllm_options": vllm_options, "device": cfg.device}
     engine = load_engine(cfg.engine, cfg.model, adapter, **kwargs)
-    return engine, rollout_params(cfg, suite, engine)
+    return engine, rollout_params(cfg, suite, engine), adapter
 
 
 @once("trajectories")
@@ -178,7 +179,7 @@ def run(cfg: GenerateConfig) -> dict:
         max_num_seqs=cfg.batch_size,
         enforce_eager=cfg.vllm_enforce_eager,
     )
-    engine, params = open_engine(cfg, suite, vllm_options)
+    engine, params, _ = open_engine(cfg, suite, vllm_options)
     try:
         result = run_rollout(
             engine,
