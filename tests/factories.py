@@ -76,7 +76,9 @@ def rescored_table(
             won = ep % 2 == 1
             for turn in range(turns):
                 resp = torch.randint(5, 500, (resp_len,), generator=gen).tolist()
-                old = (-torch.rand(resp_len, generator=gen) * 3).tolist()
+                old = (
+                    -0.3 - torch.rand(resp_len, generator=gen) * 3
+                ).tolist()  # teacher's old + 0.3 stays <= 0
                 rows.append(
                     {
                         "run_id": "test",

@@ -90,7 +90,58 @@ def validate(table: pa.Table, schema: pa.Schema, dataset: str) -> pa.Table:
             )
     table = table.select(schema.names)
     _check_token_alignment(table, dataset)
+    _check_values(table, dataset)
     return table
+
+
+# A log-probability is <= 0; float32 log_softmax may round a near-certain token a hair above it.
+_LOGPROB_MAX = 1e-3
+
+
+def _first_bad(column: pa.ChunkedArray, bad_value) -> int | None:
+    """The row of ``column`` (a list column) holding the first value for which ``bad_value`` is true, or None."""
+    column = column.combine_chunks()
+    values = pc.list_flatten(column)
+    if len(values) == 0:
+        return None
+    bad = bad_value(values)
+    if not pc.any(bad).as_py():
+        return None
+    return pc.list_parent_indices(column)[pc.index(bad, True).as_py()].as_py()
+
+
+def _check_values(table: pa.Table, dataset: str) -> None:
+    """Values no model writes: a log-prob that is NaN, infinite or above 0 (it would train and publish, or put NaN
+    in a manifest), a negative token id."""
+    for name in _TOKEN_ALIGNED:
+        if name in table.column_names:
+            row = _first_bad(
+                table[name], lambda v: pc.or_(pc.invert(pc.is_finite(v)), pc.greater(v, _LOGPROB_MAX))
+            )
+            if row is not None:
+                raise SchemaError(
+                    f"{dataset}: row {row} has a '{name}' value that is not a log-probability (NaN, infinite or "
+                    f"above 0); fix: regenerate the dataset with the stage that writes it"
+                )
+    for name in ("prompt_token_ids", "response_token_ids"):
+        if (
+            name in table.column_names
+            and (row := _first_bad(table[name], lambda v: pc.less(v, 0))) is not None
+        ):
+            raise SchemaError(f"{dataset}: row {row} has a negative '{name}'; fix: regenerate the dataset")
+
+
+def check_vocab(table: pa.Table, vocab_size: int, dataset: str, model: str) -> None:
+    """SchemaError unless every token id of ``table`` is below ``vocab_size`` (the model's): an id beyond it
+    would end as an IndexError in the embedding."""
+    for name in ("prompt_token_ids", "response_token_ids"):
+        if name in table.column_names:
+            row = _first_bad(table[name], lambda v: pc.greater_equal(v, vocab_size))
+            if row is not None:
+                raise SchemaError(
+                    f"{dataset}: row {row} has a '{name}' id >= the vocabulary size {vocab_size} of model "
+                    f"'{model}'; fix: pass the base model the dataset was generated with"
+                )
 
 
 def _check_token_alignment(table: pa.Table, dataset: str) -> None:

@@ -40,3 +40,13 @@ def test_register_writes_a_model_card(local_registry, make_adapter, tasks):
         "vllm serve s3://models/qwen\\-7b \\-\\-enable\\-lora" in body
         or "vllm serve s3://models/qwen-7b" in body
     )
+
+
+def test_the_cards_commands_quote_a_base_named_by_lineage(local_registry, make_adapter, tasks):
+    """Lineage is data: a base model named like a shell command stays one argument in the card's lines."""
+    hostile = "m; touch /tmp/pwned"
+    reg = Registry(local_registry)
+    version = reg.register("agent", make_adapter(), tasks([2] * 10, [2] * 10), {"base_model": hostile})
+    card = (Path(reg.fetch_adapter("agent", version)) / "README.md").read_text()
+    assert "vllm serve 'm; touch /tmp/pwned' " in card.replace("\\", "")
+    assert "from_pretrained('m; touch /tmp/pwned')" in card.replace("\\", "")

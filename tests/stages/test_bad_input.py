@@ -65,40 +65,57 @@ def fake_dataset(folder: Path, table: pa.Table) -> str:
     return str(folder)
 
 
-def test_missing_column(tmp_path, capsys, tiny_model):
-    src = fake_dataset(
-        tmp_path / "in", pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA).drop_columns(["reward"])
-    )
+def rescore_refuses(tmp_path, capsys, tiny_model, table: pa.Table, *expected: str) -> None:
+    """rescore of ``table`` (written by hand) fails in one line with ``expected`` and publishes nothing."""
+    src = fake_dataset(tmp_path / "in", table)
     out = tmp_path / "out"
-    fails(
-        capsys,
-        [
-            "rescore",
-            "--input",
-            src,
-            "--skills",
-            str(tiny_model / "seed_skills"),
-            "--model",
-            str(tiny_model),
-            "--output",
-            str(out),
-        ],
-        f"dataset {src}",
-        "missing required column 'reward'",
-    )
+    skills = str(tiny_model / "seed_skills")
+    argv = ["rescore", "--input", src, "--skills", skills, "--model", str(tiny_model), "--output", str(out)]
+    fails(capsys, argv, f"dataset {src}", *expected)
     assert not out.exists()
 
 
-def test_mismatched_list_lengths(tmp_path, capsys):
+def test_missing_column(tmp_path, capsys, tiny_model):
+    table = pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA).drop_columns(["reward"])
+    rescore_refuses(tmp_path, capsys, tiny_model, table, "missing required column 'reward'")
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "value", "message"),
+    [
+        (1, "rollout_logprobs", [-1.0], "row 1 has 1 'rollout_logprobs' for 2 response tokens"),
+        *[
+            (
+                1,
+                "rollout_logprobs",
+                [-1.0, v],
+                "row 1 has a 'rollout_logprobs' value that is not a log-probability",
+            )
+            for v in (float("nan"), float("inf"), 1e30)  # no model writes them: refused where they enter
+        ],
+        (0, "prompt_token_ids", [1, -5], "row 0 has a negative 'prompt_token_ids'"),
+    ],
+)
+def test_rows_no_stage_writes_are_refused(tmp_path, capsys, row, column, value, message):
     bad = rows()
-    bad[1]["rollout_logprobs"] = [-1.0]
+    bad[row][column] = value
     src = fake_dataset(tmp_path / "in", pa.Table.from_pylist(bad, schema=TRAJECTORY_SCHEMA))
-    fails(
-        capsys,
-        ["extract-skills", "--input", src, "--output", str(tmp_path / "out")],
-        "row 1 has 1 'rollout_logprobs' for 2 response tokens",
-    )
+    fails(capsys, ["extract-skills", "--input", src, "--output", str(tmp_path / "out")], message)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_token_id_beyond_the_models_vocabulary_is_refused_before_scoring(tmp_path, capsys, tiny_model):
+    bad = rows()
+    bad[1]["response_token_ids"] = [3, 10**8]
+    table = pa.Table.from_pylist(bad, schema=TRAJECTORY_SCHEMA)
+    rescore_refuses(
+        tmp_path,
+        capsys,
+        tiny_model,
+        table,
+        "row 1 has a 'response_token_ids' id >= the vocabulary size",
+        "fix: pass the base model the dataset was generated with",
+    )
 
 
 def test_no_manifest(tmp_path, capsys):

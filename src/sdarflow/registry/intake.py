@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -329,10 +330,14 @@ def model_card(
             "fetch",
             f"sdarflow registry fetch --registry REGISTRY --policy-name {name} --version {version} --output DIR",
         ),
-        ("serve with vLLM", f"vllm serve {base or 'BASE'} --enable-lora --lora-modules {name}=DIR"),
+        # lineage is data: quoted for the shell and Python, so a base named `x; rm -rf ~` stays a name
+        (
+            "serve with vLLM",
+            f"vllm serve {shlex.quote(base or 'BASE')} --enable-lora --lora-modules {name}=DIR",
+        ),
         (
             "load with PEFT",
-            f"PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('{base or 'BASE'}'), DIR)",
+            f"PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base or 'BASE'!r}), DIR)",
         ),
     ]
     doc = Report(

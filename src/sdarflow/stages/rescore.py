@@ -20,7 +20,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt, model_device, precision_opt, resolve_device, weights_dtype
 from sdarflow.rollout.prompt import SKILL_PLACES
-from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA
+from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA, check_vocab
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher import TEACHER_WEIGHTS
@@ -165,6 +165,12 @@ def run(cfg: RescoreConfig) -> dict:
     dtype = weights_dtype(cfg.precision, resolve_device(cfg.device))
     policy = load_policy(
         cfg.model, adapter, device=cfg.device, dtype=dtype, flash_attention=cfg.batching == "padded"
+    )
+    check_vocab(
+        table,
+        policy.model.get_input_embeddings().weight.shape[0],
+        f"dataset {', '.join(cfg.input)}",
+        cfg.model,
     )
     rows = table.select(
         ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 
 from sdarflow import storage
@@ -28,6 +29,7 @@ from sdarflow.errors import ConfigError
 from sdarflow.extensions.options import TrainOptions
 from sdarflow.extensions.train_round import RoundOptions
 from sdarflow.models.device import precision_opt, resolve_device, weights_dtype
+from sdarflow.schema import check_vocab
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.tracking import check_available, tracking_opt
 from sdarflow.train.checkpoint import checkpointing
@@ -248,6 +250,11 @@ def _train(cfg: TrainConfig) -> dict:
     cfg, rl_step = resolve_objective(cfg, rows)
     torch.manual_seed(cfg.seed)  # LoRA initialization
     policy, model, options = build_model(cfg)
+    ids = ("prompt_token_ids", "response_token_ids")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    check_vocab(
+        pa.table({k: [r[k] for r in rows] for k in ids}), vocab, f"dataset {', '.join(cfg.input)}", cfg.model
+    )
     # what the base loaded as (DeepSpeed on a GPU then trains bf16 copies of any float32 weights)
     weights = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     engine = make_engine(
