@@ -350,12 +350,16 @@ def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_
     assert started(stage_settings=moved) == (8, [8, 12], {3})
     assert started(data_cursor="fixed") == (7, [0, 4], {0})  # to reproduce a run
     assert started(env="search-qa") == (7, [0, 4], {0})  # another env's tasks are another sequence
-    bad = {"cursor": {"env": pc.env, "next_task": -1, "seed": 0}}
-    registry.register("sdar-policy", fake_adapter(tmp_path / "a5"), eval_report([1] * 10), bad)
-    with pytest.raises(
-        ConfigError, match=r"v5's lineage: cursor: next_task = -1 must be >= 0 .*; fix: run with"
-    ):
-        started()
+    # a version registered by hand with an earlier cursor (another seed too) cannot rewind the tasks
+    rewound = {"cursor": {**cursor, "next_task": 0, "next_eval_task": 0, "seed": 20}}
+    registry.register("sdar-policy", fake_adapter(tmp_path / "a5"), eval_report([1] * 10), rewound)
+    assert started() == (21, [8, 12], {3})  # the furthest tasks, the newest seed + 1
+    # a cursor that is not one is refused at register, so it can never fail a later scheduled run
+    problems = (({"next_task": -1}, "next_task = -1 must be >= 0"), ({"seed": "x"}, "seed"))
+    for i, (bad, problem) in enumerate(problems):
+        adapter, lineage = fake_adapter(tmp_path / f"bad{i}"), {"cursor": {**cursor, **bad}}
+        with pytest.raises(ConfigError, match=f"lineage: cursor: {problem}"):
+            registry.register("sdar-policy", adapter, eval_report([1] * 10), lineage)
 
 
 def test_a_run_that_would_train_nothing_new_is_skipped(registry_with_production, tmp_path):

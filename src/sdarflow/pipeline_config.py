@@ -361,20 +361,32 @@ def prepare(pc: PipelineConfig) -> str:
 
 
 def continue_cursor(pc: PipelineConfig) -> None:
-    """``data_cursor=continue``: start where the newest version of ``policy_name`` registered on this env stopped
-    (its lineage's cursor), with the next seed. Every registered version counts, promoted or not, so a refused
-    promotion does not replay its tasks; with no such version the settings stay."""
-    from sdarflow.stages.register import Cursor
+    """``data_cursor=continue``: start where the versions of ``policy_name`` registered on this env stopped (their
+    lineages' cursors: the furthest train and evaluation task, so a version registered by hand with an earlier
+    cursor cannot rewind the tasks later runs are judged on) with the newest one's seed + 1. Every registered
+    version counts, promoted or not, so a refused promotion does not replay its tasks; a cursor that is not one
+    (registered before register checked them) is skipped with a warning; with none the settings stay."""
+    from sdarflow.registry.intake import Cursor
 
     registry = Registry(pc.registry)
+    cursors: list[tuple[int, Cursor]] = []  # newest first
     for version in reversed(registry.versions(pc.policy_name)):
         recorded = registry.lineage(pc.policy_name, version).get("cursor")
-        if isinstance(recorded, dict) and recorded.get("env") == pc.env:
-            break
-    else:
+        if not (isinstance(recorded, dict) and recorded.get("env") == pc.env):
+            continue
+        try:
+            cursors.append((version, Cursor.check(recorded, f"'{pc.policy_name}' v{version}'s cursor", "")))
+        except ConfigError as err:
+            log.warning("data cursor: skipped (%s)", err)
+    if not cursors:
         return
-    where = f"'{pc.policy_name}' v{version}'s lineage: cursor"
-    cursor = Cursor.check(recorded, where, "fix: run with data_cursor fixed and set first_task and seed")
+    version, newest = cursors[0]
+    cursor = Cursor(
+        env=pc.env,
+        next_task=max(c.next_task for _, c in cursors),
+        seed=newest.seed,
+        next_eval_task=max(c.next_eval_task for _, c in cursors),
+    )
     seed = (cursor.seed + 1) % (MAX_SEED + 1)
     generate = {**pc.stage_settings.get("generate", {}), "first_task": cursor.next_task}
     if "seed" in generate:  # where generate's seed is set, the new one goes

@@ -13,10 +13,12 @@ import os
 import shlex
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sdarflow import storage
+from sdarflow.config import MAX_SEED, Checked, opt
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalReport
 from sdarflow.models.identity import check_adapter, lora_rank, safetensors_shapes, weight_shapes
@@ -24,6 +26,32 @@ from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RES
 from sdarflow.report import Report, Section, markdown, with_interval
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Cursor(Checked):
+    """Where a run's train tasks stopped (a version's lineage records it): the next unplayed task of the env's
+    train split, the base seed the run sampled with, and the next evaluation task (the gate's tasks move on too:
+    a gate that sees the same tasks every night is tuned to them)."""
+
+    strict: ClassVar[bool] = True
+
+    env: str = opt("", "the environment suite")
+    next_task: int = opt(0, "index of the first train task not played yet", ge=0)
+    seed: int = opt(0, "the run's base seed", ge=0, le=MAX_SEED)
+    next_eval_task: int = opt(0, "index of the first test and ood task not evaluated yet", ge=0)
+
+
+CURSOR_FIX = 'fix: e.g. {"env": "search-qa", "next_task": 48, "seed": 1, "next_eval_task": 32}'
+
+
+def check_lineage(lineage: Any) -> None:
+    """ConfigError unless ``lineage`` is a JSON object whose data cursor, if it has one, is one (a poisoned cursor
+    would fail every later scheduled run that continues from it)."""
+    if not isinstance(lineage, Mapping):
+        raise ConfigError(f"lineage must be a JSON object, got {type(lineage).__name__}; fix: pass a dict")
+    if lineage.get("cursor") is not None:
+        Cursor.check(lineage["cursor"], "lineage: cursor", CURSOR_FIX)
 
 
 def _link_or_copy(src: str, dst: str) -> str:

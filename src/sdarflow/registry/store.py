@@ -191,10 +191,7 @@ class Registry:
         intake.check_bound(
             report, adapter_folder_id(adapter_dir), base_fingerprint(base) if base else None, base_report
         )
-        if not isinstance(lineage, Mapping):
-            raise ConfigError(
-                f"lineage must be a JSON object, got {type(lineage).__name__}; fix: pass a dict"
-            )
+        intake.check_lineage(lineage)
         actor = actor or default_actor()
 
         with tempfile.TemporaryDirectory(prefix="sdarflow-register-") as tmp:

@@ -6,28 +6,15 @@ from __future__ import annotations
 import logging
 import tempfile
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from sdarflow import storage
-from sdarflow.config import MAX_SEED, Checked, StageConfig, opt
+from sdarflow.config import StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME
+from sdarflow.registry.intake import CURSOR_FIX, Cursor
 from sdarflow.stages.common import require
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Cursor(Checked):
-    """Where a run's train tasks stopped (a version's lineage records it): the next unplayed task of the env's
-    train split, the base seed the run sampled with, and the next evaluation task (the gate's tasks move on too:
-    a gate that sees the same tasks every night is tuned to them)."""
-
-    strict: ClassVar[bool] = True
-
-    env: str = opt("", "the environment suite")
-    next_task: int = opt(0, "index of the first train task not played yet", ge=0)
-    seed: int = opt(0, "the run's base seed", ge=0, le=MAX_SEED)
-    next_eval_task: int = opt(0, "index of the first test and ood task not evaluated yet", ge=0)
 
 
 @dataclass
@@ -68,9 +55,7 @@ class RegisterConfig(StageConfig):
 
     def validate(self) -> None:
         if self.cursor:
-            Cursor.check(
-                self.cursor, "register: cursor", 'fix: e.g. {"env": "search-qa", "next_task": 48, "seed": 1}'
-            )
+            Cursor.check(self.cursor, "register: cursor", CURSOR_FIX)
 
 
 Config = RegisterConfig  # the stage's exports are Config and run (sdarflow.stages)
