@@ -175,6 +175,23 @@ def test_a_model_rebuilt_at_the_same_path_is_a_new_request(tiny_model, tmp_path,
     assert main([*argv, "--overwrite"]) == 0
 
 
+def test_an_unpublished_adapter_changed_in_place_is_a_new_request(tiny_model, lora_adapter, tmp_path, capsys):
+    """An adapter folder made by hand (--allow-unpublished) has no manifest to tell its versions apart: its files
+    are hashed, so after they change a rerun is another request, not a stale "already holds" result."""
+    from safetensors.torch import load_file, save_file
+
+    adapter, out = tmp_path / "adapter", tmp_path / "o"
+    shutil.copytree(lora_adapter, adapter)
+    (adapter / storage.MANIFEST).unlink(missing_ok=True)  # as if made by hand
+    argv = generate(tiny_model, out, "--env", "tool-use", "--tasks", "2", "--max-turns", "2")
+    argv += ["--adapter", str(adapter), "--allow-unpublished"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    weights = adapter / "adapter_model.safetensors"
+    save_file({k: v * 2 for k, v in load_file(str(weights)).items()}, str(weights))
+    fails(capsys, argv, "already published by another generate request")
+
+
 def test_an_adapter_from_before_weight_fingerprints_still_loads(
     tiny_model, lora_adapter, tmp_path, capsys, caplog
 ):

@@ -64,16 +64,25 @@ def local_artifact(
     )
 
 
-def content_id(uri: str) -> str | None:
+def content_id(uri: str, read: bool = False) -> str | None:
     """What is at ``uri`` now, for telling a rerun from a new request: a published artifact's manifest hash, a local
-    model folder's base fingerprint (a model rebuilt at the same path is another input), else None."""
+    model folder's base fingerprint (a model rebuilt at the same path is another input), and for an input the stage
+    ``read``s, any other local folder's files hashed in full (an unpublished adapter changed in place is another
+    input; a registry or checkpoint folder, which a stage writes, is not hashed); else None."""
     if storage.is_published(uri):
         return hashlib.sha256(storage.read_bytes(storage.join(uri, storage.MANIFEST))).hexdigest()
-    if "://" not in uri and (Path(uri) / "config.json").is_file():
+    folder = Path(uri)
+    if "://" in uri or not folder.is_dir():
+        return None
+    if (folder / "config.json").is_file():
         from sdarflow.models.identity import base_fingerprint
 
         return base_fingerprint(uri)
-    return None
+    if not read:
+        return None
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    lines = "".join(f"{p.relative_to(folder).as_posix()}:{storage.file_sha256(p)}\n" for p in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def request_hash(cfg: StageConfig) -> str:
@@ -86,7 +95,7 @@ def request_hash(cfg: StageConfig) -> str:
             values = getattr(cfg, f.name)
             for uri in values if isinstance(values, list) else [values]:
                 if isinstance(uri, str) and uri:
-                    inputs[uri] = content_id(uri)
+                    inputs[uri] = content_id(uri, read=bool(f.metadata.get("reads")))
     return content_hash({"stage": cfg.stage, "version": __version__, "inputs": inputs, **request}, 16)
 
 
