@@ -63,6 +63,10 @@ RESCORED_SCHEMA = pa.schema(TRAJECTORY_FIELDS + RESCORE_FIELDS)
 
 SCHEMAS: dict[str, pa.Schema] = {"trajectories": TRAJECTORY_SCHEMA, "rescored": RESCORED_SCHEMA}
 
+# The policy_version of rows no policy sampled (generate --policy expert: walkthroughs for SFT); their
+# rollout_logprobs are NaN.
+EXPERT_POLICY = "expert"
+
 # Per-token columns that must have one entry per response token.
 _TOKEN_ALIGNED = ("rollout_logprobs", "old_logprobs", "teacher_logprobs", "ref_logprobs")
 
@@ -98,25 +102,34 @@ def validate(table: pa.Table, schema: pa.Schema, dataset: str) -> pa.Table:
 _LOGPROB_MAX = 1e-3
 
 
-def _first_bad(column: pa.ChunkedArray, bad_value) -> int | None:
-    """The row of ``column`` (a list column) holding the first value for which ``bad_value`` is true, or None."""
+def _first_bad(column: pa.ChunkedArray, bad_value, rows: pa.Array | None = None) -> int | None:
+    """The row of ``column`` (a list column; only the ``rows`` that are true, when given) holding the first value
+    for which ``bad_value`` is true, or None."""
     column = column.combine_chunks()
     values = pc.list_flatten(column)
     if len(values) == 0:
         return None
+    parents = pc.list_parent_indices(column)
     bad = bad_value(values)
+    if rows is not None:
+        bad = pc.and_(bad, pc.take(rows, parents))
     if not pc.any(bad).as_py():
         return None
-    return pc.list_parent_indices(column)[pc.index(bad, True).as_py()].as_py()
+    return parents[pc.index(bad, True).as_py()].as_py()
 
 
 def _check_values(table: pa.Table, dataset: str) -> None:
     """Values no model writes: a log-prob that is NaN, infinite or above 0 (it would train and publish, or put NaN
-    in a manifest), a negative token id."""
+    in a manifest; an expert row's rollout log-probs are NaN, as no policy sampled it), a negative token id."""
+    sampled = None
+    if "policy_version" in table.column_names:
+        sampled = pc.not_equal(table["policy_version"], EXPERT_POLICY).combine_chunks().fill_null(True)
     for name in _TOKEN_ALIGNED:
         if name in table.column_names:
             row = _first_bad(
-                table[name], lambda v: pc.or_(pc.invert(pc.is_finite(v)), pc.greater(v, _LOGPROB_MAX))
+                table[name],
+                lambda v: pc.or_(pc.invert(pc.is_finite(v)), pc.greater(v, _LOGPROB_MAX)),
+                sampled if name == "rollout_logprobs" else None,
             )
             if row is not None:
                 raise SchemaError(

@@ -183,6 +183,17 @@ def test_mismatched_list_lengths_are_refused(tmp_path):
         write(str(tmp_path / "c"), pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
 
 
+def test_only_an_expert_rows_rollout_log_probs_may_be_nan(tmp_path):
+    """No policy sampled an expert walkthrough (generate --policy expert), so its rollout log-probs are NaN; a
+    sampled row's may not be (it would reach rescore and the manifest)."""
+    rows = [turn_row(i) for i in range(3)]
+    rows[1] |= {"policy_version": "expert", "rollout_logprobs": [float("nan")] * 3}
+    write(str(tmp_path / "ok"), pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
+    rows[2]["rollout_logprobs"] = [-0.1, float("nan"), -0.2]
+    with pytest.raises(SchemaError, match="row 2 has a 'rollout_logprobs' value that is not a log-probability"):
+        write(str(tmp_path / "bad"), pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
+
+
 def test_a_part_changed_after_publishing_is_refused_by_its_checksum(tmp_path):
     """Each part's size and sha256 are in the manifest and checked on read: a part replaced by another valid one
     (the same rows, written again) is refused before its rows are read."""

@@ -39,6 +39,7 @@ from sdarflow.rollout.prompt import (
     parse_action,
     parse_reference,
 )
+from sdarflow.schema import EXPERT_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ MAX_GROUP_WARNINGS = 5  # one line per flagged group up to this many, then a cou
 # a group's samples all alike is flagged only when one sample's tokens had less than this chance to come again
 REPEAT_PROBABILITY = 1e-3
 ActionParser = Callable[[str, bool], tuple[str, bool]]
-EXPERT_POLICY = "expert"
 
 
 def sample_seed(*parts: object) -> int:

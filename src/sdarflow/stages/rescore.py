@@ -20,7 +20,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt, model_device, precision_opt, resolve_device, weights_dtype
 from sdarflow.rollout.prompt import SKILL_PLACES
-from sdarflow.schema import RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA, check_vocab
+from sdarflow.schema import EXPERT_POLICY, RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA, check_vocab
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
 from sdarflow.teacher import TEACHER_WEIGHTS
@@ -145,7 +145,6 @@ def _run_metrics(
 def run(cfg: RescoreConfig) -> dict:
     from sdarflow.extensions.ppl_delta import rescore_column
     from sdarflow.models import load_policy
-    from sdarflow.rollout.loop import EXPERT_POLICY
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher.rescore import teacher_prompts
 
