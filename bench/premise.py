@@ -28,6 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.common import write_result
+from sdarflow.report import signed_with_interval
 
 WALKTHROUGHS = 24  # train tasks whose walkthroughs the seed and llm libraries are extracted from
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for outcome in ("success", "failure"):
             d = r[outcome]
-            shown = "-" if d["gap"] is None else f"{d['gap']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+            shown = "-" if d["gap"] is None else signed_with_interval(d["gap"], d["ci95"], d["tasks"])
             cells += [shown, d["tasks"]]
         table.append((name, *cells))
     write_result(f"premise_{args.env}", result, table, base=model)

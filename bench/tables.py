@@ -8,7 +8,8 @@ the files it shows. A table may stand on any page; a page without markers is lef
 ``make bench`` rewrites them after its runs; a test runs ``--check``, so a table edited by hand, or a result
 committed without a table on some page, fails the suite. Tables: ``bench`` (one row per benchmark: what was
 measured, the ratio that is judged, the target), ``grpo_tuning`` (the RL setting chosen on valid, reported on test)
-and ``demo`` (``make demo``'s base model and rounds), ``learning_check``, the ``format_collapse*`` runs, and one per
+and ``demo`` (``make demo``'s base model and rounds), ``gate_null`` (the promotion gate's false promotion rate),
+``learning_check``, the ``format_collapse*`` runs, and one per
 committed ``study_*.json`` and ``premise_*.json``.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bench.common import RESULTS
+from sdarflow.report import signed_with_interval
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -220,8 +222,7 @@ def _ci(fig: dict) -> str:
 
 
 def _diff(d: dict) -> str:
-    lo, hi = d["ci95"]
-    return f"{d['mean_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return signed_with_interval(d["mean_diff"], d["ci95"], d.get("tasks"))
 
 
 def grpo_tuning_table(results_dir: Path = RESULTS) -> str:
@@ -437,7 +438,7 @@ def premise_table(name: str, results_dir: Path = RESULTS) -> str:
     def cell(d: dict) -> str:
         if d["gap"] is None:
             return "- (no such episode)"
-        return f"{d['gap']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] ({d['tasks']} tasks, {d['turns']} turns)"
+        return f"{signed_with_interval(d['gap'], d['ci95'], d['tasks'])} ({d['tasks']} tasks, {d['turns']} turns)"
 
     ro = r["rollouts"]
     lines = [
@@ -451,12 +452,40 @@ def premise_table(name: str, results_dir: Path = RESULTS) -> str:
     return "\n".join([*lines, "", _made_by([r])])
 
 
+def gate_null_table(results_dir: Path = RESULTS) -> str:
+    """``python -m bench.gate_null``: the gate's promotion rate per scenario and task count, each bound alone and
+    the gate's (their minimum); the nulls' rates are false promotions, the gain's is power."""
+    r = _load(results_dir, "gate_null")
+    if r is None:
+        return "(no result yet: `python -m bench.gate_null`)"
+    bounds = ("t", "sign_flip", "skew", "gate")
+    names = {
+        "t": "Student t",
+        "sign_flip": "sign flip",
+        "skew": "skew-corrected t",
+        "gate": "**gate** (the minimum)",
+    }
+    lines = [
+        f"| scenario | tasks | {' | '.join(names[b] for b in bounds)} |",
+        "|---|---|" + "---|" * len(bounds),
+    ]
+    for scenario, by_n in r["rates"].items():
+        lines += [f"| {scenario} | {n} | " + " | ".join(f"{rates[b]:.3f}" for b in bounds) + " |"
+                  for n, rates in by_n.items()]  # fmt: skip
+    note = (
+        f"{r['sims']} simulated comparisons per row ({r['samples_per_task']} samples a task); a rate's 95% Monte "
+        f"Carlo half-width at 5% is {r['mc_halfwidth_at_5pct']:.3f}."
+    )
+    return "\n".join([*lines, "", note, "", _made_by([r])])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     **{name: functools.partial(format_collapse_table, name) for name in FORMAT_COLLAPSE},
     "bench": bench_table,
     "grpo_tuning": grpo_tuning_table,
     "demo": demo_table,
     "skill_support": skill_support_table,
+    "gate_null": gate_null_table,
 }
 
 

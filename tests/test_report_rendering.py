@@ -89,3 +89,11 @@ def test_every_report_writes_a_figure_alike():
     assert number(1.0, 2) == "1.00"
     assert with_interval(0.1484375, [0.046875, 0.265625]) == "0.148 [0.047, 0.266]"
     assert with_interval(0.5, None) == with_interval(0.5, []) == "0.500"
+
+
+def test_a_zero_width_interval_says_why():
+    from sdarflow.report import interval, signed_with_interval
+
+    assert signed_with_interval(0.0125, (-0.0031, 0.0281)) == "+0.013 [-0.003, +0.028]"
+    assert interval((0.0, 0.0), 12) == "(identical on every task)"  # never "[+0.000, +0.000]"
+    assert interval((-0.054, -0.054), 1) == "(no interval: 1 task)"

@@ -132,6 +132,21 @@ def with_interval(x: float | None, ci: Sequence[float] | None, digits: int = 3) 
     return number(x, digits) + (f" [{number(ci[0], digits)}, {number(ci[1], digits)}]" if ci else "")
 
 
+def interval(ci: Sequence[float], tasks: int | None = None) -> str:
+    """A difference's 95% interval over ``tasks``, ``[-0.012, +0.034]``; a zero-width one says why instead of
+    printing a point as if it were an interval: one task has no spread, and several agree exactly only when every
+    task's difference is the same (as when nothing differs at all)."""
+    lo, hi = ci
+    if tasks is not None and tasks < 2:
+        return f"(no interval: {tasks} task)"
+    return "(identical on every task)" if lo == hi else f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def signed_with_interval(x: float, ci: Sequence[float], tasks: int | None = None) -> str:
+    """``+0.012 [-0.003, +0.027]``: a difference with its :func:`interval`."""
+    return f"{x:+.3f} {interval(ci, tasks)}"
+
+
 def md_escape(text: object) -> str:
     """``text`` as literal Markdown on one line (a table cell or a bullet cannot span lines)."""
     one_line = " ".join(str(text).splitlines())

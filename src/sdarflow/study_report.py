@@ -26,7 +26,7 @@ import numpy as np
 from sdarflow import report, storage
 from sdarflow.evaluate.compare import mean_interval
 from sdarflow.evaluate.metrics import pass_at_k, pass_at_k_interval
-from sdarflow.report import Report, Section, Table, number, with_interval
+from sdarflow.report import Report, Section, Table, interval, number, with_interval
 
 BASELINE = "grpo"
 # valid: what a setting is chosen on (a study made before it existed has only test and ood); test: what is reported
@@ -231,7 +231,7 @@ def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
     k = study["k"]
     comparison = _comparison_table(study)
     diff_rows = [
-        [m, key, f"{v['mean_diff']:+.3f}", f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]", str(v["tasks"])]
+        [m, key, f"{v['mean_diff']:+.3f}", interval(v["ci95"], v["tasks"]), str(v["tasks"])]
         for m, d in study["paired"].items()
         for key, v in d.items()
     ]
