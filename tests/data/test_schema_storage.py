@@ -190,7 +190,9 @@ def test_only_an_expert_rows_rollout_log_probs_may_be_nan(tmp_path):
     rows[1] |= {"policy_version": "expert", "rollout_logprobs": [float("nan")] * 3}
     write(str(tmp_path / "ok"), pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
     rows[2]["rollout_logprobs"] = [-0.1, float("nan"), -0.2]
-    with pytest.raises(SchemaError, match="row 2 has a 'rollout_logprobs' value that is not a log-probability"):
+    with pytest.raises(
+        SchemaError, match="row 2 has a 'rollout_logprobs' value that is not a log-probability"
+    ):
         write(str(tmp_path / "bad"), pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA))
 
 

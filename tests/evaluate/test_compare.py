@@ -13,6 +13,7 @@ from sdarflow.evaluate.compare import (
     difference,
     mean_interval,
     sign_flip_lower,
+    skew_corrected_lower,
     student_t_cdf,
     student_t_quantile,
 )
@@ -76,7 +77,12 @@ def test_paired_pass_at_k_difference_by_hand():
     assert d.t_lower == pytest.approx(-0.3 - 1.833113 * 0.152753, abs=1e-5)
     # sign flip: subsets with a of the three -1 tasks and z of the seven zeros have mean -a / (a + z); the 51st
     # smallest of the 1023 (the 5% point of 1024 patterns, the all-plus one counted) is -0.6 (a = 3, z = 2)
-    assert d.lower == pytest.approx(-0.6)
+    assert d.sign_flip_lower == pytest.approx(-0.6)
+    # skew: centered values 0.3 (x7) and -0.7 (x3); second moment (7 * .09 + 3 * .49) / 10 = 0.21, third
+    # (7 * .027 - 3 * .343) / 10 = -0.084, g = -0.084 / 0.21 ** 1.5 = -0.872872; q = 1.833113 + 0.872872 * (2 *
+    # 1.833113 ** 2 + 1) / (6 * sqrt(10)) = 2.188295; lower = -0.3 - 2.188295 * 0.152753 = -0.634268: the long
+    # left tail (three collapses) makes it the strictest, so the gate's
+    assert d.skew_lower == pytest.approx(-0.634268, abs=1e-5) and d.lower == d.skew_lower
 
 
 def test_identical_gains_on_every_task_are_certain():
@@ -148,3 +154,20 @@ def test_unpaired_when_the_tasks_differ():
 def test_one_task_cannot_bound_a_difference():
     d = difference(_split({"a": 4}), _split({"a": 0}), 1)
     assert d.diff == 1.0 and d.lower is None
+
+
+def test_skew_corrected_lower_by_hand():
+    # symmetric differences (g = 0): Student's bound, 0.1 - t_0.95(3) * sd / 2 with sd = sqrt(0.02 / 3 * 2 / 2)
+    d = np.array([0.0, 0.1, 0.1, 0.2])
+    assert skew_corrected_lower(d) == pytest.approx(0.1 - 2.353363 * float(np.std(d, ddof=1)) / 2, abs=1e-6)
+    # a right tail (g > 0) loosens it, a left tail tightens it: the gate takes the minimum with Student's
+    right, left = np.array([0.0, 0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0, 1.0])
+    # right is a Bernoulli(1/4) sample: central moments p(1-p) = 3/16 and p(1-p)(1-2p) = 3/32, so g = (3/32) /
+    # (3/16) ** 1.5 = 1.1547; left is its mirror, g = -1.1547
+    g = (3 / 32) / (3 / 16) ** 1.5
+    q = 2.353363 - g * (2 * 2.353363**2 + 1) / 12
+    assert skew_corrected_lower(right) == pytest.approx(0.25 - q * float(np.std(right, ddof=1)) / 2, abs=1e-5)
+    q = 2.353363 + g * (2 * 2.353363**2 + 1) / 12
+    assert skew_corrected_lower(left) == pytest.approx(0.75 - q * float(np.std(left, ddof=1)) / 2, abs=1e-5)
+    assert skew_corrected_lower(np.array([0.25] * 5)) == 0.25  # no spread: the mean
+    assert skew_corrected_lower(np.array([0.5])) is None

@@ -16,7 +16,9 @@ PROD = [2] * 10
 # +.25, -.25, +.25, +.25 and six ties: mean +0.05, lower bound -0.05 (the sign-flip bound, stricter than t's -0.04;
 # worked out in tests/evaluate/test_compare.py)
 NOISE = [3, 1, 3, 3, 2, 2, 2, 2, 2, 2]
-# +.25 on nine tasks: mean +0.225, sd 0.0790569, se 0.025, lower 0.225 - 1.833113 * 0.025 = 0.179
+# +.25 on nine tasks: mean +0.225, sd 0.0790569, se 0.025, t bound 0.225 - 1.833113 * 0.025 = 0.179; one task
+# without the gain skews the differences left (g = -2.6667: second moment 0.005625, third -0.001125), so the
+# skew bound, 0.225 - (1.833113 + 2.6667 * 7.720606 / 18.97367) * 0.025 = 0.152, is the gate's
 GAIN = [3] * 9 + [2]
 
 
@@ -39,17 +41,19 @@ def test_a_gain_beyond_the_noise_passes_with_its_numbers(tasks):
     verdict = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)))
     assert verdict.passed and verdict.failures == []
     by_criterion = {c["criterion"]: c for c in verdict.checks}
-    assert by_criterion["min_gain"]["lower"] == pytest.approx(0.225 - 1.833113 * 0.025, abs=1e-5)
+    assert by_criterion["min_gain"]["t_lower"] == pytest.approx(0.225 - 1.833113 * 0.025, abs=1e-5)
+    assert by_criterion["min_gain"]["lower"] == by_criterion["min_gain"]["skew_lower"]
+    assert by_criterion["min_gain"]["lower"] == pytest.approx(0.152044, abs=1e-5)
     assert by_criterion["passk_tolerance"]["k"] == 4 and by_criterion["passk_tolerance"]["diff"] == 0
     assert by_criterion["ood_tolerance"]["split"] == "ood"
 
 
 def test_a_pass_at_k_collapse_is_refused(tasks):
-    # sharpened: every sample of 7 tasks succeeds, none of 3: pass@4 0.70 against 1.00, lower bound -0.60 (the
-    # sign-flip bound; t's is -0.3 - 1.833113 * 0.152753 = -0.58)
+    # sharpened: every sample of 7 tasks succeeds, none of 3: pass@4 0.70 against 1.00, lower bound -0.6343 (the
+    # skew bound, worked out in tests/evaluate/test_compare.py; the sign flip's is -0.60, t's -0.58)
     failures = check_gate(tasks([4] * 7 + [0] * 3, PROD), _refs(tasks(PROD, PROD))).failures
     assert (
-        "test pass@4 vs production v1: 0.70 - 1.00 = -0.30, lower bound -0.60 (10 paired tasks) below "
+        "test pass@4 vs production v1: 0.70 - 1.00 = -0.30, lower bound -0.6343 (10 paired tasks) below "
         "-passk_tolerance 0.05" in failures
     )
 
@@ -251,7 +255,8 @@ def test_production_evaluated_again_on_the_candidates_tasks_is_compared_task_by_
     same_tasks = _on_other_tasks(tasks([3] * 10, PROD))
     with pytest.raises(
         GateRefused,
-        match=r"test pass@1 vs production v1 \(same tasks\): 0.725 - 0.75 = -0.025, lower bound -0.0708 \(10 paired",
+        # nine ties and one -.25: GAIN's skew mirrored, -0.025 - 2.918234 * 0.025 = -0.098
+        match=r"test pass@1 vs production v1 \(same tasks\): 0.725 - 0.75 = -0.025, lower bound -0.098 \(10 paired",
     ):
         reg.promote("agent", v, current_report=(1, same_tasks))
     (check,) = [c for c in reg.audit_log("agent")[-1]["gate_checks"] if c["criterion"] == "min_gain"]

@@ -4,10 +4,12 @@ bound on it, so a gate can tell a real gain from the noise of a few dozen tasks 
 The unit is the task (its samples are correlated). Evaluations of the same tasks are compared *paired*: with
 ``d_t = pass@k_a(t) - pass@k_b(t)`` over the ``m`` tasks,
 
-    diff = mean_t d_t,    lower = min(diff - t_{conf, m-1} * sd(d) / sqrt(m),  sign-flip bound)
+    diff = mean_t d_t,    lower = min(diff - t_{conf, m-1} * sd(d) / sqrt(m),  sign-flip bound,  skew bound)
 
-Student's bound assumes a near-normal mean, which fails when few tasks differ; the exact sign-flip bound
-(:func:`sign_flip_lower`) does not. Task sets that differ are compared unpaired (Welch's standard error
+Student's bound assumes a near-normal mean, which fails when few tasks differ; the sign-flip bound
+(:func:`sign_flip_lower`) does not, but it assumes differences symmetric about their mean; where most tasks gain a
+little and a few collapse (a skewed difference), :func:`skew_corrected_lower` widens Student's bound by the sample
+skewness. Task sets that differ are compared unpaired (Welch's standard error
 ``sqrt(sd_a^2 / m_a + sd_b^2 / m_b)``, with ``min(m_a, m_b) - 1`` degrees of freedom). Fewer than two tasks on a
 side give no bound (None). Pure functions of a report's split (``samples_per_task``, ``task_successes``).
 """
@@ -95,6 +97,29 @@ def sign_flip_lower(d: np.ndarray, confidence: float = 0.95, seed: int = 0) -> f
     return float(subset_means[allowed]) if allowed >= 0 else None
 
 
+def skew_corrected_lower(d: np.ndarray, confidence: float = 0.95) -> float | None:
+    """One-sided lower confidence bound on the mean of ``d`` (m,) with Student's quantile corrected for skewness
+    (the one-term Cornish-Fisher correction of the studentized mean's Edgeworth expansion, Hall 1992, The Bootstrap
+    and Edgeworth Expansion, 2.6; Johnson 1978, JASA 73:536):
+
+        ``lower = mean - q * sd / sqrt(m)``,  ``q = t_{conf, m-1} - g (2 t_{conf, m-1}^2 + 1) / (6 sqrt(m))``
+
+    with ``g = mean((d - mean)^3) / mean((d - mean)^2)^1.5`` the sample skewness. A long left tail (most tasks gain a
+    little, a few lose a lot: g < 0) makes ``q`` larger and the bound lower; under that null (80% of tasks +0.25,
+    20% -1, mean 0) Student's bound promotes 9.3% of 32-task comparisons, this one 3.0%
+    (``bench/results/gate_null.json``). Identical differences (sd 0) give the mean; fewer than 2 give None."""
+    d = np.asarray(d, dtype=np.float64)
+    m = d.size
+    if m < 2:
+        return None
+    centered = d - d.mean()
+    second = float(np.mean(centered**2))
+    g = float(np.mean(centered**3)) / second**1.5 if second > 0 else 0.0
+    t = student_t_quantile(confidence, m - 1)
+    q = t - g * (2 * t * t + 1) / (6 * math.sqrt(m))
+    return float(d.mean()) - q * float(d.std(ddof=1)) / math.sqrt(m)
+
+
 def mean_interval(values: np.ndarray | list[float], confidence: float = 0.95) -> tuple[float, float]:
     """Two-sided Student t interval of the mean of per-task values (m,): ``mean +- t_{(1+conf)/2, m-1} sd / sqrt(m)``.
 
@@ -126,7 +151,8 @@ class Difference:
     tasks: int
     paired: bool
     t_lower: float | None = None  # Student's bound
-    sign_flip_lower: float | None = None  # the exact sign-flip bound (paired only)
+    sign_flip_lower: float | None = None  # the sign-flip bound (paired only)
+    skew_lower: float | None = None  # Student's bound corrected for skewness (paired only)
 
 
 def task_pass_at_k(split: Mapping[str, Any], k: int) -> dict[str, float]:
@@ -154,5 +180,6 @@ def difference(
     diff = mean_a - mean_b
     t_lower = None if se is None else diff - student_t_quantile(confidence, m - 1) * se
     flip = sign_flip_lower(va - vb, confidence) if paired and t_lower is not None else None
-    lower = (None if flip is None else min(t_lower, flip)) if paired else t_lower
-    return Difference(k, mean_a, mean_b, diff, lower, confidence, m, paired, t_lower, flip)
+    skew = skew_corrected_lower(va - vb, confidence) if paired else None
+    lower = (None if flip is None else min(t_lower, flip, skew)) if paired else t_lower
+    return Difference(k, mean_a, mean_b, diff, lower, confidence, m, paired, t_lower, flip, skew)
