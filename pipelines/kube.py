@@ -126,6 +126,21 @@ def queue_label(queue: str) -> dict[str, str]:
     return {KUEUE_LABEL: queue} if queue else {}
 
 
+_SECRET_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+
+
+def pull_secrets(names: list[str]) -> list[dict[str, str]]:
+    """A pod spec's ``imagePullSecrets`` for the Secrets ``names`` ([] for none); ConfigError for a name that is
+    not a Secret's (a DNS subdomain)."""
+    bad = [n for n in names if not _SECRET_NAME.fullmatch(n)]
+    if bad:
+        raise ConfigError(
+            f"--image-pull-secret {bad[0]!r} is not a Secret name (lowercase letters, digits, '-' and '.', at most "
+            f"253); fix: the name of the docker-registry Secret, e.g. regcred"
+        )
+    return [{"name": n} for n in names]
+
+
 # Stages that copy an s3:// base model to $SDARFLOW_CACHE (model_cache.local_model).
 MODEL_CACHE_STAGES = LOADS_MODEL
 MODEL_CACHE_PATH = "/var/cache/sdarflow"
@@ -183,10 +198,14 @@ class KubeOptions(Checked):
     model_cache_size: str = opt("200Gi", "the ephemeral volume holding the base model; '' = none")
     pipeline_root: str = opt("", "where KFP keeps the run's artifacts; '' = the deployment's default")
     queue: str = opt("", "a Kueue LocalQueue: every pod gets the kueue.x-k8s.io/queue-name label; '' = none")
+    image_pull_secrets: list[str] = opt(
+        [], "docker-registry Secrets every pod pulls its image with (a private registry); [] = none"
+    )
     parallelism: int = opt(0, "the study's cells running at once; 0 = all", ge=0)
 
     def validate(self) -> None:
         queue_label(self.queue)  # a bad name fails now
+        pull_secrets(self.image_pull_secrets)
 
     @classmethod
     def for_preset(cls, preset: str | None) -> KubeOptions:
@@ -240,6 +259,8 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
             kubernetes.add_toleration(task, **tol.as_dict())
     for key, value in queue_label(opts.queue).items():
         kubernetes.add_pod_label(task, key, value)
+    if opts.image_pull_secrets:
+        kubernetes.set_image_pull_secrets(task, list(opts.image_pull_secrets))
     if opts.s3_secret:
         # Credentials reach the pod only as env vars from the Secret: nothing secret is in the pipeline spec.
         kubernetes.use_secret_as_env(task, opts.s3_secret, {k: k for k in S3_KEYS})

@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any
 
-from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration, queue_label
+from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration, pull_secrets, queue_label
 from sdarflow.config import StageConfig
 from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
@@ -73,6 +73,7 @@ def trainjob_manifest(
     node_selector: dict[str, str] | None = None,
     tolerations: list[Toleration] | None = None,
     queue: str = "",
+    image_pull_secrets: list[str] | None = None,
 ) -> dict[str, Any]:
     """The TrainJob for one train stage config (``TrainConfig``) on ``nodes`` x ``gpus_per_node`` GPUs. Its ranks
     train with DeepSpeed whatever ``cfg.engine`` says (the torch engine trains in one process)."""
@@ -122,7 +123,9 @@ def trainjob_manifest(
         "trainer": trainer,
     }
     patch = _pod_patch(
-        node_selector or {}, tolerations if tolerations is not None else [Toleration("nvidia.com/gpu")]
+        node_selector or {},
+        tolerations if tolerations is not None else [Toleration("nvidia.com/gpu")],
+        pull_secrets(image_pull_secrets or []),
     )
     if patch:
         spec["runtimePatches"] = [
@@ -142,8 +145,12 @@ def trainjob_manifest(
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
-def _pod_patch(node_selector: dict[str, str], tolerations: list[Toleration]) -> dict[str, Any]:
+def _pod_patch(
+    node_selector: dict[str, str], tolerations: list[Toleration], image_pull_secrets: list[dict[str, str]]
+) -> dict[str, Any]:
     patch: dict[str, Any] = {}
+    if image_pull_secrets:
+        patch["imagePullSecrets"] = image_pull_secrets
     if node_selector:
         patch["nodeSelector"] = dict(node_selector)
     if tolerations:

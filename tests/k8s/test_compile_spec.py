@@ -681,3 +681,22 @@ def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path
     assert main(["pipeline", "compile", "--output", out, "--queue", "team a"]) == 2
     assert "--queue 'team a' is not a Kubernetes label value" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+@pytest.mark.parametrize(
+    "pipeline_flags", [["--rounds", "1"], ["--pipeline", "promote"], ["--pipeline", "study"]]
+)
+def test_an_image_pull_secret_reaches_every_task(tmp_path, capsys, pipeline_flags):
+    """A private registry: --image-pull-secret (repeatable) puts the Secrets on every task of every pipeline; a
+    name that is not a Secret's is one line and writes nothing."""
+    flags = [*pipeline_flags, "--image-pull-secret", "regcred", "--image-pull-secret", "mirror.creds"]
+    pipeline, platform, _ = compile_spec(tmp_path, *flags)
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for label in pipeline["deploymentSpec"]["executors"]:  # every container, nested DAGs' too
+        secrets = k8s.get(label, {}).get("imagePullSecret", [])
+        assert [s["secretName"] for s in secrets] == ["regcred", "mirror.creds"], label
+    out = str(tmp_path / "bad.yaml")
+    capsys.readouterr()
+    assert main(["pipeline", "compile", "--output", out, "--image-pull-secret", "Reg_Cred"]) == 2
+    assert "--image-pull-secret 'Reg_Cred' is not a Secret name" in capsys.readouterr().err
+    assert not Path(out).exists()

@@ -186,3 +186,12 @@ def test_a_kueue_queue_labels_the_trainjob():
         "kueue.x-k8s.io/queue-name"
         not in trainjob_manifest(train_config(), name="t", image="img")["metadata"]["labels"]
     )
+
+
+def test_an_image_pull_secret_reaches_the_trainjob_pods():
+    job = trainjob_manifest(train_config(), name="t", image="img", image_pull_secrets=["regcred"])
+    (patch,) = job["spec"]["runtimePatches"]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"
+    ]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]

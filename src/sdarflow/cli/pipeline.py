@@ -71,6 +71,7 @@ def kube_options(args: argparse.Namespace):
             else args.model_cache_size,
             "pipeline_root": args.pipeline_root,
             "queue": args.queue,
+            "image_pull_secrets": args.image_pull_secret,
             "parallelism": args.parallelism,
         }
     )
@@ -207,6 +208,7 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
         node_selector=pairs(args.node_selector, "--node-selector"),
         tolerations=[Toleration.parse(t) for t in specs] if args.toleration else None,
         queue=args.queue,
+        image_pull_secrets=args.image_pull_secret,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -226,6 +228,13 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         help="replaces the default nvidia.com/gpu:NoSchedule; 'none' for no tolerations [repeatable]",
     )
     p.add_argument("--s3-secret", default=S3_SECRET, help="Secret with AWS_* keys; '' = none (IRSA etc.)")
+    p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="docker-registry Secret every pod pulls its image with, for a private registry [repeatable]",
+    )
     p.add_argument(
         "--queue",
         default="",
