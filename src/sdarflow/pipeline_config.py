@@ -343,7 +343,10 @@ def new_run_id() -> str:
 def prepare(pc: PipelineConfig) -> str:
     """Validate every stage's config up front, fill in defaults, and store the pipeline config; return its URI."""
     if not pc.storage or not pc.base_model:
-        raise ConfigError("pipeline: storage and base_model are required")
+        raise ConfigError(
+            "pipeline: storage and base_model are required; fix: set both, e.g. storage s3://bucket/sdarflow and "
+            "base_model s3://bucket/models/qwen"
+        )
     if not pc.run_id:
         pc.run_id = new_run_id()
     if not pc.registry:

@@ -65,7 +65,10 @@ class StudySettings(Checked):
         for name in self.methods:
             split_method(name)
         if "grpo" not in self.methods:
-            raise ConfigError("study: methods must include grpo, the baseline every figure is relative to")
+            raise ConfigError(
+                "study: methods must include grpo, the baseline every figure is relative to; fix: add grpo to "
+                "--methods"
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(
                 f"study: seeds {self.seeds} must be distinct and at least one; fix: e.g. --seeds 0 1 2"

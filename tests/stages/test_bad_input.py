@@ -390,3 +390,19 @@ def test_a_model_that_ships_its_own_code_is_refused_without_a_prompt(tmp_path, t
         and "fix:" in last
     )
     assert not marker.exists() and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["generate", "--shard", "3", "--num-shards", "2"],
+            "must be in [0, num_shards=2); fix: --shard 0 to 1",
+        ),
+        (["evaluate", "--splits", "bogus"], "evaluate: splits ['bogus'] invalid; fix: pass splits among"),
+        (["train", "--clip-ratio-c", "0.5"], "fix: --clip-ratio-c 3 (the reference's) or 0"),
+    ],
+)
+def test_a_settings_refusal_names_its_fix(tmp_path, capsys, argv, expected):
+    fails(capsys, [*argv, "--output", str(tmp_path / "out")], expected)
+    assert not (tmp_path / "out").exists()

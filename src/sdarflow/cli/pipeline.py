@@ -181,13 +181,18 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
     from sdarflow.stages.train import TrainConfig
 
     if bool(args.train_config) == bool(args.pipeline_config):
-        raise ConfigError("pass exactly one of --train-config FILE or --pipeline-config URI")
+        raise ConfigError(
+            "pipeline trainjob: pass exactly one of --train-config FILE or --pipeline-config URI; fix: drop one, "
+            "or add one"
+        )
     if args.train_config:
         cfg = TrainConfig.load(args.train_config)
         name = args.name or f"sdar-train-{Path(args.train_config).stem}"
     else:
         if not args.rescored:
-            raise ConfigError("--pipeline-config needs --rescored URI (the round's rescore output)")
+            raise ConfigError(
+                "--pipeline-config needs --rescored URI (the round's rescore output); fix: add --rescored"
+            )
         pc = pipeline_config.load(args.pipeline_config)
         io = {"input": args.rescored, "adapter": args.adapter or ""}
         cfg = pipeline_config.stage_config(pc, "train", args.round, **io)

@@ -127,7 +127,8 @@ def updated_stats(rescored: list[str], previous: SkillLibrary | None) -> dict:
         return previous.stats if previous else {}
     if previous is None:
         raise ConfigError(
-            "extract-skills: --rescored needs --previous (the library those rows were scored with)"
+            "extract-skills: --rescored needs --previous (the library those rows were scored with); fix: pass "
+            "--previous with the skill library the rescore used"
         )
     for uri in rescored:
         used = storage.read_manifest(uri, "rescored").get("skill_library")

@@ -110,7 +110,10 @@ class Layout:
 
     def version(self, version: int) -> str:
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:  # it becomes a path
-            raise ConfigError(f"bad version {version!r} of '{self.name}': versions are integers >= 1")
+            raise ConfigError(
+                f"bad version {version!r} of '{self.name}': versions are integers >= 1; fix: pass a version number, "
+                f"e.g. 3"
+            )
         uri = storage.join(self.versions, str(version))
         if not uri.startswith("s3://"):  # a version folder linked out of the registry is not the registry's
             storage.inside(

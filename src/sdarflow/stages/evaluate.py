@@ -69,7 +69,9 @@ class EvaluateConfig(StageConfig):
     def validate(self) -> None:
         bad = [s for s in self.splits if s not in SPLITS]
         if bad or not self.splits:
-            raise ConfigError(f"evaluate: splits {bad or '[]'} invalid; allowed: {', '.join(SPLITS)}")
+            raise ConfigError(
+                f"evaluate: splits {bad or '[]'} invalid; fix: pass splits among {', '.join(SPLITS)}"
+            )
 
 
 Config = EvaluateConfig  # the stage's exports are Config and run (sdarflow.stages)

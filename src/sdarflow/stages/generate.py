@@ -106,10 +106,14 @@ class GenerateConfig(StageConfig):
                 "generate: --policy expert plays the walkthrough, not an adapter; fix: drop --adapter"
             )
         if self.shard >= self.num_shards:
-            raise ConfigError(f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
+            raise ConfigError(
+                f"generate: shard ({self.shard}) must be in [0, num_shards={self.num_shards}); fix: --shard 0 to "
+                f"{self.num_shards - 1}"
+            )
         if self.tasks < self.num_shards:
             raise ConfigError(
-                f"generate: tasks ({self.tasks}) must be >= num_shards ({self.num_shards}): every shard needs a task"
+                f"generate: tasks ({self.tasks}) must be >= num_shards ({self.num_shards}): every shard needs a task; "
+                f"fix: fewer shards or more tasks"
             )
 
 

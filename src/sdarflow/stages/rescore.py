@@ -101,7 +101,10 @@ class RescoreConfig(StageConfig, GuardSettings):
 
     def validate(self) -> None:
         if self.shard >= self.num_shards:
-            raise ConfigError(f"rescore: shard ({self.shard}) must be in [0, num_shards={self.num_shards})")
+            raise ConfigError(
+                f"rescore: shard ({self.shard}) must be in [0, num_shards={self.num_shards}); fix: --shard 0 to "
+                f"{self.num_shards - 1}"
+            )
 
 
 Config = RescoreConfig  # the stage's exports are Config and run (sdarflow.stages)

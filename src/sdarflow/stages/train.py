@@ -152,7 +152,7 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
         if 0 < self.clip_ratio_c <= 1:
             raise ConfigError(
                 f"train: clip_ratio_c ({self.clip_ratio_c}) must be > 1 (it bounds -A * ratio for A < 0), "
-                f"or 0 to turn the dual clip off"
+                f"or 0 to turn the dual clip off; fix: --clip-ratio-c 3 (the reference's) or 0"
             )
         if self.sdar_coef > 0.1:
             log.warning(

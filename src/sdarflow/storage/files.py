@@ -72,7 +72,7 @@ def resolve(uri: str) -> Location:
             raise StorageError(f"bad S3 URI '{uri}': expected s3://<bucket (3+ chars)>/<prefix>")
         return Location(_s3_filesystem(), path, "s3://" + path)
     if "://" in uri and not uri.startswith("file://"):
-        raise StorageError(f"unsupported URI scheme in '{uri}': use a local path, file:// or s3://")
+        raise StorageError(f"unsupported URI scheme in '{uri}'; fix: use a local path, file:// or s3://")
     local = Path(uri.removeprefix("file://")).expanduser().absolute()
     return Location(pafs.LocalFileSystem(), str(local), str(local))
 
