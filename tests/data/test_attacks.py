@@ -171,6 +171,27 @@ def test_a_library_reads_only_the_files_its_manifest_lists(tmp_path):
     assert SkillLibrary.load(local_artifact(uri, "skills")).stats == {}  # unlisted: not read
 
 
+def test_a_skill_or_index_too_large_for_any_prompt_is_refused_before_it_is_read(tmp_path):
+    """A 23 MB skill was accepted and republished (rescoring 64 rows then took minutes at 4.6 GB)."""
+    from sdarflow.skills.library import MAPPING, MAX_INDEX_BYTES, MAX_SKILL_BYTES, SkillLibrary
+
+    published_library(tmp_path)
+    folder = tmp_path / "made"
+    skill = next(p for p in folder.glob("*.md"))
+    skill.write_text("slice it. " * (MAX_SKILL_BYTES // 10 + 1))
+    with pytest.raises(
+        StorageError, match=f"is {skill.stat().st_size} bytes, more than the {MAX_SKILL_BYTES}"
+    ):
+        SkillLibrary.load(folder)
+    skill.write_text("# cut\nslice it")
+    assert SkillLibrary.load(folder).skills
+    mapping = json.loads((folder / MAPPING).read_text())
+    mapping["task_keywords"] = {"cut": ["knife"] * (MAX_INDEX_BYTES // 8)}
+    (folder / MAPPING).write_text(json.dumps(mapping))
+    with pytest.raises(StorageError, match=f"{MAPPING} is .* bytes, more than the {MAX_INDEX_BYTES}"):
+        SkillLibrary.load(folder)
+
+
 @pytest.mark.parametrize(
     "stats",
     [

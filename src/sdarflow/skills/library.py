@@ -37,6 +37,10 @@ REFERENCE_LIBRARIES = Path(__file__).parent / "reference"
 STATS = "skill_stats.json"
 GENERAL = "general_skills"
 GENERAL_FILE = "general_skills.md"
+# Size limits on what a library holds, read whole: a skill goes into teacher prompts of a few thousand tokens (the
+# reference's are under 2 KiB); the mapping and the bandit's statistics grow with task types and skills.
+MAX_SKILL_BYTES = 64 * 1024
+MAX_INDEX_BYTES = 4 * 1024 * 1024
 
 # A step is a numbered ("1." / "1)") or bulleted ("-" / "*") Markdown list line.
 STEP_RE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.+?)\s*$")
@@ -179,6 +183,12 @@ class SkillLibrary:
             ts = sorted(types.get(name, []))
             keywords = sorted({k for t in ts for k in task_keywords.get(t, [])})
             evidence = mapping.get("evidence", {}).get(name, {})
+            if path.stat().st_size > MAX_SKILL_BYTES:
+                raise StorageError(
+                    f"skill library '{folder}': skill '{name}' ({fname}) is {path.stat().st_size} bytes, more than "
+                    f"the {MAX_SKILL_BYTES} a skill may hold (each goes into a teacher prompt of a few thousand "
+                    f"tokens); fix: shorten it to the rule it states"
+                )
             try:
                 text = path.read_text()
             except (OSError, UnicodeDecodeError) as err:
@@ -224,6 +234,11 @@ class _Stats(FileSchema):
 def _read_json(path: Path, folder: Path, required: bool) -> dict:
     if not path.is_file() and not required:
         return {}
+    if path.is_file() and path.stat().st_size > MAX_INDEX_BYTES:
+        raise StorageError(
+            f"skill library '{folder}': {path.name} is {path.stat().st_size} bytes, more than the {MAX_INDEX_BYTES} "
+            f"an index of skills may hold; fix: regenerate the library with extract-skills"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as err:  # ValueError: not JSON, or not UTF-8
