@@ -107,3 +107,24 @@ def test_an_output_the_import_did_not_make_is_refused_before_any_work(tmp_path, 
     assert code == 2 and err.startswith(f"error: import-model: --output {out}") and "fix:" in err
     assert ("is not a folder" if other == "a file" else f"no {IMPORT_FILE}") in err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_file_declaring_a_larger_model_than_it_holds_is_refused_before_loading(tmp_path, capsys):
+    """A GGUF whose metadata claims a huge embedding length drove memory to 3.7 GB before an unexpected error."""
+    import shutil
+
+    import gguf
+
+    from sdarflow.models.gguf_import import known_file
+
+    edited = tmp_path / "edited.gguf"
+    shutil.copy(known_file("smollm2-135m-instruct"), edited)
+    field = gguf.GGUFReader(str(edited), "r+").fields["llama.embedding_length"]
+    field.parts[field.data[0]][0] = 576 * 100  # 100x SmolLM2's, still a whole number of heads
+    code, err = _run(capsys, "--gguf", str(edited), "--output", str(tmp_path / "m"))
+    assert code == 2 and "declares a model of" in err and "but holds 134515008 weights" in err
+    assert "fix: the file is corrupt or was edited" in err and len(err.splitlines()) == 1
+    field.parts[field.data[0]][0] = 1_000_000  # not a whole number of heads: no model at all
+    code, err = _run(capsys, "--gguf", str(edited), "--output", str(tmp_path / "m"))
+    assert code == 2 and "metadata does not describe a model transformers can build" in err
+    assert not (tmp_path / "m").exists()

@@ -98,6 +98,33 @@ def architecture(path: Path) -> str:
     return arch
 
 
+def check_declared_size(path: Path) -> None:
+    """Refuse a GGUF file whose metadata declares a larger model than the weights it holds (a hand-edited
+    embedding length would have transformers allocate gigabytes before failing): the model its config builds, on
+    the meta device (no memory), must have no more parameters than the file's tensors have elements."""
+    import gguf
+    import torch
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    held = sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        with torch.device("meta"):
+            declared = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    except (ValueError, KeyError, TypeError, OSError, StrictDataclassError) as err:
+        raise ConfigError(
+            f"import-model: {path}'s metadata does not describe a model transformers can build "
+            f"({type(err).__name__}: {err}); fix: download it again"
+        ) from err
+    if declared > held:
+        raise ConfigError(
+            f"import-model: {path} declares a model of {declared} parameters (hidden size "
+            f"{getattr(config, 'hidden_size', '?')}, {getattr(config, 'num_hidden_layers', '?')} layers) but holds "
+            f"{held} weights; fix: the file is corrupt or was edited: download it again"
+        )
+
+
 def import_gguf(
     gguf_file: Path, output: Path, name: str, source: str, license_: str, force: bool = False
 ) -> Path:
@@ -113,6 +140,7 @@ def import_gguf(
         log.info("import-model: %s already holds %s (sha256 %s)", output, gguf_file.name, digest[:12])
         return output
     arch = architecture(gguf_file)
+    check_declared_size(gguf_file)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
