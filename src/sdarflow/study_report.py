@@ -8,11 +8,12 @@ if they were made the intervals about 1.5x too narrow (a zero effect excluded in
 So each task's value is first averaged over the seeds, and the interval is over those task values:
 :func:`sdarflow.evaluate.compare.mean_interval`, the cluster-robust t interval with tasks as clusters. Pooled
 values use it through :func:`sdarflow.evaluate.metrics.pass_at_k_interval`; paired differences against GRPO (and
-GRPO against the base model) are ``d_t = mean_s pass@k_a(s, t) - mean_s pass@k_b(s, t)`` over the tasks both have.
+GRPO against the base model) are ``d_t = mean_s pass@k_a(s, t) - mean_s pass@k_b(s, t)`` over the tasks both have,
+and their interval also counts a seed-to-seed shift common to all tasks (a trained adapter moves every task
+together): :func:`sdarflow.evaluate.compare.two_level_interval` over the (seed, task) differences, seed by seed.
 Each training seed is evaluated with its own sampling seed (seeds are replicates), and the base model once per
-seed the same way. The interval conditions on the trained seeds: with few seeds, a seed-to-seed shift common to
-all tasks is not in it (a mixed model with a seed effect would add it). The promotion gate's verdict compares each
-method's final adapter with the GRPO run of the same seed.
+seed the same way. The promotion gate's verdict compares each method's final adapter with the GRPO run of the same
+seed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sdarflow import report, storage
-from sdarflow.evaluate.compare import mean_interval
+from sdarflow.evaluate.compare import mean_interval, two_level_interval
 from sdarflow.evaluate.metrics import pass_at_k, pass_at_k_interval
 from sdarflow.report import Report, Section, Table, interval, number, with_interval
 
@@ -81,11 +82,16 @@ def pooled(evals: Sequence[Mapping[str, Any]], split: str, k: int) -> dict[str, 
 def paired(
     a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], split: str, k: int
 ) -> dict[str, Any]:
-    """Mean over the tasks both have of ``mean_seeds pass@k(a) - mean_seeds pass@k(b)``, with its interval over
-    tasks (see the module docstring); ``a`` and ``b`` hold one eval report's ``splits`` per seed."""
+    """Mean over the tasks both have of ``mean_seeds pass@k(a) - mean_seeds pass@k(b)``, with its interval: over
+    tasks and, where both hold the same seeds in the same order, over seeds too (``two_level_interval``: a trained
+    adapter moves all tasks together); ``a`` and ``b`` hold one eval report's ``splits`` per seed."""
     va, vb = _task_values(a, split, k), _task_values(b, split, k)
-    diffs = [float(np.mean(va[t]) - np.mean(vb[t])) for t in sorted(va.keys() & vb.keys())]
-    lo, hi = mean_interval(diffs)
+    tasks = sorted(va.keys() & vb.keys())
+    diffs = [float(np.mean(va[t]) - np.mean(vb[t])) for t in tasks]
+    if len(a) == len(b) and all(len(va[t]) == len(vb[t]) == len(a) for t in tasks):
+        lo, hi = two_level_interval(np.array([[va[t][s] - vb[t][s] for t in tasks] for s in range(len(a))]))
+    else:
+        lo, hi = mean_interval(diffs)
     return {"k": k, "mean_diff": float(np.mean(diffs)), "ci95": [lo, hi], "tasks": len(diffs)}
 
 
@@ -155,7 +161,7 @@ def analyze(
     grpo_evals = [c["eval"] for c in by_method[BASELINE]]
     methods = {m: _method_result(runs, k) for m, runs in by_method.items()}
     table = [_comparison(m, r, methods[BASELINE]) for m, r in methods.items()]
-    base_evals = [c["eval"] for c in base_cells]
+    base_evals = [c["eval"] for c in sorted(base_cells, key=lambda c: c["seed"])]  # paired seed by seed
     splits = _present([*(c["eval"] for c in cells), *base_evals])
     paired_diffs = {
         m: {f"{split}_pass@{kk}": paired([c["eval"] for c in by_method[m]], grpo_evals, split, kk)

@@ -16,6 +16,7 @@ from sdarflow.evaluate.compare import (
     skew_corrected_lower,
     student_t_cdf,
     student_t_quantile,
+    two_level_interval,
 )
 
 
@@ -171,3 +172,16 @@ def test_skew_corrected_lower_by_hand():
     assert skew_corrected_lower(left) == pytest.approx(0.75 - q * float(np.std(left, ddof=1)) / 2, abs=1e-5)
     assert skew_corrected_lower(np.array([0.25] * 5)) == 0.25  # no spread: the mean
     assert skew_corrected_lower(np.array([0.5])) is None
+
+
+def test_two_level_interval_by_hand():
+    # 2 seeds x 2 tasks: task means over seeds 0.2, 0.4 (variance 0.02, se_task^2 = 0.02 / 2 = 0.01); seed means
+    # 0.2, 0.4 (se_seed^2 = 0.01); nu = 0.02^2 / (0.01^2 / 1 + 0.01^2 / 1) = 2, t_0.975(2) = 4.302653
+    lo, hi = two_level_interval(np.array([[0.1, 0.3], [0.3, 0.5]]))
+    half = 4.302653 * math.sqrt(0.02)
+    assert (lo, hi) == (pytest.approx(0.3 - half, abs=1e-6), pytest.approx(0.3 + half, abs=1e-6))
+    # one seed: the interval over tasks; identical differences: a point
+    assert two_level_interval(np.array([[0.1, 0.3, 0.2]])) == mean_interval([0.1, 0.3, 0.2])
+    assert two_level_interval(np.full((3, 4), 0.25)) == (0.25, 0.25)
+    with pytest.raises(ValueError, match="needs \\(seeds, tasks\\)"):
+        two_level_interval(np.zeros(3))

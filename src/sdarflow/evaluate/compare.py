@@ -138,6 +138,35 @@ def mean_interval(values: np.ndarray | list[float], confidence: float = 0.95) ->
     return (mean - half, mean + half)
 
 
+def two_level_interval(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided interval of the mean of paired differences ``d`` (S seeds, T tasks): two methods trained with the
+    same S seeds and evaluated on the same T tasks. Each trained adapter (a seed) moves every task a little the same
+    way, so the tasks of one seed are not independent; the task interval alone (:func:`mean_interval` of each
+    task's seed mean) misses that run-level variance (with a shift of sd 0.3 on the logit scale, 87% coverage
+    instead of 95%). With ``se_task = sd_t(mean_s d) / sqrt(T)`` and ``se_seed = sd_s(mean_t d) / sqrt(S)``:
+
+        ``mean(d) +- t_{(1+conf)/2, nu} * sqrt(se_task^2 + se_seed^2)``,
+        ``nu = floor((se_task^2 + se_seed^2)^2 / (se_task^4 / (T - 1) + se_seed^4 / (S - 1)))``
+
+    (Welch-Satterthwaite degrees of freedom; each component counts the sampling noise once more, a conservative
+    overlap). One seed gives :func:`mean_interval` of the tasks; one task, its seeds'."""
+    d = np.asarray(d, dtype=np.float64)
+    if d.ndim != 2 or d.size == 0:
+        raise ValueError(f"two_level_interval needs (seeds, tasks) differences, got shape {d.shape}")
+    seeds, tasks = d.shape
+    if seeds == 1 or tasks == 1:
+        return mean_interval(d.ravel(), confidence)
+    se_task2 = float(d.mean(axis=0).var(ddof=1)) / tasks
+    se_seed2 = float(d.mean(axis=1).var(ddof=1)) / seeds
+    se2 = se_task2 + se_seed2
+    mean = float(d.mean())
+    if se2 == 0:
+        return (mean, mean)
+    nu = se2**2 / (se_task2**2 / (tasks - 1) + se_seed2**2 / (seeds - 1))
+    half = student_t_quantile((1 + confidence) / 2, max(1, math.floor(nu))) * math.sqrt(se2)
+    return (mean - half, mean + half)
+
+
 @dataclass(frozen=True)
 class Difference:
     """``candidate - reference`` on one split at one k, over ``tasks`` tasks (pairs, when ``paired``)."""
