@@ -18,6 +18,7 @@ from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
 from sdarflow.model_cache import local_model
 from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_uri
+from sdarflow.provenance import provenance
 from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES, build_model
@@ -127,6 +128,9 @@ def run_demo(
     # the run report the pipeline's last task published, also as a file beside summary.json
     (out / "run_report.html").write_bytes(storage.read_member(summary["run_report"], "report.html"))
     summary["seconds"] = round(time.perf_counter() - t0, 1)
+    # what made these figures: the code, the base model's build and content id, the machine (its CPU kind: the
+    # toy's build and so every figure differ between x86 CPU kinds)
+    summary["made_by"] = provenance(str(base))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     log.info("demo finished in %.0f s: %s", summary["seconds"], out / "summary.json")
     return summary
