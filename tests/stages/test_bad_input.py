@@ -406,3 +406,25 @@ def test_a_model_that_ships_its_own_code_is_refused_without_a_prompt(tmp_path, t
 def test_a_settings_refusal_names_its_fix(tmp_path, capsys, argv, expected):
     fails(capsys, [*argv, "--output", str(tmp_path / "out")], expected)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_refusal_in_a_subprocess_exits_2_not_sigabrt(tmp_path, tiny_model):
+    """A refused dataset (a wrong dtype) used to end in SIGABRT (exit 134, "terminate called without an active
+    exception") in most runs: the failed stage's frames, holding Arrow tables, were freed after torch at exit."""
+    table = pa.Table.from_pylist(rows(), schema=TRAJECTORY_SCHEMA)
+    table = table.set_column(table.schema.get_field_index("turn"), "turn", pa.array(["0"] * table.num_rows))
+    src = fake_dataset(tmp_path / "in", table)
+    argv = [
+        "rescore",
+        "--input",
+        src,
+        "--skills",
+        str(tiny_model / "seed_skills"),
+        "--model",
+        str(tiny_model),
+    ]
+    for i in range(3):
+        proc = cli(*argv, "--output", str(tmp_path / f"out{i}"))
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, err[-2000:]
+        assert "column 'turn' has type string, expected int32" in err and "terminate called" not in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 import signal
@@ -69,7 +70,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        # A failed stage's traceback holds its frames in a reference cycle, and with them Arrow tables read from
+        # Python bytes; freed only at interpreter teardown, after torch's, their destructors abort the process
+        # (SIGABRT, "terminate called without an active exception"). Free them while everything is alive.
+        gc.collect()
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = build_parser(argv).parse_args(argv)
     except SdarflowError as err:  # a flag's own check (a path that is not there), raised while parsing
