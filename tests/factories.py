@@ -19,6 +19,17 @@ from sdarflow.schema import RESCORED_SCHEMA
 
 # The base model fingerprint the fake eval reports record (no base model folder behind it)
 FAKE_BASE_ID = "0123456789abcdef"
+# What `sdarflow evaluate` records of how it evaluated, but the task count (the gate pairs only reports that
+# record the same)
+FAKE_PROTOCOL = {
+    "temperature": 1.0,
+    "max_turns": 0,
+    "max_new_tokens": 32,
+    "history_turns": 4,
+    "prompt_format": "command",
+    "first_task": 0,
+    "seed": 1234,
+}
 
 
 def fake_adapter(folder: Path, rank: int = 8, seed: int = 0) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from factories import FAKE_BASE_ID, dag_tasks, fake_adapter, fake_adapter_id
+from factories import FAKE_BASE_ID, FAKE_PROTOCOL, dag_tasks, fake_adapter, fake_adapter_id
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -213,22 +213,12 @@ def eval_report(test: list[int], adapter: str = "file:///adapter") -> dict:
         }
 
     splits = {"test": split(test), "ood": split([2] * 10)}
-    protocol = {
-        "temperature": 1.0,
-        "max_turns": 0,
-        "max_new_tokens": 32,
-        "history_turns": 4,
-        "prompt_format": "command",
-        "first_task": 0,
-        "tasks": 10,
-        "seed": 1234,
-    }
     return {
         "adapter": adapter,
         "base_model": "tiny",
         "splits": splits,
         "env": "tool-use",
-        "protocol": protocol,
+        "protocol": FAKE_PROTOCOL | {"tasks": 10},
         "adapter_id": None if adapter == "base" else fake_adapter_id(),  # what fake_adapter() makes
         "base_id": FAKE_BASE_ID,
     }

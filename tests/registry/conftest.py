@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from factories import FAKE_BASE_ID, fake_adapter, fake_adapter_id
+from factories import FAKE_BASE_ID, FAKE_PROTOCOL, fake_adapter, fake_adapter_id
 
 
 @pytest.fixture
@@ -52,18 +52,6 @@ def task_split(counts: list[int], n: int = 4, ks: tuple[int, ...] = (1, 2, 4)) -
     }
 
 
-# what `sdarflow evaluate` records of how it evaluated (the gate pairs only reports that record the same)
-PROTOCOL = {
-    "temperature": 1.0,
-    "max_turns": 0,
-    "max_new_tokens": 32,
-    "history_turns": 4,
-    "prompt_format": "command",
-    "first_task": 0,
-    "seed": 1234,
-}
-
-
 def task_report(
     test: list[int], ood: list[int] | None = None, n: int = 4, adapter: str = "file:///a"
 ) -> dict:
@@ -74,7 +62,7 @@ def task_report(
         "base_model": "tiny-qwen2",
         "splits": splits,
         "env": "tool-use",
-        "protocol": PROTOCOL | {"tasks": len(test)},  # evaluate plays as many tasks on every split
+        "protocol": FAKE_PROTOCOL | {"tasks": len(test)},  # evaluate plays as many tasks on every split
         # evaluated the default make_adapter() (tests.factories.bound binds a report to another adapter)
         "adapter_id": None if adapter in ("", "base") else fake_adapter_id(),
         "base_id": FAKE_BASE_ID,
