@@ -224,6 +224,8 @@ def round_record(r: int, rnd) -> dict:
         "gate_active_ratio": m_tr.get("sdar/gate_active_ratio"),
         "entropy": m_tr.get("actor/entropy"),
         "kl_loss": m_tr.get("actor/kl_loss"),
+        "approx_kl": m_tr.get("actor/approx_kl"),
+        "kl_stop_step": m_tr.get("train/kl_stop_step"),
         "clipfrac": m_tr.get("actor/clipfrac"),
         **{f"skill_rules_{v}": m_sk.get(f"skills/rules_{v}") for v in ("right", "wrong", "recipe_blind")},
     }

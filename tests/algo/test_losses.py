@@ -38,6 +38,8 @@ def test_ppo_hand_values_and_metrics():
     assert loss.item() == pytest.approx(sum(per_token) / 3, rel=1e-6)
     assert metrics["actor/clipfrac"] == pytest.approx(2 / 3)
     assert metrics["actor/ppo_kl"] == pytest.approx((0.0 - 0.5 + 0.5) / 3, abs=1e-7)
+    k3 = [x - 1 - math.log(x) for x in r]  # r - 1 - log r: 0 at r = 1, > 0 elsewhere
+    assert metrics["actor/approx_kl"] == pytest.approx(sum(k3) / 3, rel=1e-6)
     assert metrics["actor/ratio_mean"] == pytest.approx(sum(r) / 3, rel=1e-6)
     assert metrics["actor/clipfrac_lower"] == 0.0  # 0.8 < 3: the dual clip is not active
     assert all(isinstance(v, float) for v in metrics.values())

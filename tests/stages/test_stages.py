@@ -143,6 +143,17 @@ def test_train_publishes_a_peft_adapter_with_step_metrics(chain):
         assert key in lines[0]
 
 
+def test_train_target_kl_stops_the_round_and_says_where(chain, tiny_model, tmp_path, capsys):
+    """rescore's old log-probs are the policy's own, so step 1 measures KL ~0 and is applied; at lr 0.05 step 2
+    measures more than 1e-6 and ends the run unapplied: one metrics line, and the summary names step 2."""
+    out = run_cli(
+        capsys, "train", "--input", chain["rescore"], "--model", str(tiny_model), "--output",
+        str(tmp_path / "kl"), "--mini-batches", "1", "--epochs", "3", "--lr", "0.05", "--target-kl", "1e-6",
+    )  # fmt: skip
+    assert out["metrics"]["train/kl_stop_step"] == 2 and out["metrics"]["train/steps"] == 1
+    assert len(Path(tmp_path, "kl", "metrics.jsonl").read_text().splitlines()) == 1
+
+
 def test_evaluate_and_register(chain, tiny_model, tmp_path, capsys):
     out = run_cli(
         capsys,

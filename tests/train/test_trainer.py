@@ -337,6 +337,43 @@ def test_each_rl_step_records_the_aux_terms_gradient_share(tiny_model):
     assert grpo["grad/aux_share"] is None and grpo["grad/pg_norm"] > 0
 
 
+def _on_policy(model, rows: list[dict], pad: int) -> list[dict]:
+    """``rows`` with the model's own log-probs as old_logprobs (as rescore records them for the next update)."""
+    with torch.no_grad():
+        batch = make_batch(
+            [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows], pad
+        )
+        current = response_logprobs(model, batch)[0]
+    return [
+        {**r, "old_logprobs": lp[-len(r["response_token_ids"]) :].tolist()}
+        for r, lp in zip(rows, current, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("target_kl", [1e-4, 0.0])
+def test_target_kl_stops_before_the_step_that_measures_a_kl_above_it(tiny_model, target_kl):
+    """--target-kl: the first step (on-policy: KL 0) is applied; the second measures the KL its predecessor made,
+    above 1e-4 at lr 0.05, so the run stops there without applying it: the weights are exactly a one-step run's.
+    0 runs every step."""
+
+    def run(hp):
+        model, pad = lora_model(tiny_model)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+        samples = make_samples(_on_policy(model, rescored_rows(), pad))
+        state = train(TorchEngine(model, opt, 1.0), TrainData(samples, [], pad), hp, WarmupConstant(0.05))
+        return state, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    state, weights = run(TrainLoop(method="grpo", mini_batches=1, epochs=4, kl_coef=0.0, target_kl=target_kl))
+    if not target_kl:
+        assert state.step == 4 and state.kl_stop is None
+        return
+    assert state.step == 1 and len(state.history) == 1
+    assert state.history[0]["actor/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert state.kl_stop["step"] == 2 and state.kl_stop["approx_kl"] > target_kl
+    _, one_step = run(TrainLoop(method="grpo", mini_batches=1, max_steps=1, kl_coef=0.0))
+    assert all(torch.equal(weights[n], one_step[n]) for n in weights)
+
+
 def test_grpo_overfits_a_fixed_set_round_after_round(tiny_model):
     """The overfit direction at smoke size: GRPO rounds on the same groups (each round re-scored on-policy, as
     rescore does) widen every group's margin of its rewarded response over its unrewarded one, round after round."""
@@ -359,13 +396,7 @@ def test_grpo_overfits_a_fixed_set_round_after_round(tiny_model):
 
     history = [margins()]
     for _ in range(3):
-        with torch.no_grad():
-            batch = make_batch(
-                [r["prompt_token_ids"] for r in rows], [r["response_token_ids"] for r in rows], pad
-            )
-            current = response_logprobs(model, batch)[0]
-        for r, lp in zip(rows, current, strict=True):  # on-policy old log-probs, as the next round's rescore
-            r["old_logprobs"] = lp[-len(r["response_token_ids"]) :].tolist()
+        rows = _on_policy(model, rows, pad)  # as the next round's rescore
         rl_update(model, opt, make_samples(rows), TrainLoop(method="grpo", mini_batches=2, kl_coef=0.0), pad)
         history.append(margins())
     for group in zip(*history, strict=True):

@@ -48,7 +48,10 @@ def ppo_clip_loss(
         ``L1 = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and ``L_t = min(L1, -A c)`` where ``A < 0``,
         else ``L1``. Metrics: ``actor/clipfrac`` (share of tokens where the clipped term is the larger one),
         ``actor/clipfrac_lower`` (share where the dual clip is active), ``actor/ppo_kl`` (masked mean of
-        ``old - new``) and ``actor/ratio_mean``.
+        ``old - new``, verl's; k1, negative on a batch where the update raised the sampled tokens),
+        ``actor/approx_kl`` (masked mean of k3, ``r - 1 - log r``: the same KL(old || new) estimate but never
+        negative, Schulman's "Approximating KL Divergence" as Stable-Baselines3's PPO early stop reads it) and
+        ``actor/ratio_mean``.
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(
@@ -70,6 +73,7 @@ def ppo_clip_loss(
         "actor/clipfrac": masked_mean_value((clipped > unclipped).float(), mask),
         "actor/clipfrac_lower": masked_mean_value(lower.float(), mask),
         "actor/ppo_kl": masked_mean_value(-log_ratio, mask),
+        "actor/approx_kl": masked_mean_value(kl_penalty(old_logprobs.detach(), logprobs.detach()), mask),
         "actor/ratio_mean": masked_mean_value(ratio, mask),
     }
     return loss, metrics

@@ -294,6 +294,8 @@ def _train(cfg: TrainConfig) -> dict:
                 on_checkpoint=save_checkpoint,
             )
         summary = {**run_summary(state.history), **start}
+        if cfg.target_kl:  # the step --target-kl stopped before (0: every step ran)
+            summary["train/kl_stop_step"] = float(state.kl_stop["step"] if state.kl_stop else 0)
         if shaping:
             summary.update(shaping.metrics)
         objective = {**cfg.settings(), "rl_step": rl_step}  # as the run used them: the preset resolved

@@ -87,6 +87,8 @@ class TrainState:
     probe_rates: list[float] = field(default_factory=list)
     # (step, kept step): after this step the weights were the format rollback's target, kept at that step's probe
     rollback_at: tuple[int, int] | None = None
+    # {"step", "approx_kl"}: the step --target-kl stopped the run before (not applied), and the KL it measured
+    kl_stop: dict | None = None
 
     def cursor(self, rl_mini: int, sft_mini: int) -> dict[str, int]:
         """The data cursor: epoch and position in the shuffled order of each stream, and the step."""
@@ -113,4 +115,5 @@ class TrainState:
             history=list(d.get("history", [])),
             probe_rates=[float(x) for x in d.get("probe_rates", [])],
             rollback_at=tuple(int(x) for x in d["rollback_at"]) if d.get("rollback_at") else None,
+            kl_stop=d.get("kl_stop"),
         )

@@ -84,6 +84,13 @@ class TrainLoop(Objective):
     max_steps: int = opt(0, "total optimizer steps, cycling epochs; 0 = epochs x mini_batches", ge=0)
     micro_batch_tokens: int = opt(8192, "padded tokens per forward/backward (gradient accumulation)", ge=1)
     max_grad_norm: float = opt(1.0, "gradient clipping (global L2 norm); 0 = off", ge=0)
+    target_kl: float = opt(
+        0.0,
+        "stop the run before the first RL step whose mini-batch measures a KL to the rollout policy above this "
+        "(actor/approx_kl, k3, before the update), without applying that step: PPO's early stop, 0.01-0.05 as in "
+        "Stable-Baselines3; 0 = off, every step runs (the SDAR reference)",
+        ge=0,
+    )
     max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
     seed: int = opt(0, "seed for init and shuffling", ge=0, le=MAX_SEED)
     save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
@@ -129,6 +136,14 @@ def train(
     while state.step < total:
         kind = next(kinds)
         record = _one_step(engine, data, cfg, state, kind, schedule.lr_at(state.step))
+        if record is None:  # the policy left the trust region: the rest of the round's data is stale
+            kl = state.kl_stop["approx_kl"]
+            log.info(
+                "train: stopped before step %d of %d: KL %.4g to the rollout policy > --target-kl %g (that step "
+                "was not applied)",
+                state.step + 1, total, kl, cfg.target_kl,
+            )  # fmt: skip
+            break
         state.step += 1
         state.rl_steps += kind == "rl"
         state.sft_steps += kind == "sft"
@@ -185,8 +200,9 @@ def _sft_ratio(data: TrainData, cfg: TrainLoop) -> float | Fraction:
 
 def _one_step(
     engine: TrainEngine, data: TrainData, cfg: TrainLoop, state: TrainState, kind: str, lr: float
-) -> dict:
-    """One optimizer step of ``kind`` on the next mini-batch of its stream; returns the step's record."""
+) -> dict | None:
+    """One optimizer step of ``kind`` on the next mini-batch of its stream; returns the step's record, or None
+    (gradient dropped, ``state.kl_stop`` set) for an RL step whose measured PPO KL is above ``cfg.target_kl``."""
     t0 = time.perf_counter()
     rows, done = (data.samples, state.rl_steps) if kind == "rl" else (data.sft_pairs, state.sft_steps)
     epoch, position, idx = mini_batch(len(rows), min(cfg.mini_batches, len(rows)), cfg.seed, done, kind)
@@ -205,6 +221,10 @@ def _one_step(
         loss_fn = partial(sft_micro_step, engine.forward_model, pad_id=data.pad_id, device=engine.device)
     agg = cfg.agg if kind == "rl" else "token-mean"
     metrics, tokens = accumulate(engine, [rows[i] for i in idx], loss_fn, agg, cfg.micro_batch_tokens)
+    if kind == "rl" and cfg.target_kl > 0 and metrics["actor/approx_kl"] > cfg.target_kl:
+        engine.zero_grad()
+        state.kl_stop = {"step": state.step + 1, "approx_kl": metrics["actor/approx_kl"]}
+        return None
     result = engine.step(lr)
     dt = time.perf_counter() - t0
     finite = result.applied and all(math.isfinite(v) for v in metrics.values())
