@@ -25,9 +25,15 @@ from sdarflow.errors import ConfigError
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "KFP_TOKEN"
-# The oldest KFP backend the compiled pipelines are written for: fan-in over a sub-DAG (dsl.Collected of the sharded
-# generate), typed artifacts between tasks, kfp-kubernetes timeouts, emptyDir mounts and ephemeral volumes.
-MIN_BACKEND = (2, 5, 0)
+# The oldest KFP backend the compiled pipelines run on, read from kubeflow/pipelines' history: every task takes
+# the S3 Secret's optional keys (AWS_ENDPOINT_URL, AWS_DEFAULT_REGION) as `secretAsEnv` with `optional: true`,
+# which the driver honours since 2.15.0 (55ec8469, #12216); 2.4.1-2.14 drop the field, so a Secret without those
+# keys fails every pod, and 2.4.0 and older refuse the whole spec (`unknown field "optional"`, #12495, #11935).
+MIN_BACKEND = (2, 15, 0)
+# The oldest that applies the tasks' security context (kfp-kubernetes set_security_context, read by the driver
+# since 2.16.0: 64ad98e7, #12832) and hardens the rest of the pod (07f35fc0, #12782): older backends run the
+# tasks without it, and a namespace enforcing Pod Security "restricted" rejects every task pod.
+RESTRICTED_BACKEND = (2, 16, 0)
 DEFAULT_EXPERIMENT = "sdarflow"
 
 
@@ -108,12 +114,19 @@ def check_backend(host: str) -> str | None:
             "the KFP server at %s does not tell its version; it needs %s or newer", host, _dotted(MIN_BACKEND)
         )
         return None
-    if tuple(int(p) for p in parts) < MIN_BACKEND:
+    version = tuple(int(p) for p in parts)
+    if version < MIN_BACKEND:
         raise ConfigError(
-            f"the KFP backend at {host} is {tag}, older than {_dotted(MIN_BACKEND)}, which the pipelines need (fan-in "
-            f"over a sub-DAG, typed artifacts between tasks, task timeouts and volumes); fix: upgrade Kubeflow "
+            f"the KFP backend at {host} is {tag}, older than {_dotted(MIN_BACKEND)}, whose driver the pipelines need "
+            f"(optional Secret keys as env, fan-in over a sub-DAG, task timeouts and volumes); fix: upgrade Kubeflow "
             f"Pipelines, or pass --skip-version-check to upload anyway"
         )
+    if version < RESTRICTED_BACKEND:
+        log.warning(
+            "the KFP backend at %s is %s: it ignores the tasks' security context (applied since %s), so a namespace "
+            "enforcing Pod Security restricted rejects every task pod; runs in a baseline namespace are not affected",
+            host, tag, _dotted(RESTRICTED_BACKEND),
+        )  # fmt: skip
     return tag
 
 

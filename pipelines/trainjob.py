@@ -8,7 +8,8 @@ torchrun reads (nodes, processes per node, rank, master address), so the flags c
 Fields written (checked against the Trainer v2.2 API types, ``pkg/apis/trainer/v1alpha1/trainjob_types.go``):
 ``spec.runtimeRef{name, apiGroup, kind}``, ``spec.trainer{image, command, env, numNodes, numProcPerNode,
 resourcesPerNode}`` and, for GPU node pools, ``spec.runtimePatches[].trainingRuntimeSpec.template.spec.
-replicatedJobs[name=node].template.spec.template.spec{nodeSelector, tolerations}`` (Trainer >= 2.2).
+replicatedJobs[name=node].template.spec.template.spec{securityContext, containers[name=node].securityContext,
+imagePullSecrets, nodeSelector, tolerations}`` (Trainer >= 2.2), so the pods pass Pod Security "restricted".
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration, pull_secrets, queue_label
 from sdarflow.config import StageConfig
-from sdarflow.defaults import S3_SECRET
+from sdarflow.defaults import RUN_AS_UID, S3_SECRET, container_security_context, pod_security_context
 from sdarflow.errors import ConfigError
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -74,6 +75,7 @@ def trainjob_manifest(
     tolerations: list[Toleration] | None = None,
     queue: str = "",
     image_pull_secrets: list[str] | None = None,
+    run_as_user: int | None = RUN_AS_UID,
 ) -> dict[str, Any]:
     """The TrainJob for one train stage config (``TrainConfig``) on ``nodes`` x ``gpus_per_node`` GPUs. Its ranks
     train with DeepSpeed whatever ``cfg.engine`` says (the torch engine trains in one process)."""
@@ -126,29 +128,36 @@ def trainjob_manifest(
         node_selector or {},
         tolerations if tolerations is not None else [Toleration("nvidia.com/gpu")],
         pull_secrets(image_pull_secrets or []),
+        run_as_user,
     )
-    if patch:
-        spec["runtimePatches"] = [
-            {
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {
-                    "template": {
-                        "spec": {
-                            "replicatedJobs": [
-                                {"name": TRAINER_JOB, "template": {"spec": {"template": {"spec": patch}}}}
-                            ]
-                        }
+    spec["runtimePatches"] = [
+        {
+            "manager": PATCH_MANAGER,
+            "trainingRuntimeSpec": {
+                "template": {
+                    "spec": {
+                        "replicatedJobs": [
+                            {"name": TRAINER_JOB, "template": {"spec": {"template": {"spec": patch}}}}
+                        ]
                     }
-                },
-            }
-        ]
+                }
+            },
+        }
+    ]
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
 def _pod_patch(
-    node_selector: dict[str, str], tolerations: list[Toleration], image_pull_secrets: list[dict[str, str]]
+    node_selector: dict[str, str],
+    tolerations: list[Toleration],
+    image_pull_secrets: list[dict[str, str]],
+    run_as_user: int | None,
 ) -> dict[str, Any]:
-    patch: dict[str, Any] = {}
+    patch: dict[str, Any] = {
+        "securityContext": pod_security_context(run_as_user),
+        # the runtime's other containers (dataset and model initializers, when it has them) are the runtime's
+        "containers": [{"name": TRAINER_JOB, "securityContext": container_security_context()}],
+    }
     if image_pull_secrets:
         patch["imagePullSecrets"] = image_pull_secrets
     if node_selector:

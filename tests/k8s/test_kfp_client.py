@@ -30,7 +30,7 @@ class FakeKFP:
         self.pipelines: dict[str, dict] = {}  # id -> {"display_name", "versions": [version, ...]}
         self.experiments: dict[str, str] = {}  # id -> name
         self.lock = threading.Lock()
-        self.tag_name = "2.5.0"
+        self.tag_name = "2.16.0"
 
     def paths(self, method: str | None = None) -> list[str]:
         return [r["path"] for r in self.requests if method is None or r["method"] == method]
@@ -196,14 +196,25 @@ def test_upload_creates_the_pipeline_then_adds_versions(kfp_server, package, cap
 
 
 @pytest.mark.parametrize(
-    ("tag", "refused"), [("2.4.1", True), ("1.8.5", True), ("2.5.0", False), ("2.14.3", False)]
+    ("tag", "refused"),
+    [
+        ("2.4.1", True),
+        ("1.8.5", True),
+        ("2.14.3", True),
+        ("2.15.0", False),
+        ("2.16.0", False),
+        ("2.17.1", False),
+    ],
 )
-def test_upload_checks_the_backend_version(kfp_server, package, capsys, tag, refused):
+def test_upload_checks_the_backend_version(kfp_server, package, capsys, caplog, tag, refused):
     url, fake = kfp_server
     fake.tag_name = tag
     code, _, err = run_cli(capsys, "upload", "--host", url, "--package", package)
+    # 2.15 runs the pipelines, but without the tasks' security context: restricted namespaces reject the pods
+    assert ("ignores the tasks' security context" in caplog.text) == (tag == "2.15.0")
     if refused:
-        assert code == 2 and f"is {tag}, older than 2.5.0" in err and "--skip-version-check" in err
+        assert code == 2 and f"is {tag}, older than 2.15.0" in err and "--skip-version-check" in err
+        assert len(err.strip().splitlines()) == 1
         assert f"{API}/pipelines/upload" not in fake.paths()
         assert run_cli(capsys, "upload", "--host", url, "--package", package, "--skip-version-check")[0] == 0
     else:

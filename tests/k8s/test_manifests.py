@@ -194,8 +194,11 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
     assert [a.replace("/production", f"/{version}") for a in shlex.split(script)] == gen_vllm["command"]
     assert fixed_path in " ".join(gen_vllm["command"])
     assert deploy["spec"]["strategy"] == gen_deploy["spec"]["strategy"] == {"type": "Recreate"}
-    for key in ("name", "ports", "resources", "readinessProbe"):
+    for key in ("name", "env", "ports", "resources", "readinessProbe", "securityContext"):
         assert vllm[key] == gen_vllm[key], key
+    assert pod["securityContext"] == gen_pod["securityContext"]
+    assert vllm["volumeMounts"][-1] == gen_vllm["volumeMounts"][-1]  # the cache
+    assert [v for v in pod["volumes"] if "emptyDir" in v] == gen_pod["volumes"]
     assert set(vllm["resources"]["requests"]) == {"cpu", "memory"}
     (fetch,), (gen_fetch,) = pod["initContainers"], gen_pod["initContainers"]
     assert fetch["name"] == gen_fetch["name"] and fetch["envFrom"] == gen_fetch["envFrom"]
@@ -204,4 +207,5 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
     )
     assert "--rank-file /adapters/max-lora-rank" in fetch["command"][-1]
     assert fetch["volumeMounts"] == gen_fetch["volumeMounts"]
+    assert fetch["securityContext"] == gen_fetch["securityContext"]
     assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]

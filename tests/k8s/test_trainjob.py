@@ -63,7 +63,13 @@ def as_pod(manifest: dict) -> dict:
     }
     for patch in manifest["spec"].get("runtimePatches", []):
         (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-        pod_spec.update(job["template"]["spec"]["template"]["spec"])
+        pod_patch = dict(job["template"]["spec"]["template"]["spec"])
+        for container in pod_patch.pop(
+            "containers", []
+        ):  # a ContainerPatch merges into the runtime's container
+            (target,) = [c for c in pod_spec["containers"] if c["name"] == container["name"]]
+            target.update(container)
+        pod_spec.update(pod_patch)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -124,7 +130,9 @@ def test_command_rebuilds_the_same_train_config_on_deepspeed(engine):
     rebuilt = TrainConfig.load(None, **overrides)
     assert rebuilt.to_dict() == dataclasses.replace(cfg, engine="deepspeed").to_dict()
     assert rebuilt.config_hash() == manifest["metadata"]["annotations"]["sdarflow.io/config-hash"]
-    assert "runtimePatches" not in manifest["spec"]  # no node selector, no tolerations: nothing to patch
+    (patch,) = manifest["spec"]["runtimePatches"]  # no selector or tolerations: the security context only
+    (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert set(job["template"]["spec"]["template"]["spec"]) == {"securityContext", "containers"}
     assert (
         "--sdar-coef" in argv and "--no-norm-by-std" in argv and "--gate-beta" not in argv
     )  # only changed settings

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from sdarflow.cli.common import PRESET_NAMES, ReadsPath, emit, output_flag, pairs, study_flags
-from sdarflow.defaults import S3_SECRET
+from sdarflow.defaults import RUN_AS_UID, S3_SECRET
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def kube_options(args: argparse.Namespace):
             "pipeline_root": args.pipeline_root,
             "queue": args.queue,
             "image_pull_secrets": args.image_pull_secret,
+            "run_as_user": args.run_as_user,
             "parallelism": args.parallelism,
         }
     )
@@ -214,11 +215,23 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
         tolerations=[Toleration.parse(t) for t in specs] if args.toleration else None,
         queue=args.queue,
         image_pull_secrets=args.image_pull_secret,
+        run_as_user=args.run_as_user,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(yaml.safe_dump(manifest, sort_keys=False))
     print(args.out)
     return 0
+
+
+def _uid(text: str) -> int | None:
+    """``--run-as-user``: a positive UID, or none."""
+    if text == "none":
+        return None
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a non-root UID; fix: a UID above 0 (the images run as {RUN_AS_UID}) or none"
+        )
+    return int(text)
 
 
 def _scheduling_flags(p: argparse.ArgumentParser) -> None:
@@ -239,6 +252,14 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME",
         help="docker-registry Secret every pod pulls its image with, for a private registry [repeatable]",
+    )
+    p.add_argument(
+        "--run-as-user",
+        type=_uid,
+        default=RUN_AS_UID,
+        metavar="UID|none",
+        help=f"UID and GID the pods run as (default {RUN_AS_UID}, the images' user), so a namespace enforcing Pod "
+        "Security restricted admits them; none: only runAsNonRoot, the platform assigns the user (OpenShift)",
     )
     p.add_argument(
         "--queue",
@@ -337,7 +358,7 @@ def _add_upload(u: argparse.ArgumentParser) -> None:
     u.add_argument(
         "--skip-version-check",
         action="store_true",
-        help="upload to a KFP backend older than 2.5 (not supported)",
+        help="upload to a KFP backend older than 2.15 (not supported)",
     )
     u.set_defaults(func=_cmd_upload)
 

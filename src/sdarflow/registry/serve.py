@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import __version__
-from sdarflow.defaults import S3_SECRET
+from sdarflow.defaults import S3_SECRET, container_security_context, pod_security_context
 from sdarflow.errors import ModelError
 from sdarflow.models.identity import max_lora_rank
 from sdarflow.registry.errors import RegistryError
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
 SERVING_CPU, SERVING_MEMORY = "8", "64Gi"
+# vLLM's image runs as root with its caches under /root; run as our non-root user, they go to a writable emptyDir
+# (HOME for Triton and torch, XDG_CACHE_HOME for vLLM's and Hugging Face's), and the model comes from the volume.
+SERVING_CACHE = "/cache"
+SERVING_ENV = [
+    {"name": "HF_HUB_OFFLINE", "value": "1"},
+    {"name": "HOME", "value": SERVING_CACHE},
+    {"name": "XDG_CACHE_HOME", "value": SERVING_CACHE},
+]
 
 
 def production_adapters(registry: Registry, name: str | None, adapter_root: str) -> list[dict[str, Any]]:
@@ -118,6 +126,7 @@ def serve_config(
                 # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
                 "envFrom": [{"secretRef": {"name": secret}}],
                 "volumeMounts": [mount],
+                "securityContext": container_security_context(),
             }
         ],
         "containers": [
@@ -125,6 +134,7 @@ def serve_config(
                 "name": "vllm",
                 "image": image,
                 "command": args,
+                "env": SERVING_ENV,
                 "ports": [{"name": "http", "containerPort": port}],
                 # Requests so the scheduler reserves the host memory vLLM needs to load the model and its CPU for
                 # tokenization; limit = request for memory (no eviction surprises).
@@ -132,7 +142,8 @@ def serve_config(
                     "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
                     "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
                 },
-                "volumeMounts": [{**mount, "readOnly": True}],
+                "volumeMounts": [{**mount, "readOnly": True}, {"name": "cache", "mountPath": SERVING_CACHE}],
+                "securityContext": container_security_context(),
                 # Model load takes minutes: readiness, not liveness, gates traffic.
                 "readinessProbe": {
                     "httpGet": {"path": "/health", "port": "http"},
@@ -141,7 +152,8 @@ def serve_config(
                 },
             }
         ],
-        "volumes": [{"name": "adapters", "emptyDir": {}}],
+        "volumes": [{"name": "adapters", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
+        "securityContext": pod_security_context(),  # Pod Security "restricted" admits it
     }
     annotations = {
         "sdarflow.io/registry": registry.uri,
