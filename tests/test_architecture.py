@@ -44,6 +44,7 @@ LAYERS: list[set[str]] = [
         "model_cache",
         "pipeline_config",
         "kfp_runtime",
+        "cluster_check",
         "plan",
         "study",
         "provenance",

@@ -262,6 +262,20 @@ def skip_run(reason: str, markdown=None, metrics=None) -> str:
     return f"skipped: {reason}"
 
 
+def smoke(storage_uri: str, gpus: int, run_id: str, markdown=None, metrics=None) -> str:
+    """The smoke pipeline's task (:mod:`sdarflow.cluster_check`): its table in the UI, then a one-line failure
+    naming each failed check and its fix, if any failed."""
+    from sdarflow import cluster_check
+
+    setup_logging()
+    checks = cluster_check.check_cluster(storage_uri, gpus, run_id)
+    _write_text(markdown, cluster_check.markdown(checks))
+    if metrics is not None:
+        metrics.log_metric("checks_failed", float(sum(not c.ok for c in checks)))
+    cluster_check.raise_failed(checks)
+    return f"all {len(checks)} checks passed"
+
+
 def _evaluated_version(pc: PipelineConfig, evaluation: str) -> tuple[int, dict] | None:
     """(version, report) of a registry version's evaluation in this run, the version its adapter copy's manifest
     names (of the run's registry and policy); None for ""."""

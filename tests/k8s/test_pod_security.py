@@ -165,7 +165,10 @@ def _executors(platform: dict) -> dict:
 
 @pytest.mark.parametrize(
     "flags",
-    [*(["--preset", p] for p in PIPELINE_PRESETS), ["--pipeline", "promote"], ["--pipeline", "study"]],
+    [
+        *(["--preset", p] for p in PIPELINE_PRESETS),
+        *(["--pipeline", p] for p in ("promote", "study", "smoke")),
+    ],
     ids=lambda f: "-".join(f).lstrip("-"),
 )
 def test_every_compiled_task_is_admitted_by_a_restricted_namespace(tmp_path, flags):

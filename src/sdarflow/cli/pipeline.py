@@ -18,7 +18,7 @@ from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PIPELINES = ("training", "promote", "study")
+PIPELINES = ("training", "promote", "study", "smoke")
 PACKAGE_FIX = "compile one first: sdarflow pipeline compile --output FILE.yaml"
 
 
@@ -46,7 +46,8 @@ def kube_options(args: argparse.Namespace):
     images from the flags, else ``images/built.json``, else the release tags (with a warning)."""
     from pipelines.kube import KubeOptions, Toleration
 
-    opts = KubeOptions.for_preset(args.preset if args.pipeline == "training" else None)
+    # the smoke pipeline's one task asks what the training pipeline's train task asks
+    opts = KubeOptions.for_preset(args.preset if args.pipeline in ("training", "smoke") else None)
     built = built_images(BUILT_IMAGES)
     images = {k: getattr(args, k) or built.get(k) or getattr(opts, k) for k in IMAGE_KEYS}
     tolerations = opts.tolerations
@@ -117,6 +118,10 @@ def compile_pipeline(
         from sdarflow.study import DEFAULT_METHODS, DEFAULT_SEEDS
 
         func = build_study_pipeline(methods or list(DEFAULT_METHODS), seeds or list(DEFAULT_SEEDS), kube)
+    elif pipeline == "smoke":
+        from pipelines.smoke import build_smoke_pipeline
+
+        func = build_smoke_pipeline(kube)
     else:
         raise ConfigError(f"unknown pipeline {pipeline!r}; allowed: {', '.join(PIPELINES)}")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -287,13 +292,17 @@ def _server_flags(p: argparse.ArgumentParser, source: bool = True) -> None:
         p.add_argument("--service-account", help="Kubernetes ServiceAccount the run's pods use")
 
 
-def _add_compile(c: argparse.ArgumentParser) -> None:
+def _add_compile(c: argparse.ArgumentParser, smoke: bool = False) -> None:
+    """``pipeline compile``'s flags; ``smoke``: ``pipeline smoke``'s, the same without the pipeline's shape."""
     output_flag(c, "the compiled KFP IR YAML", required=True)
-    c.add_argument(
-        "--pipeline", default="training", choices=PIPELINES, help="which pipeline (default training)"
-    )
-    c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
-    c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
+    if smoke:
+        c.set_defaults(pipeline="smoke", rounds=1, shards=1, methods=None, seeds=None)
+    else:
+        c.add_argument(
+            "--pipeline", default="training", choices=PIPELINES, help="which pipeline (default training)"
+        )
+        c.add_argument("--rounds", type=int, default=2, help="RL rounds, unrolled at compile time")
+        c.add_argument("--shards", type=int, default=1, help="parallel generate tasks per round")
     c.add_argument(
         "--preset",
         default="production",
@@ -305,7 +314,8 @@ def _add_compile(c: argparse.ArgumentParser) -> None:
         "4096-token prompts; train on 4 GPUs) or a demo size (demo, smoke and pretrained run without GPUs; "
         "default production)",
     )
-    study_flags(c, "--pipeline study: ")
+    if not smoke:
+        study_flags(c, "--pipeline study: ")
     c.add_argument("--image", help="CPU image (default: components.IMAGE)")
     c.add_argument("--train-image", help="GPU image of rescore and train (default: the -train-gpu image)")
     c.add_argument(
@@ -410,6 +420,10 @@ SUBCOMMANDS = {
     "run": ("start a run", _add_run),
     "schedule": ("create a recurring run (no catch-up, one at a time)", _add_schedule),
     "trainjob": ("write a Kubeflow Trainer TrainJob for a multi-node train stage", _add_trainjob),
+    "smoke": (
+        "write the one-task pipeline a team runs first: a pod wired as the train task's checks the cluster",
+        lambda p: _add_compile(p, smoke=True),
+    ),
 }
 
 
