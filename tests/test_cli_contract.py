@@ -164,7 +164,10 @@ _UNRENDERED = re.compile(r"%|\{[A-Za-z_][\w.]*(![rsa])?(:[^{}\s]*)?\}")
 @pytest.mark.parametrize("pipeline", ["training", "promote", "study"])
 def test_every_pipeline_parameter_description_renders(pipeline, tmp_path):
     out = tmp_path / "spec.yaml"
-    assert main(["pipeline", "compile", "--pipeline", pipeline, "--output", str(out)]) == 0
+    assert (
+        main(["pipeline", "compile", "--pipeline", pipeline, "--output", str(out), "--allow-release-tags"])
+        == 0
+    )
     spec = next(yaml.safe_load_all(out.read_text()))
     described = {"pipeline": spec["pipelineInfo"].get("description", "")}
     for name, param in spec["root"]["inputDefinitions"]["parameters"].items():

@@ -163,7 +163,7 @@ def test_demo_dag_on_s3(tiny_model, tmp_path, s3_root):
 
 def test_compiled_spec_has_every_stage(tmp_path, capsys):
     out = tmp_path / "pipeline.yaml"
-    assert main(["pipeline", "compile", "--output", str(out), "--rounds", "1"]) == 0
+    assert main(["pipeline", "compile", "--output", str(out), "--rounds", "1", "--allow-release-tags"]) == 0
     spec = next(yaml.safe_load_all(out.read_text()))  # the second document is the Kubernetes platform spec
     tasks = dag_tasks(spec)
     assert {"prepare", "generate", "extract-skills", "rescore", "train", "evaluate", "register"} <= set(tasks)

@@ -31,7 +31,7 @@ CANARY = "canary-secret-value-that-must-not-leak"
 def compile_spec(tmp_path: Path, *flags: str) -> tuple[dict, dict, str]:
     """(pipeline spec, platform spec, raw text) of a compile run with ``flags``."""
     out = tmp_path / "pipeline.yaml"
-    assert main(["pipeline", "compile", "--output", str(out), *flags]) == 0
+    assert main(["pipeline", "compile", "--output", str(out), "--allow-release-tags", *flags]) == 0
     text = out.read_text()
     docs = list(yaml.safe_load_all(text))
     return docs[0], (docs[1] if len(docs) > 1 else {}), text
@@ -387,7 +387,22 @@ def test_study_pipeline_spec(tmp_path, monkeypatch):
 
 def test_study_pipeline_needs_grpo(tmp_path, capsys):
     out = str(tmp_path / "p.yaml")
-    assert main(["pipeline", "compile", "--output", out, "--pipeline", "study", "--methods", "sdar"]) == 2
+    assert (
+        main(
+            [
+                "pipeline",
+                "compile",
+                "--output",
+                out,
+                "--allow-release-tags",
+                "--pipeline",
+                "study",
+                "--methods",
+                "sdar",
+            ]
+        )
+        == 2
+    )
     assert "must include grpo" in capsys.readouterr().err
 
 
@@ -404,7 +419,10 @@ def test_study_pipeline_needs_grpo(tmp_path, capsys):
     ],
 )
 def test_bad_compile_flags_fail_with_the_fix(tmp_path, capsys, flags, message):
-    assert main(["pipeline", "compile", "--output", str(tmp_path / "p.yaml"), *flags]) == 2
+    assert (
+        main(["pipeline", "compile", "--output", str(tmp_path / "p.yaml"), "--allow-release-tags", *flags])
+        == 2
+    )
     assert message in capsys.readouterr().err
 
 
@@ -646,9 +664,19 @@ def test_compile_pins_the_images_make_images_built(tmp_path, monkeypatch, caplog
     err = capsys.readouterr().err
     assert "does not name the three images" in err and "fix: run `make images` again" in err
     (tmp_path / "images" / "built.json").unlink()
+    # production (the default preset) refuses the release tags unless told; the other presets warn
+    assert main(["pipeline", "compile", "--output", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        len(err.strip().splitlines()) == 1
+        and "would run the release tags" in err
+        and "--allow-release-tags" in err
+    )
+    assert not (tmp_path / "p.yaml").exists()
     with caplog.at_level("WARNING"):
-        spec, _, _ = compile_spec(tmp_path)
-    assert "no images/built.json from `make images`: the tasks use the release tags" in caplog.text
+        spec, _, _ = compile_spec(tmp_path)  # with --allow-release-tags
+        assert main(["pipeline", "compile", "--output", str(tmp_path / "demo.yaml"), "--preset", "demo"]) == 0
+    assert caplog.text.count("no images/built.json from `make images`: the tasks use the release tags") == 2
     assert _images(spec) == {IMAGE, TRAIN_GPU_IMAGE, ROLLOUT_GPU_IMAGE}
 
 

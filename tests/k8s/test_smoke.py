@@ -60,7 +60,20 @@ def test_smoke_compiles_one_task_wired_as_the_train_task(tmp_path):
     out = tmp_path / "smoke.yaml"
     from sdarflow.cli import main
 
-    assert main(["pipeline", "smoke", "--output", str(out), "--image-pull-secret", "regcred"]) == 0
+    assert (
+        main(
+            [
+                "pipeline",
+                "smoke",
+                "--output",
+                str(out),
+                "--image-pull-secret",
+                "regcred",
+                "--allow-release-tags",
+            ]
+        )
+        == 0
+    )
     import yaml
 
     smoke_spec, smoke_platform = list(yaml.safe_load_all(out.read_text()))

@@ -6,6 +6,7 @@ command checked to rebuild exactly the same train config through the sdarflow CL
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import kubernetes_validate
@@ -164,6 +165,26 @@ def test_cli_from_a_runs_pipeline_config(tmp_path):
         {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"}
     ]
     kubernetes_validate.validate(pod, K8S, strict=True)
+
+
+def test_trainjob_runs_the_train_image_make_images_built(tmp_path, monkeypatch):
+    from sdarflow.cli import main
+
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(train_config().to_dict()))
+    monkeypatch.chdir(tmp_path)  # where `make images` ran
+    (tmp_path / "images").mkdir()
+    built = {"image": "c", "train_image": "reg.example/sdarflow-train-gpu:0.1.0-abc", "rollout_image": "r"}
+    (tmp_path / "images" / "built.json").write_text(json.dumps(built))
+    assert main(["pipeline", "trainjob", "--output", "t.yaml", "--train-config", str(cfg)]) == 0
+    assert (
+        yaml.safe_load((tmp_path / "t.yaml").read_text())["spec"]["trainer"]["image"] == built["train_image"]
+    )
+    assert (
+        main(["pipeline", "trainjob", "--output", "t.yaml", "--train-config", str(cfg), "--image", "x:1"])
+        == 0
+    )
+    assert yaml.safe_load((tmp_path / "t.yaml").read_text())["spec"]["trainer"]["image"] == "x:1"
 
 
 def test_trainjob_flags_need_one_source(tmp_path, capsys):

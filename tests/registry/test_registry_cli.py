@@ -145,6 +145,28 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.9.0"
 
 
+def test_serve_config_fetches_with_the_image_make_images_built(local_registry, files, tmp_path, monkeypatch):
+    reg = ["--registry", local_registry, "--policy-name", "agent"]
+    run(["register", *reg, "--adapter", files["adapter"], "--eval", files["noise"]])
+    run(["promote", *reg, "--version", "1", "--force", "--reason", "test setup"])
+    monkeypatch.chdir(tmp_path)  # where `make images` ran
+    (tmp_path / "images").mkdir()
+    built = {"image": "reg.example/sdarflow:0.1.0-abc", "train_image": "t", "rollout_image": "r"}
+    (tmp_path / "images" / "built.json").write_text(json.dumps(built))
+    argv = [
+        "serve-config",
+        "--registry",
+        local_registry,
+        "--base-model",
+        "/m",
+        "--output",
+        str(tmp_path / "k.yaml"),
+    ]
+    assert run(argv) == 0
+    deployment, _ = yaml.safe_load_all((tmp_path / "k.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["initContainers"][0]["image"] == built["image"]
+
+
 def test_cli_force_and_errors(local_registry, files, capsys):
     from sdarflow.errors import ConfigError
 

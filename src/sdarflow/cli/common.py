@@ -1,15 +1,49 @@
 """What several commands share: the parser class, flags that read paths, JSON/YAML output, ``KEY=VALUE`` flags, the
-demo presets' names, study flags."""
+demo presets' names, study flags, the images ``make images`` built."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from sdarflow.errors import ConfigError, StorageError
+
+log = logging.getLogger(__name__)
+
+# What `make images` built and tagged; compile pins these images unless --image* flags say otherwise.
+BUILT_IMAGES = Path("images") / "built.json"
+IMAGE_KEYS = ("image", "train_image", "rollout_image")
+
+
+def built_images(path: Path) -> dict[str, str]:
+    """The image references ``make images`` recorded in ``path`` ({} when there is no such file)."""
+    if not path.is_file():
+        return {}
+    fix = "fix: run `make images` again, or pass --image, --train-image and --rollout-image"
+    try:
+        built = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read the built images in '{path}' ({err}); {fix}") from err
+    if not isinstance(built, dict) or not all(isinstance(built.get(k), str) and built[k] for k in IMAGE_KEYS):
+        raise ConfigError(f"'{path}' does not name the three images ({', '.join(IMAGE_KEYS)}); {fix}")
+    return {k: built[k] for k in IMAGE_KEYS}
+
+
+def pinned_image(key: str, release: str, flag: str) -> str:
+    """The image ``make images`` recorded under ``key`` in :data:`BUILT_IMAGES`, else ``release`` with a warning
+    (for a command with an image flag of its own, ``flag``)."""
+    built = built_images(BUILT_IMAGES)
+    if key in built:
+        return built[key]
+    log.warning(
+        "no %s from `make images`: using the release tag %s; pin yours with %s", BUILT_IMAGES, release, flag
+    )
+    return release
+
 
 # sdarflow.sizes.SIZES' names (a test keeps them equal; importing it here would slow every --help)
 PRESET_NAMES = ("demo", "smoke", "gpu", "pretrained")

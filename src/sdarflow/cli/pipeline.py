@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from sdarflow.cli.common import PRESET_NAMES, ReadsPath, emit, output_flag, pairs, study_flags
+from sdarflow.cli.common import (
+    BUILT_IMAGES,
+    IMAGE_KEYS,
+    PRESET_NAMES,
+    ReadsPath,
+    built_images,
+    emit,
+    output_flag,
+    pairs,
+    pinned_image,
+    study_flags,
+)
 from sdarflow.defaults import RUN_AS_UID, S3_SECRET
 from sdarflow.errors import ConfigError
 
@@ -20,25 +30,6 @@ log = logging.getLogger(__name__)
 
 PIPELINES = ("training", "promote", "study", "smoke")
 PACKAGE_FIX = "compile one first: sdarflow pipeline compile --output FILE.yaml"
-
-
-# What `make images` built and tagged; compile pins these images unless --image* flags say otherwise.
-BUILT_IMAGES = Path("images") / "built.json"
-IMAGE_KEYS = ("image", "train_image", "rollout_image")
-
-
-def built_images(path: Path) -> dict[str, str]:
-    """The image references ``make images`` recorded in ``path`` ({} when there is no such file)."""
-    if not path.is_file():
-        return {}
-    fix = "fix: run `make images` again, or pass --image, --train-image and --rollout-image"
-    try:
-        built = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"cannot read the built images in '{path}' ({err}); {fix}") from err
-    if not isinstance(built, dict) or not all(isinstance(built.get(k), str) and built[k] for k in IMAGE_KEYS):
-        raise ConfigError(f"'{path}' does not name the three images ({', '.join(IMAGE_KEYS)}); {fix}")
-    return {k: built[k] for k in IMAGE_KEYS}
 
 
 def kube_options(args: argparse.Namespace):
@@ -79,11 +70,19 @@ def kube_options(args: argparse.Namespace):
     )
     # after the settings' checks, so a bad flag is the only line a failing compile prints
     if not built and not all(getattr(args, k) for k in IMAGE_KEYS):
+        release = ", ".join(images[k] for k in IMAGE_KEYS)
+        if args.preset == "production" and not args.allow_release_tags:
+            raise ConfigError(
+                f"pipeline compile: no {BUILT_IMAGES} from `make images` and not every --image flag, so the tasks "
+                f"would run the release tags ({release}), which move with each release and which a private "
+                f"registry or an allowed-registries policy refuses; fix: run `make images` in this folder, pass "
+                f"--image, --train-image and --rollout-image, or --allow-release-tags"
+            )
         log.warning(
             "pipeline compile: no %s from `make images`: the tasks use the release tags (%s); pin the images you "
             "pushed with `make images` or --image/--train-image/--rollout-image",
             BUILT_IMAGES,
-            ", ".join(images[k] for k in IMAGE_KEYS),
+            release,
         )
     return kube
 
@@ -207,7 +206,7 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
     manifest = trainjob_manifest(
         cfg,
         name=name,
-        image=args.image or TRAIN_GPU_IMAGE,
+        image=args.image or pinned_image("train_image", TRAIN_GPU_IMAGE, "--image"),
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         gpu_resource=args.gpu_resource,
@@ -320,6 +319,12 @@ def _add_compile(c: argparse.ArgumentParser, smoke: bool = False) -> None:
     c.add_argument("--train-image", help="GPU image of rescore and train (default: the -train-gpu image)")
     c.add_argument(
         "--rollout-image", help="GPU image of generate and evaluate (default: the -rollout-gpu image)"
+    )
+    c.add_argument(
+        "--allow-release-tags",
+        action="store_true",
+        help=f"with --preset production (the default), compile even without {BUILT_IMAGES} or the three --image "
+        "flags: the tasks then run the release tags",
     )
     c.add_argument(
         "--gpus",

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdarflow.cli.common import ReadsPath, emit, output_flag, policy_name_flag
+from sdarflow.cli.common import ReadsPath, emit, output_flag, pinned_image, policy_name_flag
 from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
 from sdarflow.errors import ConfigError, ModelError, StorageError
 
@@ -168,7 +168,7 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
         args.base_model,
         args.name,
         image=args.image,
-        fetch_image=args.fetch_image or DEFAULT_FETCH_IMAGE,
+        fetch_image=args.fetch_image or pinned_image("image", DEFAULT_FETCH_IMAGE, "--fetch-image"),
         secret=args.secret,
         namespace=args.namespace,
     )
