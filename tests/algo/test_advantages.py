@@ -55,21 +55,30 @@ def test_grpo_statistics_over_turn_rows_weigh_long_episodes():
     assert episodes[-1].item() == pytest.approx(-0.5 / math.sqrt(0.5), rel=1e-5)
 
 
-def test_grpo_episode_statistics_take_each_episodes_first_row():
-    # Rows of one episode may differ (the invalid-action penalty is per turn): the first row stands for it in the
-    # group's statistics, and every row is then normalised with its own score.
+def test_grpo_episode_samples_are_scored_by_their_rows_mean_and_share_one_advantage():
+    # Rows of one episode may differ (the invalid-action penalty is per turn): the episode is one sample scored by
+    # its rows' mean, a: (1.0 + 0.9) / 2 = 0.95, b: (0.0 - 0.1) / 2 = -0.05; mean 0.45, std sqrt(0.5 / 1)
     scores = torch.tensor([1.0, 0.9, 0.0, -0.1])
     groups = ["g", "g", "g", "g"]
     trajs = ["a", "a", "b", "b"]
-    # counted: 1.0 (a) and 0.0 (b): mean 0.5, std sqrt(0.5)
-    std = math.sqrt(0.5) + 1e-6
-    expected = [0.5 / std, 0.4 / std, -0.5 / std, -0.6 / std]
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    expected = [a, a, -a, -a]
     assert grpo_advantages(scores, groups, traj_ids=trajs).tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_grpo_episode_samples_that_tie_except_for_a_penalised_turn_stay_bounded():
+    # Both episodes failed (return 0); one turn of b was penalised 0.1. The reference's cross_steps=False would
+    # standardise b's penalised row with the tied first rows' std 0: -0.1 / 1e-6 = -1e5. As samples: a 0, b -0.05,
+    # mean -0.025, std sqrt(2 * 0.025^2 / 1) = 0.035355 -> +-0.7071 on every row of each.
+    out = grpo_advantages(torch.tensor([0.0, 0.0, 0.0, -0.1]), ["g"] * 4, traj_ids=["a", "a", "b", "b"])
+    a = 0.025 / (math.sqrt(2 * 0.025**2) + 1e-6)
+    assert out.tolist() == pytest.approx([a, a, -a, -a], rel=1e-4)
+    assert out.abs().max() < 1
 
 
 def test_grpo_episode_level_group_of_one_episode_gets_mean_zero_std_one():
     out = grpo_advantages(torch.tensor([0.5, 0.4]), ["g", "g"], traj_ids=["t", "t"])
-    assert out.tolist() == pytest.approx([0.5 / (1 + 1e-6), 0.4 / (1 + 1e-6)], rel=1e-6)
+    assert out.tolist() == pytest.approx([0.45 / (1 + 1e-6), 0.45 / (1 + 1e-6)], rel=1e-6)
 
 
 def test_grpo_string_and_tensor_group_ids_agree():

@@ -82,9 +82,12 @@ def test_row_advantages_by_hand():
     std_a = (sum((x - mean_a) ** 2 for x in a) / 3) ** 0.5
     expected = [(x - mean_a) / (std_a + 1e-6) for x in a] + [0.0, 0.0]  # b: identical scores -> 0
     assert row_advantages(rows, penalty=0.1) == pytest.approx(expected, rel=1e-5)
-    # per episode: a counts 1.0 (a/0's first row) and -0.1; b has one episode -> mean 0, std 1
-    std_e = (2 * 0.55**2) ** 0.5
-    per_episode = [(x - 0.45) / (std_e + 1e-6) for x in a] + [0.5 / (1 + 1e-6)] * 2
+    # per episode: a/0 scores its rows' mean 2.9 / 3, a/1 -0.1, each row its episode's; b: one episode, mean 0, std 1
+    e0, e1 = 2.9 / 3, -0.1
+    mean_e, std_e = (e0 + e1) / 2, abs(e0 - e1) / 2**0.5
+    per_episode = (
+        [(e0 - mean_e) / (std_e + 1e-6)] * 3 + [(e1 - mean_e) / (std_e + 1e-6)] + [0.5 / (1 + 1e-6)] * 2
+    )
     assert row_advantages(rows, penalty=0.1, per_episode=True) == pytest.approx(per_episode, rel=1e-5)
     # equal episode weight: a/0 has 2 + 3 + 1 = 6 response tokens, a/1 has 2; group a's mean episode length is 4
     for r, n in zip(rows, (2, 3, 1, 2, 1, 1), strict=True):

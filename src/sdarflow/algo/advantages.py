@@ -41,41 +41,47 @@ def grpo_advantages(
         group_ids: (N,) group of each row: a tensor or a list of hashables (strings); any order.
         norm_by_std: divide by the group's standard deviation (GRPO); False gives Dr. GRPO's ``s - mean``.
         eps: added to the std so a group of identical scores gives 0, not NaN.
-        traj_ids: (N,) episode of each row. None: every row counts in its group's statistics (verl-agent's
-            default, ``compute_mean_std_cross_steps=True``, so long episodes weigh more); given: each (group,
-            episode) pair counts once, with the score of its first row (episode-level GRPO).
+        traj_ids: (N,) episode of each row. None: every row is a sample of its group (verl-agent's default,
+            ``compute_mean_std_cross_steps=True``, so long episodes weigh more in the statistics). Given: each
+            (group, episode) pair is one sample, scored by the mean of its rows' scores, and every row of it gets
+            that sample's advantage (episode-level GRPO). verl-agent's ``compute_mean_std_cross_steps=False``
+            counts each episode's first row instead but standardises every row with its own score, which divides
+            a per-turn penalty by ``eps`` where a group's episodes tie (advantages near 1e5 for a 0.1 penalty,
+            measured in a learning check); here an episode's rows never differ.
     Returns:
-        (N,) ``A_i = (s_i - mean_g) / (std_g + eps)``, ``std_g`` the unbiased (n - 1) standard deviation of the
-        counted scores of row i's group. A group with one counted score gets mean 0 and std 1, so its rows keep
-        ``s_i / (1 + eps)`` (``s_i`` without the std), as the reference does.
+        (N,) ``A = (x - mean_g) / (std_g + eps)`` with ``x`` the row's sample score (its own, or its episode's
+        mean), ``mean_g`` and ``std_g`` (unbiased, n - 1) over the samples of its group. A group of one sample gets
+        mean 0 and std 1, so it keeps ``x / (1 + eps)``, as the reference does.
     """
     if scores.dim() != 1:
         raise ValueError(f"scores must be (N,), got {tuple(scores.shape)}")
     n = scores.shape[0]
     s = scores.detach()
     groups = codes(group_ids, n, "group_ids")
+    keys = list(enumerate(groups)) if traj_ids is None else list(zip(groups, codes(traj_ids, n, "traj_ids")))
+    first: dict = {}  # sample -> its first row, whose group is the sample's
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    sample_of = {k: i for i, k in enumerate(first)}
+    row_sample = torch.tensor([sample_of[k] for k in keys], dtype=torch.long, device=s.device)  # (N,)
     index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
-    inv = torch.tensor([index[g] for g in groups], dtype=torch.long, device=s.device)  # (N,)
-    if traj_ids is None:
-        counted = torch.ones(n, dtype=torch.bool, device=s.device)
-    else:
-        seen: set = set()
-        keep = []
-        for pair in zip(groups, codes(traj_ids, n, "traj_ids"), strict=True):
-            keep.append(pair not in seen)  # the first row of each episode stands for it
-            seen.add(pair)
-        counted = torch.tensor(keep, dtype=torch.bool, device=s.device)
-    w = counted.to(s.dtype)
+    inv = torch.tensor([index[groups[r]] for r in first.values()], dtype=torch.long, device=s.device)  # (S,)
+    ones = torch.ones(n, dtype=s.dtype, device=s.device)
+    per_sample = torch.zeros(len(sample_of), dtype=s.dtype, device=s.device)
+    x = per_sample.index_add(0, row_sample, s) / per_sample.index_add(
+        0, row_sample, ones
+    )  # (S,) sample scores
     zeros = torch.zeros(len(index), dtype=s.dtype, device=s.device)
-    count = zeros.index_add(0, inv, w)  # (G,) counted scores per group
-    mean = zeros.index_add(0, inv, s * w) / count
-    sq = zeros.index_add(0, inv, (s - mean[inv]).square() * w)
+    count = zeros.index_add(0, inv, torch.ones_like(x))  # (G,) samples per group
+    mean = zeros.index_add(0, inv, x) / count
+    sq = zeros.index_add(0, inv, (x - mean[inv]).square())
     std = (sq / (count - 1).clamp(min=1)).sqrt()
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
-    centered = s - mean[inv]
-    return centered / (std[inv] + eps) if norm_by_std else centered
+    centered = x - mean[inv]
+    advantage = centered / (std[inv] + eps) if norm_by_std else centered
+    return advantage[row_sample]
 
 
 def episode_length_scale(tokens: Tensor, group_ids: Ids, traj_ids: Ids) -> Tensor:

@@ -84,7 +84,8 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     )
     adv_stats: str = opt(
         "turn",
-        "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes",
+        "GRPO group mean/std over turn rows (reference, compute_mean_std_cross_steps) or over episodes (each scored "
+        "by its rows' mean; its rows share its advantage)",
         choices=("turn", "episode"),
     )
     episode_weight: str = opt(
