@@ -200,8 +200,9 @@ def test_an_adapter_is_checked_against_its_base_model(
 def test_an_s3_base_is_checked_where_it_is(
     s3_root, local_registry, lora_adapter, tiny_model, report, lineage, tmp_path, monkeypatch
 ):
-    """register reads an s3:// base's fingerprint and safetensors headers by ranges: the same fingerprint and
-    shapes as the local folder, the same verdicts, and nothing copied to the model cache."""
+    """register reads an s3:// base's fingerprint (streamed) and safetensors headers (by ranges) where it is: the
+    same fingerprint and shapes as the local folder, the same verdicts, and nothing copied to the model cache (only
+    the weight files' sha256 digests are cached)."""
     import shutil
 
     from sdarflow import storage
@@ -218,7 +219,8 @@ def test_an_s3_base_is_checked_where_it_is(
     rep = bound(report(0.5, 0.7, 0.4), lora_adapter, base_fingerprint(base))
     assert reg.register("agent", lora_adapter, rep, lineage, base_model=base) == 1
     assert reg._manifest(reg._layout("agent"), 1)["checked_against_base"] == base
-    assert not (tmp_path / "cache").exists()  # the model was not copied
+    assert not (tmp_path / "cache" / "models").exists()  # the model was not copied
+    assert [len(p.read_text()) for p in (tmp_path / "cache" / "sha256").iterdir()] == [64]  # its digest was
     other = tmp_path / "other-base"
     shutil.copytree(lora_adapter, other)
     (other / BASE_FILE).write_text(json.dumps({"fingerprint": "0123456789abcdef"}))

@@ -192,21 +192,25 @@ def test_an_unpublished_adapter_changed_in_place_is_a_new_request(tiny_model, lo
     fails(capsys, argv, "already published by another generate request")
 
 
-def test_an_adapter_from_before_weight_fingerprints_still_loads(
-    tiny_model, lora_adapter, tmp_path, capsys, caplog
+@pytest.mark.parametrize("legacy", ["config", "sampled"])
+def test_an_adapter_from_before_whole_weight_fingerprints_still_loads(
+    tiny_model, lora_adapter, tmp_path, capsys, caplog, legacy
 ):
-    """Adapters written when the fingerprint covered config.json only (a registry's production version) keep
-    working on their base, with a warning."""
+    """Adapters written when the fingerprint covered config.json only, or 16 sampled 4 KiB windows of each weight
+    file (a registry's production version), keep working on their base, with a warning."""
     import hashlib
 
-    from sdarflow.models.identity import BASE_FILE
+    from sdarflow.models.identity import BASE_FILE, legacy_fingerprints
 
     adapter = tmp_path / "old-adapter"
     shutil.copytree(lora_adapter, adapter)
-    legacy = hashlib.sha256((tiny_model / "config.json").read_bytes()).hexdigest()[:16]
-    (adapter / BASE_FILE).write_text(json.dumps({"fingerprint": legacy}))
+    config_only = hashlib.sha256((tiny_model / "config.json").read_bytes()).hexdigest()[:16]
+    sampled = legacy_fingerprints(str(tiny_model))[0]
+    (adapter / BASE_FILE).write_text(
+        json.dumps({"fingerprint": config_only if legacy == "config" else sampled})
+    )
     argv = generate(tiny_model, tmp_path / "o", "--env", "tool-use", "--tasks", "1", "--max-turns", "1",
                     "--adapter", str(adapter), "--allow-unpublished")  # fmt: skip
     with caplog.at_level("WARNING"):
         assert main(argv) == 0
-    assert "records only its base model's config" in caplog.text
+    assert "records its base model by an older fingerprint" in caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,13 @@ def check_model_dir(path: str) -> Path:
     return p
 
 
-_SAMPLES, _WINDOW = 16, 4096  # weight bytes sampled per file for the fingerprint
+_SAMPLES, _WINDOW = 16, 4096  # the sampled fingerprint's windows per weight file
+_CHUNK = 8 << 20
 
 
 def _model_files(path: str):
-    """(filesystem, folder, config.json bytes, weight files as (name, size), safetensors first) of a model folder,
-    local or ``s3://``: what the fingerprint and the shape check read, by ranges, without copying the model."""
+    """(filesystem, folder, config.json bytes, weight files as (name, size, mtime_ns), safetensors first) of a model
+    folder, local or ``s3://``: what the fingerprints and the shape check read, by ranges, without copying it."""
     import pyarrow.fs as pafs
 
     from sdarflow import storage
@@ -82,7 +84,7 @@ def _model_files(path: str):
     loc = storage.resolve(path)
     try:
         infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
-        found = {Path(i.path).name: i.size for i in infos if i.type == pafs.FileType.File}
+        found = {Path(i.path).name: (i.size, i.mtime_ns) for i in infos if i.type == pafs.FileType.File}
         config = loc.fs.open_input_file(f"{loc.path}/config.json").read() if "config.json" in found else None
     except OSError as err:
         raise ModelError(
@@ -91,19 +93,54 @@ def _model_files(path: str):
     if config is None:
         check_model_dir(path)  # raises: the one message for a folder without config.json
     weights = [
-        (n, found[n]) for suffix in (".safetensors", ".bin") for n in sorted(found) if n.endswith(suffix)
+        (n, *found[n]) for suffix in (".safetensors", ".bin") for n in sorted(found) if n.endswith(suffix)
     ]
     return loc.fs, loc.path, config, weights
 
 
+def _file_sha256(fs, path: str, size: int, mtime_ns: int | None) -> str:
+    """sha256 of a whole weight file, cached under ``cache_dir()/sha256`` by (path, size, modification time): a
+    7B model's 15 GB are read once per machine and version of the files, and any rewrite (which moves the time) is
+    read again."""
+    from sdarflow.config import cache_dir
+
+    key = hashlib.sha256(f"{type(fs).__name__}:{path}:{size}:{mtime_ns}".encode()).hexdigest()[:32]
+    entry = cache_dir() / "sha256" / key
+    if mtime_ns is not None and entry.is_file():
+        cached = entry.read_text().strip()
+        if len(cached) == 64 and all(c in "0123456789abcdef" for c in cached):
+            return cached
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    if mtime_ns is not None:  # a filesystem without modification times is read every time
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_name(f".{key}.{os.getpid()}.tmp")
+        tmp.write_text(value)
+        os.replace(tmp, entry)
+    return value
+
+
 def base_fingerprint(path: str) -> str:
-    """Identity of a base model for adapter compatibility, not its (mount) path: config.json, every weight file's
-    name and size, each safetensors header (tensor names, dtypes, shapes) and 16 evenly spaced 4 KiB windows of
-    its weights. Two models with the same config but other weights differ; reading it costs ~64 KiB per file, so
-    an ``s3://`` base is fingerprinted where it is."""
+    """Identity of a base model for adapter compatibility, not its (mount) path: the sha256 of config.json and of
+    every weight file's name, size and whole-content sha256 (cached per file version, :func:`_file_sha256`), so
+    two models that differ in any weight byte differ. An ``s3://`` base is hashed where it is, streamed."""
     fs, folder, config, weights = _model_files(path)
     digest = hashlib.sha256(config)
-    for name, size in weights:
+    for name, size, mtime_ns in weights:
+        digest.update(f"{name}:{size}:{_file_sha256(fs, f'{folder}/{name}', size, mtime_ns)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def legacy_fingerprints(path: str) -> tuple[str, ...]:
+    """The fingerprints older builds recorded for this base, still accepted (with a warning) where an adapter or a
+    report carries one: 16 evenly spaced 4 KiB windows of each weight file (blind to a change between them), and
+    config.json alone (before fingerprints covered the weights)."""
+    fs, folder, config, weights = _model_files(path)
+    digest = hashlib.sha256(config)
+    for name, size, _ in weights:
         digest.update(f"{name}:{size}".encode())
         with fs.open_input_file(f"{folder}/{name}") as f:
             start = 0
@@ -114,12 +151,12 @@ def base_fingerprint(path: str) -> str:
             for i in range(_SAMPLES):
                 f.seek(start + max(0, size - start - _WINDOW) * i // (_SAMPLES - 1))
                 digest.update(f.read(_WINDOW))
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:16], hashlib.sha256(config).hexdigest()[:16]
 
 
-def config_fingerprint(path: str) -> str:
-    """The fingerprint adapters recorded before it covered the weights (config.json only); still accepted."""
-    return hashlib.sha256(_model_files(path)[2]).hexdigest()[:16]
+def base_ids(path: str) -> tuple[str, ...]:
+    """Every fingerprint a record of this base may carry: :func:`base_fingerprint` first, then the legacy ones."""
+    return (base_fingerprint(path), *legacy_fingerprints(path))
 
 
 def weight_shapes(path: str) -> dict[str, list[int]]:
@@ -127,7 +164,7 @@ def weight_shapes(path: str) -> dict[str, list[int]]:
     alone (8 bytes and a JSON header per file: no weights read); ModelError for a header that is not one."""
     fs, folder, _, weights = _model_files(path)
     shapes: dict[str, list[int]] = {}
-    for name, size in weights:
+    for name, size, _ in weights:
         if not name.endswith(".safetensors"):
             continue
         fix = f"base weights '{path}/{name}' is not a valid safetensors file"
@@ -175,16 +212,19 @@ def check_adapter(adapter: str, base_path: str) -> dict:
             f"adapter '{adapter}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
             f"adapter with the train stage"
         ) from err
-    if recorded and recorded == config_fingerprint(base_path):
-        log.warning(
-            "adapter %s records only its base model's config (written before fingerprints covered the weights); "
-            "retrain it to pin the base weights too",
-            adapter,
-        )
-    elif recorded and recorded != base_fingerprint(base_path):
+    if not recorded:
+        return config
+    ids = base_ids(base_path)
+    if recorded not in ids:
         raise ModelError(
             f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
-            f"(fingerprint {recorded} != {base_fingerprint(base_path)}); fix: pass the matching --model"
+            f"(fingerprint {recorded} != {ids[0]}); fix: pass the matching --model"
+        )
+    if recorded != ids[0]:
+        log.warning(
+            "adapter %s records its base model by an older fingerprint (sampled weights or the config alone), "
+            "blind to some weight changes; retrain it to pin every weight byte",
+            adapter,
         )
     return config
 

@@ -12,7 +12,7 @@ import logging
 import os
 import shlex
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -209,12 +209,13 @@ def load_base_report(base_report: Mapping[str, Any] | str | Path) -> dict[str, A
 def check_bound(
     report: Mapping[str, Any],
     adapter: str,
-    base_id: str | None,
+    base_ids: Sequence[str] | None,
     base_report: Mapping[str, Any] | None = None,
     what: str = "the eval report",
 ) -> None:
     """Refuse (ConfigError) a ``report`` that did not evaluate the adapter whose :func:`adapter_id` is ``adapter``
-    on the base model whose fingerprint is ``base_id`` (None: not known here, so only ``base_report`` is
+    on the base model whose fingerprints are ``base_ids`` (its current one first, then any an older build
+    recorded: :func:`~sdarflow.models.identity.base_ids`; None: not known here, so only ``base_report`` is
     compared), or a ``base_report`` of another base model: the gate must judge what it is shown."""
     fix = "fix: evaluate this adapter with `sdarflow evaluate --adapter ...` and register it with that report"
     recorded = report.get("adapter_id")
@@ -234,10 +235,10 @@ def check_bound(
             f"{what} does not record the base model it evaluated (base_id); fix: evaluate it again with "
             f"`sdarflow evaluate`"
         )
-    if base_id is not None and evaluated_on != base_id:
+    if base_ids is not None and evaluated_on not in base_ids:
         raise ConfigError(
             f"{what} evaluated the adapter on another base model (fingerprint {evaluated_on}) than the one it is "
-            f"registered with ({base_id}); fix: evaluate it on this base model (--model)"
+            f"registered with ({base_ids[0]}); fix: evaluate it on this base model (--model)"
         )
     if base_report is not None and base_report.get("base_id") != evaluated_on:
         raise ConfigError(

@@ -23,7 +23,7 @@ from sdarflow import storage
 from sdarflow.config import FileSchema, opt
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
-from sdarflow.models.identity import adapter_folder_id, adapter_id, base_fingerprint, lora_rank
+from sdarflow.models.identity import adapter_folder_id, adapter_id, base_ids, lora_rank
 from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
@@ -189,7 +189,7 @@ class Registry:
         report = intake.load_report(eval_report)
         base_report = None if base_eval_report is None else intake.load_base_report(base_eval_report)
         intake.check_bound(
-            report, adapter_folder_id(adapter_dir), base_fingerprint(base) if base else None, base_report
+            report, adapter_folder_id(adapter_dir), base_ids(base) if base else None, base_report
         )
         intake.check_lineage(lineage)
         actor = actor or default_actor()
@@ -494,7 +494,7 @@ class Registry:
                 again = intake.validate_report(current_report[1], where)
                 files = {e["path"]: e["sha256"] for e in self._manifest(layout, current)["files"]}
                 intake.check_bound(
-                    again, adapter_id(files), candidate.get("base_id"), what=f"the report {where}"
+                    again, adapter_id(files), [candidate.get("base_id")], what=f"the report {where}"
                 )
                 label, production = f"{label} (same tasks)", again
             elif current_report is not None:
