@@ -32,6 +32,7 @@ from sdarflow.teacher.discrimination import (
 )
 from sdarflow.teacher.report import GuardSettings, check_retrieval, check_scores, rescore_summary
 from sdarflow.teacher.rescore import BATCHINGS, k1_mean, padding_share, reference_model, score
+from sdarflow.teacher.synthetic import TEACHER_CONTEXTS, synthetic_teacher
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,27 @@ class RescoreConfig(StageConfig, GuardSettings):
         choices=TEACHER_WEIGHTS.names(),
     )
     ucb_c: float = opt(0.5, "ucb retrieval: exploration weight c in mean + c*sqrt(ln N / n); >= 0", ge=0)
-    seed: int = opt(0, "random retrieval: seed of the skill draws", ge=0, le=MAX_SEED)
+    seed: int = opt(
+        0,
+        "seed of random retrieval's skill draws and of the synthetic teacher's label flips",
+        ge=0,
+        le=MAX_SEED,
+    )
+    teacher_context: str = opt(
+        "skills",
+        "what the teacher knows that the student does not: skills (retrieved skills in its prompt, SDAR's) or "
+        "synthetic (the machinery's control: the student with the sampled token's logit raised by "
+        "--synthetic-delta on turns whose action is the expert's and lowered elsewhere; train rows only)",
+        choices=TEACHER_CONTEXTS,
+    )
+    synthetic_delta: float = opt(1.0, "synthetic teacher: the logit shift in nats", ge=0)
+    synthetic_label_noise: float = opt(
+        0.0,
+        "synthetic teacher: probability that a turn's expert label is flipped (0.5 keeps the statistics and "
+        "removes the content)",
+        ge=0,
+        le=1,
+    )
     skill_place: str = opt(
         "prefix",
         "where the teacher's skills go: prefix (before the rendered prompt, as the SDAR reference), system or user",
@@ -110,6 +131,17 @@ class RescoreConfig(StageConfig, GuardSettings):
 Config = RescoreConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
+def _train_rows_only(table: pa.Table, context: str) -> None:
+    """A privileged teacher context other than skills reads what only training may see: refuse (one line, before
+    anything is written) rows of any split but train."""
+    other = sorted({s for s in table["split"].to_pylist() if s != "train"}, key=str)
+    if other:
+        raise ConfigError(
+            f"rescore --teacher-context {context}: the input has rows of split {', '.join(map(str, other))}; only "
+            f"train rollouts may be taught with it; fix: rescore the train split's generate output"
+        )
+
+
 def _shard(table: pa.Table, shard: int, num_shards: int) -> pa.Table:
     """Every ``num_shards``-th GRPO group (in sorted group order), so a group's rows stay together."""
     if num_shards == 1:
@@ -157,6 +189,9 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.shard,
         cfg.num_shards,
     )
+    synthetic = cfg.teacher_context == "synthetic"
+    if synthetic:
+        _train_rows_only(table, cfg.teacher_context)
     if EXPERT_POLICY in table["policy_version"].to_pylist():
         raise ConfigError(
             f"rescore: {cfg.input} holds expert walkthrough rows (generate --policy expert), which no policy "
@@ -184,9 +219,13 @@ def run(cfg: RescoreConfig) -> dict:
     check_retrieval(lib, teach.hits, task_types, cfg, overridden)
 
     ppl = rescore_column(cfg, table, policy)
-    old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, teach.prompts, adapter)
+    prompts = None if synthetic else teach.prompts
+    old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, prompts, adapter)
+    if synthetic:
+        labels = table["expert_match"].to_pylist()
+        teacher, _ = synthetic_teacher(old, labels, cfg.synthetic_delta, cfg.synthetic_label_noise, cfg.seed)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
-    check_scores(old, teacher, vocab, teach.unchanged, cfg, overridden)
+    check_scores(old, teacher, vocab, 0 if synthetic else teach.unchanged, cfg, overridden)
 
     summary = rescore_summary(old, teacher, task_types, teach.hits, teach.matched, teach.skill_ids, seconds)
     summary.metrics.update(_run_metrics(cfg, table, old, ref, lengths, seconds, overridden, budget))
@@ -255,11 +294,12 @@ def _progress(old: list[list[float]], ref: list[list[float]]) -> list[float]:
 
 
 def _score_passes(
-    cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts: list[list[int]], adapter: str | None
+    cfg: RescoreConfig, policy, rows: list[dict], teacher_prompts: list[list[int]] | None, adapter: str | None
 ):
-    """(student, teacher, reference or None) log-probs of every row's response, the seconds they took, the token
-    budget of a batch and the tokens of every scored sequence. Without an adapter the reference is the student
-    itself (the scored policy is then the base model, so a second pass would give the same numbers)."""
+    """(student, teacher or None, reference or None) log-probs of every row's response, the seconds they took, the
+    token budget of a batch and the tokens of every scored sequence. No teacher pass without ``teacher_prompts``
+    (a teacher that reads nothing). Without an adapter the reference is the student itself (the scored policy is
+    then the base model, so a second pass would give the same numbers)."""
     t0 = time.perf_counter()
     prompts = [r["prompt_token_ids"] for r in rows]
     responses = [r["response_token_ids"] for r in rows]
@@ -270,13 +310,16 @@ def _score_passes(
         return score(model, contexts, responses, pad, budget, desc, **kw)
 
     old = scored(policy.model, prompts, "rescore student")
-    with TEACHER_WEIGHTS.get(cfg.teacher)(policy.model, adapter):
-        teacher = scored(policy.model, teacher_prompts, "rescore teacher")
+    teacher = None
+    if teacher_prompts is not None:
+        with TEACHER_WEIGHTS.get(cfg.teacher)(policy.model, adapter):
+            teacher = scored(policy.model, teacher_prompts, "rescore teacher")
     ref = old if cfg.ref_logprobs else None
     if cfg.ref_logprobs and cfg.adapter:
         with reference_model(policy.model, cfg.model) as ref_model:
             ref = scored(ref_model, prompts, "rescore reference")
-    passes = [prompts, teacher_prompts] + ([prompts] if cfg.ref_logprobs and cfg.adapter else [])
+    passes = [prompts, *([teacher_prompts] if teacher_prompts is not None else [])]
+    passes += [prompts] if cfg.ref_logprobs and cfg.adapter else []
     lengths = [len(p) + len(r) for pass_ in passes for p, r in zip(pass_, responses, strict=True)]
     return old, teacher, ref, time.perf_counter() - t0, budget, lengths
 
@@ -289,7 +332,11 @@ def _info(cfg: RescoreConfig, lib, overridden: list[str]) -> dict[str, str]:
         reference = "base model, adapter disabled"
     else:
         reference = "= old log-probs (no adapter: the policy is the base)"
+    context = cfg.teacher_context
+    if context == "synthetic":
+        context += f" (logit shift {cfg.synthetic_delta:g} nats, label noise {cfg.synthetic_label_noise:g})"
     return {
+        "teacher context": context,
         "retrieval": cfg.retrieval,
         "skill place": f"{cfg.skill_place} (teacher prompt: last {cfg.max_prompt_tokens} tokens)",
         "reference log-probs": reference,
