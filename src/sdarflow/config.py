@@ -208,7 +208,10 @@ class StageConfig(Checked):
                     f"cannot read config file '{path}': {err}; fix: pass a valid YAML file"
                 ) from err
             if not isinstance(loaded, dict):
-                raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+                raise ConfigError(
+                    f"config file '{path}' must hold a mapping of keys to values; fix: write it as `key: value` "
+                    f"lines (the stage's flags without the dashes, e.g. `lr: 0.001`)"
+                )
             data.update(loaded)
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)

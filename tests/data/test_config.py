@@ -68,8 +68,19 @@ def test_yaml_then_overrides(tmp_path):
     cfg = TrainConfig.load(path, gate_beta="2.5", sdar_coef=None)
     assert cfg.sdar_coef == 0.05 and cfg.gate_beta == 2.5 and cfg.lora_targets == ["q_proj", "v_proj"]
     path.write_text("- not a mapping\n")
-    with pytest.raises(ConfigError, match="must hold a mapping"):
+    with pytest.raises(
+        ConfigError, match="must hold a mapping of keys to values; fix: write it as `key: value`"
+    ):
         TrainConfig.load(path)
+
+
+def test_a_missing_required_setting_names_its_flag_and_the_fix():
+    from sdarflow.stages.common import require
+
+    with pytest.raises(
+        ConfigError, match=r"^train: --model is required; fix: pass --model \(or set model in"
+    ):
+        require("train", input=["x"], model="")
 
 
 def test_hash_ignores_io_but_not_settings():

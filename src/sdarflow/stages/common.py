@@ -23,7 +23,8 @@ def require(stage: str, **fields: object) -> None:
     """Fail with the flag to pass when a required field is empty."""
     for name, value in fields.items():
         if value in (None, "", []):
-            raise ConfigError(f"{stage}: --{name.replace('_', '-')} is required")
+            flag = f"--{name.replace('_', '-')}"
+            raise ConfigError(f"{stage}: {flag} is required; fix: pass {flag} (or set {name} in --config)")
 
 
 def allow_unpublished_opt() -> bool:
