@@ -114,7 +114,7 @@ def check_backend(host: str) -> str | None:
             "the KFP server at %s does not tell its version; it needs %s or newer", host, _dotted(MIN_BACKEND)
         )
         return None
-    version = tuple(int(p) for p in parts)
+    version = tuple(int(p) for p in parts) + (0,) * (3 - len(parts))  # "2.15" is 2.15.0
     if version < MIN_BACKEND:
         raise ConfigError(
             f"the KFP backend at {host} is {tag}, older than {_dotted(MIN_BACKEND)}, whose driver the pipelines need "

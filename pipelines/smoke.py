@@ -3,6 +3,8 @@ tolerations, /dev/shm, the model cache emptyDir, the S3 Secret, image pull secre
 Kueue label), which checks from inside the pod what a first run needs (:mod:`sdarflow.cluster_check`). A team runs
 it before the first training run: each failed check names the flag or manifest that fixes it."""
 
+import dataclasses
+
 from kfp import dsl
 
 from components.smoke import smoke
@@ -19,7 +21,8 @@ def build_smoke_pipeline(kube: KubeOptions | None = None):
 
     def sdar_smoke(storage: str = "s3://sdarflow/sdar") -> str:
         task = smoke(storage=storage, gpus=gpus, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-        wire(task, "train", kube, "smoke (wired as train)")
+        # no retries: a failed check fails the same way again, on a GPU node
+        wire(task, "train", dataclasses.replace(kube, retries=0) if kube else None, "smoke (wired as train)")
         return task.outputs["Output"]
 
     description = (

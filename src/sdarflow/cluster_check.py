@@ -60,9 +60,11 @@ def _round_trip(uri: str, run_id: str) -> Check:
     probe, data = storage.join(folder, "probe.txt"), f"sdarflow smoke {run_id}\n".encode()
     fix = "check the storage URI, the bucket, AWS_ENDPOINT_URL and that the key may read, write and delete there"
     try:
-        storage.write_bytes(probe, data)
-        back = storage.read_bytes(probe)
-        storage.delete_tree(folder)
+        try:
+            storage.write_bytes(probe, data)
+            back = storage.read_bytes(probe)
+        finally:  # nothing left behind, whichever step failed
+            storage.delete_tree(folder)
     except (SdarflowError, OSError) as err:
         return Check("storage write, read, delete", False, str(err).splitlines()[0], fix)
     return Check("storage write, read, delete", back == data, f"{len(data)} bytes at {probe}", fix)
@@ -107,7 +109,12 @@ def _gpus(gpus: int) -> Check:
 
 def check_cluster(uri: str, gpus: int, run_id: str) -> list[Check]:
     """Every check, in the order a failure is easiest to fix, each logged."""
-    checks = [_user(), _credentials(uri), _round_trip(uri, run_id), _cache(), _shm(gpus), _gpus(gpus)]
+    credentials, trip = _credentials(uri), _round_trip(uri, run_id)
+    if (
+        trip.ok and not credentials.ok
+    ):  # another credential source (EKS Pod Identity, an instance role) worked
+        credentials = Check(credentials.name, True, f"{credentials.seen}; the round trip worked without them")
+    checks = [_user(), credentials, trip, _cache(), _shm(gpus), _gpus(gpus)]
     for c in checks:
         log.info("smoke: %s: %s (%s)", c.name, "ok" if c.ok else "FAILED", c.seen)
     return checks

@@ -47,6 +47,8 @@ SAFE_SYSCTLS = frozenset(
         "net.ipv4.tcp_fin_timeout",
         "net.ipv4.tcp_keepalive_intvl",
         "net.ipv4.tcp_keepalive_probes",
+        "net.ipv4.tcp_rmem",
+        "net.ipv4.tcp_wmem",
     }
 )
 RESTRICTED_VOLUMES = frozenset(

@@ -401,6 +401,7 @@ def test_a_model_that_ships_its_own_code_is_refused_without_a_prompt(tmp_path, t
         ),
         (["evaluate", "--splits", "bogus"], "evaluate: splits ['bogus'] invalid; fix: pass splits among"),
         (["train", "--clip-ratio-c", "0.5"], "fix: --clip-ratio-c 3 (the reference's) or 0"),
+        (["train", "--method", "opsd", "--target-kl", "0.02"], "opsd has no policy-gradient term"),
     ],
 )
 def test_a_settings_refusal_names_its_fix(tmp_path, capsys, argv, expected):

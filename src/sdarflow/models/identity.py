@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -99,12 +100,19 @@ def _model_files(path: str):
 
 
 def _file_sha256(fs, path: str, size: int, mtime_ns: int | None) -> str:
-    """sha256 of a whole weight file, cached under ``cache_dir()/sha256`` by (path, size, modification time): a
-    7B model's 15 GB are read once per machine and version of the files, and any rewrite (which moves the time) is
-    read again."""
+    """sha256 of a whole weight file, cached under ``cache_dir()/sha256`` by its path, size and modification time
+    (and, on a local disk, its inode and change time, which a copy that keeps the modification time, ``cp -p`` or
+    ``rsync -a``, does not keep): a 7B model's 15 GB are read once per machine and version of the files. Caching is
+    best effort: an unwritable cache only costs the next read."""
+    import pyarrow.fs as pafs
+
     from sdarflow.config import cache_dir
 
-    key = hashlib.sha256(f"{type(fs).__name__}:{path}:{size}:{mtime_ns}".encode()).hexdigest()[:32]
+    local = ""
+    if isinstance(fs, pafs.LocalFileSystem):
+        st = os.stat(path)
+        local = f":{st.st_ino}:{st.st_ctime_ns}"
+    key = hashlib.sha256(f"{type(fs).__name__}:{path}:{size}:{mtime_ns}{local}".encode()).hexdigest()[:32]
     entry = cache_dir() / "sha256" / key
     if mtime_ns is not None and entry.is_file():
         cached = entry.read_text().strip()
@@ -116,10 +124,16 @@ def _file_sha256(fs, path: str, size: int, mtime_ns: int | None) -> str:
             digest.update(chunk)
     value = digest.hexdigest()
     if mtime_ns is not None:  # a filesystem without modification times is read every time
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = entry.with_name(f".{key}.{os.getpid()}.tmp")
-        tmp.write_text(value)
-        os.replace(tmp, entry)
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=f".{key}.")
+            with os.fdopen(fd, "w") as out:
+                out.write(value)
+            os.replace(tmp, entry)
+        except OSError as err:
+            log.warning(
+                "could not cache the sha256 of %s in %s (%s); it is read again next time", path, entry, err
+            )
     return value
 
 
@@ -154,9 +168,11 @@ def legacy_fingerprints(path: str) -> tuple[str, ...]:
     return digest.hexdigest()[:16], hashlib.sha256(config).hexdigest()[:16]
 
 
-def base_ids(path: str) -> tuple[str, ...]:
-    """Every fingerprint a record of this base may carry: :func:`base_fingerprint` first, then the legacy ones."""
-    return (base_fingerprint(path), *legacy_fingerprints(path))
+def base_ids(path: str, recorded: str | None = None) -> tuple[str, ...]:
+    """The fingerprints a record of this base may carry: :func:`base_fingerprint` first, then (read only when
+    ``recorded``, the fingerprint a record carries, is not the current one) the legacy ones."""
+    current = base_fingerprint(path)
+    return (current,) if recorded in (None, current) else (current, *legacy_fingerprints(path))
 
 
 def weight_shapes(path: str) -> dict[str, list[int]]:
@@ -214,7 +230,7 @@ def check_adapter(adapter: str, base_path: str) -> dict:
         ) from err
     if not recorded:
         return config
-    ids = base_ids(base_path)
+    ids = base_ids(base_path, recorded)
     if recorded not in ids:
         raise ModelError(
             f"adapter '{adapter}' was trained on a different base model than '{base_path}' "

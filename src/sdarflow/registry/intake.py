@@ -240,6 +240,12 @@ def check_bound(
             f"{what} evaluated the adapter on another base model (fingerprint {evaluated_on}) than the one it is "
             f"registered with ({base_ids[0]}); fix: evaluate it on this base model (--model)"
         )
+    if base_ids is not None and evaluated_on != base_ids[0]:
+        log.warning(
+            "%s records its base model by an older fingerprint (sampled weights), blind to some weight changes; "
+            "evaluate again to pin every weight byte",
+            what,
+        )
     if base_report is not None and base_report.get("base_id") != evaluated_on:
         raise ConfigError(
             f"the base eval report is of another base model (fingerprint {base_report.get('base_id')}) than the "

@@ -189,7 +189,10 @@ class Registry:
         report = intake.load_report(eval_report)
         base_report = None if base_eval_report is None else intake.load_base_report(base_eval_report)
         intake.check_bound(
-            report, adapter_folder_id(adapter_dir), base_ids(base) if base else None, base_report
+            report,
+            adapter_folder_id(adapter_dir),
+            base_ids(base, report.get("base_id")) if base else None,
+            base_report,
         )
         intake.check_lineage(lineage)
         actor = actor or default_actor()
@@ -494,7 +497,10 @@ class Registry:
                 again = intake.validate_report(current_report[1], where)
                 files = {e["path"]: e["sha256"] for e in self._manifest(layout, current)["files"]}
                 intake.check_bound(
-                    again, adapter_id(files), [candidate.get("base_id")], what=f"the report {where}"
+                    again,
+                    adapter_id(files),
+                    [base] if (base := candidate.get("base_id")) else None,
+                    what=f"the report {where}",
                 )
                 label, production = f"{label} (same tasks)", again
             elif current_report is not None:

@@ -216,14 +216,17 @@ def run(cfg: RescoreConfig) -> dict:
     strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
     teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens)
     overridden: list[str] = []
-    check_retrieval(lib, teach.hits, task_types, cfg, overridden)
+    if not synthetic:  # the synthetic teacher reads no skills: their retrieval is recorded, not guarded
+        check_retrieval(lib, teach.hits, task_types, cfg, overridden)
 
     ppl = rescore_column(cfg, table, policy)
     prompts = None if synthetic else teach.prompts
     old, teacher, ref, seconds, budget, lengths = _score_passes(cfg, policy, rows, prompts, adapter)
     if synthetic:
         labels = table["expert_match"].to_pylist()
-        teacher, _ = synthetic_teacher(old, labels, cfg.synthetic_delta, cfg.synthetic_label_noise, cfg.seed)
+        rounds = sorted(set(table["round"].to_pylist()))
+        flips = f"{cfg.seed}/{cfg.shard}/{rounds}"  # each shard and round its own label flips
+        teacher, _ = synthetic_teacher(old, labels, cfg.synthetic_delta, cfg.synthetic_label_noise, flips)
     vocab = int(policy.model.get_output_embeddings().weight.shape[0])
     check_scores(old, teacher, vocab, 0 if synthetic else teach.unchanged, cfg, overridden)
 

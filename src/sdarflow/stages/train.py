@@ -160,6 +160,11 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
                 "train: sdar_coef %.3g > 0.1: distillation tends to dominate GRPO and degrade results",
                 self.sdar_coef,
             )
+        if self.target_kl and self.method == "opsd":
+            raise ConfigError(
+                "train: --target-kl stops on the PPO ratio's KL, and opsd has no policy-gradient term to measure it "
+                "on; fix: drop --target-kl, or train a method with one (grpo, sdar, grpo_opsd, rlsd, skill_sd)"
+            )
         self.validate_options()
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
             raise ConfigError(

@@ -37,7 +37,7 @@ def tilted_logprobs(logprobs: Tensor, shift: Tensor) -> Tensor:
 
 
 def synthetic_teacher(
-    old: list[list[float]], expert_match: list[bool | None], delta: float, label_noise: float, seed: int
+    old: list[list[float]], expert_match: list[bool | None], delta: float, label_noise: float, seed: int | str
 ) -> tuple[list[list[float]], list[bool]]:
     """Teacher log-probs for each row (a turn) from its student log-probs ``old`` and whether its action matched the
     expert's, each label flipped with probability ``label_noise`` (``seed``: the flips); and the labels used.

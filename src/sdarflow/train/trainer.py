@@ -88,7 +88,7 @@ class TrainLoop(Objective):
         0.0,
         "stop the run before the first RL step whose mini-batch measures a KL to the rollout policy above this "
         "(actor/approx_kl, k3, before the update), without applying that step: PPO's early stop, 0.01-0.05 as in "
-        "Stable-Baselines3; 0 = off, every step runs (the SDAR reference)",
+        "Stable-Baselines3; SFT steps are not checked; 0 = off, every step runs (the SDAR reference)",
         ge=0,
     )
     max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
