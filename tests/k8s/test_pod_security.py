@@ -148,8 +148,11 @@ def test_serve_config_and_the_static_serving_pod_are_admitted(tmp_path, make_ada
     version = registry.register("sdar-policy", make_adapter(rank=8), report(0.5, 0.7, 0.4), {"run_id": "r"})
     registry.promote("sdar-policy", version, force=True, reason="test setup")
     deployment, _ = serve_config(registry, "/models/base", "sdar-policy")["kubernetes"]
+    platform_uid, _ = serve_config(registry, "/models/base", "sdar-policy", run_as_user=None)["kubernetes"]
+    # OpenShift assigns the user
+    assert "runAsUser" not in platform_uid["spec"]["template"]["spec"]["securityContext"]
     static = yaml.safe_load((ROOT / "serving" / "deployment.yaml").read_text())
-    for doc in (deployment, static):
+    for doc in (deployment, platform_uid, static):
         ((name, spec, notes),) = pod_templates(doc)
         assert restricted_violations(spec, notes) == [], name
 

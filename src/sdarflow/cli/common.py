@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sdarflow.defaults import RUN_AS_UID
 from sdarflow.errors import ConfigError, StorageError
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,29 @@ def pinned_image(key: str, release: str, flag: str) -> str:
         "no %s from `make images`: using the release tag %s; pin yours with %s", BUILT_IMAGES, release, flag
     )
     return release
+
+
+def _uid(text: str) -> int | None:
+    """``--run-as-user``: a positive UID, or none."""
+    if text == "none":
+        return None
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a non-root UID; fix: a UID above 0 (the images run as {RUN_AS_UID}) or none"
+        )
+    return int(text)
+
+
+def run_as_user_flag(p: argparse.ArgumentParser) -> None:
+    """``--run-as-user UID|none``: the user every pod a command writes runs as."""
+    p.add_argument(
+        "--run-as-user",
+        type=_uid,
+        default=RUN_AS_UID,
+        metavar="UID|none",
+        help=f"UID and GID the pods run as (default {RUN_AS_UID}, the images' user), so a namespace enforcing Pod "
+        "Security restricted admits them; none: only runAsNonRoot, the platform assigns the user (OpenShift)",
+    )
 
 
 # sdarflow.sizes.SIZES' names (a test keeps them equal; importing it here would slow every --help)

@@ -21,9 +21,10 @@ from sdarflow.cli.common import (
     output_flag,
     pairs,
     pinned_image,
+    run_as_user_flag,
     study_flags,
 )
-from sdarflow.defaults import RUN_AS_UID, S3_SECRET
+from sdarflow.defaults import S3_SECRET
 from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -227,17 +228,6 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
     return 0
 
 
-def _uid(text: str) -> int | None:
-    """``--run-as-user``: a positive UID, or none."""
-    if text == "none":
-        return None
-    if not text.isdigit() or int(text) == 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a non-root UID; fix: a UID above 0 (the images run as {RUN_AS_UID}) or none"
-        )
-    return int(text)
-
-
 def _scheduling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-resource", default="nvidia.com/gpu", help="extended resource name of a GPU")
     p.add_argument(
@@ -257,14 +247,7 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="docker-registry Secret every pod pulls its image with, for a private registry [repeatable]",
     )
-    p.add_argument(
-        "--run-as-user",
-        type=_uid,
-        default=RUN_AS_UID,
-        metavar="UID|none",
-        help=f"UID and GID the pods run as (default {RUN_AS_UID}, the images' user), so a namespace enforcing Pod "
-        "Security restricted admits them; none: only runAsNonRoot, the platform assigns the user (OpenShift)",
-    )
+    run_as_user_flag(p)
     p.add_argument(
         "--queue",
         default="",

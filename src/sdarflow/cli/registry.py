@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdarflow.cli.common import ReadsPath, emit, output_flag, pinned_image, policy_name_flag
+from sdarflow.cli.common import ReadsPath, emit, output_flag, pinned_image, policy_name_flag, run_as_user_flag
 from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
 from sdarflow.errors import ConfigError, ModelError, StorageError
 
@@ -169,6 +169,7 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
         args.name,
         image=args.image,
         fetch_image=args.fetch_image or pinned_image("image", DEFAULT_FETCH_IMAGE, "--fetch-image"),
+        run_as_user=args.run_as_user,
         secret=args.secret,
         namespace=args.namespace,
     )
@@ -325,6 +326,7 @@ def _add_serve_config(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--secret", default=S3_SECRET, help="Secret with AWS_* variables for the registry")
     p.add_argument("--namespace", help="Kubernetes namespace for the manifests")
+    run_as_user_flag(p)
     output_flag(p, "write the manifests here (YAML; JSON if it ends in .json) and print the command")
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
     p.set_defaults(func=cmd_serve_config)

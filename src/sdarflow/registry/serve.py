@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import __version__
-from sdarflow.defaults import S3_SECRET, container_security_context, pod_security_context
+from sdarflow.defaults import RUN_AS_UID, S3_SECRET, container_security_context, pod_security_context
 from sdarflow.errors import ModelError
 from sdarflow.models.identity import max_lora_rank
 from sdarflow.registry.errors import RegistryError
@@ -81,6 +81,7 @@ def serve_config(
     app: str = "sdarflow-serve",
     port: int = 8000,
     namespace: str | None = None,
+    run_as_user: int | None = RUN_AS_UID,
 ) -> dict[str, Any]:
     """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}``."""
     registry = registry if isinstance(registry, Registry) else Registry(registry)
@@ -153,7 +154,7 @@ def serve_config(
             }
         ],
         "volumes": [{"name": "adapters", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
-        "securityContext": pod_security_context(),  # Pod Security "restricted" admits it
+        "securityContext": pod_security_context(run_as_user),  # Pod Security "restricted" admits it
     }
     annotations = {
         "sdarflow.io/registry": registry.uri,
