@@ -151,14 +151,35 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
 
 
 @pytest.mark.slow
-def test_demo_dag_on_s3(tiny_model, tmp_path, s3_root):
+def test_demo_dag_on_s3_with_the_solution_teacher(tiny_model, tmp_path, s3_root):
     summary = run_demo(
-        tmp_path / "demo", storage_root=s3_root, rounds=1, preset="smoke", base_model=str(tiny_model)
+        tmp_path / "demo",
+        storage_root=s3_root,
+        rounds=1,
+        preset="smoke",
+        base_model=str(tiny_model),
+        options="solution",
     )
     for key in ("trajectories", "skills", "rescored", "adapter", "eval_report", "registry"):
         assert summary[key].startswith(s3_root), key
     check_summary(summary)
     assert not (tmp_path / "demo" / "store").exists()
+    # the teacher read each game's walkthrough; the lineage and the run report say so
+    assert storage.read_manifest(summary["rescored"])["teacher_context"] == "solution"
+    lineage = storage.read_json(
+        storage.join(summary["registry"], "sdar-policy", "versions", "1", "lineage.json")
+    )
+    assert lineage["teacher_contexts"] == ["solution"]
+    report = (tmp_path / "demo" / "run_report.html").read_text()
+    assert "privileged context: solution. The solution teacher reads what only training sees" in report
+
+
+def test_a_bad_demo_option_fails_before_anything_is_written(tmp_path):
+    from sdarflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="demo --options names unknown or repeated option"):
+        run_demo(tmp_path / "demo", options="solutoin")
+    assert not (tmp_path / "demo").exists()
 
 
 def test_compiled_spec_has_every_stage(tmp_path, capsys):
@@ -298,6 +319,24 @@ def test_generate_shards_get_their_own_output(tmp_path):
     assert getattr(rescore, "num_shards", 1) == 1  # one rescore task reads every generate shard
 
 
+@pytest.mark.parametrize("option", ["solution", "synthetic", "synthetic-noise"])
+def test_a_privileged_teacher_reaches_rescore_alone(tmp_path, option):
+    # what a solution or the synthetic control knows goes to rescore's teacher and nowhere else: every other
+    # stage's config (generate's and evaluate's prompts, the skill extractor, train, the registry) is the same
+    from sdarflow.pipeline_config import stage_config
+    from sdarflow.stages import STAGES
+
+    plain, taught = make_config(tmp_path, run_id="r1"), make_config(tmp_path, run_id="r1", options=option)
+    for stage in STAGES:
+        # register's request is the hash of what the run trains: a run taught otherwise is another request
+        a, b = (
+            {k: v for k, v in stage_config(pc, stage, 1).to_dict().items() if k != "request"}
+            for pc in (plain, taught)
+        )
+        assert (a == b) == (stage != "rescore"), stage
+    assert stage_config(taught, "rescore", 1).teacher_context == option.split("-")[0]
+
+
 def test_each_round_plays_the_next_tasks(tmp_path):
     from sdarflow.errors import ConfigError
     from sdarflow.pipeline_config import stage_config
@@ -434,6 +473,21 @@ def test_pipeline_config_checks(tmp_path):
     assert stage_config(pc, "register", 0, adapter="a", eval_report="e").promote_to == ""
 
 
+def test_a_run_from_a_control_stays_a_control(registry_with_production, tmp_path):
+    # a version the solution teacher taught, continued by a new run: the copy carries its teacher into train's
+    # lineage, so the new version is refused production as well
+    from sdarflow.pipeline_config import load, prepare
+    from sdarflow.train.report import teacher_contexts
+
+    registry = registry_with_production
+    lineage = {"run_id": "control", "teacher_contexts": ["skills", "solution"]}
+    v = registry.register("sdar-policy", fake_adapter(tmp_path / "a4"), eval_report([3] * 10), lineage)
+    pc = make_config(tmp_path, registry=str(registry.uri), start_adapter=str(v))
+    uri = load(prepare(pc)).start_adapter
+    assert storage.read_manifest(uri, "adapter")["teacher_contexts"] == ["skills", "solution"]
+    assert teacher_contexts([], uri) == ["skills", "solution"]
+
+
 def test_start_adapter_resolves_production_into_the_run(registry_with_production, tmp_path):
     from sdarflow.pipeline_config import load, prepare, stage_config
     from sdarflow.stages.common import local_artifact
@@ -444,6 +498,7 @@ def test_start_adapter_resolves_production_into_the_run(registry_with_production
     assert uri == storage.join(pc.storage, "runs", pc.run_id, "start-adapter")
     manifest = storage.read_manifest(uri, "adapter")
     assert (manifest["version"], manifest["resolved_from"]) == (1, "production")
+    assert manifest["teacher_contexts"] == []  # v1's lineage names no teacher
     folder = local_artifact(uri, "adapter")  # what generate/rescore/train load
     assert sorted(p.name for p in Path(folder).iterdir() if not p.name.startswith("_")) == [
         "adapter_config.json",

@@ -16,6 +16,7 @@ from pathlib import Path
 from sdarflow import storage
 from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
+from sdarflow.extensions.options import option_settings
 from sdarflow.model_cache import local_model
 from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_uri
 from sdarflow.provenance import provenance
@@ -96,6 +97,7 @@ def run_demo(
     preset: str | None = None,
     base_model: str | None = None,
     shards: int = 1,
+    options: str = "",
 ) -> dict:
     import kfp.local
 
@@ -103,7 +105,8 @@ def run_demo(
 
     out = Path(out).absolute()
     t0 = time.perf_counter()
-    # a bad preset or model fails before anything is written
+    # a bad option, preset or model fails before anything is written
+    option_settings(options.split("+") if options else [], "demo --options")
     base, sizes = base_and_sizes(out, base_model, preset)
     out.mkdir(parents=True, exist_ok=True)
     storage_root = storage_root or str(out / "store")
@@ -111,6 +114,7 @@ def run_demo(
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 
     settings = {"storage": storage_root, "base_model": str(base), "run_id": run_id, **sizes["pipeline"]}
+    settings["options"] = "+".join(o for o in (settings.get("options", ""), options) if o)
     env = settings.get("env") or PipelineConfig().env
     settings.update(start_point(base, sizes, env, run_uri(storage_root, run_id), run_id))
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))

@@ -495,6 +495,7 @@ def copy_version(pc: PipelineConfig, registry, ref: str, folder: str) -> str:
             name=pc.policy_name,
             version=version,
             resolved_from=ref,
+            teacher_contexts=registry.lineage(pc.policy_name, version).get("teacher_contexts") or [],
         )
     log.info("%s: %s %s = v%d -> %s", folder, pc.policy_name, ref, version, target)
     return target

@@ -21,6 +21,7 @@ from sdarflow.report import Report, Section, html, markdown, number, png, with_i
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.skills.accuracy import VERDICTS
+from sdarflow.teacher import PRIVILEGED_CONTEXTS
 
 REPORT_KIND = "run-report"
 
@@ -90,7 +91,8 @@ def _round(
 ) -> tuple[dict, list]:
     rollout, episodes = _rollout(storage_root, run_id, r, shards)
     train = storage.read_manifest(stage_uri(storage_root, run_id, r, "train")).get("metrics", {})
-    rescore = storage.read_manifest(stage_uri(storage_root, run_id, r, "rescore")).get("metrics", {})
+    rescored = storage.read_manifest(stage_uri(storage_root, run_id, r, "rescore"))
+    rescore = rescored.get("metrics", {})
     skills = storage.read_manifest(stage_uri(storage_root, run_id, r, "extract-skills")).get("metrics", {})
     report = load_report(stage_uri(storage_root, run_id, r, "evaluate"))
     keys = ("adv/zero_group_share", "adv/std", "sdar/gate_mean", "sdar/teacher_gap_mean", "actor/entropy",
@@ -107,6 +109,7 @@ def _round(
         "rollout": rollout,
         "train": {key: train.get(key) for key in keys},
         "teacher_gap_positive_share": rescore.get("rescore/gap_positive_share"),
+        "teacher_context": rescored.get("teacher_context"),
         # the round's skill library against the env's ground truth (absent where the env has none)
         "skills": {v: skills[f"skills/rules_{v}"] for v in VERDICTS if f"skills/rules_{v}" in skills},
         "eval": evaluation,
@@ -213,11 +216,24 @@ def _plot(data: Mapping[str, Any]) -> bytes:
     return png(fig)
 
 
+def _teacher_text(rounds: list[Mapping[str, Any]]) -> str:
+    """What the teacher read (``rescore --teacher-context``), and what a control means for promotion."""
+    contexts = sorted({str(r.get("teacher_context") or "skills") for r in rounds})
+    text = f"The teacher's privileged context: {', '.join(contexts)}."
+    if taught := [c for c in contexts if c in PRIVILEGED_CONTEXTS]:
+        text += (
+            f" The {' and '.join(taught)} teacher reads what only training sees: this run is a control, and the "
+            f"gate refuses its versions for production unless forced with a reason."
+        )
+    return text
+
+
 def build(data: Mapping[str, Any]) -> Report:
     """The report to render from :func:`collect`'s data."""
     sections = [
         Section("How to read this", text=HOW_TO_READ),
         *([Section("Promotion", text=data["promotion"])] if data.get("promotion") else []),
+        Section("Teacher", text=_teacher_text(data["rounds"])),
         *_tables(data),
         Section("Plots", images=("rounds",)),
     ]

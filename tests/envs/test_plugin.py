@@ -101,3 +101,14 @@ def test_not_installed_means_not_listed() -> None:
     assert "my-env" not in list_envs()
     with pytest.raises(EnvError, match="unknown env 'my-env'"):
         get_suite("my-env")
+
+
+def test_a_plugin_without_solutions_cannot_teach_with_one(plugin_path: Path) -> None:
+    from sdarflow.errors import ConfigError
+    from sdarflow.teacher.solution import task_solutions
+
+    row = {"env": "my-env", "split": "train", "task_id": "my-train-0"}
+    with pytest.raises(
+        ConfigError, match=r"env 'my-env' has no solution\(task_id, split\); fix: implement it"
+    ):
+        task_solutions([row])

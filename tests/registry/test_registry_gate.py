@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sdarflow.errors import ConfigError
-from sdarflow.registry import GatePolicy, GateRefused, Registry, RegistryError, check_gate
+from sdarflow.registry import GatePolicy, GateRefused, Registry, RegistryError, check_gate, gate
 
 # n = 4 samples per task, 10 tasks. Production: 2 of 4 on every task (pass@1 0.50, pass@4 1.00).
 PROD = [2] * 10
@@ -604,3 +604,27 @@ def test_a_report_file_with_a_key_twice_is_refused(tasks, tmp_path):
     path.write_text(text.replace('"splits": {', '"splits": {"test": {}, ', 1))
     with pytest.raises(StorageError, match="has the key 'test' twice in one object"):
         load_report(str(path))
+
+
+@pytest.mark.parametrize("context", ["solution", "synthetic"])
+def test_a_version_a_privileged_teacher_taught_is_a_control_not_a_release(
+    reg_with_production, make_adapter, lineage, tasks, context
+):
+    # better than production beyond the noise, yet its teacher read the task's solution (or expert labels)
+    reg = reg_with_production
+    v = _register(reg, make_adapter, {**lineage, "teacher_contexts": ["skills", context]}, tasks(GAIN, PROD))
+    with pytest.raises(GateRefused) as err:
+        reg.promote("agent", v, actor="bob")
+    assert str(err.value).startswith(
+        f"gate refused: taught by the {context} teacher (rescore --teacher-context"
+    )
+    assert reg.aliases("agent") == {"production": 1}
+    assert reg.show("agent", v)["lineage"]["teacher_contexts"] == ["skills", context]
+    card = (Path(reg.fetch_adapter("agent", v)) / "README.md").read_text()
+    assert f"- teacher context: skills, {context} ({context}: a control, refused for production)" in card
+    # staging is the control's place; production only forced, with a reason, audited as overridden
+    reg.promote("agent", v, stage="staging", actor="bob")
+    event = reg.promote("agent", v, force=True, reason="positive control, demo only", actor="bob")
+    assert event["gate"] == "overridden" and any(context in f for f in event["gate_failures"])
+    # the skills teacher (SDAR's) is no control, and a version from before lineage named teachers is not refused
+    assert gate.teacher_failures({"teacher_contexts": ["skills"]}) == gate.teacher_failures({}) == []

@@ -205,6 +205,11 @@ def test_evaluate_and_register(chain, tiny_model, tmp_path, capsys):
     lineage = json.loads(Path(reg, "sdar-policy/versions/1/lineage.json").read_text())
     assert lineage["skill_library_version"] == storage.read_manifest(chain["skills"])["version"]
     assert lineage["train_config_hash"] == storage.read_manifest(chain["train"])["config_hash"]
+    # the teacher that taught it, from rescore's manifest through train's (a control would be refused production)
+    assert storage.read_manifest(chain["rescore"])["teacher_context"] == "skills"
+    assert (
+        lineage["teacher_contexts"] == storage.read_manifest(chain["train"])["teacher_contexts"] == ["skills"]
+    )
 
 
 def test_generate_continues_from_the_trained_adapter(chain, tiny_model, tmp_path):

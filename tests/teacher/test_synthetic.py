@@ -61,18 +61,18 @@ def test_the_synthetic_teacher_prefers_exactly_the_expert_turns(
     assert "synthetic (logit shift 2 nats, label noise 0)" in storage.read_member(out, "report.md").decode()
 
 
+@pytest.mark.parametrize("context", ["synthetic", "solution"])
 def test_a_privileged_context_refuses_rows_outside_train_and_writes_nothing(
-    student_rows, write_dataset, rescore, reference_library, tmp_path
+    student_rows, write_dataset, rescore, reference_library, tmp_path, context
 ):
     rows = _labelled(student_rows)
     rows[-1] = dict(rows[-1], split="test")
     out = tmp_path / "refused"
     code, line = rescore(
-        write_dataset("mixed", rows), reference_library, str(out), "--teacher-context", "synthetic"
+        write_dataset("mixed", rows), reference_library, str(out), "--teacher-context", context
     )
+    assert code == 2 and "fix:" in line
     assert (
-        code == 2
-        and "rows of split test; only train rollouts may be taught with it" in line
-        and "fix:" in line
+        f"--teacher-context {context}: the input has rows of split test; only train rollouts may be" in line
     )
     assert not out.exists()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import re
 
+from sdarflow import storage
 from sdarflow.report import html, markdown
-from sdarflow.train.report import MAX_TABLE_ROWS, training_report, write_reports
+from sdarflow.train.report import MAX_TABLE_ROWS, teacher_contexts, training_report, write_reports
 
 
 def history(n: int = 6) -> list[dict]:
@@ -73,3 +74,21 @@ def test_a_flat_panel_gets_a_readable_range():
     before = ax.get_ylim()
     _single_value_limits(ax, [1.0, 2.0])  # a line that moves keeps matplotlib's range
     assert ax.get_ylim() == before
+
+
+def test_teacher_contexts_follow_the_data_and_the_start_adapter(tmp_path):
+    def published(name: str, **meta) -> str:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f.txt").write_text(name)
+        uri = str(tmp_path / f"{name}-published")
+        storage.publish_dir(tmp_path / name, uri, kind="x", **meta)
+        return uri
+
+    skills, solution = published("a", teacher_context="skills"), published("b", teacher_context="solution")
+    older = published("c")  # rescored before manifests named the teacher: nothing to add
+    assert teacher_contexts([skills, older], "") == ["skills"]
+    assert teacher_contexts([skills, solution], "") == ["skills", "solution"]
+    # an adapter that continues from a control's stays a control's
+    start = published("d", teacher_contexts=["synthetic"])
+    assert teacher_contexts([skills], start) == ["skills", "synthetic"]
+    assert teacher_contexts([str(tmp_path / "unpublished")], str(tmp_path / "folder")) == []

@@ -37,6 +37,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         preset=args.preset,
         base_model=args.base_model,
         shards=args.shards,
+        options=args.options,
     )
     emit({k: v for k, v in summary.items() if k != "transcripts"})  # they are in summary.json and the report
     return 0
@@ -162,6 +163,12 @@ def add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=2, help="RL rounds (default 2)")
     p.add_argument(
         "--shards", type=int, default=1, help="generate shards per round (dsl.ParallelFor fan-out)"
+    )
+    p.add_argument(
+        "--options",
+        default="",
+        metavar="OPTION[+OPTION...]",
+        help="training options on top of the preset's (the pipeline's options parameter), e.g. solution",
     )
     _model_flags(
         p,

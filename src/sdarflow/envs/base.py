@@ -48,6 +48,19 @@ def check_step(task: Task, started: bool, done: bool) -> None:
         raise EnvError(f"step() after the episode of {task.task_id} ended; fix: check done, or reset()")
 
 
+def task_number(task_id: str, prefix: str, split: str, size: int, seed_base: int = 0) -> int:
+    """The index (``n - seed_base``) of a task id spelled ``<prefix>-<split>-<n>``; EnvError when ``task_id`` is not
+    one of the split's ``size`` tasks."""
+    head = f"{prefix}-{split}-"
+    tail = task_id[len(head) :] if task_id.startswith(head) else ""
+    if not tail.isdigit() or not 0 <= int(tail) - seed_base < size:
+        raise EnvError(
+            f"task {task_id!r} is not one of the {size} tasks of split {split!r} ({head}N); fix: pass a task id "
+            f"this suite's tasks() made, with its split"
+        )
+    return int(tail) - seed_base
+
+
 def task_indices(split: str, size: int, n: int | None, start: int) -> list[int]:
     """Indices ``start .. start + n - 1`` modulo ``size`` (all ``size`` if ``n`` is None): a run that plays the next
     ``n`` tasks each round cycles through the split. EnvError when ``n`` is outside ``[0, size]`` or start < 0."""
@@ -142,6 +155,16 @@ class ActionFormat(Protocol):
 
     def reference_continuation(self, task_id: str) -> str | None:
         """The action that completes the task, or None: what rescore's ``--ppl-delta`` measures progress towards."""
+        ...
+
+
+class Solutions(Protocol):
+    """An optional suite member: the gold solution a privileged teacher reads (``rescore --teacher-context
+    solution``), never an input to a rollout."""
+
+    def solution(self, task_id: str, split: str) -> list[str]:
+        """The expert's actions that solve ``task_id`` of ``split`` from its start, in order, spelled as the env
+        accepts them; EnvError for a task id that is not the split's."""
         ...
 
 

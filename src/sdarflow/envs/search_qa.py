@@ -31,6 +31,7 @@ from sdarflow.envs.base import (
     check_step,
     split_spec,
     task_indices,
+    task_number,
 )
 
 # relation -> (subject kind, object kind, sentence). Every relation is stated in the subject's document only, so
@@ -216,6 +217,13 @@ def parse_qa_action(text: str) -> tuple[str, str] | None:
     return (match[1], match[2].strip()) if match else None
 
 
+def chain_actions(world: dict[str, Entity], chain: list[str]) -> list[str]:
+    """The expert's actions for a question's ``chain`` (entity ids, subject first, answer last): search each hop's
+    entity in order, then answer with the last one's name."""
+    names = [world[eid].name.lower() for eid in chain]
+    return [*(f"search[{n}]" for n in names[:-1]), f"answer[{names[-1]}]"]
+
+
 class SearchQAEnv:
     """One episode: a question, a search tool over the suite's shared (read-only) index, one answer."""
 
@@ -253,10 +261,8 @@ class SearchQAEnv:
         """Search each hop's entity in order until its document has been shown, then answer."""
         if self.seen is None or self.done:
             return None
-        for eid in self.chain[:-1]:
-            if eid not in self.seen:
-                return f"search[{self.suite.world[eid].name.lower()}]"
-        return f"answer[{self.answer.lower()}]"
+        steps = chain_actions(self.suite.world, self.chain)
+        return next((a for eid, a in zip(self.chain[:-1], steps) if eid not in self.seen), steps[-1])
 
     def close(self) -> None:
         self.seen = None
@@ -330,9 +336,14 @@ class SearchQASuite:
 
     def reference_continuation(self, task_id: str) -> str | None:
         """The action that completes ``task_id``: ``answer[gold]``, as the expert writes it; None for an id that
-        is not this suite's. The perplexity-delta reward scores each turn by how much it makes this likelier."""
+        is not this suite's (EnvError past its split's end). The perplexity-delta reward scores each turn by how much it makes this likelier."""
         match = _TASK_ID.fullmatch(task_id)
         if not match or match[1] not in QA_SPLITS:
             return None
-        task = self.tasks(match[1], n=1, start=int(match[2]))[0]
-        return f"answer[{self.world[json.loads(task.payload)['chain'][-1]].name.lower()}]"
+        return self.solution(task_id, match[1])[-1]
+
+    def solution(self, task_id: str, split: str) -> list[str]:
+        """The expert's searches hop by hop, then the answer (``Solutions``)."""
+        spec = self._spec(split)
+        i = task_number(task_id, "search-qa", split, len(spec.templates) * len(self._people(split)))
+        return chain_actions(self.world, json.loads(self.tasks(split, n=1, start=i)[0].payload)["chain"])

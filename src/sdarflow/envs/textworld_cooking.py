@@ -40,6 +40,7 @@ from sdarflow.envs.base import (
     check_step,
     split_spec,
     task_indices,
+    task_number,
 )
 from sdarflow.errors import StorageError
 
@@ -53,6 +54,7 @@ GENERATOR_VERSION = 1
 SKILL_MIX: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True), (True, True))
 TASK_TYPES: tuple[str, ...] = ("plain", "cut", "cook", "cut+cook")  # indexed by cut + 2 * cook
 _CUT_VERBS = ("slice ", "dice ", "chop ")
+COOKBOOK = "examine cookbook"  # reset reads it silently: the recipe goes in the instruction
 # Each recipe direction's command in TextWorld's cooking games (tw-cooking: fried on the stove, roasted in the oven,
 # grilled on the BBQ; cut with the knife), spelled as skills abstract it, and the preparation it stands for.
 DIRECTION_ACTIONS: dict[str, tuple[str, str]] = {
@@ -339,8 +341,8 @@ class TextWorldCookingEnv:
         first = self._env.reset()
         # The expert walkthrough never reads the cookbook, so the recipe must be in the instruction. Reading it
         # fails when the player starts outside the kitchen (go > 1): then use the recipe TextWorld stored.
-        self._commands = ["examine cookbook"]
-        self._state, _, _ = self._env.step("examine cookbook")
+        self._commands = [COOKBOOK]
+        self._state, _, _ = self._env.step(COOKBOOK)
         recipe = recipe_summary(self._state.feedback) or recipe_summary(first["extra.recipe"] or "")
         self._turns, self._done = 0, False
         instruction = f"{self.GOAL}\n{recipe}" if recipe else self.GOAL
@@ -432,6 +434,14 @@ class TextWorldCookingSuite:
             Task(f"tw-cooking-{split}-{seed}", t, split, str(path))
             for seed, path, t in zip(seeds, paths, types)
         ]
+
+    def solution(self, task_id: str, split: str) -> list[str]:
+        """The game's walkthrough as TextWorld stores it (``Solutions``), less the cookbook read that ``reset``
+        plays itself."""
+        spec = self.spec(split)
+        i = task_number(task_id, "tw-cooking", split, spec.size, spec.seed_base)
+        walkthrough = game_metadata(self.tasks(split, n=1, start=i)[0].payload)["walkthrough"]
+        return [command for command in walkthrough if command != COOKBOOK]
 
     def skill_truth(self) -> SkillTruth:
         """Each direction's command, and per task type the preparations it requires (``cut+cook``: both)."""

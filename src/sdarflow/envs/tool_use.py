@@ -25,6 +25,7 @@ from sdarflow.envs.base import (
     check_step,
     split_spec,
     task_indices,
+    task_number,
 )
 from sdarflow.envs.tool_api import FINISH, TOOLS, ToolAPI, ToolCallError, World, canonical, parse_call
 
@@ -256,6 +257,12 @@ class ToolUseSuite:
     def tasks(self, split: str, n: int | None = None, start: int = 0) -> list[Task]:
         spec = self._spec(split)
         return [make_task(split, spec.seed_base + i) for i in task_indices(split, spec.size, n, start)]
+
+    def solution(self, task_id: str, split: str) -> list[str]:
+        """The task's gold plan: every call in order, ``finish`` last (``Solutions``)."""
+        spec = self._spec(split)
+        i = task_number(task_id, "tool-use", split, spec.size, spec.seed_base)
+        return json.loads(make_task(split, spec.seed_base + i).payload)["plan"]
 
     def make(self, task: Task) -> ToolUseEnv:
         return ToolUseEnv(task, self.max_turns or self._spec(task.split).max_turns)

@@ -107,6 +107,10 @@ OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
     "force": {"train": {"filter": "negative-value", "value_estimate": "head", "value_warmup_rounds": 1}},
     "ema": {"train": {"ema_decay": 0.99}, "rescore": {"teacher": "ema"}},
     "ppl": {"train": {"reward": "perplexity-delta"}, "rescore": {"ppl_delta": True}},  # envs with a reference
+    # the teacher contexts that are controls (docs/training.md "Teacher contexts"): production refuses what they train
+    "solution": {"rescore": {"teacher_context": "solution"}},
+    "synthetic": {"rescore": {"teacher_context": "synthetic"}},
+    "synthetic-noise": {"rescore": {"teacher_context": "synthetic", "synthetic_label_noise": 0.5}},
 }
 
 

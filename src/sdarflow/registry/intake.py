@@ -24,6 +24,7 @@ from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalRep
 from sdarflow.models.identity import check_adapter, lora_rank, safetensors_shapes, weight_shapes
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 from sdarflow.report import Report, Section, markdown, with_interval
+from sdarflow.teacher import PRIVILEGED_CONTEXTS
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +330,16 @@ def _evaluation(report: Mapping[str, Any], base_report: Mapping[str, Any] | None
     return Section("Evaluation", text=text if base_report else "", table=(header, rows))
 
 
+def _teachers(contexts: Any) -> str:
+    """The card's teacher line: the contexts that taught the version, a control named as one."""
+    if not contexts:
+        return "not recorded"
+    taught = [str(c) for c in contexts]
+    control = [c for c in taught if c in PRIVILEGED_CONTEXTS]
+    note = f" ({' and '.join(control)}: a control, refused for production)" if control else ""
+    return ", ".join(taught) + note
+
+
 def model_card(
     name: str,
     version: int,
@@ -351,13 +362,14 @@ def model_card(
         ("method", method or "not recorded"),
         ("LoRA", f"rank {adapter_config.get('r')}, alpha {adapter_config.get('lora_alpha')}, "
                  f"targets {_targets(adapter_config.get('target_modules'))}"),
+        ("teacher context", _teachers(lineage.get("teacher_contexts"))),
         ("run", f"{lineage.get('run_id', '?')}, round {lineage.get('round', '?')}"),
         ("registered by", registered_by or "?"),
     ]  # fmt: skip
     made_from = [
         (key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
         for key, value in sorted(lineage.items())
-        if key not in ("base_model", "method")
+        if key not in ("base_model", "method", "teacher_contexts")
     ]
     path = f"<registry>/{name}/versions/{version}"
     use = [

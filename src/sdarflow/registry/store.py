@@ -511,6 +511,8 @@ class Registry:
         references = {label: production, "base model": self._eval_report(layout, number, base=True)}
         verdict = gate.check_gate(candidate, references, policy, candidate_label=f"candidate v{number}")
         failures = [*looser, *verdict.failures]
+        if stage == "production":
+            failures += gate.teacher_failures(self.lineage(layout.name, number))
         outcome = "overridden" if failures and force else "refused" if failures else "passed"
         return {
             "gate": outcome,

@@ -77,6 +77,7 @@ def run(cfg: RegisterConfig) -> dict:
         "adapter_uri": cfg.adapter,
         "train_config_hash": adapter_manifest.get("config_hash"),
         "method": adapter_manifest.get("method"),
+        "teacher_contexts": adapter_manifest.get("teacher_contexts") or [],
         "eval_report_uri": cfg.eval_report,
         "base_eval_report_uri": cfg.base_eval_report or None,
         "data": list(cfg.data),

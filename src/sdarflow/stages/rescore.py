@@ -23,7 +23,7 @@ from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import EXPERT_POLICY, RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA, check_vocab
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
-from sdarflow.teacher import TEACHER_WEIGHTS
+from sdarflow.teacher import PRIVILEGED_CONTEXTS, TEACHER_CONTEXTS, TEACHER_WEIGHTS
 from sdarflow.teacher.discrimination import (
     discrimination,
     discrimination_metrics,
@@ -32,7 +32,7 @@ from sdarflow.teacher.discrimination import (
 )
 from sdarflow.teacher.report import GuardSettings, check_retrieval, check_scores, rescore_summary
 from sdarflow.teacher.rescore import BATCHINGS, k1_mean, padding_share, reference_model, score
-from sdarflow.teacher.synthetic import TEACHER_CONTEXTS, synthetic_teacher
+from sdarflow.teacher.synthetic import synthetic_teacher
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,10 @@ class RescoreConfig(StageConfig, GuardSettings):
     )
     teacher_context: str = opt(
         "skills",
-        "what the teacher knows that the student does not: skills (retrieved skills in its prompt, SDAR's) or "
-        "synthetic (the machinery's control: the student with the sampled token's logit raised by "
-        "--synthetic-delta on turns whose action is the expert's and lowered elsewhere; train rows only)",
+        "what the teacher knows that the student does not: skills (retrieved skills in its prompt, SDAR's), "
+        "solution (the task's gold solution from the env, at --skill-place; train rows only) or synthetic (the "
+        "machinery's control: the student with the sampled token's logit raised by --synthetic-delta on turns "
+        "whose action is the expert's and lowered elsewhere; train rows only)",
         choices=TEACHER_CONTEXTS,
     )
     synthetic_delta: float = opt(1.0, "synthetic teacher: the logit shift in nats", ge=0)
@@ -132,7 +133,7 @@ Config = RescoreConfig  # the stage's exports are Config and run (sdarflow.stage
 
 
 def _train_rows_only(table: pa.Table, context: str) -> None:
-    """A privileged teacher context other than skills reads what only training may see: refuse (one line, before
+    """A teacher context of :data:`PRIVILEGED_CONTEXTS` reads what only training may see: refuse (one line, before
     anything is written) rows of any split but train."""
     other = sorted({s for s in table["split"].to_pylist() if s != "train"}, key=str)
     if other:
@@ -182,6 +183,7 @@ def run(cfg: RescoreConfig) -> dict:
     from sdarflow.models import load_policy
     from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher.rescore import teacher_prompts
+    from sdarflow.teacher.solution import task_solutions
 
     require("rescore", input=cfg.input, skills=cfg.skills, model=cfg.model, output=cfg.output)
     table = _shard(
@@ -189,14 +191,25 @@ def run(cfg: RescoreConfig) -> dict:
         cfg.shard,
         cfg.num_shards,
     )
-    synthetic = cfg.teacher_context == "synthetic"
-    if synthetic:
-        _train_rows_only(table, cfg.teacher_context)
+    context = cfg.teacher_context
+    synthetic = context == "synthetic"
+    if context in PRIVILEGED_CONTEXTS:
+        _train_rows_only(table, context)
     if EXPERT_POLICY in table["policy_version"].to_pylist():
         raise ConfigError(
             f"rescore: {cfg.input} holds expert walkthrough rows (generate --policy expert), which no policy "
             f"sampled, so RL cannot learn from them; fix: train --mode sft on them, and rescore the policy's rollouts"
         )
+    rows = table.select(
+        ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type", "env", "split", "task_id"]
+    ).to_pylist()
+    # Only the skills teacher retrieves skills; the others' rows carry no skill ids, so no skill is credited with
+    # what a solution or the synthetic control taught (the ucb statistics of a later round's retrieval)
+    texts = None
+    if context == "solution":
+        texts = task_solutions(rows)  # an env without solutions fails here, before the model loads
+    elif synthetic:
+        texts = [""] * len(rows)
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
     dtype = weights_dtype(cfg.precision, resolve_device(cfg.device))
@@ -209,14 +222,13 @@ def run(cfg: RescoreConfig) -> dict:
         f"dataset {', '.join(cfg.input)}",
         cfg.model,
     )
-    rows = table.select(
-        ["prompt_token_ids", "response_token_ids", "prompt_messages", "task_type"]
-    ).to_pylist()
     task_types = [r["task_type"] for r in rows]
     strategy = get_strategy(cfg.retrieval, seed=cfg.seed, ucb_c=cfg.ucb_c)
-    teach = teacher_prompts(rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens)
+    teach = teacher_prompts(
+        rows, lib, strategy, policy.tokenizer, cfg.skill_place, cfg.max_prompt_tokens, texts
+    )
     overridden: list[str] = []
-    if not synthetic:  # the synthetic teacher reads no skills: their retrieval is recorded, not guarded
+    if context == "skills":
         check_retrieval(lib, teach.hits, task_types, cfg, overridden)
 
     ppl = rescore_column(cfg, table, policy)
@@ -375,4 +387,5 @@ def _write(
         metrics=summary.metrics,
         skill_library=library_version,
         guards_overridden=overridden,
+        teacher_context=cfg.teacher_context,
     )

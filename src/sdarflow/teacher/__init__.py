@@ -13,6 +13,12 @@ from contextlib import AbstractContextManager
 
 from sdarflow.names import NameRegistry
 
+# rescore --teacher-context: what the teacher knows that the student does not. skills: SDAR's retrieved skills;
+# solution: the task's gold solution (sdarflow.teacher.solution); synthetic: the machinery's control
+# (sdarflow.teacher.synthetic). The last two read what only training may see: train rows only, never production.
+TEACHER_CONTEXTS = ("skills", "solution", "synthetic")
+PRIVILEGED_CONTEXTS = ("solution", "synthetic")
+
 TeacherWeights = Callable[[object, "str | None"], AbstractContextManager]
 TEACHER_WEIGHTS: NameRegistry[TeacherWeights] = NameRegistry("teacher")
 TEACHER_WEIGHTS.register("current")(lambda model, adapter: contextlib.nullcontext())

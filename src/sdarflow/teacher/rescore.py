@@ -47,27 +47,39 @@ class TeacherInputs:
 
 
 def teacher_prompts(
-    rows: list[dict], lib: SkillLibrary, strategy, tokenizer, place: str, max_tokens: int | None = None
+    rows: list[dict],
+    lib: SkillLibrary,
+    strategy,
+    tokenizer,
+    place: str,
+    max_tokens: int | None = None,
+    texts: list[str] | None = None,
 ) -> TeacherInputs:
-    """Each row's teacher prompt: its retrieved skills at ``place``, left-truncated to ``max_tokens``.
+    """Each row's teacher prompt: its retrieved skills at ``place``, left-truncated to ``max_tokens``; with
+    ``texts``, each row's own privileged text there instead (a solution; "" keeps the student prompt), and no skill
+    is retrieved or credited.
 
     As the reference's ``build_teacher_batch`` (ZJU-REAL/SDAR ``verl/trainer/ppo/rlsd_ray_trainer.py``), the
     student prompt ids are decoded with special tokens and that text is what keyword retrieval reads and what the
     ``prefix`` place puts the skills in front of.
     """
     out = TeacherInputs([], [], [], [], 0)
-    for row in rows:
+    for i, row in enumerate(rows):
         student = list(row["prompt_token_ids"])
         text = prompt_text(tokenizer, student)
-        got = strategy(lib, row["task_type"], text)
+        if texts is None:
+            got = strategy(lib, row["task_type"], text)
+            privileged, ids, hit, matched = got.text, got.ids, got.hit, got.matched
+        else:
+            privileged, ids, hit, matched = texts[i], [], False, False
         messages = loads(row["prompt_messages"]) if place != "prefix" else []
         prompt = teacher_prompt_ids(
-            tokenizer, student, messages, got.text, place, max_tokens, student_text=text
+            tokenizer, student, messages, privileged, place, max_tokens, student_text=text
         )
         out.prompts.append(prompt)
-        out.skill_ids.append(got.ids)
-        out.hits.append(got.hit)
-        out.matched.append(got.matched)
+        out.skill_ids.append(ids)
+        out.hits.append(hit)
+        out.matched.append(matched)
         out.unchanged += prompt == student
     return out
 

@@ -16,9 +16,6 @@ from torch import Tensor
 
 from sdarflow.errors import ConfigError
 
-# rescore --teacher-context: skills (SDAR's retrieved skills) or the synthetic control below
-TEACHER_CONTEXTS = ("skills", "synthetic")
-
 
 def tilted_logprobs(logprobs: Tensor, shift: Tensor) -> Tensor:
     """Log-probability of the sampled token after adding ``shift`` to its logit alone (every other logit kept).

@@ -195,6 +195,15 @@ def write_reports(
     (out / "report.html").write_text(html(doc))
 
 
+def teacher_contexts(inputs: list[str], adapter: str) -> list[str]:
+    """Every teacher context (``rescore --teacher-context``) behind a trained model: its rescored inputs', and those
+    its start adapter records, so a control's (solution, synthetic) stays in the lineage of what continues from it."""
+    found = {storage.read_manifest(u).get("teacher_context") for u in inputs if storage.is_published(u)}
+    if adapter and storage.is_published(adapter):
+        found.update(storage.read_manifest(adapter).get("teacher_contexts") or [])
+    return sorted(c for c in found if c)
+
+
 def publish_run(
     cfg,
     policy,
@@ -227,6 +236,7 @@ def publish_run(
         config_hash=cfg.config_hash(),
         inputs=[*cfg.input, cfg.model] + ([cfg.adapter] if cfg.adapter else []),
         method="sft" if cfg.mode == "sft" else cfg.method,
+        teacher_contexts=teacher_contexts(cfg.input, cfg.adapter),
         metrics=summary,
     )
     tags = {"sdarflow.output": cfg.output, "sdarflow.config_hash": cfg.config_hash()}
