@@ -174,6 +174,16 @@ def test_demo_dag_on_s3_with_the_solution_teacher(tiny_model, tmp_path, s3_root)
     assert "privileged context: solution. The solution teacher reads what only training sees" in report
 
 
+def test_the_run_report_names_the_teacher_and_a_control():
+    from sdarflow.run_report import _teacher_text
+
+    assert _teacher_text([{"teacher_contexts": ["skills"]}]) == "The teacher's privileged context: skills."
+    # a round that continued from a control's adapter makes the run one, whatever its own teacher
+    text = _teacher_text([{"teacher_contexts": ["skills"]}, {"teacher_contexts": ["skills", "synthetic"]}])
+    assert text.startswith("The teacher's privileged context: skills, synthetic. The synthetic teacher reads")
+    assert "refuses its versions for production unless forced" in text
+
+
 def test_a_bad_demo_option_fails_before_anything_is_written(tmp_path):
     from sdarflow.errors import ConfigError
 
@@ -498,7 +508,7 @@ def test_start_adapter_resolves_production_into_the_run(registry_with_production
     assert uri == storage.join(pc.storage, "runs", pc.run_id, "start-adapter")
     manifest = storage.read_manifest(uri, "adapter")
     assert (manifest["version"], manifest["resolved_from"]) == (1, "production")
-    assert manifest["teacher_contexts"] == []  # v1's lineage names no teacher
+    assert manifest["teacher_contexts"] == ["unknown"]  # v1's lineage does not name its teacher
     folder = local_artifact(uri, "adapter")  # what generate/rescore/train load
     assert sorted(p.name for p in Path(folder).iterdir() if not p.name.startswith("_")) == [
         "adapter_config.json",

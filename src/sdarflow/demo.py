@@ -114,7 +114,7 @@ def run_demo(
     log.info("demo: run %s, %d round(s), storage %s", run_id, rounds, storage_root)
 
     settings = {"storage": storage_root, "base_model": str(base), "run_id": run_id, **sizes["pipeline"]}
-    settings["options"] = "+".join(o for o in (settings.get("options", ""), options) if o)
+    settings["options"] = options
     env = settings.get("env") or PipelineConfig().env
     settings.update(start_point(base, sizes, env, run_uri(storage_root, run_id), run_id))
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp-local"))

@@ -33,6 +33,7 @@ from sdarflow.registry.gate import GATE_HELP, GatePolicy
 from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES, parse_version
 from sdarflow.skills.library import SkillLibrary, reference_library
 from sdarflow.stages import STAGES, config_class
+from sdarflow.teacher import UNKNOWN_CONTEXT
 from sdarflow.tracking import tracking_opt
 from sdarflow.train.format_guard import GUARD_HELP
 
@@ -495,7 +496,9 @@ def copy_version(pc: PipelineConfig, registry, ref: str, folder: str) -> str:
             name=pc.policy_name,
             version=version,
             resolved_from=ref,
-            teacher_contexts=registry.lineage(pc.policy_name, version).get("teacher_contexts") or [],
+            teacher_contexts=registry.lineage(pc.policy_name, version).get(
+                "teacher_contexts", [UNKNOWN_CONTEXT]
+            ),
         )
     log.info("%s: %s %s = v%d -> %s", folder, pc.policy_name, ref, version, target)
     return target

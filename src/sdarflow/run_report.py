@@ -21,7 +21,7 @@ from sdarflow.report import Report, Section, html, markdown, number, png, with_i
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.skills.accuracy import VERDICTS
-from sdarflow.teacher import PRIVILEGED_CONTEXTS
+from sdarflow.teacher import UNKNOWN_CONTEXT, controls
 
 REPORT_KIND = "run-report"
 
@@ -90,7 +90,8 @@ def _round(
     storage_root: str, run_id: str, r: int, shards: int, base: Mapping[str, Any] | None
 ) -> tuple[dict, list]:
     rollout, episodes = _rollout(storage_root, run_id, r, shards)
-    train = storage.read_manifest(stage_uri(storage_root, run_id, r, "train")).get("metrics", {})
+    trained = storage.read_manifest(stage_uri(storage_root, run_id, r, "train"))
+    train = trained.get("metrics", {})
     rescored = storage.read_manifest(stage_uri(storage_root, run_id, r, "rescore"))
     rescore = rescored.get("metrics", {})
     skills = storage.read_manifest(stage_uri(storage_root, run_id, r, "extract-skills")).get("metrics", {})
@@ -109,7 +110,9 @@ def _round(
         "rollout": rollout,
         "train": {key: train.get(key) for key in keys},
         "teacher_gap_positive_share": rescore.get("rescore/gap_positive_share"),
-        "teacher_context": rescored.get("teacher_context"),
+        # what taught the round's adapter: this round's teacher and any its start adapter inherited
+        "teacher_contexts": trained.get("teacher_contexts")
+        or [rescored.get("teacher_context") or UNKNOWN_CONTEXT],
         # the round's skill library against the env's ground truth (absent where the env has none)
         "skills": {v: skills[f"skills/rules_{v}"] for v in VERDICTS if f"skills/rules_{v}" in skills},
         "eval": evaluation,
@@ -218,9 +221,9 @@ def _plot(data: Mapping[str, Any]) -> bytes:
 
 def _teacher_text(rounds: list[Mapping[str, Any]]) -> str:
     """What the teacher read (``rescore --teacher-context``), and what a control means for promotion."""
-    contexts = sorted({str(r.get("teacher_context") or "skills") for r in rounds})
-    text = f"The teacher's privileged context: {', '.join(contexts)}."
-    if taught := [c for c in contexts if c in PRIVILEGED_CONTEXTS]:
+    contexts = sorted({str(c) for r in rounds for c in r["teacher_contexts"]})
+    text = f"The teacher's privileged context: {', '.join(contexts) or 'none recorded'}."
+    if taught := controls(contexts):
         text += (
             f" The {' and '.join(taught)} teacher reads what only training sees: this run is a control, and the "
             f"gate refuses its versions for production unless forced with a reason."

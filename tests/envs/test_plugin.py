@@ -112,3 +112,20 @@ def test_a_plugin_without_solutions_cannot_teach_with_one(plugin_path: Path) -> 
         ConfigError, match=r"env 'my-env' has no solution\(task_id, split\); fix: implement it"
     ):
         task_solutions([row])
+
+
+def test_a_plugin_solution_without_actions_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sdarflow.errors import ConfigError
+    from sdarflow.teacher.solution import task_solutions
+
+    module = (
+        PLUGIN_ENV
+        + "\n\nclass EmptySuite(MySuite):\n    def solution(self, task_id, split):\n        return []\n"
+    )
+    entry = "[sdarflow.envs]\nempty-env = emptypkg.env:EmptySuite\n"
+    monkeypatch.syspath_prepend(str(make_distribution(tmp_path / "site", "emptypkg", entry, module)))
+    row = {"env": "empty-env", "split": "train", "task_id": "my-train-0"}
+    with pytest.raises(ConfigError, match="env 'empty-env' gave no solution for task my-train-0; fix:"):
+        task_solutions([row])

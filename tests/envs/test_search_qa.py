@@ -103,3 +103,18 @@ def test_truncation_and_bad_requests(suite) -> None:
         suite.tasks("dev", 1)
     with pytest.raises(EnvError, match="top_k"):
         SearchQASuite(top_k=0)
+
+
+def test_the_solution_and_reference_continuation_name_only_the_splits_tasks():
+    suite = SearchQASuite()
+    task = suite.tasks("train", n=1, start=5)[0]
+    steps = suite.solution(task.task_id, "train")
+    assert steps[-1] == suite.reference_continuation(task.task_id) and steps[0].startswith("search[")
+    last = suite.tasks("train")[-1].task_id  # one past the split's end is refused, not wrapped to task 0
+    beyond = f"search-qa-train-{int(last.rsplit('-', 1)[1]) + 1}"
+    for bad in (beyond, "search-qa-train-05", "search-qa-train-+5", "search-qa-train-5²"):
+        with pytest.raises(EnvError, match="is not one of the 480 tasks of split 'train'.*fix:"):
+            suite.solution(bad, "train")
+    with pytest.raises(EnvError, match="fix:"):
+        suite.reference_continuation(beyond)
+    assert suite.reference_continuation("tool-use-train-5") is None  # not this suite's

@@ -98,6 +98,11 @@ def test_markdown_has_the_comparison_table():
             "study: 'grpo+scop' names unknown or repeated option(s) ['scop']",
         ),
         (["--methods", "grpo", "grpo+scpo+scpo"], "repeated option(s) ['scpo', 'scpo']"),
+        (
+            ["--methods", "grpo", "sdar+solution+synthetic"],
+            "study: 'sdar+solution+synthetic': options solution and synthetic set rescore teacher_context "
+            "differently; fix: keep one of them",
+        ),
         (["--seeds", "0", "0"], "seeds [0, 0] must be distinct"),
         (["--rounds", "0"], "study: rounds = 0 must be >= 1"),
         (["--stage-settings", "{bad"], "--stage-settings is not JSON"),

@@ -77,18 +77,24 @@ def test_a_flat_panel_gets_a_readable_range():
 
 
 def test_teacher_contexts_follow_the_data_and_the_start_adapter(tmp_path):
-    def published(name: str, **meta) -> str:
+    def published(name: str, kind: str, **meta) -> str:
         (tmp_path / name).mkdir()
         (tmp_path / name / "f.txt").write_text(name)
         uri = str(tmp_path / f"{name}-published")
-        storage.publish_dir(tmp_path / name, uri, kind="x", **meta)
+        storage.publish_dir(tmp_path / name, uri, kind=kind, **meta)
         return uri
 
-    skills, solution = published("a", teacher_context="skills"), published("b", teacher_context="solution")
-    older = published("c")  # rescored before manifests named the teacher: nothing to add
-    assert teacher_contexts([skills, older], "") == ["skills"]
+    skills = published("a", kind="rescored", teacher_context="skills")
+    solution = published("b", kind="rescored", teacher_context="solution")
+    assert teacher_contexts([skills, skills], "") == ["skills"]
     assert teacher_contexts([skills, solution], "") == ["skills", "solution"]
+    assert teacher_contexts([published("t", kind="trajectories")], "") == []  # an SFT's data had no teacher
     # an adapter that continues from a control's stays a control's
-    start = published("d", teacher_contexts=["synthetic"])
-    assert teacher_contexts([skills], start) == ["skills", "synthetic"]
-    assert teacher_contexts([str(tmp_path / "unpublished")], str(tmp_path / "folder")) == []
+    assert teacher_contexts([skills], published("d", kind="adapter", teacher_contexts=["synthetic"])) == [
+        "skills",
+        "synthetic",
+    ]
+    # what does not say is unknown, not nothing: rescored before manifests named the teacher, unpublished folders
+    older, folder = published("c", kind="rescored"), str(tmp_path / "unpublished")
+    assert teacher_contexts([older], published("e", kind="adapter")) == ["unknown"]
+    assert teacher_contexts([folder], folder) == ["unknown"]

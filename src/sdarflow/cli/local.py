@@ -168,7 +168,7 @@ def add_demo(p: argparse.ArgumentParser) -> None:
         "--options",
         default="",
         metavar="OPTION[+OPTION...]",
-        help="training options on top of the preset's (the pipeline's options parameter), e.g. solution",
+        help="training options, the pipeline's options parameter (docs/training.md), e.g. solution",
     )
     _model_flags(
         p,

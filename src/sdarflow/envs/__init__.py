@@ -8,7 +8,18 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from sdarflow.envs.base import SPLITS, ActionFormat, Env, EnvError, EnvSuite, Reset, SkillTruth, Step, Task
+from sdarflow.envs.base import (
+    SPLITS,
+    ActionFormat,
+    Env,
+    EnvError,
+    EnvSuite,
+    Reset,
+    SkillTruth,
+    Solutions,
+    Step,
+    Task,
+)
 from sdarflow.names import NameRegistry
 
 log = logging.getLogger(__name__)

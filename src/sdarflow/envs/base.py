@@ -10,12 +10,14 @@ gets the short lower-case command parser of ``sdarflow.rollout.prompt``. An env 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from sdarflow.errors import SdarflowError
 
+_NUMBER = re.compile(r"0|[1-9][0-9]*")  # as tasks() spell a task's number: no sign, no leading zero
 # valid: held out like test, disjoint from every other split; settings are chosen on it, results reported on test
 SPLITS: tuple[str, ...] = ("train", "valid", "test", "ood")
 S = TypeVar("S")  # a suite's per-split settings
@@ -53,7 +55,7 @@ def task_number(task_id: str, prefix: str, split: str, size: int, seed_base: int
     one of the split's ``size`` tasks."""
     head = f"{prefix}-{split}-"
     tail = task_id[len(head) :] if task_id.startswith(head) else ""
-    if not tail.isdigit() or not 0 <= int(tail) - seed_base < size:
+    if not _NUMBER.fullmatch(tail) or not 0 <= int(tail) - seed_base < size:
         raise EnvError(
             f"task {task_id!r} is not one of the {size} tasks of split {split!r} ({head}N); fix: pass a task id "
             f"this suite's tasks() made, with its split"

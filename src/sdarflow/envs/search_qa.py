@@ -336,7 +336,8 @@ class SearchQASuite:
 
     def reference_continuation(self, task_id: str) -> str | None:
         """The action that completes ``task_id``: ``answer[gold]``, as the expert writes it; None for an id that
-        is not this suite's (EnvError past its split's end). The perplexity-delta reward scores each turn by how much it makes this likelier."""
+        is not this suite's (EnvError past its split's end). The perplexity-delta reward scores each turn by how
+        much it makes this likelier."""
         match = _TASK_ID.fullmatch(task_id)
         if not match or match[1] not in QA_SPLITS:
             return None

@@ -115,8 +115,8 @@ OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
 
 
 def option_settings(options: list[str], where: str) -> dict[str, dict[str, Any]]:
-    """The stage settings of ``options`` (later ones win); ConfigError naming ``where`` for an unknown or repeated
-    one."""
+    """The stage settings of ``options``; ConfigError naming ``where`` for an unknown or repeated one, or two that
+    set one field to different values (solution+synthetic: which teacher would the row's name mean?)."""
     unknown = [o for o in options if o not in OPTIONS]
     if unknown or len(set(options)) != len(options):
         raise ConfigError(
@@ -124,8 +124,15 @@ def option_settings(options: list[str], where: str) -> dict[str, dict[str, Any]]
             f"{', '.join(OPTIONS)} at most once (e.g. scpo+ema)"
         )
     settings: dict[str, dict[str, Any]] = {}
+    set_by: dict[tuple[str, str], str] = {}
     for o in options:
         for stage, values in OPTIONS[o].items():
+            for key, value in values.items():
+                other = set_by.setdefault((stage, key), o)
+                if settings.get(stage, {}).get(key, value) != value:
+                    raise ConfigError(
+                        f"{where}: options {other} and {o} set {stage} {key} differently; fix: keep one of them"
+                    )
             settings[stage] = {**settings.get(stage, {}), **values}
     return settings
 

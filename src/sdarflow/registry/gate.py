@@ -23,7 +23,7 @@ from sdarflow.config import Checked, opt
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.compare import Difference, difference
 from sdarflow.evaluate.metrics import PROTOCOL, SplitReport
-from sdarflow.teacher import PRIVILEGED_CONTEXTS
+from sdarflow.teacher import controls
 
 log = logging.getLogger(__name__)
 
@@ -284,13 +284,12 @@ def check_gate(
 
 def teacher_failures(lineage: Mapping[str, Any]) -> list[str]:
     """Production refuses a version a privileged teacher taught (``lineage["teacher_contexts"]`` holds one of
-    :data:`PRIVILEGED_CONTEXTS`): the teacher read the task's solution or its expert labels, which no production
-    task offers, so the version is a control, not a release."""
-    taught = [c for c in lineage.get("teacher_contexts") or () if c in PRIVILEGED_CONTEXTS]
+    :data:`sdarflow.teacher.PRIVILEGED_CONTEXTS`): the teacher read the task's solution or its expert labels,
+    which no production task offers, so the version is a control, not a release."""
     return [
         f"taught by the {c} teacher (rescore --teacher-context {c}), which reads what only training sees: a "
         f"control, not a release"
-        for c in taught
+        for c in controls(lineage.get("teacher_contexts"))
     ]
 
 

@@ -24,7 +24,7 @@ from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalRep
 from sdarflow.models.identity import check_adapter, lora_rank, safetensors_shapes, weight_shapes
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 from sdarflow.report import Report, Section, markdown, with_interval
-from sdarflow.teacher import PRIVILEGED_CONTEXTS
+from sdarflow.teacher import controls
 
 log = logging.getLogger(__name__)
 
@@ -334,10 +334,9 @@ def _teachers(contexts: Any) -> str:
     """The card's teacher line: the contexts that taught the version, a control named as one."""
     if not contexts:
         return "not recorded"
-    taught = [str(c) for c in contexts]
-    control = [c for c in taught if c in PRIVILEGED_CONTEXTS]
+    control = controls(contexts)
     note = f" ({' and '.join(control)}: a control, refused for production)" if control else ""
-    return ", ".join(taught) + note
+    return ", ".join(map(str, contexts)) + note
 
 
 def model_card(

@@ -352,7 +352,9 @@ def _info(cfg: RescoreConfig, lib, overridden: list[str]) -> dict[str, str]:
         context += f" (logit shift {cfg.synthetic_delta:g} nats, label noise {cfg.synthetic_label_noise:g})"
     return {
         "teacher context": context,
-        "retrieval": cfg.retrieval,
+        "retrieval": cfg.retrieval
+        if cfg.teacher_context == "skills"
+        else "none (this teacher reads no skills)",
         "skill place": f"{cfg.skill_place} (teacher prompt: last {cfg.max_prompt_tokens} tokens)",
         "reference log-probs": reference,
         "skill library": f"{lib.version} ({len(lib.skills)} skills)",

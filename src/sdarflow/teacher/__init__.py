@@ -18,6 +18,15 @@ from sdarflow.names import NameRegistry
 # (sdarflow.teacher.synthetic). The last two read what only training may see: train rows only, never production.
 TEACHER_CONTEXTS = ("skills", "solution", "synthetic")
 PRIVILEGED_CONTEXTS = ("solution", "synthetic")
+UNKNOWN_CONTEXT = (
+    "unknown"  # data whose manifest does not name its teacher (unpublished, or made before it did)
+)
+
+
+def controls(contexts) -> list[str]:
+    """The contexts among ``contexts`` that make what they teach a control, not a release (production refuses it)."""
+    return [c for c in contexts or () if c in PRIVILEGED_CONTEXTS]
+
 
 TeacherWeights = Callable[[object, "str | None"], AbstractContextManager]
 TEACHER_WEIGHTS: NameRegistry[TeacherWeights] = NameRegistry("teacher")

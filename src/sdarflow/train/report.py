@@ -15,6 +15,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.report import Report, Section, html, markdown, png
+from sdarflow.teacher import UNKNOWN_CONTEXT
 from sdarflow.tracking import finite, log_stage_run
 
 # The format probe's (extensions.format_probe) keys in the record of a step after which it repaired or rolled back.
@@ -197,11 +198,18 @@ def write_reports(
 
 def teacher_contexts(inputs: list[str], adapter: str) -> list[str]:
     """Every teacher context (``rescore --teacher-context``) behind a trained model: its rescored inputs', and those
-    its start adapter records, so a control's (solution, synthetic) stays in the lineage of what continues from it."""
-    found = {storage.read_manifest(u).get("teacher_context") for u in inputs if storage.is_published(u)}
-    if adapter and storage.is_published(adapter):
-        found.update(storage.read_manifest(adapter).get("teacher_contexts") or [])
-    return sorted(c for c in found if c)
+    its start adapter records, so a control's (solution, synthetic) stays in the lineage of what continues from it.
+    ``unknown`` for an input or adapter that does not say (unpublished, or published before manifests named it);
+    trajectories (an SFT's input) had no teacher."""
+    found: set[str] = set()
+    for uri in inputs:
+        manifest = storage.read_manifest(uri) if storage.is_published(uri) else {"kind": "rescored"}
+        if manifest.get("kind") == "rescored":
+            found.add(manifest.get("teacher_context") or UNKNOWN_CONTEXT)
+    if adapter:
+        manifest = storage.read_manifest(adapter) if storage.is_published(adapter) else {}
+        found.update(manifest.get("teacher_contexts", [UNKNOWN_CONTEXT]))
+    return sorted(found)
 
 
 def publish_run(
