@@ -105,3 +105,30 @@ def test_build_model_never_replaces_a_folder_it_did_not_build(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds files build-model did not write (no sdarflow_build.json)" in err[0]
     assert [p.name for p in tmp_path.rglob("*")] == ["model", "notes.md"]
+
+
+def test_a_solution_share_puts_each_games_own_solution_where_the_solution_teacher_does(game_cache):
+    from sdarflow.envs import get_suite
+    from sdarflow.rollout.prompt import prompt_text
+    from sdarflow.train.warmstart import BaseModelSpec, _sft_data, expert_steps
+
+    plain_spec, spec = BaseModelSpec(tasks=3), BaseModelSpec(tasks=3, solution_share=0.5)
+    assert plain_spec.hash() == BaseModelSpec(tasks=3, solution_share=0.0).hash() != spec.hash()
+    steps, _ = expert_steps("textworld-cooking", 3)
+    suite = get_suite("textworld-cooking")
+    header = "[Privileged Skill Information]\nSolution of this task, the expert's actions in order:\n"
+    plain_tok, plain, _ = _sft_data(plain_spec)
+    tok, pairs, _ = _sft_data(spec)
+    taught = 0
+    for step, before, now in zip(steps, plain, pairs, strict=True):
+        text, was = prompt_text(tok, now.prompt), prompt_text(plain_tok, before.prompt)
+        if text.startswith(header):  # the game's own walkthrough, numbered, then the student prompt
+            taught += 1
+            listed = "".join(f"{i}. {a}\n" for i, a in enumerate(suite.solution(step.task_id, "train"), 1))
+            assert text.startswith(header + listed + "\n") and text.endswith(
+                was[was.rfind("<|im_start|>system") :]
+            )
+        else:  # every other pair is the one the spec without solutions builds: its skill draws are unchanged
+            assert text == was
+        assert prompt_text(tok, now.response) == prompt_text(plain_tok, before.response)
+    assert 0.25 * len(steps) < taught < 0.75 * len(steps)

@@ -24,7 +24,7 @@ from sdarflow.errors import ConfigError
 from sdarflow.stages import STAGES, config_class
 
 # the fields of train.warmstart.BaseModelSpec that build-model takes as flags
-SPEC_FLAGS = ("env", "tasks", "sft_steps", "sft_stop_at_loss", "seed")
+SPEC_FLAGS = ("env", "tasks", "sft_steps", "sft_stop_at_loss", "solution_share", "seed")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

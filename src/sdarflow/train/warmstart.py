@@ -2,7 +2,9 @@
 
 A ``skill_share`` of the SFT prompts carry their task type's skills, built exactly as rescore builds the teacher's
 prompts, so the model learns to read skills where the teacher will show them (else SDAR's privileged context would
-be noise to it). The output is an HF model folder plus ``sdarflow_build.json``; one whose settings hash matches is
+be noise to it). A ``solution_share`` of them (drawn apart, so a spec without it builds what it built before) carry
+their game's solution instead, as ``rescore --teacher-context solution`` shows it: a base whose solution teacher is
+better than its student, for the positive control. The output is an HF model folder plus ``sdarflow_build.json``; one whose settings hash matches is
 reused.
 """
 
@@ -31,6 +33,7 @@ from sdarflow.rollout.prompt import (
 from sdarflow.skills.extract import EpisodeActions, extract_skills
 from sdarflow.skills.library import SkillLibrary
 from sdarflow.skills.retrieve import keyword
+from sdarflow.teacher.solution import solution_text
 from sdarflow.train.sft import STOP_WINDOW, SFTPair, sft
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,13 @@ class BaseModelSpec(Checked):
     sft_lr: float = opt(3e-3, "SFT learning rate", gt=0)
     skill_share: float = opt(0.5, "share of SFT prompts that carry their task type's skills", ge=0, le=1)
     skill_place: str = opt("prefix", "where skilled SFT prompts carry the skills: rescore's --skill-place")
+    solution_share: float = opt(
+        0.0,
+        "share of SFT prompts that carry their game's solution instead (train games only), where rescore "
+        "--teacher-context solution puts it, so the model learns to read one; 0 = none",
+        ge=0,
+        le=1,
+    )
     history_turns: int = opt(4, "past turns each SFT prompt shows", ge=0)
     vocab_size: int = opt(2048, "the trained tokenizer's vocabulary", ge=64)
     seed: int = opt(0, "seed of the games, weights and SFT", ge=0, le=MAX_SEED)
@@ -70,14 +80,16 @@ class BaseModelSpec(Checked):
     def hash(self) -> str:
         spec = asdict(self)
         # off, the recipe before the field existed: models built then stay valid
-        if not self.sft_stop_at_loss:
-            del spec["sft_stop_at_loss"]
+        for field in ("sft_stop_at_loss", "solution_share"):
+            if not spec[field]:
+                del spec[field]
         content = {**spec, "shape": asdict(TinyShape()), "recipe_version": RECIPE_VERSION}
         return content_hash(content)
 
 
 @dataclass
 class ExpertStep:
+    task_id: str
     task_type: str
     instruction: str
     actions: list[str]
@@ -95,7 +107,9 @@ def expert_steps(env_name: str, n_tasks: int) -> tuple[list[ExpertStep], list[Ep
         reset = env.reset()
         obs, actions, won = reset.observation, [], False
         while (action := env.expert_action()) is not None:
-            steps.append(ExpertStep(task.task_type, reset.instruction, list(actions), obs, action))
+            steps.append(
+                ExpertStep(task.task_id, task.task_type, reset.instruction, list(actions), obs, action)
+            )
             result = env.step(action)
             actions.append(action)
             obs, won = result.observation, result.won
@@ -123,15 +137,16 @@ def is_built(out_dir: Path, spec: BaseModelSpec) -> bool:
 
 
 def _sft_prompt(
-    tokenizer, lib: SkillLibrary, task_type: str, messages: list[dict], skilled: bool, place: str
+    tokenizer, lib: SkillLibrary, task_type: str, messages: list[dict], privileged: str | bool, place: str
 ) -> list[int]:
-    """The student prompt, or for a skilled pair the teacher prompt rescore would build with ``place``."""
+    """The student prompt, or the teacher prompt rescore would build with ``place``: with the task type's skills
+    (``privileged`` True) or with the text ``privileged`` (a solution)."""
     ids = encode_prompt(tokenizer, messages)
-    if not skilled:
+    if not privileged:
         return ids
     text = prompt_text(tokenizer, ids)
-    skills = keyword(lib, task_type, text).text
-    return teacher_prompt_ids(tokenizer, ids, messages, skills, place, student_text=text)
+    extra = keyword(lib, task_type, text).text if privileged is True else privileged
+    return teacher_prompt_ids(tokenizer, ids, messages, extra, place, student_text=text)
 
 
 def _sft_data(spec: BaseModelSpec) -> tuple:
@@ -142,21 +157,28 @@ def _sft_data(spec: BaseModelSpec) -> tuple:
     log.info("walkthroughs: %d games, %d solved, %d decision points", len(episodes), solved, len(steps))
     seed_lib = seed_library(episodes)
 
-    rng = random.Random(spec.seed)
+    rng, solution_rng = random.Random(spec.seed), random.Random(f"{spec.seed}/solution")
     contexts = [build_messages(s.instruction, s.actions, s.observation, spec.history_turns) for s in steps]
     with_skills = [rng.random() < spec.skill_share for _ in steps]
+    privileged: list[str | bool] = list(with_skills)
+    if spec.solution_share:
+        suite = get_suite(spec.env)
+        solutions = {s.task_id: solution_text(suite.solution(s.task_id, "train")) for s in steps}
+        privileged = [solutions[s.task_id] if solution_rng.random() < spec.solution_share else skilled
+                      for s, skilled in zip(steps, with_skills, strict=True)]  # fmt: skip
     corpus = [m["content"] for msgs in contexts for m in msgs] + [s.action for s in steps]
     corpus += [sk.text for sk in seed_lib.skills.values()]
-    # The privileged-skills header once per skilled prompt, so the tokenizer learns it as the teacher will show it.
-    corpus += [PRIVILEGED_TEMPLATE.format(skills="", prompt="")] * sum(with_skills)
+    # The privileged header once per skilled or solution prompt, so the tokenizer learns it as the teacher shows it.
+    corpus += [PRIVILEGED_TEMPLATE.format(skills="", prompt="")] * sum(bool(p) for p in privileged)
+    corpus += [p for p in privileged if isinstance(p, str)]
     tokenizer = train_tokenizer(corpus, spec.vocab_size)
     eos = tokenizer.eos_token_id
     pairs = [
         SFTPair(
-            _sft_prompt(tokenizer, seed_lib, s.task_type, msgs, skilled, spec.skill_place),
+            _sft_prompt(tokenizer, seed_lib, s.task_type, msgs, extra, spec.skill_place),
             tokenizer(s.action, add_special_tokens=False)["input_ids"] + [eos],
         )
-        for s, msgs, skilled in zip(steps, contexts, with_skills, strict=True)
+        for s, msgs, extra in zip(steps, contexts, privileged, strict=True)
     ]
     log.info(
         "SFT: %d pairs, mean prompt %.0f tokens", len(pairs), sum(len(p.prompt) for p in pairs) / len(pairs)
