@@ -1,116 +1,119 @@
-"""SDAR's premise on a model: is the teacher (the same weights, with skills in the prompt) better than the student
-on the model's own turns, and on its successful ones in particular?
+"""SDAR's premise on a model, measured as discrimination: does the teacher (the same weights with privileged context
+in its prompt) rank the policy's good turns above its bad ones?
 
-The model plays ``--tasks`` train tasks x ``--samples`` (generate, its own prompt format; with ``--adapter``, the
-warm-started policy). Every turn is then scored twice, as rescore scores it: the student's log-probs ``s_t`` of the
-response under the rollout's prompt, and the teacher's ``q_t`` under that prompt with the retrieved skills put in
-front (keyword retrieval, the ``prefix`` place). The table reports the mean of ``q_t - s_t`` over response tokens,
-per task first and then over tasks (a t interval over tasks: the task is the unit the turns share), split by
-successful and failed episodes, for each skill library:
+The model plays ``--tasks`` train tasks x ``--samples`` (generate, its own prompt format, expert labels on: each
+turn records whether its action was the expert's; with ``--adapter``, e.g. a warm start, that policy). Its rollouts
+then go through the rescore stage itself, once per teacher context and skill place, so rescore's guards run (a
+teacher prompt left unchanged, or skills that never reach it, is refused and reported as refused, not scored):
 
-- ``seed``: extracted from the env's expert walkthroughs, as the demo's base model's seed library is;
-- ``reference``: the SDAR reference's hand-written library, where the env has a counterpart
-  (``sdarflow.skills.library.reference_library``: search-qa has the reference's search skills);
-- ``llm``: written by the model itself with the LLM extractor (engine backend) from the walkthroughs' episodes;
-- ``random``: the reference library (the seed library where there is none) with every skill's text replaced by
-  random tokens of the same number (the control: any text in front of the prompt moves the log-probs; skills help
-  only if they beat it).
+- ``skills``: the env's SDAR reference library where it has one (``sdarflow.skills.library.reference_library``:
+  search-qa), else the seed library the model was built with, else one mined from expert walkthroughs; retrieved
+  by keyword;
+- ``solution``: the task's gold solution (``--teacher-context solution``): a teacher better by construction;
+- ``other solution``: the solution of another task of the split (the rows' task ids shifted by one in sorted order,
+  a bijection, so the task units stay intact): text of the same kind and length that is not about this task, the
+  control a solution must beat for reading to be what helps.
 
-    python -m bench.premise --model smollm2-135m-instruct --env search-qa [--adapter DIR] [--tasks 16 --samples 4]
+Each row of the result: the gate ``sigmoid(beta (q - s))`` and the gap ``q - s`` (turn means over response tokens)
+on expert-matching turns minus the others, and on successful episodes' turns minus failed ones', each with a 95%
+interval from a bootstrap over tasks (``sdarflow.teacher.discrimination``; "n/a" below 5 tasks on a side).
+
+    python -m bench.premise --model smollm2-135m-instruct --env search-qa [--adapter DIR] [--tasks 32 --samples 4]
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from bench.common import write_result
-from sdarflow.report import signed_with_interval
 
-WALKTHROUGHS = 24  # train tasks whose walkthroughs the seed and llm libraries are extracted from
+PLACES = ("prefix", "user")  # the reference's place, and inside the user message
+CONTEXTS = ("skills", "solution", "other solution")
+WALKTHROUGHS = (
+    24  # train tasks whose walkthroughs a seed library is mined from, where the env has no reference
+)
 
 
-def libraries(env: str, model: str, tokenizer, work: Path, seed: int) -> dict:
-    """Skill libraries by name (see the module doc)."""
-    from sdarflow.skills.library import SkillLibrary, reference_library
-    from sdarflow.stages import extract_skills as extract_stage
-    from sdarflow.stages import generate
-    from sdarflow.train.warmstart import expert_steps, seed_library
+def skills_library(env: str, model: str, work: Path) -> tuple[str, str]:
+    """(folder, name) of the skills teacher's library: the env's reference library, else the seed library the
+    model was built with (a model sdarflow built), else one mined from expert walkthroughs."""
+    from sdarflow.skills.library import reference_library
+    from sdarflow.train.warmstart import SEED_SKILLS, expert_steps, seed_library
 
-    _, episodes = expert_steps(env, WALKTHROUGHS)
-    libs = {"seed": seed_library(episodes)}
     if (folder := reference_library(env)) is not None:
-        libs["reference"] = SkillLibrary.load(folder)
-    walk = generate.run(
-        generate.GenerateConfig(
-            model=model, policy="expert", env=env, tasks=WALKTHROUGHS, output=str(work / "walkthroughs")
-        )
-    )["uri"]
-    llm = extract_stage.run(
-        extract_stage.ExtractSkillsConfig(
-            input=[walk], extractor="llm", llm_backend="engine", model=model, output=str(work / "llm-skills")
-        )
-    )["uri"]
-    libs["llm"] = SkillLibrary.load(llm)
-    libs["random"] = random_control(libs.get("reference", libs["seed"]), tokenizer, seed)
-    return libs
+        return str(folder), "the SDAR reference"
+    if (Path(model) / SEED_SKILLS).is_dir():
+        return str(Path(model) / SEED_SKILLS), "the model's seed"
+    return str(seed_library(expert_steps(env, WALKTHROUGHS)[1]).save(work / "seed-skills")), "a mined seed"
 
 
-def random_control(lib, tokenizer, seed: int):
-    """``lib`` with each skill's text replaced by as many random (non-special) tokens as it has."""
-    import copy
+def other_tasks(rollouts: str, out: str) -> str:
+    """``rollouts`` with every row's task id replaced by the next task's in sorted order (the last by the first):
+    a derangement, so the solution teacher reads another task's solution, and a bijection, so each task keeps its
+    turns together for the bootstrap over tasks."""
+    import pyarrow as pa
 
-    rng = random.Random(seed)
-    special = set(tokenizer.all_special_ids)
-    vocab = [i for i in range(len(tokenizer)) if i not in special]
-    out = copy.deepcopy(lib)
-    for skill in out.skills.values():
-        n = len(tokenizer(skill.text, add_special_tokens=False)["input_ids"])
-        skill.text = tokenizer.decode([rng.choice(vocab) for _ in range(n)])
+    from sdarflow import storage
+    from sdarflow.schema import TRAJECTORY_SCHEMA
+
+    table = storage.read_table(rollouts, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    ids = sorted(set(table["task_id"].to_pylist()))
+    if len(ids) < 2:
+        raise SystemExit("premise: the other-solution control needs at least 2 tasks; fix: --tasks 2 or more")
+    shifted = dict(zip(ids, ids[1:] + ids[:1], strict=True))
+    column = pa.array([shifted[t] for t in table["task_id"].to_pylist()], type=pa.string())
+    table = table.set_column(table.schema.get_field_index("task_id"), "task_id", column)
+    storage.write_table(table, out, kind="trajectories", schema=TRAJECTORY_SCHEMA, config_hash="premise-other",
+                        inputs=[rollouts], overwrite=True)  # fmt: skip
     return out
 
 
-SCORE_TOKENS = 8192  # tokens per forward pass: the 49k-token vocabulary's float32 log-probs stay ~1.6 GB
+def discrimination_of(rescored: str) -> dict:
+    """The rescored rows' discrimination (both contrasts, gate and gap) as JSON, and their mean gap per token."""
+    from sdarflow import storage
+    from sdarflow.algo import Objective
+    from sdarflow.schema import RESCORED_SCHEMA
+    from sdarflow.teacher.discrimination import discrimination, turn_scores
+
+    cols = ["task_id", "success", "expert_match", "old_logprobs", "teacher_logprobs"]
+    t = storage.read_table(rescored, kind="rescored", schema=RESCORED_SCHEMA).select(cols).to_pydict()
+    turns = turn_scores(t["task_id"], t["success"], t["expert_match"], t["old_logprobs"], t["teacher_logprobs"],
+                        Objective.gate_beta)  # fmt: skip
+    table = discrimination(turns)
+    tokens = [q - s for old, new in zip(t["old_logprobs"], t["teacher_logprobs"], strict=True)
+              for s, q in zip(old, new, strict=True)]  # fmt: skip
+    return {
+        "gap_mean": sum(tokens) / max(1, len(tokens)),
+        **{
+            f"{name}/{q}": {"diff": c.diff, "ci95": c.ci95, "tasks": [c.tasks_a, c.tasks_b], "text": c.text()}
+            for name, by_q in table.items()
+            for q, c in by_q.items()
+        },
+    }
 
 
-def logprobs(policy, prompts: list[list[int]], rows: list[dict], desc: str) -> list[list[float]]:
-    from sdarflow.teacher.rescore import score
+def measure(
+    context: str, place: str, rollouts: dict, skills: str, model: str, adapter: str, work: Path
+) -> dict:
+    """One (context, place) through the rescore stage: its discrimination, or the guard's refusal."""
+    from sdarflow.errors import SdarflowError
+    from sdarflow.stages import rescore
 
-    responses = [r["response_token_ids"] for r in rows]
-    return score(policy.model, prompts, responses, policy.tokenizer.pad_token_id or 0, SCORE_TOKENS, desc)
-
-
-def gaps(rows: list[dict], lib, policy, student: list[list[float]]) -> list[list[float]]:
-    """Per row, ``q_t - s_t`` for each response token (teacher with ``lib``'s keyword-retrieved skills, prefix)."""
-    from sdarflow.skills.retrieve import get_strategy
-    from sdarflow.teacher.rescore import teacher_prompts
-
-    teach = teacher_prompts(rows, lib, get_strategy("keyword"), policy.tokenizer, "prefix")
-    teacher = logprobs(policy, teach.prompts, rows, "teacher")
-    return [[q - s for q, s in zip(qs, ss, strict=True)] for qs, ss in zip(teacher, student, strict=True)]
-
-
-def summarize(rows: list[dict], row_gaps: list[list[float]]) -> dict:
-    """Mean gap per token, per outcome: per task first (tokens pooled within a task), then over tasks."""
-    from sdarflow.evaluate.compare import mean_interval
-
-    out = {}
-    for outcome in ("success", "failure"):
-        by_task: dict[str, list[float]] = defaultdict(list)
-        for r, g in zip(rows, row_gaps, strict=True):
-            if r["success"] == (outcome == "success"):
-                by_task[r["task_id"]] += g
-        per_task = [sum(v) / len(v) for v in by_task.values() if v]
-        if per_task:
-            lo, hi = mean_interval(per_task)
-            out[outcome] = {"gap": sum(per_task) / len(per_task), "ci95": [lo, hi], "tasks": len(per_task),
-                            "turns": sum(r["success"] == (outcome == "success") for r in rows)}  # fmt: skip
-        else:
-            out[outcome] = {"gap": None, "ci95": None, "tasks": 0, "turns": 0}
-    return out
+    slug = f"{context.replace(' ', '-')}-{place}"
+    try:
+        out = rescore.run(
+            rescore.RescoreConfig(
+                input=[rollouts["other" if context == "other solution" else "own"]], skills=skills, model=model,
+                adapter=adapter, output=str(work / f"rescore-{slug}"), skill_place=place,
+                teacher_context="skills" if context == "skills" else "solution", ref_logprobs=False,
+                allow_unpublished=True, overwrite=True,
+            )
+        )  # fmt: skip
+    except SdarflowError as err:  # a guard refused this teacher: what the stage would do in a run
+        return {"context": context, "place": place, "refused": str(err).splitlines()[0]}
+    return {"context": context, "place": place, **discrimination_of(out["uri"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,52 +121,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="HF model folder or a known model's name")
     ap.add_argument("--adapter", default="", help="the policy's adapter (e.g. an SFT warm start)")
     ap.add_argument("--env", default="search-qa")
-    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--tasks", type=int, default=32)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="", help="work folder (default bench/work/premise-<env>)")
     args = ap.parse_args(argv)
 
-    from sdarflow import storage
     from sdarflow.model_cache import local_model
-    from sdarflow.models import load_policy
-    from sdarflow.schema import TRAJECTORY_SCHEMA
     from sdarflow.stages import generate
 
     model = local_model(args.model)
     work = Path(args.work or Path(__file__).parent / "work" / f"premise-{args.env}").absolute()
-    rollouts = generate.run(
+    generated = generate.run(
         generate.GenerateConfig(
             model=model, adapter=args.adapter, env=args.env, tasks=args.tasks, group_size=args.samples,
-            seed=args.seed, engine="hf", allow_unpublished=True, output=str(work / "rollouts"),
+            seed=args.seed, engine="hf", allow_unpublished=True, overwrite=True, output=str(work / "rollouts"),
         )
     )  # fmt: skip
-    rows = storage.read_table(rollouts["uri"], kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
-    policy = load_policy(model, args.adapter or None)
-    libs = libraries(args.env, model, policy.tokenizer, work, args.seed)
-    student = logprobs(policy, [r["prompt_token_ids"] for r in rows], rows, "student")
+    rollouts = {"own": generated["uri"], "other": other_tasks(generated["uri"], str(work / "rollouts-other"))}
+    skills, library = skills_library(args.env, model, work)
+    rows = [
+        measure(context, place, rollouts, skills, model, args.adapter, work)
+        for place in PLACES
+        for context in CONTEXTS
+    ]
     result = {
         "env": args.env,
         "model": args.model,
         "adapter": args.adapter,
-        "rollouts": {k: v for k, v in rollouts["metrics"].items() if k.startswith("rollout/")},
-        "libraries": {
-            name: {
-                "version": lib.version,
-                "skills": len(lib.skills),
-                **summarize(rows, gaps(rows, lib, policy, student)),
-            }
-            for name, lib in libs.items()
-        },
+        "tasks": args.tasks,
+        "samples": args.samples,
+        "skills_library": library,
+        "rollouts": {k: v for k, v in generated["metrics"].items() if k.startswith("rollout/")},
+        "rows": rows,
     }
-    table = [("library", "success gap [95%]", "tasks", "failure gap [95%]", "tasks")]
-    for name, r in result["libraries"].items():
-        cells = []
-        for outcome in ("success", "failure"):
-            d = r[outcome]
-            shown = "-" if d["gap"] is None else signed_with_interval(d["gap"], d["ci95"], d["tasks"])
-            cells += [shown, d["tasks"]]
-        table.append((name, *cells))
+    table = [("context", "place", "gate: expert - other", "gate: success - failure", "mean q - s")]
+    for r in rows:
+        if "refused" in r:
+            table.append((r["context"], r["place"], "refused", r["refused"], ""))
+        else:
+            gap = f"{r['gap_mean']:+.3f}"
+            table.append((r["context"], r["place"], r["expert/gate"]["text"], r["success/gate"]["text"], gap))
     write_result(f"premise_{args.env}", result, table, base=model)
     return 0
 

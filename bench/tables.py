@@ -431,24 +431,27 @@ FORMAT_COLLAPSE = ("format_collapse", "format_collapse_lr_tool_use", "format_col
 
 
 def premise_table(name: str, results_dir: Path = RESULTS) -> str:
-    """SDAR's premise (``python -m bench.premise``): per skill library, the teacher's mean per-token log-prob gain
-    over the student (``q_t - s_t``) on the model's own turns, successful and failed episodes apart."""
+    """SDAR's premise as discrimination (``python -m bench.premise``): per teacher context and skill place, the
+    gate and the gap on expert-matching minus other turns and on successful minus failed episodes' turns."""
     r = _load(results_dir, name)
-
-    def cell(d: dict) -> str:
-        if d["gap"] is None:
-            return "- (no such episode)"
-        return f"{signed_with_interval(d['gap'], d['ci95'], d['tasks'])} ({d['tasks']} tasks, {d['turns']} turns)"
-
     ro = r["rollouts"]
     lines = [
-        f"{r['env']}, {r['model']}{' + ' + r['adapter'] if r['adapter'] else ''}: {ro['rollout/episodes']:.0f} "
-        f"episodes, success {ro['rollout/success']:.3f}, format errors {ro['rollout/format_error_rate']:.3f}",
+        f"{r['env']}, {r['model']}{' + ' + r['adapter'] if r['adapter'] else ''}: {r['tasks']} tasks x "
+        f"{r['samples']} samples, {ro['rollout/episodes']:.0f} episodes, success {ro['rollout/success']:.3f}, "
+        f"format errors {ro['rollout/format_error_rate']:.3f}; skills: {r['skills_library']} library",
         "",
-        "| skill library | teacher - student, successful episodes [95% over tasks] | failed episodes |",
-        "|---|---|---|",
+        "| teacher context | place | gate: expert - other [95%] | gate: success - failure | gap: expert - other "
+        "| gap: success - failure | mean q - s |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {lib} | {cell(d['success'])} | {cell(d['failure'])} |" for lib, d in r["libraries"].items()]
+    for row in r["rows"]:
+        if "refused" in row:
+            lines.append(
+                f"| {row['context']} | {row['place']} | refused by rescore's guards: {row['refused']} |||||"
+            )
+            continue
+        cells = [row[f"{c}/{q}"]["text"] for q in ("gate", "gap") for c in ("expert", "success")]
+        lines.append(f"| {row['context']} | {row['place']} | {' | '.join(cells)} | {row['gap_mean']:+.3f} |")
     return "\n".join([*lines, "", _made_by([r])])
 
 

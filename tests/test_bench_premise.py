@@ -1,43 +1,47 @@
-"""bench/premise.py's arithmetic: the gap is averaged per task first, then over tasks, successes and failures
-apart; the random control keeps each skill's place and token count (as sampled)."""
+"""bench/premise.py's own parts: the other-solution control relabels each task's rows as another task's (a
+derangement that keeps every task's turns together), and the discrimination it reports from rescored rows."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
+from factories import rescored_table
 
-from bench.premise import random_control, summarize
-
-
-def test_gaps_average_per_task_then_over_tasks():
-    rows = [
-        {"task_id": "a", "success": True},
-        {"task_id": "a", "success": True},
-        {"task_id": "b", "success": True},
-        {"task_id": "b", "success": False},
-    ]
-    gaps = [[1.0, 3.0], [5.0], [-1.0], [0.5, 0.5]]
-    out = summarize(rows, gaps)
-    # task a: (1 + 3 + 5) / 3 = 3; task b: -1; over tasks: (3 - 1) / 2 = 1; t interval 1 +- 12.706 * 2.828 / 1.414
-    assert out["success"]["gap"] == pytest.approx(1.0) and out["success"]["tasks"] == 2
-    assert out["success"]["turns"] == 3
-    assert out["success"]["ci95"] == pytest.approx([1 - 12.7062 * 2, 1 + 12.7062 * 2], rel=1e-4)
-    assert out["failure"] == {"gap": 0.5, "ci95": [0.5, 0.5], "tasks": 1, "turns": 1}
-    assert summarize(rows[:1], gaps[:1])["failure"] == {"gap": None, "ci95": None, "tasks": 0, "turns": 0}
+from bench.premise import discrimination_of, other_tasks
+from sdarflow import storage
+from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 
 
-def test_the_random_control_keeps_each_skills_place_and_length(tiny_model):
-    from transformers import AutoTokenizer
+def test_the_other_solution_control_is_a_derangement_of_the_tasks(tmp_path):
+    table = rescored_table(n_groups=5).select(TRAJECTORY_SCHEMA.names)
+    src = str(tmp_path / "own")
+    storage.write_table(table, src, kind="trajectories", schema=TRAJECTORY_SCHEMA, config_hash="t", inputs=[])
+    got = storage.read_table(
+        other_tasks(src, str(tmp_path / "other")), kind="trajectories", schema=TRAJECTORY_SCHEMA
+    )
+    before, after = table["task_id"].to_pylist(), got["task_id"].to_pylist()
+    mapping = dict(zip(before, after, strict=True))
+    assert len(mapping) == 5 and sorted(mapping.values()) == sorted(mapping)  # a bijection of the 5 tasks
+    assert all(a != b for a, b in mapping.items())  # no task keeps its own solution
+    assert all(mapping[b] == a for b, a in zip(before, after, strict=True))  # rows of a task move together
+    assert got.drop(["task_id"]).equals(table.drop(["task_id"]))
 
-    from sdarflow.skills.library import SkillLibrary
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    lib = SkillLibrary.load(tiny_model / "seed_skills")
-    control = random_control(lib, tokenizer, seed=0)
-    assert list(control.skills) == list(lib.skills) and control.version != lib.version
-    for name, skill in lib.skills.items():
-        mine = control.skills[name]
-        assert mine.task_types == skill.task_types and mine.text != skill.text
-        n = len(tokenizer(skill.text, add_special_tokens=False)["input_ids"])
-        # n random tokens, decoded; re-encoded, random byte pieces split into somewhat more tokens
-        assert n <= len(tokenizer(mine.text, add_special_tokens=False)["input_ids"]) <= 2 * n
-    assert random_control(lib, tokenizer, seed=0).version == control.version  # seeded
+def test_discrimination_by_hand(tmp_path):
+    # 6 tasks; teacher = student + 1.3 on successful episodes' tokens, + 0.3 on failed ones': the gap differs by
+    # 1.0 on every task, the gate by sigmoid(5 * 1.3) - sigmoid(5 * 0.3) = 0.998499 - 0.817574 = 0.180925
+    rows = rescored_table(n_groups=6).to_pylist()
+    for r in rows:
+        r["teacher_logprobs"] = [min(0.0, x + (1.3 if r["success"] else 0.3)) for x in r["old_logprobs"]]
+        r["old_logprobs"] = [q - (1.3 if r["success"] else 0.3) for q in r["teacher_logprobs"]]
+    uri = str(tmp_path / "rescored")
+    storage.write_table(pa.Table.from_pylist(rows, schema=RESCORED_SCHEMA), uri, kind="rescored",
+                        schema=RESCORED_SCHEMA, config_hash="t", inputs=[])  # fmt: skip
+    out = discrimination_of(uri)
+    assert out["gap_mean"] == pytest.approx(0.8, abs=1e-5)  # half the tokens each way
+    assert out["success/gap"]["diff"] == pytest.approx(1.0, abs=1e-5)
+    assert out["success/gap"]["ci95"] == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert out["success/gate"]["diff"] == pytest.approx(0.180925, abs=1e-5)
+    assert out["success/gate"]["tasks"] == [6, 6]
+    # no expert labels in these rows: no contrast, said as such
+    assert out["expert/gate"]["diff"] is None and out["expert/gate"]["text"] == "n/a (0 tasks)"
