@@ -250,11 +250,13 @@ def run(cfg: RescoreConfig) -> dict:
     summary.info = _info(cfg, lib, overridden)
     new_cols = _columns(old, teacher, ref, teach, ppl(budget) if ppl else None)
     _write(cfg, table, new_cols, summary, lib.version, overridden)
+    hits = summary.metrics["rescore/retrieval_hit_rate"]
     log.info(
-        "rescore: %d rows, gap mean %.4f, hit rate %.2f, %.0f tokens/s -> %s",
+        "rescore: %d rows, teacher %s, gap mean %.4f, hit rate %s, %.0f tokens/s -> %s",
         table.num_rows,
+        context,
         summary.metrics["rescore/gap_mean"],
-        summary.metrics["rescore/retrieval_hit_rate"],
+        f"{hits:.2f}" if context == "skills" else "n/a (no retrieval)",
         summary.metrics["rescore/tokens_per_s"],
         cfg.output,
     )
