@@ -11,8 +11,8 @@ teacher prompt left unchanged, or skills that never reach it, is refused and rep
   by keyword;
 - ``solution``: the task's gold solution (``--teacher-context solution``): a teacher better by construction;
 - ``other solution``: the solution of another task of the split (the rows' task ids shifted by one in sorted order,
-  a bijection, so the task units stay intact): text of the same kind and length that is not about this task, the
-  control a solution must beat for reading to be what helps.
+  a bijection, so the task units stay intact): text of the same kind that is not about this task, the control a
+  solution must beat for reading to be what helps.
 
 Each row of the result: the gate ``sigmoid(beta (q - s))`` and the gap ``q - s`` (turn means over response tokens)
 on expert-matching turns minus the others, and on successful episodes' turns minus failed ones', each with a 95%
@@ -98,8 +98,8 @@ def measure(
     context: str, place: str, rollouts: dict, skills: str, model: str, adapter: str, work: Path
 ) -> dict:
     """One (context, place) through the rescore stage: its discrimination, or the guard's refusal."""
-    from sdarflow.errors import SdarflowError
     from sdarflow.stages import rescore
+    from sdarflow.teacher.report import TeacherSanityError
 
     slug = f"{context.replace(' ', '-')}-{place}"
     try:
@@ -111,7 +111,7 @@ def measure(
                 allow_unpublished=True, overwrite=True,
             )
         )  # fmt: skip
-    except SdarflowError as err:  # a guard refused this teacher: what the stage would do in a run
+    except TeacherSanityError as err:  # a guard refused this teacher: what the stage would do in a run
         return {"context": context, "place": place, "refused": str(err).splitlines()[0]}
     return {"context": context, "place": place, **discrimination_of(out["uri"])}
 

@@ -33,7 +33,7 @@ from sdarflow.rollout.prompt import (
 from sdarflow.skills.extract import EpisodeActions, extract_skills
 from sdarflow.skills.library import SkillLibrary
 from sdarflow.skills.retrieve import keyword
-from sdarflow.teacher.solution import solution_text
+from sdarflow.teacher.solution import task_solutions
 from sdarflow.train.sft import STOP_WINDOW, SFTPair, sft
 
 log = logging.getLogger(__name__)
@@ -161,11 +161,10 @@ def _sft_data(spec: BaseModelSpec) -> tuple:
     contexts = [build_messages(s.instruction, s.actions, s.observation, spec.history_turns) for s in steps]
     with_skills = [rng.random() < spec.skill_share for _ in steps]
     privileged: list[str | bool] = list(with_skills)
-    if spec.solution_share:
-        suite = get_suite(spec.env)
-        solutions = {s.task_id: solution_text(suite.solution(s.task_id, "train")) for s in steps}
-        privileged = [solutions[s.task_id] if solution_rng.random() < spec.solution_share else skilled
-                      for s, skilled in zip(steps, with_skills, strict=True)]  # fmt: skip
+    if spec.solution_share:  # rescore's lookup and its checks (an env without solutions is a one-line error)
+        rows = [{"env": spec.env, "split": "train", "task_id": s.task_id} for s in steps]
+        privileged = [text if solution_rng.random() < spec.solution_share else skilled
+                      for text, skilled in zip(task_solutions(rows), with_skills, strict=True)]  # fmt: skip
     corpus = [m["content"] for msgs in contexts for m in msgs] + [s.action for s in steps]
     corpus += [sk.text for sk in seed_lib.skills.values()]
     # The privileged header once per skilled or solution prompt, so the tokenizer learns it as the teacher shows it.
