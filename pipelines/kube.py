@@ -25,10 +25,6 @@ from sdarflow.model_cache import LOADS_MODEL
 GPU_STAGES = ("generate", "rescore", "train", "evaluate")
 # Which GPU image a stage uses: rollouts (generate, evaluate) want vLLM; log-probs and training want DeepSpeed.
 GPU_IMAGE_ROLE = {"generate": "rollout", "evaluate": "rollout", "rescore": "train", "train": "train"}
-# Tasks whose failure is usually transient (preempted GPU node, engine start-up, S3 hiccup) and whose output
-# is safe to redo: every run writes its own folder with overwrite on; train resumes from the checkpoints it
-# publishes to the run's storage (PipelineConfig.checkpoint_every), not from the start.
-RETRIED = ("generate", "rescore", "train", "evaluate")
 # Required Secret keys, then keys a Secret may omit (AWS S3 needs no endpoint; MinIO needs no region).
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 S3_OPTIONAL_KEYS = ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
@@ -192,7 +188,7 @@ class KubeOptions(Checked):
     s3_secret: str = opt(S3_SECRET, "the Secret holding the S3 credentials")
     cpu: dict[str, str] = opt(DEFAULT_CPU, "CPU request per task", keys=TASKS)
     memory: dict[str, str] = opt(DEFAULT_MEMORY, "memory request and limit per task", keys=TASKS)
-    retries: int = opt(2, "retries of the tasks whose failure is usually transient", ge=0)
+    retries: int = opt(2, "retries of each task (a preempted node, an S3 hiccup)", ge=0)
     timeout_s: dict[str, int] = opt(DEFAULT_TIMEOUT_S, "seconds a task may run", ge=1, keys=TASKS)
     shm_size: str = opt("16Gi", "/dev/shm of GPU tasks (memory-backed, counted against the memory limit)")
     model_cache_size: str = opt("200Gi", "the ephemeral volume holding the base model; '' = none")
@@ -238,7 +234,11 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
     task.set_caching_options(False)
     if opts is None:
         return task
-    if stage in RETRIED and opts.retries:
+    # Every task is safe to redo (a preempted node, an S3 hiccup): the stages publish once per request and return
+    # what an earlier attempt published (stages.common.once), train resumes from the checkpoints it publishes
+    # (PipelineConfig.checkpoint_every), register finds the version an earlier attempt registered, and promoting
+    # a stage to the version it points at is a no-op.
+    if opts.retries:
         task.set_retry(opts.retries, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="3600s")
     kubernetes.set_timeout(task, opts.timeout_s.get(stage, DEFAULT_TIMEOUT_S[stage]))
     if stage in MODEL_CACHE_STAGES and opts.model_cache_size:
@@ -255,9 +255,10 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
     kubernetes.set_security_context(
         task, run_as_user=opts.run_as_user, run_as_group=opts.run_as_user, run_as_non_root=True
     )
-    task.set_cpu_request(opts.cpu.get(stage, DEFAULT_CPU[stage]))
-    memory = opts.memory.get(stage, DEFAULT_MEMORY[stage])
-    # Limit = request: an over-eager rollout batch is OOM-killed in its own pod, not evicting its neighbours.
+    cpu, memory = opts.cpu.get(stage, DEFAULT_CPU[stage]), opts.memory.get(stage, DEFAULT_MEMORY[stage])
+    # Limits = requests: an over-eager rollout batch is OOM-killed in its own pod, not evicting its neighbours; the
+    # pod is Guaranteed QoS (evicted last); a namespace whose policy requires limits admits it.
+    task.set_cpu_request(cpu).set_cpu_limit(cpu)
     task.set_memory_request(memory).set_memory_limit(memory)
     gpus = opts.gpus_for(stage)
     if gpus:

@@ -3,6 +3,8 @@ through the promotion gate, so users promote from the KFP UI. A gate refusal fai
 message (the failing criterion with both numbers); ``force`` with a ``reason`` overrides it, audited.
 """
 
+import dataclasses
+
 from kfp import dsl
 
 from components.promote import promote
@@ -37,7 +39,8 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
             tighten=tighten,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )
-        wire(task, "promote", kube, "promote")
+        # Not retried: a gate refusal fails this task and would fail it again; a rerun is one click.
+        wire(task, "promote", dataclasses.replace(kube, retries=0) if kube else None, "promote")
         return task.outputs["Output"]
 
     description = (

@@ -201,14 +201,16 @@ def test_requests_retries_caching_and_root(spec):
     for name, task in tasks.items():
         resources = executor(pipeline, task)["resources"]
         assert float(resources["cpuRequest"]) > 0 and resources["resourceMemoryRequest"], name
+        # limits too, equal to the requests: a namespace that requires them admits every task
+        assert resources["resourceCpuLimit"] == resources["resourceCpuRequest"], name
+        assert resources["resourceMemoryLimit"] == resources["resourceMemoryRequest"], name
         # caching off everywhere: every run writes its own folder and registers a new version
         assert not task.get("cachingOptions", {}).get("enableCache", False), name
     assert executor(pipeline, tasks["train"])["resources"]["resourceMemoryRequest"] == "192Gi"  # production
-    # train resumes from the checkpoints it publishes (PipelineConfig.checkpoint_every), the others redo
-    for name in GPU:
-        assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2
-    for name in ("prepare", "extract-skills", "register"):
-        assert "retryPolicy" not in tasks[name]
+    # every task is retried: each stage returns what an earlier attempt published, train resumes from its
+    # checkpoints, register finds its own version
+    for name in (*GPU, "prepare", "extract-skills", "register"):
+        assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2, name
     assert pipeline["defaultPipelineRoot"] == "s3://kfp-artifacts/sdar"
 
 

@@ -202,6 +202,12 @@ def test_evaluate_and_register(chain, tiny_model, tmp_path, capsys):
         chain["skills"],
     )
     assert got["version"] == 1
+    # a KFP retry of the same task (its pod died after publishing) finds its version instead of adding one;
+    # another registration of the same adapter (other data in its lineage) is a new version
+    argv = ["register", "--registry", reg, "--adapter", chain["train"], "--eval-report", chain["evaluate"]]
+    argv += ["--model", str(tiny_model), "--data", chain["generate"]]
+    assert run_cli(capsys, *argv, "--data", chain["skills"])["version"] == 1
+    assert run_cli(capsys, *argv)["version"] == 2
     lineage = json.loads(Path(reg, "sdar-policy/versions/1/lineage.json").read_text())
     assert lineage["skill_library_version"] == storage.read_manifest(chain["skills"])["version"]
     assert lineage["train_config_hash"] == storage.read_manifest(chain["train"])["config_hash"]

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, opt
 from sdarflow.defaults import DEFAULT_POLICY_NAME
 from sdarflow.registry.intake import CURSOR_FIX, Cursor
 from sdarflow.stages.common import require
+
+if TYPE_CHECKING:
+    from sdarflow.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,24 @@ class RegisterConfig(StageConfig):
 Config = RegisterConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
+# How far back a retry looks for its own version: other registrations of the same name in the minutes between a
+# pod's death and its retry are few, and reading every version's lineage would make each register slower as the
+# registry grows.
+RETRY_LOOKBACK = 32
+
+
+def _registered_before(registry: Registry, name: str, lineage: dict) -> int | None:
+    """The version an earlier attempt of this very registration published (its pod died after publishing, and KFP
+    retried the task): the same lineage, so the same run, round, adapter, eval report and data. None if none."""
+    if name not in registry.list_names():
+        return None
+    recorded = json.loads(json.dumps(lineage, default=str))  # as the registry stores it
+    for version in reversed(registry.versions(name)[-RETRY_LOOKBACK:]):
+        if registry.lineage(name, version) == recorded:
+            return version
+    return None
+
+
 def run(cfg: RegisterConfig) -> dict:
     from sdarflow.registry import Registry
     from sdarflow.registry.intake import load_report
@@ -86,16 +108,22 @@ def run(cfg: RegisterConfig) -> dict:
         "request": cfg.request or None,
     }
     registry = Registry(cfg.registry)
-    with tempfile.TemporaryDirectory() as tmp:
-        adapter_dir = storage.fetch_dir(cfg.adapter, kind="adapter", dest=tmp)  # a verified copy, no manifest
-        version = registry.register(
-            cfg.name,
-            adapter_dir,
-            report,
-            lineage,
-            base_model=cfg.model or None,
-            base_eval_report=cfg.base_eval_report or None,
+    version = _registered_before(registry, cfg.name, lineage)
+    if version is not None:
+        log.info(
+            "register: %s v%d already holds this registration (a retry); nothing to do", cfg.name, version
         )
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            adapter_dir = storage.fetch_dir(cfg.adapter, kind="adapter", dest=tmp)  # a verified copy
+            version = registry.register(
+                cfg.name,
+                adapter_dir,
+                report,
+                lineage,
+                base_model=cfg.model or None,
+                base_eval_report=cfg.base_eval_report or None,
+            )
     if cfg.promote_to:
         registry.promote(cfg.name, version, stage=cfg.promote_to)
     log.info("register: %s version %s in %s", cfg.name, version, cfg.registry)
