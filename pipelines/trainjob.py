@@ -8,8 +8,9 @@ torchrun reads (nodes, processes per node, rank, master address), so the flags c
 Fields written (checked against the Trainer v2.2 API types, ``pkg/apis/trainer/v1alpha1/trainjob_types.go``):
 ``spec.runtimeRef{name, apiGroup, kind}``, ``spec.trainer{image, command, env, numNodes, numProcPerNode,
 resourcesPerNode}`` and, for GPU node pools, ``spec.runtimePatches[].trainingRuntimeSpec.template.spec.
-replicatedJobs[name=node].template.spec.template.spec{securityContext, containers[name=node].securityContext,
-imagePullSecrets, nodeSelector, tolerations}`` (Trainer >= 2.2), so the pods pass Pod Security "restricted".
+replicatedJobs[name=node].template.spec.template.spec{securityContext, containers[name=node]{securityContext,
+volumeMounts}, volumes, imagePullSecrets, nodeSelector, tolerations}`` (Trainer >= 2.2), so the pods pass Pod
+Security "restricted" and get a memory-backed ``/dev/shm`` and a model cache volume.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import dataclasses
 import re
 from typing import Any
 
-from pipelines.kube import S3_KEYS, S3_OPTIONAL_KEYS, Toleration, pull_secrets, queue_label
+from pipelines.kube import (
+    MODEL_CACHE_PATH,
+    S3_KEYS,
+    S3_OPTIONAL_KEYS,
+    KubeOptions,
+    Toleration,
+    pull_secrets,
+    queue_label,
+)
 from sdarflow.config import StageConfig
 from sdarflow.defaults import RUN_AS_UID, S3_SECRET, container_security_context, pod_security_context
 from sdarflow.errors import ConfigError
@@ -76,6 +85,8 @@ def trainjob_manifest(
     queue: str = "",
     image_pull_secrets: list[str] | None = None,
     run_as_user: int | None = RUN_AS_UID,
+    shm_size: str = KubeOptions.shm_size,
+    model_cache_size: str = KubeOptions.model_cache_size,
 ) -> dict[str, Any]:
     """The TrainJob for one train stage config (``TrainConfig``) on ``nodes`` x ``gpus_per_node`` GPUs. Its ranks
     train with DeepSpeed whatever ``cfg.engine`` says (the torch engine trains in one process)."""
@@ -99,7 +110,9 @@ def trainjob_manifest(
     }
     if namespace:
         metadata["namespace"] = namespace
-    env = []
+    # Each node copies an s3:// base model once (its ranks take turns on a lock: storage.download_dir) to an
+    # emptyDir of at most ``model_cache_size``, not to the container's layer.
+    env = [{"name": "SDARFLOW_CACHE", "value": MODEL_CACHE_PATH}] if model_cache_size else []
     if s3_secret:
         # Credentials only by reference to the Secret, as in the pipeline: no key ever lands in the manifest.
         for key in (*S3_KEYS, *S3_OPTIONAL_KEYS):
@@ -107,7 +120,10 @@ def trainjob_manifest(
             if key in S3_OPTIONAL_KEYS:
                 ref["optional"] = True
             env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
-    limits: dict[str, Any] = {"memory": memory}
+    limits: dict[str, Any] = {
+        "cpu": cpu,
+        "memory": memory,
+    }  # = requests: Guaranteed QoS, admitted where limits are required
     if gpus_per_node:
         limits[gpu_resource] = gpus_per_node
     trainer: dict[str, Any] = {
@@ -129,6 +145,7 @@ def trainjob_manifest(
         tolerations if tolerations is not None else [Toleration("nvidia.com/gpu")],
         pull_secrets(image_pull_secrets or []),
         run_as_user,
+        _volumes(shm_size if gpus_per_node else "", model_cache_size),
     )
     spec["runtimePatches"] = [
         {
@@ -147,17 +164,37 @@ def trainjob_manifest(
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
+def _volumes(shm_size: str, model_cache_size: str) -> list[tuple[dict[str, Any], str]]:
+    """(volume, mount path) of the trainer container: a memory-backed ``/dev/shm`` for NCCL (GPU nodes) and the
+    model cache, each only when sized."""
+    volumes = []
+    if shm_size:
+        volumes.append(
+            ({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}, "/dev/shm")
+        )
+    if model_cache_size:
+        volumes.append(
+            ({"name": "model-cache", "emptyDir": {"sizeLimit": model_cache_size}}, MODEL_CACHE_PATH)
+        )
+    return volumes
+
+
 def _pod_patch(
     node_selector: dict[str, str],
     tolerations: list[Toleration],
     image_pull_secrets: list[dict[str, str]],
     run_as_user: int | None,
+    volumes: list[tuple[dict[str, Any], str]],
 ) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": TRAINER_JOB, "securityContext": container_security_context()}
     patch: dict[str, Any] = {
         "securityContext": pod_security_context(run_as_user),
         # the runtime's other containers (dataset and model initializers, when it has them) are the runtime's
-        "containers": [{"name": TRAINER_JOB, "securityContext": container_security_context()}],
+        "containers": [container],
     }
+    if volumes:
+        patch["volumes"] = [volume for volume, _ in volumes]
+        container["volumeMounts"] = [{"name": v["name"], "mountPath": path} for v, path in volumes]
     if image_pull_secrets:
         patch["imagePullSecrets"] = image_pull_secrets
     if node_selector:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, cache_dir
-from sdarflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -27,28 +24,9 @@ def local_model(uri: str) -> str:
         return str(known_model(uri))
     if not uri.startswith("s3://"):
         return uri
-    import pyarrow.fs as pafs
-
-    cache = cache_dir() / "models"
-    target = cache / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    if (target / "config.json").is_file():
-        return str(target)
-    loc = storage.resolve(uri)
-    if loc.fs.get_file_info(storage.join(loc.path, "config.json")).type == pafs.FileType.NotFound:
-        raise ConfigError(f"base_model '{uri}' has no config.json; fix: upload the HF model folder there")
-    cache.mkdir(parents=True, exist_ok=True)
-    # Copy to a temp folder, then rename: a pod killed mid-download never leaves a half model behind.
-    partial = Path(tempfile.mkdtemp(prefix="partial-", dir=cache))
-    pafs.copy_files(
-        loc.path, str(partial), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem()
-    )
-    try:
-        partial.rename(target)
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-        shutil.rmtree(partial)  # a concurrent task on this node finished the same copy first
-    log.info("base model %s -> %s", uri, target)
+    target = cache_dir() / "models" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if storage.download_dir(uri, target, marker="config.json", what="base_model"):
+        log.info("base model %s -> %s", uri, target)
     return str(target)
 
 

@@ -287,3 +287,35 @@ def test_a_local_output_is_replaced_only_when_it_is_the_commands_own_and_only_on
         with storage.replacing_folder(out, "own.json", "cmd"):
             raise AssertionError("refused before the block runs")
     assert [p.name for p in tmp_path.rglob("*")] == ["m", "notes"]
+
+
+def _download(args: tuple[str, str]) -> bool:
+    source, target = args
+    from pathlib import Path
+
+    return storage.download_dir(source, Path(target), marker="config.json", what="model")
+
+
+def test_the_processes_of_a_node_download_a_folder_once(tmp_path):
+    """Eight ranks on one node asking for the same base model at once: one copies it, the others find its copy;
+    a source without the marker is refused before anything is written."""
+    import multiprocessing
+
+    from sdarflow.errors import ConfigError
+
+    source = tmp_path / "source"
+    (source / "sub").mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "sub" / "weights.bin").write_bytes(b"w" * 100_000)
+    target = tmp_path / "cache" / "model"
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        copied = pool.map(_download, [(str(source), str(target))] * 8)
+    assert sorted(copied) == [False] * 7 + [True]
+    assert (target / "sub" / "weights.bin").read_bytes() == b"w" * 100_000
+    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # no partial copy left
+    (source / "config.json").unlink()
+    with pytest.raises(
+        ConfigError, match="model '.*source' has no config.json; fix: upload the whole folder"
+    ):
+        storage.download_dir(str(source), tmp_path / "other", marker="config.json", what="model")
+    assert not (tmp_path / "other").exists()

@@ -150,7 +150,10 @@ def test_kustomization_renders_to_valid_objects(path):
         assert {d["metadata"]["namespace"] for d in docs} == {"kubeflow"}
         assert "Namespace" not in {d["kind"] for d in docs}  # never owns KFP's namespace
     if path.parent == ROOT / "overlays" / "profile":  # the profile controller owns the namespace
-        assert {d["kind"] for d in docs} == {"ServiceAccount", "Role", "RoleBinding"}
+        assert {d["kind"] for d in docs} == {"ServiceAccount", "Role", "RoleBinding", "ResourceQuota"}
+    if path.parent.parent == ROOT / "overlays" and path.parent.name != "minio":  # the GPU cap where pods run
+        (quota,) = [d for d in docs if d["kind"] == "ResourceQuota"]
+        assert quota["spec"]["hard"]["requests.nvidia.com/gpu"]
     if path.parent == ROOT / "overlays" / "minio":
         # the pipeline's keys are a bucket-limited MinIO user; only MinIO and its setup Job see the admin keys
         admin = {
@@ -170,13 +173,15 @@ def test_kustomization_renders_to_valid_objects(path):
 
 
 def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
-    """The static Deployment/Service are serve-config's, with the adapter path resolved at pod start."""
+    """The static Deployment/Service are serve-config's, with the version resolved at pod start and the
+    registry and base model from the ConfigMap."""
     from sdarflow.registry import Registry, serve_config
 
     registry = Registry(tmp_path / "registry")
     version = registry.register("sdar-policy", make_adapter(rank=8), report(0.5, 0.7, 0.4), {"run_id": "r"})
     registry.promote("sdar-policy", version, force=True, reason="test setup")
-    generated = serve_config(registry, "/models/base", "sdar-policy", secret="sdarflow-s3")["kubernetes"]
+    config = {"registry": registry.uri, "base_model": "s3://sdarflow/models/base"}
+    generated = serve_config(registry, config["base_model"], "sdar-policy")["kubernetes"]
     gen_deploy, gen_service = generated
     deploy = yaml.safe_load((ROOT / "serving" / "deployment.yaml").read_text())
     service = yaml.safe_load((ROOT / "serving" / "service.yaml").read_text())
@@ -184,28 +189,44 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
     assert service == gen_service
     assert deploy["metadata"]["name"] == gen_deploy["metadata"]["name"]
     assert deploy["metadata"]["labels"] == gen_deploy["metadata"]["labels"]
-    assert deploy["spec"]["selector"] == gen_deploy["spec"]["selector"]
+    for key in ("selector", "strategy", "progressDeadlineSeconds"):
+        assert deploy["spec"][key] == gen_deploy["spec"][key], key
     pod, gen_pod = deploy["spec"]["template"]["spec"], gen_deploy["spec"]["template"]["spec"]
     (vllm,), (gen_vllm,) = pod["containers"], gen_pod["containers"]
-    fixed_path = f"/adapters/sdar-policy/{version}"
     # the static command reads the rank the initContainer wrote (from the registry, as serve-config does)
     assert vllm["command"][:2] == ["sh", "-c"] and vllm["command"][2].startswith("exec ")
     script = vllm["command"][2].removeprefix("exec ").replace('"$(cat /adapters/max-lora-rank)"', "8")
     assert [a.replace("/production", f"/{version}") for a in shlex.split(script)] == gen_vllm["command"]
-    assert fixed_path in " ".join(gen_vllm["command"])
-    assert deploy["spec"]["strategy"] == gen_deploy["spec"]["strategy"] == {"type": "Recreate"}
-    for key in ("name", "env", "ports", "resources", "readinessProbe", "securityContext"):
+    for key in ("name", "env", "ports", "resources", "readinessProbe", "securityContext", "volumeMounts"):
         assert vllm[key] == gen_vllm[key], key
-    assert pod["securityContext"] == gen_pod["securityContext"]
-    assert vllm["volumeMounts"][-1] == gen_vllm["volumeMounts"][-1]  # the cache
-    assert [v for v in pod["volumes"] if "emptyDir" in v] == gen_pod["volumes"]
-    assert set(vllm["resources"]["requests"]) == {"cpu", "memory"}
+    for key in ("securityContext", "volumes"):
+        assert pod[key] == gen_pod[key], key
     (fetch,), (gen_fetch,) = pod["initContainers"], gen_pod["initContainers"]
-    assert fetch["name"] == gen_fetch["name"] and fetch["envFrom"] == gen_fetch["envFrom"]
-    assert (
-        "sdarflow registry fetch" in fetch["command"][-1] and "--version production" in fetch["command"][-1]
-    )
-    assert "--rank-file /adapters/max-lora-rank" in fetch["command"][-1]
-    assert fetch["volumeMounts"] == gen_fetch["volumeMounts"]
-    assert fetch["securityContext"] == gen_fetch["securityContext"]
-    assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]
+    for key in ("name", "resources", "volumeMounts", "securityContext"):
+        assert fetch[key] == gen_fetch[key], key
+    assert fetch["envFrom"] == [{"secretRef": {"name": "sdarflow-s3-read"}}] == gen_fetch["envFrom"]
+    # Kubernetes expands $(VAR) in a command from the container's env: here, the ConfigMap's keys
+    configmap = yaml.safe_load((ROOT / "serving" / KUSTOMIZATION).read_text())["configMapGenerator"][0]
+    literals = dict(item.split("=", 1) for item in configmap["literals"])
+    env = {e["name"]: literals[e["valueFrom"]["configMapKeyRef"]["key"]] for e in fetch["env"]}
+    expanded = [env.get(a[2:-1], a) if a.startswith("$(") else a for a in fetch["command"]]
+    assert literals["base_model"] == config["base_model"]
+    assert expanded[:4] == gen_fetch["command"][:4] and expanded[5:] == [
+        a.replace(f":{version}", ":production") for a in gen_fetch["command"][5:]
+    ]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
+@pytest.mark.parametrize(
+    "path",
+    [k for k in kustomizations() if not is_component(k) and k.parent.name not in ("base", "namespace")],
+    ids=lambda p: p.parent.relative_to(ROOT).as_posix(),
+)
+def test_deleting_an_overlay_deletes_no_namespace_and_no_data(path):
+    """`kubectl delete -k` deletes what the kustomization renders: only base/ and namespace/ may hold the Namespace,
+    and no kustomization a claim (MinIO's data comes from its StatefulSet's volumeClaimTemplates)."""
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(path.parent)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    assert not kinds & {"Namespace", "PersistentVolumeClaim"}, kinds

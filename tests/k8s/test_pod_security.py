@@ -135,7 +135,7 @@ def test_every_overlay_is_admitted_by_a_restricted_namespace(path):
 
 @pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_manifest_file_is_admitted(path):
-    """Files outside any kustomization too (the model-copy pod the README applies)."""
+    """Files outside any kustomization too."""
     for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
         for name, spec, notes in pod_templates(doc):
             assert restricted_violations(spec, notes) == [], name
@@ -147,8 +147,8 @@ def test_serve_config_and_the_static_serving_pod_are_admitted(tmp_path, make_ada
     registry = Registry(tmp_path / "registry")
     version = registry.register("sdar-policy", make_adapter(rank=8), report(0.5, 0.7, 0.4), {"run_id": "r"})
     registry.promote("sdar-policy", version, force=True, reason="test setup")
-    deployment, _ = serve_config(registry, "/models/base", "sdar-policy")["kubernetes"]
-    platform_uid, _ = serve_config(registry, "/models/base", "sdar-policy", run_as_user=None)["kubernetes"]
+    deployment, _ = serve_config(registry, "s3://b/base", "sdar-policy")["kubernetes"]
+    platform_uid, _ = serve_config(registry, "s3://b/base", "sdar-policy", run_as_user=None)["kubernetes"]
     # OpenShift assigns the user
     assert "runAsUser" not in platform_uid["spec"]["template"]["spec"]["securityContext"]
     static = yaml.safe_load((ROOT / "serving" / "deployment.yaml").read_text())

@@ -115,7 +115,19 @@ def test_manifest_structure_and_core_schemas():
         "name": "sdarflow-s3",
         "key": "AWS_SECRET_ACCESS_KEY",
     }
-    assert all("value" not in e for e in trainer["env"])
+    assert all("value" not in e for e in trainer["env"] if e["name"].startswith("AWS_"))
+    # limits = requests (Guaranteed QoS); NCCL's /dev/shm and the base model's copy on emptyDirs, each node once
+    assert trainer["resourcesPerNode"]["limits"]["cpu"] == trainer["resourcesPerNode"]["requests"]["cpu"]
+    pod = as_pod(manifest)["spec"]
+    volumes = {v["name"]: v["emptyDir"] for v in pod["volumes"]}
+    assert volumes == {
+        "dshm": {"medium": "Memory", "sizeLimit": "16Gi"},
+        "model-cache": {"sizeLimit": "200Gi"},
+    }
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "model-cache": env["SDARFLOW_CACHE"]["value"]}
+    bare = as_pod(trainjob_manifest(cfg, name="t", image="i", gpus_per_node=0, model_cache_size=""))["spec"]
+    assert "volumes" not in bare and "volumeMounts" not in bare["containers"][0]  # no GPU: no NCCL
 
 
 @pytest.mark.parametrize("engine", ["auto", "torch"])
@@ -131,9 +143,9 @@ def test_command_rebuilds_the_same_train_config_on_deepspeed(engine):
     rebuilt = TrainConfig.load(None, **overrides)
     assert rebuilt.to_dict() == dataclasses.replace(cfg, engine="deepspeed").to_dict()
     assert rebuilt.config_hash() == manifest["metadata"]["annotations"]["sdarflow.io/config-hash"]
-    (patch,) = manifest["spec"]["runtimePatches"]  # no selector or tolerations: the security context only
+    (patch,) = manifest["spec"]["runtimePatches"]  # no selector or tolerations: security context and volumes
     (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-    assert set(job["template"]["spec"]["template"]["spec"]) == {"securityContext", "containers"}
+    assert set(job["template"]["spec"]["template"]["spec"]) == {"securityContext", "containers", "volumes"}
     assert (
         "--sdar-coef" in argv and "--no-norm-by-std" in argv and "--gate-beta" not in argv
     )  # only changed settings

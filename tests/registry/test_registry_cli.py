@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from factories import with_report
+from factories import bound
 
 from sdarflow import storage
 from sdarflow.cli.registry import add_arguments
@@ -131,7 +131,7 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
         "--registry",
         local_registry,
         "--base-model",
-        "/models/base",
+        "s3://models/base",
         "--output",
         str(out),
     ]
@@ -158,7 +158,7 @@ def test_serve_config_fetches_with_the_image_make_images_built(local_registry, f
         "--registry",
         local_registry,
         "--base-model",
-        "/m",
+        "s3://m",
         "--output",
         str(tmp_path / "k.yaml"),
     ]
@@ -186,19 +186,36 @@ def test_cli_force_and_errors(local_registry, files, capsys):
         run(["promote", *reg, "--version", "2", "--stage", "prod"])
 
 
-@pytest.mark.parametrize(("rank", "vllm_rank"), [(8, "8"), (12, "16")])
-def test_fetch_writes_the_vllm_rank_the_serving_deployment_reads(
-    local_registry, make_adapter, report, lineage, tmp_path, rank, vllm_rank
+def test_serve_fetch_writes_what_the_serving_pod_reads(
+    local_registry, tiny_model, lora_adapter, report, lineage, tmp_path, capsys
 ):
+    from sdarflow.models.identity import base_fingerprint
     from sdarflow.registry import Registry
 
     registry = Registry(local_registry)
-    registry.register("agent", *with_report(make_adapter(rank=rank), report(0.5, 0.7, 0.4)), lineage)
+    rep = bound(report(0.5, 0.7, 0.4), lora_adapter, base_fingerprint(str(tiny_model)))
+    registry.register("agent", lora_adapter, rep, lineage, base_model=tiny_model)
     registry.promote("agent", 1, force=True, reason="test setup")
-    rank_file = tmp_path / "max-lora-rank"
-    argv = ["fetch", "--registry", local_registry, "--policy-name", "agent", "--version", "production"]
-    assert run([*argv, "--output", str(tmp_path / "a"), "--rank-file", str(rank_file)]) == 0
-    assert rank_file.read_text() == f"{vllm_rank}\n" and (tmp_path / "a" / "adapter_config.json").is_file()
+    argv = [
+        "serve-fetch",
+        "--registry",
+        local_registry,
+        "--base-model",
+        str(tiny_model),
+        "--adapter",
+        "agent",
+    ]
+    assert run([*argv, "--adapter-root", str(tmp_path / "adapters")]) == 0
+    (served,) = json.loads(capsys.readouterr().out)
+    assert served == {
+        "name": "agent",
+        "version": 1,
+        "path": str(tmp_path / "adapters/agent/production"),
+        "lora_rank": 8,
+    }
+    assert (tmp_path / "adapters" / "max-lora-rank").read_text() == "8\n"
+    with pytest.raises(ConfigError, match="bad adapter name '../agent'"):
+        run([*argv[:-1], "../agent"])
 
 
 def test_listing_a_registry_that_is_not_there_is_an_error(tmp_path, capsys, local_registry, files):

@@ -221,6 +221,8 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
         queue=args.queue,
         image_pull_secrets=args.image_pull_secret,
         run_as_user=args.run_as_user,
+        shm_size=args.shm_size,
+        model_cache_size=args.model_cache_size,
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -380,6 +382,8 @@ def _add_schedule(s: argparse.ArgumentParser) -> None:
 
 
 def _add_trainjob(t: argparse.ArgumentParser) -> None:
+    from pipelines.kube import KubeOptions
+
     output_flag(t, "the TrainJob manifest (YAML)", required=True)
     t.add_argument(
         "--train-config", action=ReadsPath, help="a train stage YAML (as for `sdarflow train --config`)"
@@ -398,6 +402,14 @@ def _add_trainjob(t: argparse.ArgumentParser) -> None:
     t.add_argument("--cpu", default="32", help="CPU request per node")
     t.add_argument("--memory", default="256Gi", help="memory per node")
     t.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime name")
+    t.add_argument(
+        "--shm-size", default=KubeOptions.shm_size, help="memory-backed /dev/shm per node, for NCCL"
+    )
+    t.add_argument(
+        "--model-cache-size",
+        default=KubeOptions.model_cache_size,
+        help="size limit of the emptyDir each node copies the base model to; '' = the container's disk",
+    )
     _scheduling_flags(t)
     t.set_defaults(func=_cmd_trainjob)
 

@@ -12,9 +12,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sdarflow.cli.common import ReadsPath, emit, output_flag, pinned_image, policy_name_flag, run_as_user_flag
-from sdarflow.defaults import RELEASE_STAGES, S3_SECRET
-from sdarflow.errors import ConfigError, ModelError, StorageError
+from sdarflow.cli.common import (
+    ReadsPath,
+    emit,
+    output_flag,
+    pairs,
+    pinned_image,
+    policy_name_flag,
+    run_as_user_flag,
+)
+from sdarflow.defaults import RELEASE_STAGES
+from sdarflow.errors import ConfigError, StorageError
 
 
 def _lineage(value: str | None) -> dict[str, Any]:
@@ -146,21 +154,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         path = Path(args.out)
     else:
         path = registry.fetch_adapter(args.name, version)
-    if args.rank_file:
-        from sdarflow.models.identity import max_lora_rank
-
-        rank = registry.show(args.name, version)["lora_rank"]
-        if rank is None:
-            raise ModelError(
-                f"{args.name} v{version} has no LoRA rank ('r' in adapter_config.json), so vLLM cannot serve it "
-                f"as a LoRA module; fix: register a LoRA adapter"
-            )
-        Path(args.rank_file).write_text(f"{max_lora_rank([rank])}\n")
     sys.stdout.write(f"{path}\n")
     return 0
 
 
 def cmd_serve_config(args: argparse.Namespace) -> int:
+    from pipelines.kube import Toleration
     from sdarflow.registry.serve import DEFAULT_FETCH_IMAGE, serve_config
 
     config = serve_config(
@@ -172,6 +171,10 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
         run_as_user=args.run_as_user,
         secret=args.secret,
         namespace=args.namespace,
+        node_selector=pairs(args.node_selector, "--node-selector"),
+        tolerations=[Toleration.parse(t).as_dict() for t in args.toleration],
+        priority_class=args.priority_class,
+        image_pull_secrets=args.image_pull_secret,
     )
     if not args.out:
         emit(config, as_json=args.json)
@@ -186,6 +189,20 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
         out.write_text(yaml.safe_dump_all(config["kubernetes"], sort_keys=False))
     # The manifests went to the file; the launch command (for running without Kubernetes) goes to stdout.
     sys.stdout.write(shlex.join(config["vllm"]["args"]) + "\n")
+    return 0
+
+
+def cmd_serve_fetch(args: argparse.Namespace) -> int:
+    from sdarflow.registry.serve import serving_files
+
+    served = serving_files(
+        _registry(args),
+        args.base_model,
+        args.adapter,
+        model_dir=args.model_dir,
+        adapter_root=args.adapter_root,
+    )
+    emit(served)
     return 0
 
 
@@ -307,29 +324,69 @@ def _add_fetch(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--version", default="production", help="version number, 'latest', production or staging")
     output_flag(p, "target folder (default: a temp folder, or in place for a local registry)")
-    p.add_argument(
-        "--rank-file",
-        help="also write the vLLM --max-lora-rank this version needs to this file (the serving Deployment reads it)",
-    )
     p.set_defaults(func=cmd_fetch)
 
 
 def _add_serve_config(p: argparse.ArgumentParser) -> None:
-    from sdarflow.registry.serve import DEFAULT_IMAGE
+    from sdarflow.registry.serve import DEFAULT_IMAGE, SERVING_SECRET
 
     _common(p, name=False)
-    p.add_argument("--base-model", required=True, help="base model path or id the adapters were trained on")
+    p.add_argument(
+        "--base-model", required=True, help="s3:// URI of the base model the adapters were trained on"
+    )
     policy_name_flag(p, "only this adapter (default: every name with a production version)")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="vLLM serving image")
     p.add_argument(
-        "--fetch-image", default=None, help="image with sdarflow for the adapter-fetch initContainer"
+        "--fetch-image",
+        default=None,
+        help="image with sdarflow for the initContainer that fetches the models",
     )
-    p.add_argument("--secret", default=S3_SECRET, help="Secret with AWS_* variables for the registry")
+    p.add_argument(
+        "--secret",
+        default=SERVING_SECRET,
+        help="Secret with AWS_* variables of a key that can read the registry",
+    )
     p.add_argument("--namespace", help="Kubernetes namespace for the manifests")
+    p.add_argument(
+        "--node-selector", action="append", metavar="KEY=VALUE", help="GPU pool label [repeatable]"
+    )
+    p.add_argument(
+        "--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]", help="[repeatable]"
+    )
+    p.add_argument(
+        "--priority-class", help="PriorityClass of the serving pods (k8s/overlays/gpu: sdarflow-serving)"
+    )
+    p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="for a private registry [repeatable]",
+    )
     run_as_user_flag(p)
     output_flag(p, "write the manifests here (YAML; JSON if it ends in .json) and print the command")
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
     p.set_defaults(func=cmd_serve_config)
+
+
+def _add_serve_fetch(p: argparse.ArgumentParser) -> None:
+    from sdarflow.registry.serve import ADAPTER_ROOT, MODEL_DIR, parse_adapter
+
+    _common(p, name=False)
+    p.add_argument(
+        "--base-model", required=True, help="the base model to serve (s3:// URI or a local folder)"
+    )
+    p.add_argument(
+        "--adapter",
+        action="append",
+        required=True,
+        type=parse_adapter,
+        metavar="NAME[:VERSION]",
+        help="a version (number, latest or an alias; default production) to serve [repeatable]",
+    )
+    p.add_argument("--model-dir", default=MODEL_DIR, help="where an s3:// base model is copied")
+    p.add_argument("--adapter-root", default=ADAPTER_ROOT, help="the adapters go to ROOT/NAME/VERSION")
+    p.set_defaults(func=cmd_serve_fetch)
 
 
 SUBCOMMANDS = {
@@ -341,6 +398,10 @@ SUBCOMMANDS = {
     "rollback": ("point a stage back at its previous version", _add_rollback),
     "fetch": ("download a version (sha256-verified) to a local folder", _add_fetch),
     "serve-config": ("vLLM multi-LoRA command and Kubernetes manifests for production", _add_serve_config),
+    "serve-fetch": (
+        "a serving pod's base model and adapters on local disk, each adapter checked against the base",
+        _add_serve_fetch,
+    ),
 }
 
 

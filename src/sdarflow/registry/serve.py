@@ -1,8 +1,11 @@
-"""Serving configuration for production adapters: a vLLM multi-LoRA launch command and Kubernetes manifests.
+"""Serving production adapters: a vLLM multi-LoRA launch command, Kubernetes manifests, and what a serving pod
+fetches before vLLM starts.
 
 One vLLM server holds the base model once and serves every production adapter as a LoRA module (clients pick one
-with ``"model": "<adapter name>"``). The Deployment's initContainer downloads the adapters from the registry
-(``sdarflow registry fetch``) into a shared emptyDir; credentials come only from a Secret through ``envFrom``.
+with ``"model": "<adapter name>"``). The pod's initContainer (``sdarflow registry serve-fetch``) copies the base
+model from object storage to an emptyDir, fetches the adapters (sha256-verified) and refuses any that was not
+trained on that base, so the pod holds no volume another pod needs and a Deployment can roll: the new pod serves
+before the old one stops. Credentials come only from a Secret through ``envFrom``; serving only reads.
 """
 
 from __future__ import annotations
@@ -10,15 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdarflow import __version__
-from sdarflow.defaults import RUN_AS_UID, S3_SECRET, container_security_context, pod_security_context
-from sdarflow.errors import ModelError
-from sdarflow.models.identity import max_lora_rank
+from sdarflow import __version__, storage
+from sdarflow.defaults import RUN_AS_UID, container_security_context, pod_security_context
+from sdarflow.errors import ConfigError, ModelError
+from sdarflow.models.identity import lora_rank, max_lora_rank
+from sdarflow.registry import intake
 from sdarflow.registry.errors import RegistryError
-from sdarflow.registry.layout import validate_name
+from sdarflow.registry.layout import LINEAGE, validate_name
 from sdarflow.registry.store import Registry
 
 log = logging.getLogger(__name__)
@@ -27,7 +32,13 @@ log = logging.getLogger(__name__)
 # adapters with another one would serve them with another sampler and kernels than they were evaluated with.
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_FETCH_IMAGE = f"ghcr.io/sdarflow/sdarflow:{__version__}"  # same image as components.IMAGE
+# A key that can only read the bucket: serving never writes (k8s/README step 3 makes it).
+SERVING_SECRET = "sdarflow-s3-read"
 SERVING_CPU, SERVING_MEMORY = "8", "64Gi"
+# The base model's copy on the node's disk (a 7B model in bf16 is ~15 GB), and vLLM's shared memory.
+MODEL_STORAGE, SHM_SIZE = "50Gi", "2Gi"
+FETCH_RESOURCES = {"cpu": "1", "memory": "2Gi"}
+MODEL_DIR, ADAPTER_ROOT, MAX_RANK_FILE = "/models/base", "/adapters", "max-lora-rank"
 # vLLM's image runs as root with its caches under /root; run as our non-root user, they go to a writable emptyDir
 # (HOME for Triton and torch, XDG_CACHE_HOME for vLLM's and Hugging Face's), and the model comes from the volume.
 SERVING_CACHE = "/cache"
@@ -36,6 +47,8 @@ SERVING_ENV = [
     {"name": "HOME", "value": SERVING_CACHE},
     {"name": "XDG_CACHE_HOME", "value": SERVING_CACHE},
 ]
+# A new pod downloads the base model and loads it before it is ready: a rollout waits this long for it.
+PROGRESS_DEADLINE_S = 1800
 
 
 def production_adapters(registry: Registry, name: str | None, adapter_root: str) -> list[dict[str, Any]]:
@@ -69,6 +82,59 @@ def production_adapters(registry: Registry, name: str | None, adapter_root: str)
     return adapters
 
 
+def parse_adapter(text: str) -> tuple[str, str]:
+    """``NAME[:VERSION]`` (a number, ``latest``, or an alias; default ``production``) as ``(name, version)``."""
+    name, _, version = text.partition(":")
+    return validate_name(name), version or "production"
+
+
+def serving_files(
+    registry: Registry | str | Path,
+    base_model: str,
+    adapters: Sequence[tuple[str, str]],
+    *,
+    model_dir: str | Path = MODEL_DIR,
+    adapter_root: str | Path = ADAPTER_ROOT,
+) -> list[dict[str, Any]]:
+    """Put what a serving pod serves on its disk, checked: the base model (an ``s3://`` one copied to
+    ``model_dir``, a local one read in place), and each ``(name, version or alias)`` fetched (sha256-verified) to
+    ``<adapter_root>/<name>/<version as given>`` after checking that it was trained on that base (its base
+    fingerprint and every tensor shape, as register checks it); then ``<adapter_root>/max-lora-rank``, vLLM's
+    ``--max-lora-rank`` for them. Every name and alias is resolved before the base is copied, so an unknown one
+    fails in seconds. Returns name, version, path and LoRA rank of each."""
+    registry = registry if isinstance(registry, Registry) else Registry(registry)
+    resolved = [(name, spec, registry.resolve(name, spec)) for name, spec in adapters]
+    if not resolved:
+        raise ConfigError("serve-fetch: no adapter to serve; fix: pass --adapter NAME[:VERSION]")
+    base = base_model
+    if base_model.startswith("s3://"):
+        storage.download_dir(base_model, Path(model_dir), marker="config.json", what="base model")
+        base = str(model_dir)
+    served = []
+    for name, spec, version in resolved:
+        out = Path(adapter_root) / name / spec
+        with storage.replacing_folder(out, LINEAGE, "registry serve-fetch") as staged:
+            registry.fetch_adapter(name, version, dest=staged)
+            config = json.loads((staged / "adapter_config.json").read_text())  # register checked it
+            try:
+                intake.checked_base(staged, config, base)
+            except (ModelError, ConfigError) as err:
+                raise ModelError(
+                    f"{name} v{version} cannot be served on base model '{base_model}': "
+                    f"{str(err).split('; fix:')[0]}; fix: serve the base model it was trained on "
+                    f"(`sdarflow registry show --policy-name {name} --version {version}` names it)"
+                ) from err
+            rank = lora_rank(config)
+            if rank is None:
+                raise ModelError(
+                    f"{name} v{version} has no LoRA rank ('r'); fix: vLLM serves LoRA adapters only"
+                )
+        served.append({"name": name, "version": version, "path": str(out), "lora_rank": rank})
+        log.info("serve-fetch: %s v%d (%s) at %s, trained on this base", name, version, spec, out)
+    Path(adapter_root, MAX_RANK_FILE).write_text(f"{max_lora_rank([a['lora_rank'] for a in served])}\n")
+    return served
+
+
 def serve_config(
     registry: Registry | str | Path,
     base_model: str,
@@ -76,21 +142,33 @@ def serve_config(
     *,
     image: str = DEFAULT_IMAGE,
     fetch_image: str = DEFAULT_FETCH_IMAGE,
-    secret: str = S3_SECRET,
-    adapter_root: str = "/adapters",
+    secret: str = SERVING_SECRET,
     app: str = "sdarflow-serve",
     port: int = 8000,
     namespace: str | None = None,
     run_as_user: int | None = RUN_AS_UID,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, str]] = (),
+    priority_class: str | None = None,
+    image_pull_secrets: Sequence[str] = (),
+    model_storage: str = MODEL_STORAGE,
 ) -> dict[str, Any]:
-    """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}``."""
+    """``{"vllm": {"args", "command", "adapters", "max_lora_rank"}, "kubernetes": [Deployment, Service]}`` for
+    the production versions (of ``name``, or of every name), pinned: after a promotion, apply the new output
+    and the Deployment rolls (a new pod is ready before the old one stops; it needs a free GPU meanwhile)."""
+    if not base_model.startswith("s3://"):
+        raise ConfigError(
+            f"serve-config: --base-model '{base_model}' is not on object storage; the serving pod copies the base "
+            f"model the adapters were trained on and checks them against it; fix: upload it (k8s/README step 6) "
+            f"and pass its s3:// URI"
+        )
     registry = registry if isinstance(registry, Registry) else Registry(registry)
-    adapters = production_adapters(registry, name, adapter_root)
+    adapters = production_adapters(registry, name, ADAPTER_ROOT)
     max_rank = max_lora_rank([a["lora_rank"] for a in adapters])
     args = [
         "vllm",
         "serve",
-        base_model,
+        MODEL_DIR,
         "--enable-lora",
         "--max-lora-rank",
         str(max_rank),
@@ -104,29 +182,26 @@ def serve_config(
         "--port",
         str(port),
     ]
-    # A Deployment (initContainer fetches adapters, vLLM container on one GPU) and a ClusterIP Service
+    pinned = [f"{a['name']}:{a['version']}" for a in adapters]
     labels = {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "sdarflow"}
     metadata: dict[str, Any] = {"name": app, "labels": labels}
     if namespace:
         metadata["namespace"] = namespace
-    mount = {"name": "adapters", "mountPath": adapter_root}
-    fetch = " && ".join(
-        shlex.join(
-            ["sdarflow", "registry", "fetch", "--registry", registry.uri, "--policy-name", a["name"]]
-            + ["--version", str(a["version"]), "--output", a["path"]]
-        )
-        for a in adapters
-    )
-    pod = {
-        # fetches (sha256-verified) every adapter version into the shared volume
+    fetch = ["sdarflow", "registry", "serve-fetch", "--registry", registry.uri, "--base-model", base_model]
+    fetch += ["--model-dir", MODEL_DIR, "--adapter-root", ADAPTER_ROOT]
+    fetch += [arg for spec in pinned for arg in ("--adapter", spec)]
+    adapters_mount = {"name": "adapters", "mountPath": ADAPTER_ROOT}
+    models_mount = {"name": "models", "mountPath": str(Path(MODEL_DIR).parent)}
+    pod: dict[str, Any] = {
         "initContainers": [
             {
-                "name": "fetch-adapters",
+                "name": "fetch",
                 "image": fetch_image,
-                "command": ["sh", "-c", fetch],
+                "command": fetch,
                 # Registry credentials (and AWS_ENDPOINT_URL) only from the Secret: never literal.
                 "envFrom": [{"secretRef": {"name": secret}}],
-                "volumeMounts": [mount],
+                "resources": {"requests": FETCH_RESOURCES, "limits": FETCH_RESOURCES},
+                "volumeMounts": [adapters_mount, models_mount],
                 "securityContext": container_security_context(),
             }
         ],
@@ -137,13 +212,23 @@ def serve_config(
                 "command": args,
                 "env": SERVING_ENV,
                 "ports": [{"name": "http", "containerPort": port}],
-                # Requests so the scheduler reserves the host memory vLLM needs to load the model and its CPU for
-                # tokenization; limit = request for memory (no eviction surprises).
+                # Requests so the scheduler reserves the host memory vLLM needs to load the model, its CPU for
+                # tokenization and the disk of the model's copy; limits equal to requests (no eviction surprises,
+                # and a namespace that requires limits admits it).
                 "resources": {
-                    "requests": {"cpu": SERVING_CPU, "memory": SERVING_MEMORY},
-                    "limits": {"nvidia.com/gpu": 1, "memory": SERVING_MEMORY},
+                    "requests": {
+                        "cpu": SERVING_CPU,
+                        "memory": SERVING_MEMORY,
+                        "ephemeral-storage": model_storage,
+                    },
+                    "limits": {"nvidia.com/gpu": 1, "cpu": SERVING_CPU, "memory": SERVING_MEMORY},
                 },
-                "volumeMounts": [{**mount, "readOnly": True}, {"name": "cache", "mountPath": SERVING_CACHE}],
+                "volumeMounts": [
+                    {**adapters_mount, "readOnly": True},
+                    {**models_mount, "readOnly": True},
+                    {"name": "cache", "mountPath": SERVING_CACHE},
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                ],
                 "securityContext": container_security_context(),
                 # Model load takes minutes: readiness, not liveness, gates traffic.
                 "readinessProbe": {
@@ -153,23 +238,35 @@ def serve_config(
                 },
             }
         ],
-        "volumes": [{"name": "adapters", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
+        "volumes": [
+            {"name": "adapters", "emptyDir": {}},
+            {"name": "models", "emptyDir": {"sizeLimit": model_storage}},
+            {"name": "cache", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+        ],
         "securityContext": pod_security_context(run_as_user),  # Pod Security "restricted" admits it
     }
-    annotations = {
-        "sdarflow.io/registry": registry.uri,
-        "sdarflow.io/adapters": ",".join(f"{a['name']}:{a['version']}" for a in adapters),
-    }
+    if node_selector:
+        pod["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod["tolerations"] = list(tolerations)
+    if priority_class:
+        pod["priorityClassName"] = priority_class
+    if image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in image_pull_secrets]
+    annotations = {"sdarflow.io/registry": registry.uri, "sdarflow.io/adapters": ",".join(pinned)}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {**metadata, "annotations": annotations},
         "spec": {
             "replicas": 1,
-            # The base model's volume is ReadWriteOnce: a rolling update's second pod could never mount it.
-            "strategy": {"type": "Recreate"},
+            # Nothing on the pod is shared with another pod, so a rollout starts the new pod first and stops the
+            # old one when the new one is ready: no downtime, one more GPU while it lasts.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_S,
             "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod},
         },
     }
     service = {

@@ -8,6 +8,7 @@ from sdarflow.storage.files import (
     children,
     confined,
     delete_tree,
+    download_dir,
     exists,
     fetch_dir,
     file_sha256,

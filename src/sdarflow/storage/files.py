@@ -565,6 +565,37 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
     return target
 
 
+def download_dir(uri: str, target: Path, *, marker: str, what: str) -> bool:
+    """Copy the folder at ``uri`` (an unpublished one, e.g. an HF model folder) to the local ``target`` once;
+    whether this call copied it. A ``target`` holding ``marker`` is a finished copy and is kept. The processes of
+    one node (a TrainJob's ranks) take turns on a lock beside ``target``, so one copies and the others find its
+    copy; a copy is made in a sibling temp folder and renamed, so a process killed mid-download never leaves a half
+    folder behind."""
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / marker).is_file():
+            return False
+        loc = resolve(uri)
+        if loc.fs.get_file_info(join(loc.path, marker)).type == pafs.FileType.NotFound:
+            raise ConfigError(f"{what} '{uri}' has no {marker}; fix: upload the whole folder there")
+        partial = Path(tempfile.mkdtemp(prefix="partial-", dir=target.parent))
+        try:
+            with reachable(loc, "read"):
+                pafs.copy_files(
+                    loc.path,
+                    str(partial),
+                    source_filesystem=loc.fs,
+                    destination_filesystem=pafs.LocalFileSystem(),
+                )
+            partial.rename(target)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return True
+
+
 def member_entry(manifest: dict, name: str) -> dict | None:
     """The manifest entry of the file ``name``: a listed file, or a dataset's attachment of that name."""
     by_path = {e["path"]: e for e in members(manifest)}
