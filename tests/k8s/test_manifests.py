@@ -199,7 +199,7 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
     assert [a.replace("/production", f"/{version}") for a in shlex.split(script)] == gen_vllm["command"]
     for key in ("name", "env", "ports", "resources", "readinessProbe", "securityContext", "volumeMounts"):
         assert vllm[key] == gen_vllm[key], key
-    for key in ("securityContext", "volumes"):
+    for key in ("securityContext", "volumes", "automountServiceAccountToken"):
         assert pod[key] == gen_pod[key], key
     (fetch,), (gen_fetch,) = pod["initContainers"], gen_pod["initContainers"]
     for key in ("name", "resources", "volumeMounts", "securityContext"):

@@ -245,6 +245,7 @@ def serve_config(
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
         ],
         "securityContext": pod_security_context(run_as_user),  # Pod Security "restricted" admits it
+        "automountServiceAccountToken": False,  # serving never calls the Kubernetes API
     }
     if node_selector:
         pod["nodeSelector"] = dict(node_selector)
