@@ -226,6 +226,16 @@ class KubeOptions(Checked):
         return self.rollout_image if GPU_IMAGE_ROLE[stage] == "rollout" else self.train_image
 
 
+RETRY_BACKOFF_S = 60  # before the first retry; doubled before each next one
+
+
+def retry_window_s(timeout_s: int, retries: int) -> int:
+    """How long after a task's first start a retry may still begin (Argo's ``retryStrategy.backoff.maxDuration``,
+    counted from the first attempt's start, also caps each retry's deadline): every attempt's deadline plus the
+    backoffs between them, so a task that fails after hours of work is still retried."""
+    return (retries + 1) * timeout_s + sum(RETRY_BACKOFF_S * 2**i for i in range(retries))
+
+
 def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_name: str) -> dsl.PipelineTask:
     """Apply display name, caching, retries and (with ``opts``) the Kubernetes settings to one task."""
     task.set_display_name(display_name)
@@ -238,9 +248,15 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
     # what an earlier attempt published (stages.common.once), train resumes from the checkpoints it publishes
     # (PipelineConfig.checkpoint_every), register finds the version an earlier attempt registered, and promoting
     # a stage to the version it points at is a no-op.
+    timeout_s = opts.timeout_s.get(stage, DEFAULT_TIMEOUT_S[stage])
     if opts.retries:
-        task.set_retry(opts.retries, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="3600s")
-    kubernetes.set_timeout(task, opts.timeout_s.get(stage, DEFAULT_TIMEOUT_S[stage]))
+        task.set_retry(
+            opts.retries,
+            backoff_duration=f"{RETRY_BACKOFF_S}s",
+            backoff_factor=2.0,
+            backoff_max_duration=f"{retry_window_s(timeout_s, opts.retries)}s",
+        )
+    kubernetes.set_timeout(task, timeout_s)
     if stage in MODEL_CACHE_STAGES and opts.model_cache_size:
         # An emptyDir, not a generic ephemeral PVC: the images run as UID 10001, a fresh PVC's root is owned by
         # root, and KFP cannot set the pod's fsGroup; an emptyDir is writable by any user and goes with the pod.
@@ -256,8 +272,8 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
         task, run_as_user=opts.run_as_user, run_as_group=opts.run_as_user, run_as_non_root=True
     )
     cpu, memory = opts.cpu.get(stage, DEFAULT_CPU[stage]), opts.memory.get(stage, DEFAULT_MEMORY[stage])
-    # Limits = requests: an over-eager rollout batch is OOM-killed in its own pod, not evicting its neighbours; the
-    # pod is Guaranteed QoS (evicted last); a namespace whose policy requires limits admits it.
+    # Limits = requests: an over-eager rollout batch is OOM-killed in its own pod, not evicting its neighbours, and a
+    # namespace whose policy requires limits admits the task's container (--cpu raises a throttled task's share).
     task.set_cpu_request(cpu).set_cpu_limit(cpu)
     task.set_memory_request(memory).set_memory_limit(memory)
     gpus = opts.gpus_for(stage)

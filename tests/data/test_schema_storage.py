@@ -297,8 +297,8 @@ def _download(args: tuple[str, str]) -> bool:
 
 
 def test_the_processes_of_a_node_download_a_folder_once(tmp_path):
-    """Eight ranks on one node asking for the same base model at once: one copies it, the others find its copy;
-    a source without the marker is refused before anything is written."""
+    """Eight ranks on one node asking for the same base model at once: one copies it, the others find its copy,
+    and a killed copier's leftovers are removed; a source without the marker is refused with nothing written."""
     import multiprocessing
 
     from sdarflow.errors import ConfigError
@@ -308,11 +308,15 @@ def test_the_processes_of_a_node_download_a_folder_once(tmp_path):
     (source / "config.json").write_text("{}")
     (source / "sub" / "weights.bin").write_bytes(b"w" * 100_000)
     target = tmp_path / "cache" / "model"
+    (tmp_path / "cache" / ".model.partial-killed" / "sub").mkdir(parents=True)  # a copier killed mid-copy
     with multiprocessing.get_context("fork").Pool(8) as pool:
         copied = pool.map(_download, [(str(source), str(target))] * 8)
     assert sorted(copied) == [False] * 7 + [True]
     assert (target / "sub" / "weights.bin").read_bytes() == b"w" * 100_000
     assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # no partial copy left
+    (tmp_path / "half").mkdir()  # not a finished copy, and not ours to delete
+    with pytest.raises(ConfigError, match="'.*half' exists but holds no config.json .*; fix: remove it"):
+        storage.download_dir(str(source), tmp_path / "half", marker="config.json", what="model")
     (source / "config.json").unlink()
     with pytest.raises(
         ConfigError, match="model '.*source' has no config.json; fix: upload the whole folder"

@@ -196,7 +196,7 @@ def test_s3_credentials_only_through_the_secret(spec):
 
 
 def test_requests_retries_caching_and_root(spec):
-    pipeline, _, _ = spec
+    pipeline, platform, _ = spec
     tasks = dag_tasks(pipeline)
     for name, task in tasks.items():
         resources = executor(pipeline, task)["resources"]
@@ -210,7 +210,11 @@ def test_requests_retries_caching_and_root(spec):
     # every task is retried: each stage returns what an earlier attempt published, train resumes from its
     # checkpoints, register finds its own version
     for name in (*GPU, "prepare", "extract-skills", "register"):
-        assert tasks[name]["retryPolicy"]["maxRetryCount"] == 2, name
+        policy = tasks[name]["retryPolicy"]
+        assert policy["maxRetryCount"] == 2, name
+        # Argo counts the window from the first attempt's start: it must hold three attempts and the backoffs
+        deadline = int(k8s_executor(pipeline, platform, tasks[name])["activeDeadlineSeconds"])
+        assert int(policy["backoffMaxDuration"].removesuffix("s")) == 3 * deadline + 60 + 120, name
     assert pipeline["defaultPipelineRoot"] == "s3://kfp-artifacts/sdar"
 
 

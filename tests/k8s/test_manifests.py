@@ -197,9 +197,23 @@ def test_serving_matches_registry_serve_config(tmp_path, make_adapter, report):
     assert vllm["command"][:2] == ["sh", "-c"] and vllm["command"][2].startswith("exec ")
     script = vllm["command"][2].removeprefix("exec ").replace('"$(cat /adapters/max-lora-rank)"', "8")
     assert [a.replace("/production", f"/{version}") for a in shlex.split(script)] == gen_vllm["command"]
-    for key in ("name", "env", "ports", "resources", "readinessProbe", "securityContext", "volumeMounts"):
+    for key in (
+        "name",
+        "env",
+        "ports",
+        "resources",
+        "readinessProbe",
+        "lifecycle",
+        "securityContext",
+        "volumeMounts",
+    ):
         assert vllm[key] == gen_vllm[key], key
-    for key in ("securityContext", "volumes", "automountServiceAccountToken"):
+    for key in (
+        "securityContext",
+        "volumes",
+        "automountServiceAccountToken",
+        "terminationGracePeriodSeconds",
+    ):
         assert pod[key] == gen_pod[key], key
     (fetch,), (gen_fetch,) = pod["initContainers"], gen_pod["initContainers"]
     for key in ("name", "resources", "volumeMounts", "securityContext"):

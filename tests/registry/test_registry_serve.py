@@ -99,7 +99,9 @@ def test_scheduling_options(reg):
     pod = deployment["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "gpu"} and pod["tolerations"] == [toleration]
     assert pod["priorityClassName"] == "sdarflow-serving" and pod["imagePullSecrets"] == [{"name": "regcred"}]
-    plain = serve_config(reg, BASE)["kubernetes"][0]["spec"]["template"]["spec"]
+    plain = serve_config(reg, BASE, model_storage="200Gi")["kubernetes"][0]["spec"]["template"]["spec"]
+    assert plain["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "200Gi"
+    assert {"name": "models", "emptyDir": {"sizeLimit": "200Gi"}} in plain["volumes"]
     assert not {"nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"} & set(plain)
 
 
@@ -135,10 +137,15 @@ def test_serving_files_copy_the_base_and_check_each_adapter(served, tiny_model, 
     assert base_fingerprint(str(pod / "models/base")) == base_fingerprint(str(tiny_model))
     assert (pod / "adapters/agent/production/adapter_model.safetensors").is_file()
     assert (pod / "adapters/max-lora-rank").read_text() == "8\n"
-    # an init container's retry: the finished copy is kept, the adapter replaced
-    assert serving_files(
-        served, base, [("agent", "1")], model_dir=pod / "models/base", adapter_root=pod / "adapters"
-    )[0]["path"] == str(pod / "adapters/agent/1")
+    # an init container's retry (the pod's emptyDirs kept): the finished base copy is kept, the adapter replaced
+    weights = next((pod / "models/base").glob("*.safetensors"))
+    copied_at = weights.stat().st_mtime_ns
+    (pod / "adapters/agent/production/adapter_config.json").write_text("{}")  # a half-written earlier fetch
+    again = serving_files(
+        served, base, [("agent", "production")], model_dir=pod / "models/base", adapter_root=pod / "adapters"
+    )
+    assert again == out and weights.stat().st_mtime_ns == copied_at
+    assert json.loads((pod / "adapters/agent/production/adapter_config.json").read_text())["r"] == 8
 
 
 def test_an_adapter_trained_on_another_base_is_not_served(
@@ -159,8 +166,10 @@ def test_an_adapter_trained_on_another_base_is_not_served(
     root = tmp_path / "adapters"
     with pytest.raises(
         ModelError, match="agent v2 cannot be served on base model .*trained on a different base"
-    ):
+    ) as err:
         serving_files(served, str(tiny_model), [("agent", "production")], adapter_root=root)
+    assert f"'{root / 'agent' / 'production'}'" in str(err.value) and ".staging" not in str(err.value)
+    assert f"registry show --registry {served.uri} --policy-name agent --version 2" in str(err.value)
     assert not (root / "agent" / "production").exists() and not (root / "max-lora-rank").exists()
 
 

@@ -358,3 +358,22 @@ def test_production_evaluated_again_must_be_productions_adapter(local_registry, 
     again = bound(tasks([1] * 10, flat), make_adapter(seed=1))
     with pytest.raises(ConfigError, match="the report of agent v1 evaluated again evaluated another adapter"):
         reg.promote("agent", 2, current_report=(1, again))
+
+
+def test_a_retried_register_task_finds_its_own_version(local_registry, make_adapter, report, lineage):
+    """The register stage's retry check: the same lineage and adapter content is the version an earlier attempt
+    published; the same lineage with other weights (an adapter retrained in place) or another lineage is not."""
+    from sdarflow import storage
+    from sdarflow.stages.register import _registered_before
+
+    def manifest(folder):
+        return {"files": [{"path": p.name, "sha256": storage.file_sha256(p)} for p in folder.iterdir()]}
+
+    reg = Registry(local_registry)
+    adapter, other = make_adapter(seed=1), make_adapter(seed=2)
+    assert _registered_before(reg, "agent", dict(lineage), manifest(adapter)) is None  # none yet
+    reg.register("agent", *with_report(adapter, report(0.5, 0.7, 0.4)), lineage)
+    reg.register("agent", *with_report(other, report(0.5, 0.7, 0.4)), {**lineage, "round": 9})
+    assert _registered_before(reg, "agent", dict(lineage), manifest(adapter)) == 1
+    assert _registered_before(reg, "agent", dict(lineage), manifest(other)) is None
+    assert _registered_before(reg, "agent", {**lineage, "round": 8}, manifest(adapter)) is None

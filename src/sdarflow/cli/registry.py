@@ -175,6 +175,7 @@ def cmd_serve_config(args: argparse.Namespace) -> int:
         tolerations=[Toleration.parse(t).as_dict() for t in args.toleration],
         priority_class=args.priority_class,
         image_pull_secrets=args.image_pull_secret,
+        model_storage=args.model_storage,
     )
     if not args.out:
         emit(config, as_json=args.json)
@@ -328,7 +329,7 @@ def _add_fetch(p: argparse.ArgumentParser) -> None:
 
 
 def _add_serve_config(p: argparse.ArgumentParser) -> None:
-    from sdarflow.registry.serve import DEFAULT_IMAGE, SERVING_SECRET
+    from sdarflow.registry.serve import DEFAULT_IMAGE, MODEL_STORAGE, SERVING_SECRET
 
     _common(p, name=False)
     p.add_argument(
@@ -352,6 +353,11 @@ def _add_serve_config(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]", help="[repeatable]"
+    )
+    p.add_argument(
+        "--model-storage",
+        default=MODEL_STORAGE,
+        help=f"the pod's disk for the base model's copy (default {MODEL_STORAGE}; a base model's size and more)",
     )
     p.add_argument(
         "--priority-class", help="PriorityClass of the serving pods (k8s/overlays/gpu: sdarflow-serving)"

@@ -49,6 +49,9 @@ SERVING_ENV = [
 ]
 # A new pod downloads the base model and loads it before it is ready: a rollout waits this long for it.
 PROGRESS_DEADLINE_S = 1800
+# A stopping pod keeps serving while the Service stops sending it requests (endpoints update in seconds), then has
+# the rest of the grace period to finish the requests it holds.
+DRAIN_S, GRACE_S = 10, 120
 
 
 def production_adapters(registry: Registry, name: str | None, adapter_root: str) -> list[dict[str, Any]]:
@@ -119,10 +122,11 @@ def serving_files(
             try:
                 intake.checked_base(staged, config, base)
             except (ModelError, ConfigError) as err:
+                why = str(err).split("; fix:")[0].replace(str(staged), str(out))
                 raise ModelError(
-                    f"{name} v{version} cannot be served on base model '{base_model}': "
-                    f"{str(err).split('; fix:')[0]}; fix: serve the base model it was trained on "
-                    f"(`sdarflow registry show --policy-name {name} --version {version}` names it)"
+                    f"{name} v{version} cannot be served on base model '{base_model}': {why}; fix: serve the base "
+                    f"model it was trained on (`sdarflow registry show --registry {registry.uri} --policy-name "
+                    f"{name} --version {version}` names it)"
                 ) from err
             rank = lora_rank(config)
             if rank is None:
@@ -236,8 +240,10 @@ def serve_config(
                     "initialDelaySeconds": 30,
                     "periodSeconds": 10,
                 },
+                "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_S)]}}},
             }
         ],
+        "terminationGracePeriodSeconds": GRACE_S,
         "volumes": [
             {"name": "adapters", "emptyDir": {}},
             {"name": "models", "emptyDir": {"sizeLimit": model_storage}},

@@ -71,15 +71,19 @@ Config = RegisterConfig  # the stage's exports are Config and run (sdarflow.stag
 RETRY_LOOKBACK = 32
 
 
-def _registered_before(registry: Registry, name: str, lineage: dict) -> int | None:
+def _registered_before(registry: Registry, name: str, lineage: dict, adapter_manifest: dict) -> int | None:
     """The version an earlier attempt of this very registration published (its pod died after publishing, and KFP
-    retried the task): the same lineage, so the same run, round, adapter, eval report and data. None if none."""
-    if name not in registry.list_names():
-        return None
+    retried the task): the same lineage (run, round, adapter URI, eval report, data) and the same adapter content
+    (by the manifests' sha256 digests: an adapter retrained in place is a new registration). None if none."""
+    from sdarflow.models.identity import adapter_id
+
     recorded = json.loads(json.dumps(lineage, default=str))  # as the registry stores it
+    content = adapter_id({f["path"]: f["sha256"] for f in adapter_manifest["files"]})
     for version in reversed(registry.versions(name)[-RETRY_LOOKBACK:]):
         if registry.lineage(name, version) == recorded:
-            return version
+            files = {f["path"]: f["sha256"] for f in registry.show(name, version)["files"]}
+            if adapter_id(files) == content:
+                return version
     return None
 
 
@@ -108,7 +112,7 @@ def run(cfg: RegisterConfig) -> dict:
         "request": cfg.request or None,
     }
     registry = Registry(cfg.registry)
-    version = _registered_before(registry, cfg.name, lineage)
+    version = _registered_before(registry, cfg.name, lineage, adapter_manifest)
     if version is not None:
         log.info(
             "register: %s v%d already holds this registration (a retry); nothing to do", cfg.name, version

@@ -569,8 +569,8 @@ def download_dir(uri: str, target: Path, *, marker: str, what: str) -> bool:
     """Copy the folder at ``uri`` (an unpublished one, e.g. an HF model folder) to the local ``target`` once;
     whether this call copied it. A ``target`` holding ``marker`` is a finished copy and is kept. The processes of
     one node (a TrainJob's ranks) take turns on a lock beside ``target``, so one copies and the others find its
-    copy; a copy is made in a sibling temp folder and renamed, so a process killed mid-download never leaves a half
-    folder behind."""
+    copy. A copy goes to a sibling temp folder renamed into place when complete; a copier killed mid-copy leaves
+    its temp folder, which the next one removes before copying."""
     import fcntl
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -578,12 +578,18 @@ def download_dir(uri: str, target: Path, *, marker: str, what: str) -> bool:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / marker).is_file():
             return False
+        if target.exists():
+            raise ConfigError(
+                f"{what}: '{target}' exists but holds no {marker} (not a finished copy); fix: remove it"
+            )
+        for stale in target.parent.glob(f".{target.name}.partial-*"):  # a killed copier's, under our lock
+            shutil.rmtree(stale, ignore_errors=True)
         loc = resolve(uri)
-        if loc.fs.get_file_info(join(loc.path, marker)).type == pafs.FileType.NotFound:
-            raise ConfigError(f"{what} '{uri}' has no {marker}; fix: upload the whole folder there")
-        partial = Path(tempfile.mkdtemp(prefix="partial-", dir=target.parent))
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
         try:
             with reachable(loc, "read"):
+                if loc.fs.get_file_info(join(loc.path, marker)).type == pafs.FileType.NotFound:
+                    raise ConfigError(f"{what} '{uri}' has no {marker}; fix: upload the whole folder there")
                 pafs.copy_files(
                     loc.path,
                     str(partial),
