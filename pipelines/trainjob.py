@@ -123,7 +123,7 @@ def trainjob_manifest(
     limits: dict[str, Any] = {
         "cpu": cpu,
         "memory": memory,
-    }  # = requests: Guaranteed QoS, admitted where limits are required
+    }  # = requests: admitted where limits are required
     if gpus_per_node:
         limits[gpu_resource] = gpus_per_node
     trainer: dict[str, Any] = {

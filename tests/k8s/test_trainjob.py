@@ -116,7 +116,7 @@ def test_manifest_structure_and_core_schemas():
         "key": "AWS_SECRET_ACCESS_KEY",
     }
     assert all("value" not in e for e in trainer["env"] if e["name"].startswith("AWS_"))
-    # limits = requests (Guaranteed QoS); NCCL's /dev/shm and the base model's copy on emptyDirs, each node once
+    # limits = requests; NCCL's /dev/shm and the base model's copy on emptyDirs, each node once
     assert trainer["resourcesPerNode"]["limits"]["cpu"] == trainer["resourcesPerNode"]["requests"]["cpu"]
     pod = as_pod(manifest)["spec"]
     volumes = {v["name"]: v["emptyDir"] for v in pod["volumes"]}
