@@ -54,6 +54,11 @@ PROGRESS_DEADLINE_S = 1800
 DRAIN_S, GRACE_S = 10, 120
 
 
+def adapter_path(root: str | Path, name: str, version: int | str) -> str:
+    """Where a serving pod keeps ``name``'s ``version`` (a number, or the alias the pod resolves at start)."""
+    return f"{str(root).rstrip('/')}/{name}/{version}"
+
+
 def production_adapters(registry: Registry, name: str | None, adapter_root: str) -> list[dict[str, Any]]:
     """name, version, registry URI, mount path and LoRA rank of each production adapter (or of ``name``'s)."""
     names = [validate_name(name)] if name else registry.list_names()
@@ -73,7 +78,7 @@ def production_adapters(registry: Registry, name: str | None, adapter_root: str)
                 f"{n} v{version} has no LoRA rank ('r') in adapter_config.json; vLLM serves LoRA adapters only; "
                 f"fix: register a LoRA adapter"
             )
-        path = f"{adapter_root.rstrip('/')}/{n}/{version}"
+        path = adapter_path(adapter_root, n, version)
         adapters.append(
             {"name": n, "version": version, "uri": info["uri"], "path": path, "lora_rank": info["lora_rank"]}
         )
@@ -115,7 +120,7 @@ def serving_files(
         base = str(model_dir)
     served = []
     for name, spec, version in resolved:
-        out = Path(adapter_root) / name / spec
+        out = Path(adapter_path(adapter_root, name, spec))
         with storage.replacing_folder(out, LINEAGE, "registry serve-fetch") as staged:
             registry.fetch_adapter(name, version, dest=staged)
             config = json.loads((staged / "adapter_config.json").read_text())  # register checked it
