@@ -26,6 +26,7 @@ from sdarflow.train.trainer import (
     accumulate,
     micro_step,
     train,
+    window_kl,
 )
 
 
@@ -375,6 +376,45 @@ def test_target_kl_stops_before_the_step_that_measures_a_kl_above_it(tiny_model,
     assert state.kl_stop["step"] == 2 and state.kl_stop["approx_kl"] > target_kl
     _, one_step = run(TrainLoop(method="grpo", mini_batches=1, max_steps=1, kl_coef=0.0))
     assert all(torch.equal(weights[n], one_step[n]) for n in weights)
+
+
+def test_window_kl_is_the_mean_over_this_and_the_last_applied_rl_steps():
+    """Hand-computed: the applied RL steps' KLs are 0.1, 0.5, 0.2 (the SFT step and the skipped step are not
+    RL steps that moved the policy); this step measures 0.3."""
+    history = [
+        {"kind": "rl", "skipped": False, "actor/approx_kl": 0.1},
+        {"kind": "sft", "skipped": False, "actor/approx_kl": None},
+        {"kind": "rl", "skipped": False, "actor/approx_kl": 0.5},
+        {"kind": "rl", "skipped": True, "actor/approx_kl": math.nan},
+        {"kind": "rl", "skipped": False, "actor/approx_kl": 0.2},
+    ]
+    assert window_kl(history, 0.3, 1) == pytest.approx(0.3)
+    assert window_kl(history, 0.3, 3) == pytest.approx((0.5 + 0.2 + 0.3) / 3)
+    assert window_kl(history, 0.3, 10) == pytest.approx((0.1 + 0.5 + 0.2 + 0.3) / 4)
+    assert window_kl([], 0.3, 8) == pytest.approx(0.3)
+
+
+def test_target_kl_window_lets_one_high_mini_batch_through_when_the_mean_is_below(tiny_model):
+    """The step a per-mini-batch target stops before (KL k2 after one on-policy step at KL 0) is applied under a
+    target of 0.75 k2 with a window of 2 (mean k2 / 2); if that run stops later, the KL it records is above the
+    target."""
+    model, pad = lora_model(tiny_model)
+    samples = make_samples(_on_policy(model, rescored_rows(), pad))
+
+    def run(hp):
+        model, _ = lora_model(tiny_model)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+        return train(TorchEngine(model, opt, 1.0), TrainData(samples, [], pad), hp, WarmupConstant(0.05))
+
+    base = dict(method="grpo", mini_batches=1, epochs=4, kl_coef=0.0)
+    alone = run(TrainLoop(**base, target_kl=1e-4))
+    k2 = alone.kl_stop["approx_kl"]
+    assert alone.step == 1 and k2 > 1e-4
+    windowed = run(TrainLoop(**base, target_kl=0.75 * k2, target_kl_window=2))
+    assert windowed.step >= 2
+    assert windowed.history[1]["actor/approx_kl"] == pytest.approx(k2, rel=1e-4)
+    if windowed.kl_stop:
+        assert windowed.kl_stop["approx_kl"] > 0.75 * k2
 
 
 def test_grpo_overfits_a_fixed_set_round_after_round(tiny_model):

@@ -91,6 +91,13 @@ class TrainLoop(Objective):
         "Stable-Baselines3; SFT steps are not checked; 0 = off, every step runs (the SDAR reference)",
         ge=0,
     )
+    target_kl_window: int = opt(
+        1,
+        "RL steps whose approx_kl --target-kl compares as a mean: this step's and those of the steps before it "
+        "in the run; 1 = each mini-batch alone (Stable-Baselines3's rule); --mini-batches (one pass over the "
+        "round's rows) keeps one small mini-batch's noisy estimate from ending the round",
+        ge=1,
+    )
     max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
     seed: int = opt(0, "seed for init and shuffling", ge=0, le=MAX_SEED)
     save_every: int = opt(50, "optimizer steps between checkpoints (with --checkpoint-dir)", ge=1)
@@ -139,9 +146,9 @@ def train(
         if record is None:  # the policy left the trust region: the rest of the round's data is stale
             kl = state.kl_stop["approx_kl"]
             log.info(
-                "train: stopped before step %d of %d: KL %.4g to the rollout policy > --target-kl %g (that step "
-                "was not applied)",
-                state.step + 1, total, kl, cfg.target_kl,
+                "train: stopped before step %d of %d: KL %.4g to the rollout policy (mean of up to %d RL steps) > "
+                "--target-kl %g (that step was not applied)",
+                state.step + 1, total, kl, cfg.target_kl_window, cfg.target_kl,
             )  # fmt: skip
             break
         state.step += 1
@@ -221,10 +228,12 @@ def _one_step(
         loss_fn = partial(sft_micro_step, engine.forward_model, pad_id=data.pad_id, device=engine.device)
     agg = cfg.agg if kind == "rl" else "token-mean"
     metrics, tokens = accumulate(engine, [rows[i] for i in idx], loss_fn, agg, cfg.micro_batch_tokens)
-    if kind == "rl" and cfg.target_kl > 0 and metrics["actor/approx_kl"] > cfg.target_kl:
-        engine.zero_grad()
-        state.kl_stop = {"step": state.step + 1, "approx_kl": metrics["actor/approx_kl"]}
-        return None
+    if kind == "rl" and cfg.target_kl > 0:
+        kl = window_kl(state.history, metrics["actor/approx_kl"], cfg.target_kl_window)
+        if kl > cfg.target_kl:
+            engine.zero_grad()
+            state.kl_stop = {"step": state.step + 1, "approx_kl": kl}
+            return None
     result = engine.step(lr)
     dt = time.perf_counter() - t0
     finite = result.applied and all(math.isfinite(v) for v in metrics.values())
@@ -243,6 +252,14 @@ def _one_step(
         "tokens_per_s": tokens / dt,
         "seconds": dt,
     }
+
+
+def window_kl(history: list[dict], kl: float, window: int) -> float:
+    """The mean of ``kl`` (this RL step's ``actor/approx_kl``) and the finite ones of the last ``window - 1``
+    applied RL steps in ``history`` (fewer at the run's start)."""
+    earlier = [r["actor/approx_kl"] for r in history if r["kind"] == "rl" and not r["skipped"]]
+    kls = [*(earlier[-(window - 1) :] if window > 1 else []), kl]
+    return sum(kls) / len(kls)
 
 
 def extra_sft_step(
