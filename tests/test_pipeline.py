@@ -468,7 +468,7 @@ def test_the_base_evaluation_is_keyed_by_the_base_weights_and_the_settings(tiny_
 
 def test_pipeline_config_checks(tmp_path):
     from sdarflow.errors import ConfigError
-    from sdarflow.pipeline_config import stage_config
+    from sdarflow.pipeline_config import prepare, stage_config
 
     with pytest.raises(ConfigError, match=r"tasks \(2\) must be >= shards \(4\)"):
         make_config(tmp_path, tasks=2, shards=4)
@@ -478,6 +478,8 @@ def test_pipeline_config_checks(tmp_path):
         make_config(tmp_path, gate={"min_gian": 0.1})
     with pytest.raises(ConfigError, match="promote_to"):
         make_config(tmp_path, promote_to="prod")
+    with pytest.raises(ConfigError, match="lora_rank 0 trains the whole model.*fix: lora_rank 8-64"):
+        prepare(make_config(tmp_path, lora_rank=0))  # before any round: register would refuse a model
     # production is promoted by the gated promote task, never by register
     pc = make_config(tmp_path, run_id="r", promote_to="production", registry="reg")
     assert stage_config(pc, "register", 0, adapter="a", eval_report="e").promote_to == ""

@@ -86,6 +86,24 @@ def test_unknown_engine(tiny_model, tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_whole_model_where_the_adapter_goes_must_be_a_fine_tune_of_the_base(
+    engine, tiny_model, tmp_path, capsys
+) -> None:
+    """A full fine-tune stands where an adapter goes only with its base's fingerprint: a model folder recording
+    none, or another base's, is refused before anything is played."""
+    model = tmp_path / "whole"
+    shutil.copytree(tiny_model, model)
+    argv = generate(
+        tiny_model, tmp_path / "o", "--env", "tool-use", "--engine", engine, "--adapter", str(model),
+        "--allow-unpublished",
+    )  # fmt: skip
+    fails(capsys, argv, "records no base model", "fix: pass a model the train stage fine-tuned from it")
+    (model / BASE_FILE).write_text(json.dumps({"fingerprint": "0123456789abcdef"}))
+    fails(capsys, argv, "full fine-tune '", "was trained on a different base model")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_adapter_for_another_base_model(engine, tiny_model, lora_adapter, tmp_path, capsys) -> None:
     adapter = tmp_path / "adapter"
     shutil.copytree(lora_adapter, adapter)

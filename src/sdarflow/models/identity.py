@@ -37,13 +37,17 @@ def adapter_id(sha256s: Mapping[str, str]) -> str:
 
 
 def adapter_folder_id(folder: str | Path) -> str:
-    """:func:`adapter_id` of a local adapter folder, its files hashed in full."""
+    """:func:`adapter_id` of a local adapter folder, its files hashed in full; of a full fine-tune in an adapter's
+    place (:func:`is_full_fine_tune`), the same over its config and weights."""
     from sdarflow import storage
 
     root = Path(folder)
-    return adapter_id(
-        {n: storage.file_sha256(root / n) for n in adapter_files(p.name for p in root.iterdir())}
-    )
+    names = [p.name for p in root.iterdir()]
+    if is_full_fine_tune(str(root)):
+        weights = sorted(n for n in names if n == "config.json" or n.endswith(".safetensors"))
+        lines = "".join(f"{n}:{storage.file_sha256(root / n)}\n" for n in weights)
+        return hashlib.sha256(lines.encode()).hexdigest()
+    return adapter_id({n: storage.file_sha256(root / n) for n in adapter_files(names)})
 
 
 def check_model_dir(path: str) -> Path:
@@ -220,29 +224,48 @@ def check_adapter(adapter: str, base_path: str) -> dict:
         raise ModelError(
             f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
         ) from err
-    base_file = Path(adapter) / BASE_FILE
+    check_trained_on(adapter, base_path)
+    return config
+
+
+def is_full_fine_tune(folder: str) -> bool:
+    """Whether ``folder``, given where an adapter goes, is a whole model (an HF model folder, not a PEFT one): what
+    train publishes with ``--lora-rank 0``, which :func:`check_trained_on` ties to its base."""
+    path = Path(folder)
+    return not (path / "adapter_config.json").is_file() and (path / "config.json").is_file()
+
+
+def check_trained_on(folder: str, base_path: str, what: str = "adapter") -> None:
+    """ModelError unless the ``what`` (adapter or full fine-tune) ``folder`` records ``base_path``'s fingerprint
+    in ``BASE_FILE``; only an adapter from before fingerprints were recorded may lack it."""
+    base_file = Path(folder) / BASE_FILE
     try:
         recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
         raise ModelError(
-            f"adapter '{adapter}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
-            f"adapter with the train stage"
+            f"{what} '{folder}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
+            f"{what} with the train stage"
         ) from err
     if not recorded:
-        return config
+        if what != "adapter":
+            raise ModelError(
+                f"{what} '{folder}' records no base model ({BASE_FILE}), so it cannot stand where an adapter of "
+                f"'{base_path}' goes; fix: pass a model the train stage fine-tuned from it (--lora-rank 0)"
+            )
+        return
     ids = base_ids(base_path, recorded)
     if recorded not in ids:
         raise ModelError(
-            f"adapter '{adapter}' was trained on a different base model than '{base_path}' "
+            f"{what} '{folder}' was trained on a different base model than '{base_path}' "
             f"(fingerprint {recorded} != {ids[0]}); fix: pass the matching --model"
         )
     if recorded != ids[0]:
         log.warning(
-            "adapter %s records its base model by an older fingerprint (sampled weights or the config alone), "
+            "%s %s records its base model by an older fingerprint (sampled weights or the config alone), "
             "blind to some weight changes; retrain it to pin every weight byte",
-            adapter,
+            what,
+            folder,
         )
-    return config
 
 
 # The values vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks); a rank is rounded up to one.

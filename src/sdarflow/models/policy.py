@@ -1,4 +1,5 @@
-"""Load a policy (any HF causal-LM folder) with an optional PEFT LoRA adapter, and attach new LoRA adapters."""
+"""Load a policy (any HF causal-LM folder) with an optional PEFT LoRA adapter or a full fine-tune of it in the
+adapter's place, and attach new LoRA adapters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from safetensors import SafetensorError
 
 from sdarflow.errors import ModelError
-from sdarflow.models.identity import check_adapter, check_model_dir
+from sdarflow.models.identity import check_adapter, check_model_dir, check_trained_on, is_full_fine_tune
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,16 @@ class Policy:
     tokenizer: object
     eos_id: int
     path: str
+
+
+def policy_folders(base: str, adapter: str | None) -> tuple[str, str | None]:
+    """(weights folder, LoRA adapter folder or None) of the policy "``base`` with ``adapter``": a full fine-tune of
+    ``base`` where the adapter goes (what train publishes with ``--lora-rank 0``, so a round continues the last) is
+    the weights itself, once it is checked to descend from ``base``."""
+    if adapter and is_full_fine_tune(adapter):
+        check_trained_on(adapter, base, "full fine-tune")
+        return adapter, None
+    return base, adapter
 
 
 def load_tokenizer(path: str):
@@ -41,15 +52,17 @@ def load_policy(
     flash_attention: bool = True,
 ) -> Policy:
     """The HF model folder ``path`` on ``device`` (on a GPU straight from the files, no copy in host memory), with
-    the local PEFT ``adapter`` if given (its LoRA weights trainable when ``trainable``). Weights are ``dtype``,
-    else float32 when ``trainable``, else ``inference_dtype``. ``flash_attention``: flash-attention 2 for
-    half-precision weights on a GPU with flash-attn; packed batches need it off (its packed path takes one row)."""
+    the local PEFT ``adapter`` if given (its LoRA weights trainable when ``trainable``), or the full fine-tune of
+    ``path`` given there (``policy_folders``). Weights are ``dtype``, else float32 when ``trainable``, else
+    ``inference_dtype``. ``flash_attention``: flash-attention 2 for half-precision weights on a GPU with
+    flash-attn; packed batches need it off (its packed path takes one row)."""
     from transformers import AutoModelForCausalLM
 
     from sdarflow.models.device import inference_dtype, pin_malloc_mmap_threshold, resolve_device
 
     pin_malloc_mmap_threshold()  # before any activation is allocated
 
+    path, adapter = policy_folders(path, adapter)
     tokenizer = load_tokenizer(path)  # refuses a folder that is not an HF model
     place = resolve_device(device)
     dtype = dtype or (torch.float32 if trainable else inference_dtype(place))

@@ -58,7 +58,11 @@ class VLLMEngine:
 
     def __init__(self, model: str, adapter: str | None = None, options: VLLMOptions | None = None) -> None:
         from sdarflow.models import load_tokenizer
+        from sdarflow.models.policy import policy_folders
 
+        model, adapter = policy_folders(
+            model, adapter
+        )  # a full fine-tune where the adapter goes is the model
         self.model_path, self.adapter = model, adapter
         self.options = options or VLLMOptions()
         self.tokenizer = load_tokenizer(model)  # also checks the folder

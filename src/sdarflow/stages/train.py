@@ -181,25 +181,32 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
 Config = TrainConfig  # the stage's exports are Config and run (sdarflow.stages)
 
 
-def weights_placement(cfg: TrainConfig) -> tuple[torch.device, torch.dtype]:
+def weights_placement(cfg: TrainConfig, full: bool) -> tuple[torch.device, torch.dtype]:
     """Where and as what the model loads: on this rank's GPU (``LOCAL_RANK``) when there is one, else the CPU;
-    ``--precision`` there, except that ``auto`` keeps float32 for a full fine-tune with the torch engine (AdamW
-    on bf16 weights loses updates smaller than their rounding). Eight ranks of a 7B model so hold 14 GB each on
-    their GPUs, not 28 GB each in host memory."""
+    ``--precision`` there, except that ``auto`` keeps float32 for a ``full`` fine-tune with the torch engine
+    (AdamW on bf16 weights loses updates smaller than their rounding). Eight ranks of a 7B model so hold 14 GB
+    each on their GPUs, not 28 GB each in host memory."""
     place = resolve_device("auto")
-    full_torch = cfg.engine == "torch" and cfg.lora_rank == 0 and not cfg.adapter
+    full_torch = cfg.engine == "torch" and full
     precision = "fp32" if cfg.precision == "auto" and full_torch else cfg.precision
     return place, weights_dtype(precision, place)
 
 
 def build_model(cfg: TrainConfig):
     """(policy, trainable model, the round's research options): the base with the given adapter, a new LoRA, or
-    all weights (rank 0)."""
+    all weights (rank 0; a full fine-tune given as the adapter continues as one)."""
     from sdarflow.models import load_policy
+    from sdarflow.models.identity import is_full_fine_tune
     from sdarflow.models.policy import new_lora
 
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
-    place, dtype = weights_placement(cfg)
+    continued = bool(adapter) and is_full_fine_tune(adapter)
+    if continued and cfg.lora_rank > 0:
+        raise ConfigError(
+            f"train: --adapter {cfg.adapter} is a full fine-tune (trained with --lora-rank 0), which continues as "
+            f"one; fix: pass --lora-rank 0, or start a LoRA from the base model without --adapter"
+        )
+    place, dtype = weights_placement(cfg, full=continued or (cfg.lora_rank == 0 and not adapter))
     policy = load_policy(cfg.model, adapter, trainable=True, device=str(place), dtype=dtype)
     model = policy.model
     if not cfg.adapter and cfg.lora_rank > 0:

@@ -224,15 +224,17 @@ def publish_run(
 ) -> None:
     """Publish the trained ``model`` (``masters``: full-precision weights that replace its bf16 copies) from the
     staging folder ``out`` to ``cfg.output``, with ``record`` as train_summary.json and reports of ``history``."""
+    from peft import PeftModel
+
     from sdarflow.models.identity import BASE_FILE, base_fingerprint
 
-    full = cfg.lora_rank == 0 and not cfg.adapter
+    full = not isinstance(model, PeftModel)
     # PEFT keeps only the adapter's keys of the state dict it is given; the masters replace bf16 module copies.
     model.save_pretrained(out, state_dict={**model.state_dict(), **masters} if masters else None)
     if full:
         policy.tokenizer.save_pretrained(out)  # a full model folder is usable as --model on its own
-    else:
-        (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(cfg.model)}))
+    # a full fine-tune records its base too, so the next round can continue it where an adapter goes
+    (out / BASE_FILE).write_text(json.dumps({"fingerprint": base_fingerprint(cfg.model)}))
     (out / "train_summary.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     label = "sft warm start" if cfg.mode == "sft" else cfg.method
     write_reports(out, history, summary, f"train: {label}, {len(history)} steps")
