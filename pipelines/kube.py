@@ -108,18 +108,32 @@ PRESET_RESOURCES: dict[str, dict] = {
     },
 }
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 
-def queue_label(queue: str) -> dict[str, str]:
-    """The label Kueue admits a workload by (its LocalQueue), so the namespace's quotas and priority classes apply
-    to the run's pods; {} without a queue. ConfigError for a name that is not a label value."""
-    if queue and not _LABEL_VALUE.fullmatch(queue):
+def kueue_labels(queue: str, priority: str = "") -> dict[str, str]:
+    """The labels Kueue admits a workload by: its LocalQueue (so the namespace's quotas apply to the run's pods)
+    and, with one, its WorkloadPriorityClass (which of the queue's workloads is admitted first and which are
+    preempted for it); {} without a queue. ConfigError for a name that is not a label value, or a priority
+    without a queue (only Kueue reads that label)."""
+    for flag, value, example in (
+        ("--queue", queue, "the LocalQueue's"),
+        ("--priority", priority, "the class's"),
+    ):
+        if value and not _LABEL_VALUE.fullmatch(value):
+            raise ConfigError(
+                f"{flag} {value!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
+                f"starting and ending with a letter or digit); fix: {example} name, e.g. team-a"
+            )
+    if priority and not queue:
         raise ConfigError(
-            f"--queue {queue!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
-            f"starting and ending with a letter or digit); fix: the LocalQueue's name, e.g. team-a"
+            f"--priority {priority!r} is a Kueue WorkloadPriorityClass, which only a workload in a Kueue queue "
+            f"has; fix: pass --queue with the LocalQueue too"
         )
-    return {KUEUE_LABEL: queue} if queue else {}
+    if not queue:
+        return {}
+    return {KUEUE_LABEL: queue, **({KUEUE_PRIORITY_LABEL: priority} if priority else {})}
 
 
 _SECRET_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
@@ -194,6 +208,9 @@ class KubeOptions(Checked):
     model_cache_size: str = opt("200Gi", "the ephemeral volume holding the base model; '' = none")
     pipeline_root: str = opt("", "where KFP keeps the run's artifacts; '' = the deployment's default")
     queue: str = opt("", "a Kueue LocalQueue: every pod gets the kueue.x-k8s.io/queue-name label; '' = none")
+    priority: str = opt(
+        "", "a Kueue WorkloadPriorityClass (with a queue): the kueue.x-k8s.io/priority-class label; '' = none"
+    )
     image_pull_secrets: list[str] = opt(
         [], "docker-registry Secrets every pod pulls its image with (a private registry); [] = none"
     )
@@ -206,7 +223,7 @@ class KubeOptions(Checked):
     )
 
     def validate(self) -> None:
-        queue_label(self.queue)  # a bad name fails now
+        kueue_labels(self.queue, self.priority)  # a bad name fails now
         pull_secrets(self.image_pull_secrets)
 
     @classmethod
@@ -286,7 +303,7 @@ def wire(task: dsl.PipelineTask, stage: str, opts: KubeOptions | None, display_n
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         for tol in opts.tolerations:
             kubernetes.add_toleration(task, **tol.as_dict())
-    for key, value in queue_label(opts.queue).items():
+    for key, value in kueue_labels(opts.queue, opts.priority).items():
         kubernetes.add_pod_label(task, key, value)
     if opts.image_pull_secrets:
         kubernetes.set_image_pull_secrets(task, list(opts.image_pull_secrets))

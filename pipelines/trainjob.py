@@ -25,8 +25,8 @@ from pipelines.kube import (
     S3_OPTIONAL_KEYS,
     KubeOptions,
     Toleration,
+    kueue_labels,
     pull_secrets,
-    queue_label,
 )
 from sdarflow.config import StageConfig
 from sdarflow.defaults import RUN_AS_UID, S3_SECRET, container_security_context, pod_security_context
@@ -83,6 +83,7 @@ def trainjob_manifest(
     node_selector: dict[str, str] | None = None,
     tolerations: list[Toleration] | None = None,
     queue: str = "",
+    priority: str = "",
     image_pull_secrets: list[str] | None = None,
     run_as_user: int | None = RUN_AS_UID,
     shm_size: str = KubeOptions.shm_size,
@@ -104,7 +105,7 @@ def trainjob_manifest(
         "labels": {
             "app.kubernetes.io/part-of": "sdarflow",
             "sdarflow.io/stage": "train",
-            **queue_label(queue),
+            **kueue_labels(queue, priority),
         },
         "annotations": {"sdarflow.io/config-hash": cfg.config_hash()},
     }

@@ -687,12 +687,17 @@ def test_compile_pins_the_images_make_images_built(tmp_path, monkeypatch, caplog
 
 
 def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path, capsys):
-    """--queue puts every pod in a Kueue LocalQueue (so the namespace's quotas and priority classes apply);
-    --parallelism caps how many study cells run at once; a queue that is not a label value is one line."""
-    pipeline, platform, _ = compile_spec(tmp_path, "--rounds", "1", "--queue", "team-a")
+    """--queue puts every pod in a Kueue LocalQueue (so the namespace's quotas and priority classes apply) and
+    --priority gives them a WorkloadPriorityClass; --parallelism caps how many study cells run at once; a queue or
+    priority that is not a label value, or a priority without a queue, is one line."""
+    pipeline, platform, _ = compile_spec(
+        tmp_path, "--rounds", "1", "--queue", "team-a", "--priority", "batch"
+    )
     for name, task in dag_tasks(pipeline).items():
         labels = k8s_executor(pipeline, platform, task).get("podMetadata", {}).get("labels", {})
-        assert labels == {"kueue.x-k8s.io/queue-name": "team-a"}, name
+        assert labels == {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "batch"}, (
+            name
+        )
     flags = [
         "--pipeline",
         "study",
@@ -714,6 +719,10 @@ def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path
     capsys.readouterr()
     assert main(["pipeline", "compile", "--output", out, "--queue", "team a"]) == 2
     assert "--queue 'team a' is not a Kubernetes label value" in capsys.readouterr().err
+    assert main(["pipeline", "compile", "--output", out, "--queue", "q", "--priority", "high!"]) == 2
+    assert "--priority 'high!' is not a Kubernetes label value" in capsys.readouterr().err
+    assert main(["pipeline", "compile", "--output", out, "--priority", "high"]) == 2
+    assert "fix: pass --queue with the LocalQueue too" in capsys.readouterr().err
     assert not Path(out).exists()
 
 

@@ -222,7 +222,9 @@ def test_stage_flags_and_tolerations_parse():
 
 def test_a_kueue_queue_labels_the_trainjob():
     labels = trainjob_manifest(train_config(), name="t", image="img", queue="team-a")["metadata"]["labels"]
-    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a" and "kueue.x-k8s.io/priority-class" not in labels
+    job = trainjob_manifest(train_config(), name="t", image="img", queue="team-a", priority="batch")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "batch"
     assert (
         "kueue.x-k8s.io/queue-name"
         not in trainjob_manifest(train_config(), name="t", image="img")["metadata"]["labels"]

@@ -64,6 +64,7 @@ def kube_options(args: argparse.Namespace):
             else args.model_cache_size,
             "pipeline_root": args.pipeline_root,
             "queue": args.queue,
+            "priority": args.priority,
             "image_pull_secrets": args.image_pull_secret,
             "run_as_user": args.run_as_user,
             "parallelism": args.parallelism,
@@ -219,6 +220,7 @@ def _cmd_trainjob(args: argparse.Namespace) -> int:
         node_selector=pairs(args.node_selector, "--node-selector"),
         tolerations=[Toleration.parse(t) for t in specs] if args.toleration else None,
         queue=args.queue,
+        priority=args.priority,
         image_pull_secrets=args.image_pull_secret,
         run_as_user=args.run_as_user,
         shm_size=args.shm_size,
@@ -255,6 +257,12 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         default="",
         help="Kueue LocalQueue of every task (the kueue.x-k8s.io/queue-name pod label), so the namespace's quotas "
         "and priority classes apply; '' = none",
+    )
+    p.add_argument(
+        "--priority",
+        default="",
+        help="Kueue WorkloadPriorityClass of every task (the kueue.x-k8s.io/priority-class label; needs --queue): "
+        "which queued workloads are admitted first and which preempted for them; '' = the queue's default",
     )
 
 
