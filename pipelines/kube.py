@@ -118,13 +118,13 @@ def kueue_labels(queue: str, priority: str = "") -> dict[str, str]:
     preempted for it); {} without a queue. ConfigError for a name that is not a label value, or a priority
     without a queue (only Kueue reads that label)."""
     for flag, value, example in (
-        ("--queue", queue, "the LocalQueue's"),
-        ("--priority", priority, "the class's"),
+        ("--queue", queue, "the LocalQueue's name, e.g. team-a"),
+        ("--priority", priority, "the WorkloadPriorityClass's name, e.g. nightly"),
     ):
         if value and not _LABEL_VALUE.fullmatch(value):
             raise ConfigError(
                 f"{flag} {value!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
-                f"starting and ending with a letter or digit); fix: {example} name, e.g. team-a"
+                f"starting and ending with a letter or digit); fix: {example}"
             )
     if priority and not queue:
         raise ConfigError(

@@ -480,6 +480,8 @@ def test_pipeline_config_checks(tmp_path):
         make_config(tmp_path, promote_to="prod")
     with pytest.raises(ConfigError, match="lora_rank 0 trains the whole model.*fix: lora_rank 8-64"):
         prepare(make_config(tmp_path, lora_rank=0))  # before any round: register would refuse a model
+    with pytest.raises(ConfigError, match="lora_rank 0 trains the whole model"):
+        prepare(make_config(tmp_path, stage_settings={"train": {"lora_rank": 0}}))
     # production is promoted by the gated promote task, never by register
     pc = make_config(tmp_path, run_id="r", promote_to="production", registry="reg")
     assert stage_config(pc, "register", 0, adapter="a", eval_report="e").promote_to == ""

@@ -348,12 +348,6 @@ def prepare(pc: PipelineConfig) -> str:
             "pipeline: storage and base_model are required; fix: set both, e.g. storage s3://bucket/sdarflow and "
             "base_model s3://bucket/models/qwen"
         )
-    if pc.lora_rank == 0:
-        raise ConfigError(
-            "pipeline: lora_rank 0 trains the whole model, and the run ends by registering an adapter for the "
-            "base model (the registry promotes and serves LoRA adapters); fix: lora_rank 8-64, or run full "
-            "fine-tune rounds outside the registry with `sdarflow study` or `python -m bench.learning_check`"
-        )
     if not pc.run_id:
         pc.run_id = new_run_id()
     if not pc.registry:
@@ -362,6 +356,12 @@ def prepare(pc: PipelineConfig) -> str:
         continue_cursor(pc)
     for stage in STAGES:
         stage_config(pc, stage, 0)  # raises ConfigError naming the stage and the key
+    if stage_config(pc, "train", 0).lora_rank == 0:  # pc.lora_rank, or stage_settings' for train
+        raise ConfigError(
+            "pipeline: lora_rank 0 trains the whole model, and the run ends by registering an adapter for the "
+            "base model (the registry promotes and serves LoRA adapters); fix: lora_rank 8-64, or run full "
+            "fine-tune rounds outside the registry with `sdarflow study` or `python -m bench.learning_check`"
+        )
     pc.start_adapter = resolve_start_adapter(pc)
     pc.seed_skills = resolve_seed_skills(pc)
     uri = run_uri(pc.storage, pc.run_id, "pipeline.yaml")

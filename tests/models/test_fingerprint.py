@@ -63,3 +63,19 @@ def test_an_s3_base_has_the_fingerprint_of_its_local_copy(tiny_model, s3_root):
         if f.is_file():
             storage.write_bytes(f"{s3_root}/base/{f.name}", f.read_bytes())
     assert base_fingerprint(f"{s3_root}/base") == base_fingerprint(str(tiny_model))
+
+
+def test_a_full_fine_tune_in_an_adapters_place_is_identified_by_what_it_computes(tiny_model, tmp_path):
+    """evaluate's adapter_id of a full fine-tune: its config, weights and tokenizer files count; a report or a
+    carried optimizer beside them does not."""
+    from sdarflow.models.identity import adapter_folder_id
+
+    model = tmp_path / "full"
+    shutil.copytree(tiny_model, model)
+    first = adapter_folder_id(model)
+    (model / "train_summary.json").write_text("{}")
+    (model / "optimizer.pt").write_bytes(b"state")
+    assert adapter_folder_id(model) == first
+    tokenizer = model / "tokenizer_config.json"
+    tokenizer.write_text(tokenizer.read_text() + "\n")
+    assert adapter_folder_id(model) != first

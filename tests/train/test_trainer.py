@@ -413,8 +413,7 @@ def test_target_kl_window_lets_one_high_mini_batch_through_when_the_mean_is_belo
     windowed = run(TrainLoop(**base, target_kl=0.75 * k2, target_kl_window=2))
     assert windowed.step >= 2
     assert windowed.history[1]["actor/approx_kl"] == pytest.approx(k2, rel=1e-4)
-    if windowed.kl_stop:
-        assert windowed.kl_stop["approx_kl"] > 0.75 * k2
+    assert windowed.step == 4 or windowed.kl_stop["approx_kl"] > 0.75 * k2
 
 
 def test_grpo_overfits_a_fixed_set_round_after_round(tiny_model):

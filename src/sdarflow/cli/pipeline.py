@@ -262,7 +262,7 @@ def _scheduling_flags(p: argparse.ArgumentParser) -> None:
         "--priority",
         default="",
         help="Kueue WorkloadPriorityClass of every task (the kueue.x-k8s.io/priority-class label; needs --queue): "
-        "which queued workloads are admitted first and which preempted for them; '' = the queue's default",
+        "which queued workloads are admitted first and which preempted for them; '' = none",
     )
 
 

@@ -20,6 +20,16 @@ log = logging.getLogger(__name__)
 
 # Written beside adapter_config.json: which base model (by fingerprint) the adapter was trained on.
 BASE_FILE = "base_model.json"
+# the files of a full fine-tune that make it what it computes, besides its weights (*.safetensors)
+FULL_MODEL_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    }
+)
 
 
 def adapter_files(names: Iterable[str]) -> list[str]:
@@ -43,9 +53,9 @@ def adapter_folder_id(folder: str | Path) -> str:
 
     root = Path(folder)
     names = [p.name for p in root.iterdir()]
-    if is_full_fine_tune(str(root)):
-        weights = sorted(n for n in names if n == "config.json" or n.endswith(".safetensors"))
-        lines = "".join(f"{n}:{storage.file_sha256(root / n)}\n" for n in weights)
+    if is_full_fine_tune(str(root)):  # what it computes: config, weights and how text becomes tokens
+        files = sorted(n for n in names if n in FULL_MODEL_FILES or n.endswith(".safetensors"))
+        lines = "".join(f"{n}:{storage.file_sha256(root / n)}\n" for n in files)
         return hashlib.sha256(lines.encode()).hexdigest()
     return adapter_id({n: storage.file_sha256(root / n) for n in adapter_files(names)})
 

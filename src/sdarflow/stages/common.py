@@ -38,16 +38,20 @@ def allow_unpublished_opt() -> bool:
 
 
 def local_artifact(
-    uri: str | None, kind: str, allow_unpublished: bool = False, dest: str | None = None
+    uri: str | None,
+    kind: str,
+    allow_unpublished: bool = False,
+    dest: str | None = None,
+    full_model: bool = False,
 ) -> str | None:
-    """A published artifact (adapter, or a full fine-tune in its place; skills) as a verified local folder (a copy
-    in ``dest`` if given, and always of a skill library; else a view of a local one). A local folder without a
-    manifest is refused (it may be a half-written output) unless ``allow_unpublished``: a folder made by hand."""
+    """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given, and always
+    of a skill library; else a view of a local one); with ``full_model``, a full fine-tune in an adapter's place
+    too (a policy's stages: :func:`sdarflow.models.policy.policy_folders`). A local folder without a manifest is
+    refused (it may be a half-written output) unless ``allow_unpublished``: a folder made by hand."""
     if not uri:
         return None
     if storage.is_published(uri):
-        # a full fine-tune (train --lora-rank 0) goes where an adapter does (models.policy.policy_folders)
-        if kind == "adapter" and storage.read_manifest(uri).get("kind") == "model":
+        if full_model and kind == "adapter" and storage.read_manifest(uri).get("kind") == "model":
             kind = "model"
         if kind == "skills" and dest is None:
             # a library reads files by the names in its mapping: a copy holds only the files the manifest

@@ -30,7 +30,9 @@ class EvaluateConfig(StageConfig):
     stage = "evaluate"
     model: str = opt("", "base model HF folder", reads=True)
     adapter: str = opt(
-        "", "adapter to evaluate (published URI or folder); empty = the base model", reads=True
+        "",
+        "adapter, or full fine-tune of --model, to evaluate (published URI or folder); empty = the base model",
+        reads=True,
     )
     output: str = opt("", "output report URI", io=True)
     baseline: str = opt(

@@ -79,7 +79,11 @@ class ExtractSkillsConfig(StageConfig):
         3, "llm extractor: successful and failed episodes shown per task type (each)", ge=1
     )
     model: str = opt("", "engine backend: base model HF folder (the policy)", reads=True)
-    adapter: str = opt("", "engine backend: the policy's adapter (published URI or PEFT folder)", reads=True)
+    adapter: str = opt(
+        "",
+        "engine backend: the policy's adapter (published URI or PEFT folder) or full fine-tune",
+        reads=True,
+    )
     device: str = device_opt()
     allow_unpublished: bool = allow_unpublished_opt()
     overwrite: bool = opt(False, "replace an existing library at --output", io=True)
@@ -112,7 +116,7 @@ def _backend(cfg: ExtractSkillsConfig):
     from sdarflow.models import load_policy
 
     require("extract-skills (llm_backend engine)", model=cfg.model)
-    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished, full_model=True)
     return EngineChat(load_policy(cfg.model, adapter, device=cfg.device))
 
 

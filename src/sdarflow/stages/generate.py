@@ -35,7 +35,11 @@ VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 class GenerateConfig(StageConfig):
     stage = "generate"
     model: str = opt("", "base model: an HF model folder", reads=True)
-    adapter: str = opt("", "LoRA adapter (published URI or PEFT folder); empty = the base model", reads=True)
+    adapter: str = opt(
+        "",
+        "LoRA adapter (published URI or PEFT folder), or a full fine-tune of --model; empty = the base model",
+        reads=True,
+    )
     output: str = opt("", "output dataset URI", io=True)
     policy: str = opt(
         "model",
@@ -161,7 +165,7 @@ def open_engine(cfg: StageConfig, suite, vllm_options=None) -> tuple:
     the adapter's local folder (None without one)."""
     from sdarflow.rollout.engine import load_engine
 
-    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished, full_model=True)
     kwargs = {"batch_size": cfg.batch_size, "vllm_options": vllm_options, "device": cfg.device}
     engine = load_engine(cfg.engine, cfg.model, adapter, **kwargs)
     return engine, rollout_params(cfg, suite, engine), adapter

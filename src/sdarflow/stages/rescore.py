@@ -44,7 +44,9 @@ class RescoreConfig(StageConfig, GuardSettings):
     skills: str = opt("", "skill library (published URI or folder)", reads=True)
     model: str = opt("", "base model HF folder", reads=True)
     adapter: str = opt(
-        "", "the adapter that generated the trajectories (the policy being trained)", reads=True
+        "",
+        "the adapter (or full fine-tune) that generated the trajectories (the policy being trained)",
+        reads=True,
     )
     output: str = opt("", "output rescored dataset URI", io=True)
     retrieval: str = opt("keyword", "skill retrieval strategy", choices=tuple(STRATEGIES))
@@ -211,7 +213,7 @@ def run(cfg: RescoreConfig) -> dict:
     elif synthetic:
         texts = [""] * len(rows)
     lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
-    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished, full_model=True)
     dtype = weights_dtype(cfg.precision, resolve_device(cfg.device))
     policy = load_policy(
         cfg.model, adapter, device=cfg.device, dtype=dtype, flash_attention=cfg.batching == "padded"
@@ -333,7 +335,7 @@ def _score_passes(
             teacher = scored(policy.model, teacher_prompts, "rescore teacher")
     ref = old if cfg.ref_logprobs else None
     if cfg.ref_logprobs and cfg.adapter:
-        with reference_model(policy.model, cfg.model) as ref_model:
+        with reference_model(policy.model, cfg.model, cfg.batching == "padded") as ref_model:
             ref = scored(ref_model, prompts, "rescore reference")
     passes = [prompts, *([teacher_prompts] if teacher_prompts is not None else [])]
     passes += [prompts] if cfg.ref_logprobs and cfg.adapter else []
@@ -346,7 +348,7 @@ def _info(cfg: RescoreConfig, lib, overridden: list[str]) -> dict[str, str]:
     if not cfg.ref_logprobs:
         reference = "not computed (train needs --kl-coef 0)"
     elif cfg.adapter:
-        reference = "base model, adapter disabled"
+        reference = "base model (adapter disabled, or loaded beside a full fine-tune)"
     else:
         reference = "= old log-probs (no adapter: the policy is the base)"
     context = cfg.teacher_context

@@ -67,9 +67,11 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", reads=True)
     model: str = opt("", "base model HF folder", reads=True)
     adapter: str = opt(
-        "", "adapter to continue training (published URI or folder); empty = a new LoRA", reads=True
+        "",
+        "adapter, or full fine-tune of --model, to continue training (published URI or folder); empty = a new LoRA",
+        reads=True,
     )
-    output: str = opt("", "output adapter URI", io=True)
+    output: str = opt("", "output URI: the adapter, or the model of a full fine-tune", io=True)
     preset: str = opt(
         "auto",
         "reference settings for --kl-coef and --invalid-action-penalty: alfworld/webshop (0.01, 0.1), search "
@@ -199,12 +201,18 @@ def build_model(cfg: TrainConfig):
     from sdarflow.models.identity import is_full_fine_tune
     from sdarflow.models.policy import new_lora
 
-    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished)
+    adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished, full_model=True)
     continued = bool(adapter) and is_full_fine_tune(adapter)
-    if continued and cfg.lora_rank > 0:
+    if continued and (cfg.lora_rank > 0 or cfg.ema_decay):
         raise ConfigError(
             f"train: --adapter {cfg.adapter} is a full fine-tune (trained with --lora-rank 0), which continues as "
-            f"one; fix: pass --lora-rank 0, or start a LoRA from the base model without --adapter"
+            f"one (no LoRA, so no --ema-decay average); fix: pass --lora-rank 0 and --ema-decay 0, or start a "
+            f"LoRA from the base model without --adapter"
+        )
+    if adapter and not continued and cfg.lora_rank == 0:
+        log.warning(
+            "train: --lora-rank 0 with the LoRA --adapter %s: the LoRA continues, not a full fine-tune",
+            cfg.adapter,
         )
     place, dtype = weights_placement(cfg, full=continued or (cfg.lora_rank == 0 and not adapter))
     policy = load_policy(cfg.model, adapter, trainable=True, device=str(place), dtype=dtype)

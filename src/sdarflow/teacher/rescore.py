@@ -85,10 +85,10 @@ def teacher_prompts(
 
 
 @contextlib.contextmanager
-def reference_model(model, base_path: str) -> Iterator[torch.nn.Module]:
+def reference_model(model, base_path: str, flash_attention: bool) -> Iterator[torch.nn.Module]:
     """The reference policy pi_ref of the KL term: the base model, without the adapter ``model`` carries (a PEFT
-    model's ``disable_adapter()``, no copy; a model with a merged adapter has no base left: loaded from
-    ``base_path``)."""
+    model's ``disable_adapter()``, no copy; a full fine-tune has no base left: loaded from ``base_path`` beside
+    it, as the policy was, ``flash_attention`` included, so packed batches stay separate sequences)."""
     from peft import PeftModel
 
     if isinstance(model, PeftModel):
@@ -97,9 +97,13 @@ def reference_model(model, base_path: str) -> Iterator[torch.nn.Module]:
         return
     from sdarflow.models import load_policy
 
-    log.info("rescore: adapter merged into the weights; loading the base model for the reference log-probs")
+    log.info(
+        "rescore: the policy is a full fine-tune; loading the base model beside it for the reference log-probs"
+    )
     weights = next(model.parameters())
-    yield load_policy(base_path, device=str(weights.device), dtype=weights.dtype).model
+    yield load_policy(
+        base_path, device=str(weights.device), dtype=weights.dtype, flash_attention=flash_attention
+    ).model
 
 
 def k1_mean(logprobs: list[list[float]], ref_logprobs: list[list[float]]) -> float:

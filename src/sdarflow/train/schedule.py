@@ -87,7 +87,8 @@ class TrainState:
     probe_rates: list[float] = field(default_factory=list)
     # (step, kept step): after this step the weights were the format rollback's target, kept at that step's probe
     rollback_at: tuple[int, int] | None = None
-    # {"step", "approx_kl"}: the step --target-kl stopped the run before (not applied), and the KL it measured
+    # {"step", "approx_kl"}: the step --target-kl stopped the run before (not applied), and the KL it compared
+    # (that step's, or with --target-kl-window the mean over the window)
     kl_stop: dict | None = None
 
     def cursor(self, rl_mini: int, sft_mini: int) -> dict[str, int]:

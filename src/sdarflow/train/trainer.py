@@ -93,9 +93,10 @@ class TrainLoop(Objective):
     )
     target_kl_window: int = opt(
         1,
-        "RL steps whose approx_kl --target-kl compares as a mean: this step's and those of the steps before it "
-        "in the run; 1 = each mini-batch alone (Stable-Baselines3's rule); --mini-batches (one pass over the "
-        "round's rows) keeps one small mini-batch's noisy estimate from ending the round",
+        "RL steps whose approx_kl --target-kl compares as a mean: this step's and those of the applied steps "
+        "before it in the run (a trailing mean, so it lags a growing KL); 1 = each mini-batch alone "
+        "(Stable-Baselines3's rule); e.g. N = --mini-batches, one pass over the round's rows, so one small "
+        "mini-batch's noisy estimate does not end the round",
         ge=1,
     )
     max_nonfinite_steps: int = opt(3, "consecutive non-finite steps before the run fails", ge=1)
@@ -145,10 +146,11 @@ def train(
         record = _one_step(engine, data, cfg, state, kind, schedule.lr_at(state.step))
         if record is None:  # the policy left the trust region: the rest of the round's data is stale
             kl = state.kl_stop["approx_kl"]
+            over = f" (the mean of up to {cfg.target_kl_window} RL steps)" if cfg.target_kl_window > 1 else ""
             log.info(
-                "train: stopped before step %d of %d: KL %.4g to the rollout policy (mean of up to %d RL steps) > "
-                "--target-kl %g (that step was not applied)",
-                state.step + 1, total, kl, cfg.target_kl_window, cfg.target_kl,
+                "train: stopped before step %d of %d: KL %.4g to the rollout policy%s > --target-kl %g (that step "
+                "was not applied)",
+                state.step + 1, total, kl, over, cfg.target_kl,
             )  # fmt: skip
             break
         state.step += 1
