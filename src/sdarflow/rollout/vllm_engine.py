@@ -60,9 +60,8 @@ class VLLMEngine:
         from sdarflow.models import load_tokenizer
         from sdarflow.models.policy import policy_folders
 
-        model, adapter = policy_folders(
-            model, adapter
-        )  # a full fine-tune where the adapter goes is the model
+        # a full fine-tune where the adapter goes is the model
+        model, adapter = policy_folders(model, adapter)
         self.model_path, self.adapter = model, adapter
         self.options = options or VLLMOptions()
         self.tokenizer = load_tokenizer(model)  # also checks the folder
