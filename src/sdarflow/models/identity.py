@@ -38,26 +38,32 @@ def adapter_files(names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if n == "adapter_config.json" or n.startswith("adapter_model"))
 
 
+def files_id(sha256s: Mapping[str, str]) -> str:
+    """The identity of a set of files from their sha256 digests (file name -> digest): the sha256 of their sorted
+    ``name:digest`` lines."""
+    lines = "".join(f"{n}:{sha256s[n]}\n" for n in sorted(sha256s))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 def adapter_id(sha256s: Mapping[str, str]) -> str:
     """An adapter's identity from its files' sha256 digests (file name -> digest; :func:`adapter_files` count):
-    the sha256 of their sorted ``name:digest`` lines. A published artifact's manifest holds the digests, so a
-    registered version's identity needs no weight read."""
-    lines = "".join(f"{n}:{sha256s[n]}\n" for n in adapter_files(sha256s))
-    return hashlib.sha256(lines.encode()).hexdigest()
+    :func:`files_id` of those. A published artifact's manifest holds the digests, so a registered version's
+    identity needs no weight read."""
+    return files_id({n: sha256s[n] for n in adapter_files(sha256s)})
 
 
 def adapter_folder_id(folder: str | Path) -> str:
     """:func:`adapter_id` of a local adapter folder, its files hashed in full; of a full fine-tune in an adapter's
-    place (:func:`is_full_fine_tune`), the same over its config and weights."""
+    place (:func:`is_full_fine_tune`), the same over its config, weights and tokenizer."""
     from sdarflow import storage
 
     root = Path(folder)
     names = [p.name for p in root.iterdir()]
     if is_full_fine_tune(str(root)):  # what it computes: config, weights and how text becomes tokens
-        files = sorted(n for n in names if n in FULL_MODEL_FILES or n.endswith(".safetensors"))
-        lines = "".join(f"{n}:{storage.file_sha256(root / n)}\n" for n in files)
-        return hashlib.sha256(lines.encode()).hexdigest()
-    return adapter_id({n: storage.file_sha256(root / n) for n in adapter_files(names)})
+        names = [n for n in names if n in FULL_MODEL_FILES or n.endswith(".safetensors")]
+    else:
+        names = adapter_files(names)
+    return files_id({n: storage.file_sha256(root / n) for n in names})
 
 
 def check_model_dir(path: str) -> Path:
