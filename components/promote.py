@@ -19,6 +19,7 @@ def promote(
     reason: str,
     tighten: dict,
     kfp_run_id: str,
+    roll_deployment: str,
     summary: Output[Markdown],
 ) -> str:
     from sdarflow.kfp_runtime import kfp_actor, run_promotion
@@ -33,4 +34,5 @@ def promote(
         thresholds=tighten,
         actor=kfp_actor(kfp_run_id),
         markdown=summary,
+        roll_deployment=roll_deployment,
     )

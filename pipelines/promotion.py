@@ -28,6 +28,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         force: bool = False,
         reason: str = "",
         tighten: dict = {},  # noqa: B006 - KFP reads the default; the function never changes it
+        roll_deployment: str = "",
     ) -> str:
         task = promote(
             registry=registry,
@@ -38,6 +39,7 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
             reason=reason,
             tighten=tighten,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            roll_deployment=roll_deployment,
         )
         # Not retried: a gate refusal fails this task and would fail it again; a rerun is one click.
         wire(task, "promote", dataclasses.replace(kube, retries=0) if kube else None, "promote")
@@ -56,6 +58,9 @@ def build_promotion_pipeline(kube: KubeOptions | None = None):
         "reason": "why; written to the alias history and the audit log (required with force)",
         "tighten": 'gate thresholds this promotion tightens the registry\'s policy to, e.g. {"min_gain": 0.02} '
         f"({', '.join(GATE_HELP)}); empty: the registry's policy (`sdarflow registry gate`)",
+        "roll_deployment": "the serving Deployment ([NAMESPACE/]NAME, e.g. sdarflow/sdarflow-serve) that serves the "
+        "stage's alias, rolled to the promoted version (checked before the alias moves; the run's service account "
+        "needs k8s/serving's role); empty: serving is not rolled",
     }
     describe(sdar_promotion, description, helps)
     return dsl.pipeline(name=PIPELINE_NAME, description=description, pipeline_root=root)(sdar_promotion)

@@ -26,6 +26,7 @@ from sdarflow.pipeline_config import (
 )
 from sdarflow.registry import GateRefused, Registry
 from sdarflow.registry.layout import VERSION_KIND
+from sdarflow.registry.roll import ServingRoll
 from sdarflow.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -185,12 +186,16 @@ def run_promotion(
     actor: str | None = None,
     markdown=None,
     current_report: tuple[int, Mapping[str, Any]] | None = None,
+    roll_deployment: str = "",
 ) -> str:
     """The promotion pipeline's step: ``Registry.promote`` through the gate, which ``thresholds`` may only
-    tighten; ``current_report``: the stage's version evaluated on the candidate's tasks. A refusal raises
-    GateRefused; returns one summary line, also written to the Markdown artifact."""
+    tighten; ``current_report``: the stage's version evaluated on the candidate's tasks; ``roll_deployment``:
+    the serving Deployment ([NAMESPACE/]NAME) rolled to the promoted version, checked before the alias moves. A
+    refusal raises GateRefused; returns one summary line, also written to the Markdown artifact."""
     setup_logging()
-    event = Registry(registry).promote(
+    store = Registry(registry)
+    roller = ServingRoll(roll_deployment, store.uri, name, stage) if roll_deployment else None
+    event = store.promote(
         name,
         version,
         stage=stage,
@@ -201,6 +206,8 @@ def run_promotion(
         current_report=current_report,
     )
     line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
+    if roller:
+        line += f"; {roller.roll(event['version'])}"
     _write_text(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
     log.info("promotion: %s", line)
     return line
@@ -242,6 +249,7 @@ def promote_candidate(
             actor=actor,
             markdown=markdown,
             current_report=_evaluated_version(pc, production_evaluation),
+            roll_deployment=pc.serve_deployment,
         )
     except GateRefused as err:
         log.warning("promotion of %s v%s refused: %s", pc.policy_name, version, err)

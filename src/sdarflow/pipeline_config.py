@@ -117,6 +117,12 @@ class PipelineConfig(StageConfig):
         "the last round's version through the gate (a refusal is reported, the run still succeeds)",
         choices=PROMOTE_TO,
     )
+    serve_deployment: str = opt(
+        "",
+        "after a promotion to production, roll this serving Deployment ([NAMESPACE/]NAME, e.g. "
+        "sdarflow/sdarflow-serve; it serves the alias) so its new pods fetch the version; the run's service "
+        "account needs k8s/serving's role; '' = serving is not rolled",
+    )
     gate: dict[str, float] = opt(
         {},
         'the gate thresholds this run tightens the registry\'s policy to, e.g. {"min_gain": 0.02} (min_gain, '
@@ -170,6 +176,16 @@ class PipelineConfig(StageConfig):
                 f"'..' or slashes); fix: e.g. run_id 20261201-nightly, or leave it empty for a generated one"
             )
         validate_name(self.policy_name)
+        if self.serve_deployment:
+            from sdarflow.registry.roll import parse_target
+
+            parse_target(self.serve_deployment)
+            if self.promote_to != "production":
+                raise ConfigError(
+                    f"pipeline: serve_deployment {self.serve_deployment!r} rolls serving after a promotion to "
+                    f"production, and promote_to is {self.promote_to or 'empty'}; fix: promote_to production, or "
+                    f"leave serve_deployment empty"
+                )
         if self.tasks < self.shards:
             raise ConfigError(
                 f"pipeline: tasks ({self.tasks}) must be >= shards ({self.shards}): every generate shard "
@@ -415,7 +431,11 @@ def request_key(pc: PipelineConfig) -> str:
     """What a prepared run trains, as one hash (lineage ``request``): its settings (the data cursor's among them),
     the start adapter's identity (the registry version it resolved to, else its URI and manifest, which names every
     file's sha256) and a published seed library's content version."""
-    settings = {k: v for k, v in pc.to_dict().items() if k not in ("run_id", "data_cursor", "tracking_uri")}
+    settings = {
+        k: v
+        for k, v in pc.to_dict().items()
+        if k not in ("run_id", "data_cursor", "tracking_uri", "serve_deployment")
+    }
     if pc.seed_skills and storage.is_published(pc.seed_skills):
         settings["seed_skills"] = storage.read_manifest(pc.seed_skills).get("version", pc.seed_skills)
     if pc.start_adapter and storage.is_published(pc.start_adapter):

@@ -114,6 +114,7 @@ def _thresholds(args: argparse.Namespace) -> dict[str, float | None]:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    roller = _roller(args)
     event = _registry(args).promote(
         args.name,
         args.version,
@@ -125,7 +126,19 @@ def cmd_promote(args: argparse.Namespace) -> int:
     )
     gate = event.get("gate", "unchanged")
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (gate: {gate})\n")
+    if roller:
+        sys.stdout.write(roller.roll(event["version"]) + "\n")
     return 0
+
+
+def _roller(args: argparse.Namespace) -> Any:
+    """``--roll-deployment``'s Deployment, checked (it exists, may be patched, serves the alias) before the alias
+    moves; None without the flag."""
+    if not args.roll_deployment:
+        return None
+    from sdarflow.registry.roll import ServingRoll
+
+    return ServingRoll(args.roll_deployment, _registry(args).uri, args.name, args.stage)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -137,8 +150,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    roller = _roller(args)
     event = _registry(args).rollback(args.name, stage=args.stage, reason=args.reason or "", actor=args.actor)
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (was v{event['from']})\n")
+    if roller:
+        sys.stdout.write(roller.roll(event["version"]) + "\n")
     return 0
 
 
@@ -286,6 +302,7 @@ def _add_promote(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="override a gate refusal (needs --reason)")
     _gate_flags(p, "for this promotion only: may tighten the registry's policy (`sdarflow registry gate`)")
+    _roll_flag(p)
     p.set_defaults(func=cmd_promote)
 
 
@@ -294,6 +311,15 @@ def _alias_flags(p: argparse.ArgumentParser, stage_help: str, why: str, who: str
     p.add_argument("--stage", default="production", choices=RELEASE_STAGES, help=stage_help)
     p.add_argument("--reason", help=why)
     p.add_argument("--actor", help=f"who {who} (default: $SDARFLOW_ACTOR or user@host)")
+
+
+def _roll_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--roll-deployment",
+        metavar="[NAMESPACE/]NAME",
+        help="then roll this serving Deployment (k8s/serving, which serves the alias) so its new pods fetch the "
+        "version the alias points at; nothing when it already does (the kubeconfig's or the pod's credentials)",
+    )
 
 
 def _gate_flags(p: argparse.ArgumentParser, scope: str) -> None:
@@ -318,6 +344,7 @@ def _add_rollback(p: argparse.ArgumentParser) -> None:
     _alias_flags(
         p, "the alias to move back (default production)", "why; written to the audit log", "rolls back"
     )
+    _roll_flag(p)
     p.set_defaults(func=cmd_rollback)
 
 
