@@ -127,7 +127,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     gate = event.get("gate", "unchanged")
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (gate: {gate})\n")
     if roller:
-        sys.stdout.write(roller.roll(event["version"]) + "\n")
+        sys.stdout.write(roller.roll(event) + "\n")
     return 0
 
 
@@ -154,7 +154,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     event = _registry(args).rollback(args.name, stage=args.stage, reason=args.reason or "", actor=args.actor)
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (was v{event['from']})\n")
     if roller:
-        sys.stdout.write(roller.roll(event["version"]) + "\n")
+        sys.stdout.write(roller.roll(event) + "\n")
     return 0
 
 
@@ -317,8 +317,9 @@ def _roll_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--roll-deployment",
         metavar="[NAMESPACE/]NAME",
-        help="then roll this serving Deployment (k8s/serving, which serves the alias) so its new pods fetch the "
-        "version the alias points at; nothing when it already does (the kubeconfig's or the pod's credentials)",
+        help="then roll this serving Deployment (k8s/serving, which serves the alias; give the namespace) so its "
+        "new pods fetch the version the alias points at; checked before the alias moves ($KUBECONFIG, the pod's "
+        "service account or ~/.kube/config)",
     )
 
 

@@ -1,15 +1,17 @@
 """Serving follows a promotion: roll the serving Deployment so its new pods fetch what the alias now points at.
 
 A serving pod resolves ``<name>:production`` when it starts (its init container, ``registry serve-fetch``), so a
-promotion reaches it only through a new pod. After the alias moves, :func:`roll_serving` records the version in
-the Deployment's pod template (the annotation ``sdarflow.io/versions``, a JSON map of ``name:alias`` to version);
-a changed template is what makes Kubernetes roll (the Deployment's ``RollingUpdate``: the new pod serves before
-the old one stops). The same version again changes nothing, so a retried promotion does not roll twice.
+promotion reaches it only through a new pod. :class:`ServingRoll` is made before the alias moves: it reads the
+Deployment and refuses one that cannot follow (missing, paused, pinning version numbers as ``registry
+serve-config`` does, serving another name or registry) and one the caller may not patch (a server-side dry run).
+After the alias moves, :meth:`ServingRoll.roll` records the move in the pod template (the annotation
+``sdarflow.io/versions``, JSON: ``{"name:alias": {"version": 7, "at": "<time of the move>"}}``); the changed
+template is what makes Kubernetes roll (the Deployment's ``RollingUpdate``: the new pod serves before the old one
+stops). Every move of the alias rolls, even back to a version the annotation names (after ``kubectl rollout undo``
+it would be stale); a promotion that moved nothing (a retry) rolls only where the recorded version differs.
 
-A Deployment that pins version numbers (``registry serve-config``) would restart into the same versions: it is
-refused, as is one that does not serve the alias. The caller needs ``get`` and ``patch`` on the Deployment
-(k8s/serving's Role for the pipeline runner); credentials come from the pod's service account in a cluster, else
-from the kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``), as ``kubectl`` reads them.
+Credentials as kubectl finds them: ``$KUBECONFIG``, else the pod's service account in a cluster, else
+``~/.kube/config``. The pipeline runner's right to get and patch the Deployment is k8s/serving/roller.yaml.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ ADAPTERS_ANNOTATION = (
 )
 REGISTRY_ANNOTATION = "sdarflow.io/registry"
 VERSIONS_ANNOTATION = "sdarflow.io/versions"
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Another writer (kubectl, a second promotion) may change the Deployment between our read and our patch.
 CONFLICT_RETRIES = 3
-# (connect, read) seconds. The client waits forever by default: an API server that accepts and never answers would
-# hang the promotion. A pair, because the client ignores a lone float.
+# (connect, read) seconds per request, each retried once on a connection error: the client waits forever by
+# default, and an API server that accepts and never answers would hang the promotion. A pair, because the client
+# ignores a lone float.
 REQUEST_TIMEOUT_S = (10.0, 30.0)
+CONNECTION_RETRIES = 1
 
 
 def parse_target(target: str) -> tuple[str | None, str]:
@@ -49,9 +53,9 @@ def parse_target(target: str) -> tuple[str | None, str]:
 
 
 class ServingRoll:
-    """The Deployment ``target`` ([NAMESPACE/]NAME) that serves ``name``'s ``stage`` from ``registry_uri``.
-    Constructing it reads the Deployment and refuses one that cannot follow the alias, so a caller checks before
-    it moves the alias; :meth:`roll` then records the version the alias points at."""
+    """The Deployment ``target`` ([NAMESPACE/]NAME) that serves ``name``'s ``stage`` from ``registry_uri``,
+    checked: constructing it refuses a Deployment that cannot follow the alias or that the caller may not patch,
+    so a caller makes it before it moves the alias."""
 
     def __init__(self, target: str, registry_uri: str, name: str, stage: str):
         from kubernetes.client import AppsV1Api
@@ -60,21 +64,51 @@ class ServingRoll:
         client, default_namespace = _api_client()
         self.namespace = namespace or default_namespace
         self.where = f"deployment {self.namespace}/{self.deployment}"
-        self.registry_uri, self.name, self.stage = registry_uri, name, stage
+        self.registry_uri, self.name, self.stage, self.key = registry_uri, name, stage, f"{name}:{stage}"
         self.api = AppsV1Api(client)
-        # Refuses now, before the caller moves anything.
-        _template_patch(self._read(), self.where, registry_uri, name, stage, None)
-
-    def roll(self, version: int) -> str:
-        """Patch the pod template when ``version`` differs from the one recorded there; one line saying what
-        happened."""
-        key = f"{self.name}:{self.stage}"
-        for attempt in range(CONFLICT_RETRIES):
-            patch, was = _template_patch(
-                self._read(), self.where, self.registry_uri, self.name, self.stage, version
+        self._recorded(self._read())
+        with self._errors():  # RBAC's patch verb and admission, without changing anything
+            self.api.patch_namespaced_deployment(
+                self.deployment, self.namespace, {}, dry_run="All", _request_timeout=REQUEST_TIMEOUT_S
             )
-            if patch is None:
-                return f"{self.where} already serves {key} v{version}"
+        self.retry = (
+            f"`sdarflow registry promote --registry {registry_uri} --policy-name {name} --stage {stage} --version "
+            f"{{version}} --roll-deployment {self.namespace}/{self.deployment}` (it moves nothing and rolls)"
+        )
+
+    def roll(self, event: dict[str, Any]) -> str:
+        """Record the alias move ``event`` (a promotion's or rollback's: ``version``, ``at``; ``changed`` False
+        when nothing moved) in the pod template; one line saying what happened. Raised after the alias moved, an
+        error says so and how to roll without moving it again."""
+        version = event["version"]
+        try:
+            return self._roll(version, event.get("at") if event.get("changed", True) else None)
+        except ConfigError as err:
+            raise ConfigError(
+                f"{self.key} points at v{version} now, but serving did not roll: {err}; then run "
+                f"{self.retry.format(version=version)}"
+            ) from None
+
+    def _roll(self, version: int, moved_at: str | None) -> str:
+        for _ in range(CONFLICT_RETRIES):
+            deployment = self._read()
+            versions = self._recorded(deployment)
+            entry = versions.get(self.key)
+            was = entry.get("version") if isinstance(entry, dict) else None
+            if moved_at is None and was == version:
+                return f"{self.where} already serves {self.key} v{version}"
+            versions[self.key] = {"version": version, "at": moved_at or _now()}
+            patch = {
+                # The version read: the API server refuses the patch (409) if the Deployment changed since.
+                "metadata": {"resourceVersion": deployment["metadata"].get("resourceVersion")},
+                "spec": {
+                    "template": {
+                        "metadata": {
+                            "annotations": {VERSIONS_ANNOTATION: json.dumps(versions, sort_keys=True)}
+                        }
+                    }
+                },
+            }
             try:
                 with self._errors():
                     self.api.patch_namespaced_deployment(
@@ -82,13 +116,12 @@ class ServingRoll:
                     )
                 break
             except _Conflict:
-                if attempt == CONFLICT_RETRIES - 1:
-                    raise ConfigError(
-                        f"{self.where} kept changing while it was rolled ({CONFLICT_RETRIES} tries); fix: run the "
-                        f"same command again"
-                    ) from None
                 log.info("%s changed while rolling it; reading it again", self.where)
-        line = f"{self.where} rolls to {key} v{version}" + (f" (was v{was})" if was is not None else "")
+        else:
+            raise ConfigError(
+                f"{self.where} kept changing while it was rolled ({CONFLICT_RETRIES} tries); fix: wait"
+            )
+        line = f"{self.where} rolls to {self.key} v{version}" + (f" (was v{was})" if was is not None else "")
         log.info("%s", line)
         return line
 
@@ -98,6 +131,45 @@ class ServingRoll:
                 self.deployment, self.namespace, _request_timeout=REQUEST_TIMEOUT_S
             )
         return self.api.api_client.sanitize_for_serialization(found)
+
+    def _recorded(self, deployment: dict[str, Any]) -> dict[str, Any]:
+        """The versions the pod template records; refuses a Deployment that would not roll to ``key``."""
+        if deployment.get("spec", {}).get("paused"):
+            raise ConfigError(
+                f"{self.where} is paused, so a changed template does not roll it; fix: `kubectl -n {self.namespace} "
+                f"rollout resume deployment/{self.deployment}`"
+            )
+        annotations = (
+            deployment.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}
+        )
+        served = [s.strip() for s in str(annotations.get(ADAPTERS_ANNOTATION, "")).split(",") if s.strip()]
+        if self.key not in served:
+            pinned = [s for s in served if s.partition(":")[0] == self.name]
+            why = (
+                f"pins {', '.join(pinned)}, so a new pod serves the same version"
+                if pinned
+                else f"serves {served or 'no annotated adapter'}"
+            )
+            raise ConfigError(
+                f"{self.where} {why}, not {self.key} ({ADAPTERS_ANNOTATION} in its pod template); fix: serve the "
+                f"alias (k8s/serving), or regenerate a pinned Deployment with `sdarflow registry serve-config` and "
+                f"apply it"
+            )
+        served_registry = annotations.get(REGISTRY_ANNOTATION)
+        if served_registry is None or served_registry.rstrip("/") != self.registry_uri.rstrip("/"):
+            raise ConfigError(
+                f"{self.where} serves the registry {served_registry or '(not annotated: ' + REGISTRY_ANNOTATION + ')'}"
+                f", not {self.registry_uri}; fix: roll the Deployment that serves this registry (k8s/serving "
+                f"annotates it from its ConfigMap)"
+            )
+        try:
+            versions = json.loads(annotations.get(VERSIONS_ANNOTATION) or "{}")
+        except json.JSONDecodeError:
+            versions = None
+        if not isinstance(versions, dict):  # someone else's edit: start the record again
+            log.warning("%s: %s is not a JSON object; writing it anew", self.where, VERSIONS_ANNOTATION)
+            versions = {}
+        return versions
 
     @contextlib.contextmanager
     def _errors(self):
@@ -115,8 +187,8 @@ class ServingRoll:
             cause = getattr(err, "reason", None)
             raise ConfigError(
                 f"{self.where}: the Kubernetes API is unreachable or did not answer "
-                f"({type(cause if isinstance(cause, Exception) else err).__name__}); fix: "
-                f"check the kubeconfig's server and the network"
+                f"({type(cause if isinstance(cause, Exception) else err).__name__}); fix: check the kubeconfig's "
+                f"server and the network"
             ) from None
 
 
@@ -124,84 +196,46 @@ class _Conflict(Exception):
     """The Deployment changed between the read and the patch (HTTP 409)."""
 
 
-def _template_patch(
-    deployment: dict[str, Any], where: str, registry_uri: str, name: str, stage: str, version: int | None
-) -> tuple[dict[str, Any] | None, int | None]:
-    """The merge patch that records ``version`` in the pod template (None when it is recorded already, or when
-    ``version`` is None: only the checks), and the version recorded before; refuses a Deployment that does not
-    serve ``name:stage`` from ``registry_uri``."""
-    template = deployment.get("spec", {}).get("template", {}).get("metadata", {})
-    annotations = template.get("annotations") or {}
-    served = [s.strip() for s in str(annotations.get(ADAPTERS_ANNOTATION, "")).split(",") if s.strip()]
-    key = f"{name}:{stage}"
-    if key not in served:
-        pinned = [s for s in served if s.partition(":")[0] == name]
-        why = (
-            f"pins {', '.join(pinned)}, so a new pod serves the same version"
-            if pinned
-            else f"serves {served or 'no annotated adapter'}"
-        )
-        raise ConfigError(
-            f"{where} {why}, not {key} ({ADAPTERS_ANNOTATION} in its pod template); fix: serve the alias "
-            f"(k8s/serving), or regenerate a pinned Deployment with `sdarflow registry serve-config` and apply it"
-        )
-    served_registry = annotations.get(REGISTRY_ANNOTATION)
-    if served_registry and served_registry.rstrip("/") != registry_uri.rstrip("/"):
-        raise ConfigError(
-            f"{where} serves the registry {served_registry}, not {registry_uri}; fix: roll the Deployment that "
-            f"serves this registry"
-        )
-    try:
-        versions = json.loads(annotations.get(VERSIONS_ANNOTATION) or "{}")
-    except json.JSONDecodeError:
-        versions = None
-    if not isinstance(versions, dict):  # someone else's edit: start the record again
-        log.warning("%s: %s is not a JSON object; writing it anew", where, VERSIONS_ANNOTATION)
-        versions = {}
-    was = versions.get(key)
-    if version is None or was == version:
-        return None, was
-    versions[key] = version
-    patch = {
-        # The version read: the API server refuses the patch (409) if the Deployment changed since.
-        "metadata": {"resourceVersion": deployment.get("metadata", {}).get("resourceVersion")},
-        "spec": {
-            "template": {
-                "metadata": {"annotations": {VERSIONS_ANNOTATION: json.dumps(versions, sort_keys=True)}}
-            }
-        },
-    }
-    return patch, was if isinstance(was, int) else None
+def _now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _api_client():
-    """(ApiClient, default namespace): the pod's service account in a cluster, else the kubeconfig's context."""
+    """(ApiClient, default namespace), found as kubectl finds them: ``$KUBECONFIG``, else the pod's service
+    account, else ``~/.kube/config``."""
+    import yaml
     from kubernetes import client, config
 
-    if SA_NAMESPACE.is_file():
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration), SA_NAMESPACE.read_text().strip()
-    # kubectl's order: $KUBECONFIG (paths joined by ':'), else ~/.kube/config; read now, not at import time
-    path = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    configuration = client.Configuration()
     try:
-        api = config.new_client_from_config(config_file=path)
-        _, context = config.list_kube_config_contexts(config_file=path)
-    except (config.ConfigException, OSError) as err:
+        path = os.environ.get("KUBECONFIG")  # paths joined by ':' merge, as kubectl merges them
+        if not path and (SERVICE_ACCOUNT / "token").is_file():
+            config.load_incluster_config(client_configuration=configuration)
+            namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+        else:
+            path = path or "~/.kube/config"
+            config.load_kube_config(config_file=path, client_configuration=configuration)
+            _, context = config.list_kube_config_contexts(config_file=path)
+            namespace = (context.get("context") or {}).get("namespace") or "default"
+    except (config.ConfigException, yaml.YAMLError, OSError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
-            f"no Kubernetes credentials to roll serving with ({err}); fix: run in the cluster with k8s/serving's "
-            f"role, or set KUBECONFIG"
+            f"no usable Kubernetes credentials to roll serving with ({first}); fix: run in the cluster with "
+            f"k8s/serving's role, or set KUBECONFIG"
         ) from None
-    return api, (context.get("context") or {}).get("namespace") or "default"
+    configuration.retries = CONNECTION_RETRIES
+    return client.ApiClient(configuration), namespace
 
 
 def _api_error(err, where: str) -> str:
     """One line for the Kubernetes API's refusal."""
     if err.status == 404:
-        return f"{where} not found; fix: apply serving first (k8s/README step 9), or name the right [NAMESPACE/]NAME"
+        return f"{where} not found; fix: apply serving first (k8s/README step 9), or name the right NAMESPACE/NAME"
     if err.status in (401, 403):
         return (
-            f"{where}: the caller may not read and patch it (HTTP {err.status}); fix: apply k8s/serving's role for "
-            f"the pipeline runner's service account (k8s/README step 9)"
+            f"{where}: the caller may not read and patch it (HTTP {err.status}); fix: bind k8s/serving's role "
+            f"sdarflow-serve-roller to the caller's service account (k8s/README step 9)"
         )
     return f"{where}: the Kubernetes API answered HTTP {err.status} ({err.reason}); fix: retry, or roll it by hand"
