@@ -248,6 +248,35 @@ def test_publish_dir_verifies_checksums(root, tmp_path):
     storage.write_bytes(storage.join(uri, "a.json"), b'{"x": 2}')  # tamper
     with pytest.raises(StorageError, match="does not match its recorded sha256"):
         storage.fetch_dir(uri, kind="adapter", dest=tmp_path / "copy2")
+    assert not (tmp_path / "copy2" / "a.json").exists()  # nor a temp file beside it
+    assert not [p for p in (tmp_path / "copy2").iterdir() if p.name != "sub"]
+
+
+def test_publish_and_fetch_stream_a_file_larger_than_memory_would_hold_twice(tmp_path):
+    """Weights are copied and hashed in blocks: the Python heap's peak stays far below the file's size (reading
+    it whole, as before, held all 24 MiB at once). On a local folder: moto's S3 server runs in this process, and
+    its own copies would count."""
+    import tracemalloc
+
+    src = tmp_path / "src"
+    src.mkdir()
+    weights = bytes(range(256)) * (24 * 4096)  # 24 MiB
+    (src / "model.safetensors").write_bytes(weights)
+    uri = str(tmp_path / "model")
+
+    def peak_mib(fn) -> float:
+        tracemalloc.start()
+        try:
+            fn()
+            return tracemalloc.get_traced_memory()[1] / 2**20
+        finally:
+            tracemalloc.stop()
+
+    assert peak_mib(lambda: storage.publish_dir(src, uri, kind="adapter")) < 8
+    assert storage.read_manifest(uri, "adapter")["files"][0]["bytes"] == len(weights)
+    assert peak_mib(lambda: storage.fetch_dir(uri, kind="adapter", dest=tmp_path / "copy")) < 8
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == weights
+    assert peak_mib(lambda: storage.fetch_dir(uri, kind="adapter")) < 8  # verified in place, in blocks too
 
 
 def test_unreachable_s3_is_one_clear_line(monkeypatch):

@@ -15,15 +15,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import io
 import json
 import logging
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -209,16 +211,44 @@ def read_bytes(uri: str) -> bytes:
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object: readers see the old one or the new one, never a part (an S3 PUT is atomic; a local
     file is written beside its name and renamed into place)."""
+    write_stream(uri, io.BytesIO(data))
+
+
+def write_stream(
+    uri: str, source: BinaryIO, check: Callable[[int, str], None] | None = None
+) -> tuple[int, str]:
+    """:func:`write_bytes` from a readable stream, in blocks (a model's weights need not fit in memory); returns
+    its (bytes, sha256). ``check(bytes, sha256)`` may refuse what was copied before it becomes visible: a local file
+    is then never renamed into place (an S3 upload cannot be held back, so check before publishing there)."""
     loc = resolve(uri)
     with reachable(loc, "write"):
         parent = loc.path.rsplit("/", 1)[0]
         loc.fs.create_dir(parent, recursive=True)
         local = isinstance(loc.fs, pafs.LocalFileSystem)
         target = f"{parent}/.{loc.path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}.tmp" if local else loc.path
-        with loc.fs.open_output_stream(target) as f:
-            f.write(data)
-        if local:
-            os.replace(target, loc.path)
+        try:
+            with loc.fs.open_output_stream(target) as f:
+                size, digest = copy_hashing(source, f)
+            if check:
+                check(size, digest)
+            if local:
+                os.replace(target, loc.path)
+        finally:
+            if local and os.path.exists(target):
+                os.remove(target)
+    return size, digest
+
+
+def copy_hashing(source: BinaryIO, dest: BinaryIO | None = None) -> tuple[int, str]:
+    """Read ``source`` in 1 MiB blocks (model weights do not fit in memory twice), copying them to ``dest`` if
+    given; the (bytes, sha256) of what was read."""
+    digest, size = hashlib.sha256(), 0
+    for block in iter(lambda: source.read(1 << 20), b""):
+        digest.update(block)
+        if dest is not None:
+            dest.write(block)
+        size += len(block)
+    return size, digest.hexdigest()
 
 
 def read_json(uri: str) -> dict:
@@ -273,12 +303,9 @@ def sha256(data: bytes) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a local file, read in 1 MiB blocks (model weights do not fit in memory twice)."""
-    digest = hashlib.sha256()
+    """sha256 of a local file, read in blocks."""
     with Path(path).open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return copy_hashing(f)[1]
 
 
 MANIFEST = "_manifest.json"
@@ -525,9 +552,11 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
     return table
 
 
-def _write_file(target: Target, rel: str, data: bytes) -> dict:
-    write_bytes(target.file(confined(rel, f"publish {target.uri}")), data)
-    return {"path": rel, "bytes": len(data), "sha256": sha256(data)}
+def _write_file(target: Target, rel: str, data: bytes | Path) -> dict:
+    """One file of a publish (bytes, or a local file streamed in blocks) and its manifest entry."""
+    with data.open("rb") if isinstance(data, Path) else io.BytesIO(data) as source:
+        size, digest = write_stream(target.file(confined(rel, f"publish {target.uri}")), source)
+    return {"path": rel, "bytes": size, "sha256": digest}
 
 
 def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool = False, **meta) -> dict:
@@ -535,34 +564,37 @@ def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool =
     local_dir = Path(local_dir)
     with publishing(uri, overwrite, kind) as target:
         files = [
-            _write_file(target, path.relative_to(local_dir).as_posix(), path.read_bytes())
+            _write_file(target, path.relative_to(local_dir).as_posix(), path)
             for path in sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
         ]
         return target.manifest(kind, files, **meta)
 
 
 def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
-    """Materialize a published folder locally (a no-op view for local URIs) after verifying sha256 sums."""
+    """Materialize a published folder locally (a no-op view for local URIs) after verifying sha256 sums. Files
+    are read in blocks, hashed on the way (a model's weights need not fit in memory)."""
     manifest = read_manifest(uri, kind)
     loc = resolve(uri)
-    if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
-        for entry in manifest["files"]:
-            path = Path(_member_location(loc, manifest, entry["path"], kind))
-            if not path.is_file():
+    view = isinstance(loc.fs, pafs.LocalFileSystem) and dest is None
+    target = None if view else Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
+    for entry in manifest["files"]:
+        path = _member_location(loc, manifest, entry["path"], kind)
+        with reachable(loc, "read"):
+            if loc.fs.get_file_info(path).type != pafs.FileType.File:
                 raise StorageError(
                     f"{kind} {loc.uri}: '{entry['path']}' is listed in its manifest but missing; "
                     f"fix: republish the artifact"
                 )
-            _verify(entry, path.read_bytes(), loc.uri)
-        return Path(loc.path) / manifest.get("prefix", "")
-    target = Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
-    for entry in manifest["files"]:
-        out = inside(target, entry["path"], f"{kind} {loc.uri}")
-        data = _read_entry(loc, manifest, entry, kind)
-        with reachable(Location(pafs.LocalFileSystem(), str(out), str(out)), "write"):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(data)
-    return target
+            with loc.fs.open_input_stream(path) as source:
+                if target is None:
+                    _verify(entry, *copy_hashing(source), loc.uri)
+                    continue
+                # a file that does not match is never renamed into place
+                out = inside(target, entry["path"], f"{kind} {loc.uri}")
+                write_stream(
+                    str(out), source, check=lambda size, digest, e=entry: _verify(e, size, digest, loc.uri)
+                )
+    return Path(loc.path) / manifest.get("prefix", "") if target is None else target
 
 
 def download_dir(uri: str, target: Path, *, marker: str, what: str) -> bool:
@@ -624,7 +656,7 @@ def _read_entry(loc: Location, manifest: dict, entry: dict, what: str) -> bytes:
     """A listed file's bytes, verified against its manifest entry."""
     path = _member_location(loc, manifest, entry["path"], what)
     data = read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path)
-    _verify(entry, data, loc.uri)
+    _verify(entry, len(data), sha256(data), loc.uri)
     return data
 
 
@@ -632,9 +664,10 @@ def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
     return parse_json(read_member(uri, name, kind), join(uri, name))
 
 
-def _verify(entry: dict, data: bytes, uri: str) -> None:
-    """A published file against its manifest entry; an entry without a sha256 (every publish writes one) fails."""
-    if entry.get("bytes", len(data)) != len(data) or sha256(data) != entry.get("sha256"):
+def _verify(entry: dict, size: int, digest: str, uri: str) -> None:
+    """A published file's (bytes, sha256) against its manifest entry; an entry without a sha256 (every publish
+    writes one) fails."""
+    if entry.get("bytes", size) != size or digest != entry.get("sha256"):
         raise StorageError(
             f"'{uri}/{entry['path']}' does not match its recorded sha256 (corrupt or tampered); "
             f"fix: republish the artifact from its source"
