@@ -113,8 +113,9 @@ class PipelineConfig(StageConfig):
     eval_samples: int = like(_EVALUATE, "samples", "evaluation samples per task (n of pass@k)")
     promote_to: str = opt(
         "",
-        "'' = register only; 'staging' = alias every registered version (ungated); 'production' = promote "
-        "the last round's version through the gate (a refusal is reported, the run still succeeds)",
+        "'' = register only; 'staging' = alias every registered version (through the registry's staging policy "
+        "if it has one); 'production' = promote the last round's version through the gate (a refusal of either "
+        "is reported, the run still succeeds)",
         choices=PROMOTE_TO,
     )
     serve_deployment: str = opt(

@@ -9,6 +9,7 @@ import pytest
 
 from sdarflow import storage
 from sdarflow.cli import main
+from sdarflow.registry import Registry
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 
 
@@ -208,6 +209,12 @@ def test_evaluate_and_register(chain, tiny_model, tmp_path, capsys):
     argv += ["--model", str(tiny_model), "--data", chain["generate"]]
     assert run_cli(capsys, *argv, "--data", chain["skills"])["version"] == 1
     assert run_cli(capsys, *argv)["version"] == 2
+    # a staging policy that refuses: the version is registered and reported not staged, and the command succeeds
+    # (a pipeline's register task would otherwise fail, be retried and be refused again)
+    Registry(reg).set_gate("sdar-policy", "staging", {"floor": 0.99}, reason="test: a canary bar")
+    staged = run_cli(capsys, *argv, "--data", chain["rescore"], "--promote-to", "staging")
+    assert staged["version"] == 3 and staged["staging"].startswith("refused: ")
+    assert "staging" not in Registry(reg).aliases("sdar-policy")
     lineage = json.loads(Path(reg, "sdar-policy/versions/1/lineage.json").read_text())
     assert lineage["skill_library_version"] == storage.read_manifest(chain["skills"])["version"]
     assert lineage["train_config_hash"] == storage.read_manifest(chain["train"])["config_hash"]

@@ -88,7 +88,7 @@ def _registered_before(registry: Registry, name: str, lineage: dict, adapter_man
 
 
 def run(cfg: RegisterConfig) -> dict:
-    from sdarflow.registry import Registry
+    from sdarflow.registry import GateRefused, Registry
     from sdarflow.registry.intake import load_report
 
     require("register", registry=cfg.registry, adapter=cfg.adapter, eval_report=cfg.eval_report)
@@ -128,8 +128,17 @@ def run(cfg: RegisterConfig) -> dict:
                 base_model=cfg.model or None,
                 base_eval_report=cfg.base_eval_report or None,
             )
+    staged = None
     if cfg.promote_to:
-        registry.promote(cfg.name, version, stage=cfg.promote_to)
+        try:
+            registry.promote(cfg.name, version, stage=cfg.promote_to)
+            staged = "staged"
+        except GateRefused as err:
+            # The registry's staging policy refused it: the version stays registered and the run goes on (a retry
+            # would be refused again), as a refused production promotion does.
+            log.warning("register: %s v%d not aliased %s: %s", cfg.name, version, cfg.promote_to, err)
+            staged = f"refused: {err}"
     log.info("register: %s version %s in %s", cfg.name, version, cfg.registry)
     uri = storage.join(cfg.registry, cfg.name, "versions", str(version))
-    return {"uri": uri, "registry": cfg.registry, "name": cfg.name, "version": version}
+    result = {"uri": uri, "registry": cfg.registry, "name": cfg.name, "version": version}
+    return result | ({cfg.promote_to: staged} if staged else {})
