@@ -29,7 +29,13 @@ from pipelines.kube import (
     pull_secrets,
 )
 from sdarflow.config import StageConfig
-from sdarflow.defaults import RUN_AS_UID, S3_SECRET, container_security_context, pod_security_context
+from sdarflow.defaults import (
+    RUN_AS_UID,
+    S3_SECRET,
+    container_security_context,
+    pod_security_context,
+    quantity,
+)
 from sdarflow.errors import ConfigError
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -100,6 +106,11 @@ def trainjob_manifest(
     cfg = dataclasses.replace(cfg, engine="deepspeed", checkpoint_uri="")
     if nodes < 1 or gpus_per_node < 0:
         raise ConfigError(f"nodes ({nodes}) must be >= 1 and gpus_per_node ({gpus_per_node}) >= 0")
+    quantity(cpu, "pipeline trainjob: --cpu", "CPU")
+    quantity(memory, "pipeline trainjob: --memory")
+    for flag, size in (("--shm-size", shm_size), ("--model-cache-size", model_cache_size)):
+        if size:
+            quantity(size, f"pipeline trainjob: {flag}")
     metadata: dict[str, Any] = {
         "name": job_name(name),
         "labels": {

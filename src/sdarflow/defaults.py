@@ -1,5 +1,9 @@
 """Names that several layers share and that must cost nothing to import (the CLI builds flags from them, the KFP
-components and Kubernetes manifests use them): defined here once, with no dependency."""
+components and Kubernetes manifests use them): defined here once, with no dependency but the errors."""
+
+import re
+
+from sdarflow.errors import ConfigError
 
 # The Kubernetes Secret (k8s/base) whose AWS_* keys pods, jobs and servers get as environment variables.
 S3_SECRET = "sdarflow-s3"
@@ -24,3 +28,20 @@ def pod_security_context(uid: int | None = RUN_AS_UID) -> dict:
 def container_security_context() -> dict:
     """A container's ``securityContext``: no privilege escalation, every capability dropped."""
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+# The quantities both KFP's SDK (PipelineTask.set_cpu_*/set_memory_*) and the API server accept: Kubernetes'
+# grammar narrowed to KFP's forms (KFP's "K" is no Kubernetes suffix and Kubernetes' "k" no KFP one, so neither).
+_QUANTITY = {
+    "CPU": (re.compile(r"([0-9]*\.)?[0-9]+m?"), "2, 0.5 or 500m"),
+    "size": (re.compile(r"[0-9]+(Ei|Pi|Ti|Gi|Mi|Ki|E|P|T|G|M)?"), "16Gi, 512Mi or 20G"),
+}
+
+
+def quantity(value: str, what: str, kind: str = "size") -> str:
+    """``value`` if it is a Kubernetes ``kind`` quantity ("CPU" or "size": memory, volumes), else a one-line
+    error now, where the API server would refuse the pod only when it runs."""
+    pattern, example = _QUANTITY[kind]
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ConfigError(f"{what}: {value!r} is not a Kubernetes {kind} quantity; fix: e.g. {example}")
+    return value

@@ -727,6 +727,47 @@ def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path
 
 
 @pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--memory", "train=64GB"],
+            "--memory train: '64GB' is not a Kubernetes size quantity; fix: e.g. 16Gi",
+        ),
+        (
+            ["--cpu", "train=two"],
+            "--cpu train: 'two' is not a Kubernetes CPU quantity; fix: e.g. 2, 0.5 or 500m",
+        ),
+        (["--shm-size", "16GiB"], "--shm-size: '16GiB' is not a Kubernetes size quantity"),
+        (["--model-cache-size", "1.5Ti"], "--model-cache-size: '1.5Ti' is not a Kubernetes size quantity"),
+    ],
+)
+def test_a_quantity_the_api_server_or_kfp_would_refuse_is_one_line(tmp_path, capsys, flags, message):
+    """Before: a bad --memory or --cpu ended as KFP's "unexpected ValueError", a bad --shm-size or
+    --model-cache-size compiled into a spec whose pods the API server refuses when the run starts."""
+    out = tmp_path / "bad.yaml"
+    assert main(["pipeline", "compile", "--allow-release-tags", "--output", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_quantities_are_kubernetes_and_kfp_forms():
+    from sdarflow.defaults import quantity
+    from sdarflow.errors import ConfigError
+
+    for good in ("2", "0.5", "500m", ".5"):
+        assert quantity(good, "cpu", "CPU") == good
+    for good in ("64Gi", "512Mi", "20G", "1024", "1Ti"):
+        assert quantity(good, "memory") == good
+    for bad in ("2 ", "-1", "1.5Gi", "64GB", "1K", "1k", "", "Gi"):
+        with pytest.raises(ConfigError, match="is not a Kubernetes size quantity"):
+            quantity(bad, "memory")
+    for bad in ("2m5", "1Gi", "two", ""):
+        with pytest.raises(ConfigError, match="is not a Kubernetes CPU quantity"):
+            quantity(bad, "cpu", "CPU")
+
+
+@pytest.mark.parametrize(
     "pipeline_flags", [["--rounds", "1"], ["--pipeline", "promote"], ["--pipeline", "study"]]
 )
 def test_an_image_pull_secret_reaches_every_task(tmp_path, capsys, pipeline_flags):

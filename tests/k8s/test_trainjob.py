@@ -214,6 +214,25 @@ def test_job_names_are_rfc1035_labels(text, expected):
     assert job_name(text) == expected
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "kind"),
+    [
+        ("cpu", "32 cores", "CPU"),
+        ("memory", "256GB", "size"),
+        ("shm_size", "1.5Gi", "size"),
+        ("model_cache_size", "x", "size"),
+    ],
+)
+def test_a_quantity_the_api_server_would_refuse_is_one_line(field, value, kind):
+    from sdarflow.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError,
+        match=f"pipeline trainjob: --{field.replace('_', '-')}: .* is not a Kubernetes {kind} quantity",
+    ):
+        trainjob_manifest(train_config(), name="n", image="i", **{field: value})
+
+
 def test_stage_flags_and_tolerations_parse():
     assert stage_flags(TrainConfig()) == []
     assert Toleration.parse("pool=gpu:NoExecute") == Toleration("pool", "NoExecute", "gpu")

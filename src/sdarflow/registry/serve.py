@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import __version__, storage
-from sdarflow.defaults import RUN_AS_UID, container_security_context, pod_security_context
+from sdarflow.defaults import RUN_AS_UID, container_security_context, pod_security_context, quantity
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.models.identity import lora_rank, max_lora_rank
 from sdarflow.registry import intake
@@ -171,6 +171,7 @@ def serve_config(
             f"model the adapters were trained on and checks them against it; fix: upload it (k8s/README step 6) "
             f"and pass its s3:// URI"
         )
+    quantity(model_storage, "serve-config: --model-storage")
     registry = registry if isinstance(registry, Registry) else Registry(registry)
     adapters = production_adapters(registry, name, ADAPTER_ROOT)
     max_rank = max_lora_rank([a["lora_rank"] for a in adapters])
