@@ -379,6 +379,10 @@ def prepare(pc: PipelineConfig) -> str:
             "base model (the registry promotes and serves LoRA adapters); fix: lora_rank 8-64, or run full "
             "fine-tune rounds outside the registry with `sdarflow study` or `python -m bench.learning_check`"
         )
+    if pc.serve_deployment:  # a Deployment the promotion could not roll fails now, not after the training
+        from sdarflow.registry.roll import ServingRoll
+
+        ServingRoll(pc.serve_deployment, Registry(pc.registry).uri, pc.policy_name, "production")
     pc.start_adapter = resolve_start_adapter(pc)
     pc.seed_skills = resolve_seed_skills(pc)
     uri = run_uri(pc.storage, pc.run_id, "pipeline.yaml")

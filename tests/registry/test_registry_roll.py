@@ -345,7 +345,7 @@ def test_a_bad_target_is_refused(target):
 
 def test_the_pipeline_promotion_rolls_and_its_config_is_checked(served, registry):
     from sdarflow.kfp_runtime import run_promotion
-    from sdarflow.pipeline_config import PipelineConfig
+    from sdarflow.pipeline_config import PipelineConfig, prepare
 
     line = run_promotion(
         registry.uri, NAME, "2", force=True, reason="t", roll_deployment="sdarflow/sdarflow-serve"
@@ -354,5 +354,16 @@ def test_the_pipeline_promotion_rolls_and_its_config_is_checked(served, registry
     assert served.recorded() == {f"{NAME}:production": 2}
     with pytest.raises(ConfigError, match="promote_to is empty; fix: promote_to production"):
         PipelineConfig(serve_deployment="sdarflow/sdarflow-serve").validate()
+    # a run whose promotion could not roll serving fails when it starts, not after its training
+    served.objects[DEPLOYMENT]["spec"]["paused"] = True
+    store = registry.uri.rsplit("/", 1)[0]
+    pc = PipelineConfig(
+        storage=store, base_model="b", registry=registry.uri, policy_name=NAME, promote_to="production",
+        serve_deployment="sdarflow/sdarflow-serve", data_cursor="fixed",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="is paused"):
+        prepare(pc)
+    del served.objects[DEPLOYMENT]["spec"]["paused"]
+    assert prepare(pc).endswith("pipeline.yaml")
     with pytest.raises(ConfigError, match=r"expected \[NAMESPACE/\]NAME"):
         PipelineConfig(serve_deployment="a/b/c", promote_to="production").validate()
