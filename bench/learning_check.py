@@ -6,7 +6,8 @@ policy; the last point is the final adapter's rollouts). With ``--fixed-tasks`` 
 (``round_tasks=same``): the overfit check, the first thing an RL framework shows (can the method raise success on
 tasks it sees again?); without it each round plays new tasks. Each round also records why the update was what it
 was: the share of groups whose advantages are all zero (no gradient), the auxiliary term's gradient share, the
-gate. Results go to ``bench/results/learning_check_<method>[_fixed].json`` with a PNG of the curves beside it. Not
+gate, and how many of each task's episodes it solved (so the tasks a seed forgot, solved in at least half their
+episodes after some round and in none at the end, are named). Results go to ``bench/results/learning_check_<method>[_fixed].json`` with a PNG of the curves beside it. Not
 part of ``make bench --quick``: it takes minutes per seed.
 
     python -m bench.learning_check --method grpo --fixed-tasks --tasks 16 --seeds 0 1 2 --rounds 8
@@ -22,9 +23,11 @@ import tempfile
 import time
 
 from bench.common import RESULTS, demo_model, write_result
+from sdarflow import storage
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.provenance import provenance
 from sdarflow.rounds import Carry, run_round
+from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
 from sdarflow.stages import generate
 from sdarflow.study import round_record
@@ -48,14 +51,39 @@ def one_seed(args: argparse.Namespace, model: str, seed: int, root: str) -> list
     for r in range(args.rounds):
         rnd = run_round(pc, r, carry)
         carry = rnd.carry()
-        records.append(round_record(r, rnd))
+        records.append(round_record(r, rnd) | {"solved_by_task": solved_by_task(rnd.generate["uri"])})
         logging.warning(
             "seed %d round %d (%s): train success %.3f, zero-advantage groups %.2f, %.0f s",
             seed, r, args.method, records[-1]["train_success"], records[-1]["zero_adv_group_share"] or 0,
             sum(rnd.seconds.values()),
         )  # fmt: skip
     last = generate.run(stage_config(pc, "generate", args.rounds, adapter=carry.adapter))
-    return [*records, {"round": args.rounds, "train_success": last["metrics"]["rollout/success"]}]
+    final = {"round": args.rounds, "train_success": last["metrics"]["rollout/success"]}
+    return [*records, final | {"solved_by_task": solved_by_task(last["uri"])}]
+
+
+def solved_by_task(uri: str) -> dict[str, int]:
+    """How many of each task's episodes a round's rollouts (a trajectories dataset) solved: where a curve's mean
+    hides tasks learned and tasks forgotten."""
+    table = storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
+    won: dict[tuple[str, str], bool] = {}
+    for row in table.select(["task_id", "traj_id", "success"]).to_pylist():
+        key = (row["task_id"], row["traj_id"])
+        won[key] = won.get(key, False) or bool(row["success"])
+    counts = dict.fromkeys(sorted({task for task, _ in won}), 0)
+    for (task, _), solved in won.items():
+        counts[task] += solved
+    return counts
+
+
+def forgotten(records: list[dict], group_size: int) -> list[str]:
+    """The tasks a seed solved in at least half their episodes after some round and in none at the end."""
+    rounds = [rec["solved_by_task"] for rec in records if "solved_by_task" in rec]
+    if not rounds:
+        return []
+    return sorted(
+        t for t in rounds[-1] if rounds[-1][t] == 0 and any(2 * rnd.get(t, 0) >= group_size for rnd in rounds)
+    )
 
 
 def stage_settings(args: argparse.Namespace) -> dict:
@@ -99,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds_by_seed": runs,
         "base_mean": base,
         "final_mean": final,
+        "forgotten_tasks": {s: forgotten(records, args.group_size) for s, records in runs.items()},
         # the overfit check's bar: at least twice the base's success, or +0.3
         "passed": final >= min(2 * base, base + 0.3),
         "seconds": time.perf_counter() - t0,

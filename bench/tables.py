@@ -349,6 +349,13 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
         f"{by_round('gate_discrimination_expert')}. Overfit bar (final >= min(2 x base, "
         f"base + 0.3)): {'met' if r['passed'] else 'not met'} ({r['base_mean']:.3f} -> {r['final_mean']:.3f}).",
     ]
+    if "forgotten_tasks" in r:  # recorded since the per-task counts were
+        n_tasks = len(next(iter(r["rounds_by_seed"].values()))[-1]["solved_by_task"])
+        lost = "; ".join(f"seed {seed}: {len(t)}" for seed, t in r["forgotten_tasks"].items())
+        lines[-1] += (
+            f" Tasks (of {n_tasks}) solved in at least half their samples after some round and in none at the end: "
+            f"{lost}."
+        )
     return "\n".join([*lines, "", _made_by([r])])
 
 

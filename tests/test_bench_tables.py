@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from bench import tables
@@ -262,3 +263,40 @@ def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_
     assert "grpo, 16 train tasks x 8 samples a round (the same every round), lr 0.002" in table
     assert "LoRA rank 8 (`python -m bench.learning_check --train '{\"epochs\": 4}'`)." in table
     assert "Overfit bar (final >= min(2 x base, base + 0.3)): met (0.250 -> 0.625)" in table
+    assert "in none at the end" not in table  # a result from before the per-task counts
+    for seed in ("0", "1"):
+        result["rounds_by_seed"][seed][-1]["solved_by_task"] = {"t1": 0, "t2": 8}
+    result["forgotten_tasks"] = {"0": ["t1"], "1": []}
+    (tmp_path / "learning_check_grpo_fixed.json").write_text(json.dumps(result))
+    table = tables.render(
+        "<!-- generated: learning_check_grpo_fixed (python -m bench.tables) -->\n"
+        "<!-- end generated: learning_check_grpo_fixed -->",
+        tmp_path,
+    )
+    expected = "Tasks (of 2) solved in at least half their samples after some round and in none at the end"
+    assert f"{expected}: seed 0: 1; seed 1: 0." in table
+
+
+def test_a_learning_check_counts_each_tasks_solved_episodes_and_names_the_forgotten(tmp_path):
+    from factories import rescored_table
+
+    from bench.learning_check import forgotten, solved_by_task
+    from sdarflow import storage
+    from sdarflow.schema import TRAJECTORY_SCHEMA
+
+    # 3 tasks x 4 episodes of 2 turns, the odd episodes solved (on their last turn's row only, as a rollout records)
+    rows = rescored_table(n_groups=3, group_size=4).select(TRAJECTORY_SCHEMA.names).to_pylist()
+    for row in rows:
+        row["success"] = row["success"] and row["turn"] == 1
+    uri = str(tmp_path / "gen")
+    table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+    storage.write_table(table, uri, kind="trajectories", schema=TRAJECTORY_SCHEMA, config_hash="t", inputs=[])
+    assert solved_by_task(uri) == {"task-0": 2, "task-1": 2, "task-2": 2}
+    records = [
+        {"solved_by_task": {"a": 1, "b": 4, "c": 3}},  # b at half its 8 episodes: learned
+        {"solved_by_task": {"a": 5, "b": 0, "c": 0}},
+        {"train_success": 0.3},  # a record without counts (an older result) is skipped
+        {"solved_by_task": {"a": 0, "b": 0, "c": 1}},
+    ]
+    assert forgotten(records, group_size=8) == ["a", "b"]
+    assert forgotten([{"train_success": 0.1}], group_size=8) == []
