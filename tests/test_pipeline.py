@@ -314,6 +314,24 @@ def make_config(tmp_path, **overrides):
     return PipelineConfig(storage=str(tmp_path / "store"), base_model=str(tmp_path / "base"), **overrides)
 
 
+def test_replay_rounds_name_the_earlier_rounds_rollouts(tmp_path):
+    from sdarflow.pipeline_config import stage_config
+
+    replay = {"train": {"replay_rounds": 2, "sft_ratio": 0.25}}
+    pc = make_config(tmp_path, run_id="r1", stage_settings=replay)
+    assert stage_config(pc, "train", 0, input=["x"]).replay == []
+    cfg = stage_config(pc, "train", 3, input=["x"])
+    assert [u.split("/runs/r1/")[1] for u in cfg.replay] == ["round=1/generate", "round=2/generate"]
+    assert cfg.replay == [stage_config(pc, "generate", r, adapter="").output for r in (1, 2)]
+    sharded = stage_config(
+        make_config(tmp_path, run_id="r1", tasks=4, shards=2, stage_settings=replay), "train", 1
+    )
+    assert [u.split("/runs/r1/")[1] for u in sharded.replay] == [
+        "round=0/generate/shard=0",
+        "round=0/generate/shard=1",
+    ]
+
+
 def test_generate_shards_get_their_own_output(tmp_path):
     from sdarflow.pipeline_config import stage_config
 

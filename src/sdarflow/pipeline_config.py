@@ -271,6 +271,13 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     values.update(pc.stage_settings.get(stage, {}))
     # A component passes its single-dataset input and its sharded inputs together; one of the two is empty.
     values.update({k: [u for u in v if u] if isinstance(v, list) else v for k, v in io.items() if k in names})
+    if stage == "train" and values.get("replay_rounds") and "replay" not in io:
+        # the rollouts of the rounds before this one, oldest first, at the paths their generate tasks publish
+        earlier = range(max(0, round_ - int(values["replay_rounds"])), round_)
+        shards = [None] if pc.shards == 1 else range(pc.shards)
+        values["replay"] = [
+            stage_uri(pc.storage, pc.run_id, r, "generate", s) for r in earlier for s in shards
+        ]
     if "adapter" in names and not values.get("adapter") and pc.start_adapter:
         values["adapter"] = pc.start_adapter  # round 0 continues from the run's start adapter
     if stage == "extract-skills" and not values.get("previous"):

@@ -192,9 +192,52 @@ def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, cap
     assert code == 2 and "no successful rows" in capsys.readouterr().err
 
 
+def test_replay_adds_the_last_successes_of_the_tasks_this_round_did_not_solve(tiny_model, rescored, tmp_path):
+    """task-0 solved nothing this round: its solved episodes in the newest earlier dataset that has any join the
+    SFT steps; the tasks this round solved replay nothing."""
+    table = rescored_table()  # 4 tasks x 4 episodes x 2 turns, odd episodes solved
+    now = table.set_column(
+        table.schema.get_field_index("success"),
+        "success",
+        [[s and t != "task-0" for s, t in zip(table["success"].to_pylist(), table["task_id"].to_pylist())]],
+    )
+    data = str(tmp_path / "now")
+    storage.write_table(now, data, kind="rescored", schema=RESCORED_SCHEMA, config_hash="t", inputs=[])
+    out = str(tmp_path / "adapter")
+    args = ["--input", data, "--model", str(tiny_model), "--output", out, "--mini-batches", "2"]
+    assert train_cli(*args, "--sft-ratio", "0.5", "--replay", rescored) == 0
+    # task-0's 2 solved episodes x 2 turns
+    assert storage.read_manifest(out, "adapter")["metrics"]["sft/replayed_pairs"] == 4.0
+
+
+def test_replayed_pairs_take_each_unsolved_tasks_newest_successes():
+    from sdarflow.train.sft import SFTPair, replayed_pairs
+
+    def row(task: str, success: bool, token: int, response: tuple = (9,)) -> dict:
+        return {
+            "task_id": task,
+            "success": success,
+            "prompt_token_ids": [token],
+            "response_token_ids": list(response),
+        }
+
+    now = [row("a", True, 1), row("b", False, 2), row("c", False, 3)]
+    older = [row("b", True, 10), row("c", True, 11), row("c", True, 12), row("a", True, 13)]
+    newer = [row("b", True, 20), row("b", False, 21), row("c", False, 22), row("b", True, 23, ())]
+    # a: solved now, never replayed; b: the newer dataset's solved turn (its empty response left out); c: only the
+    # older dataset solved it
+    assert replayed_pairs(now, [older, newer]) == [SFTPair([20], [9]), SFTPair([11], [9]), SFTPair([12], [9])]
+    assert replayed_pairs(now, []) == []
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (["--replay", "."], "--replay \(--replay-rounds\) adds earlier successes to the SFT steps"),
+        (
+            ["--replay-rounds", "2", "--sft-ratio", "0.25", "--mode", "sft"],
+            "fix: --sft-ratio 0.25, or no replay",
+        ),
         (["--checkpoint-dir", "s3://bucket/ck"], "must be a local folder"),
         (["--sft-ratio", "-1"], "sft_ratio = -1.0 must be >= 0"),
         (["--clip-ratio-c", "0.5"], "clip_ratio_c \\(0.5\\) must be > 1"),

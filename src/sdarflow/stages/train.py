@@ -46,6 +46,7 @@ from sdarflow.train.rl_setup import (
 )
 from sdarflow.train.samples import EPISODE_WEIGHTS, read_rows
 from sdarflow.train.schedule import TrainState, WarmupConstant
+from sdarflow.train.sft import replayed_pairs
 from sdarflow.train.trainer import TrainLoop, train
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,19 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
 
     stage = "train"
     input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", reads=True)
+    replay: list[str] = opt(
+        [],
+        "earlier rounds' trajectories or rescored datasets, oldest first: for each task this round's input solves "
+        "no episode of, the solved episodes of the newest of them that solves it join the --sft-ratio SFT steps "
+        "(self-imitation: a task the policy stopped solving keeps its last successes); the pipeline fills it "
+        "from --replay-rounds",
+        reads=True,
+    )
+    replay_rounds: int = opt(
+        0,
+        "the pipeline's --replay: the rollouts of this many rounds before this one (needs --sft-ratio > 0)",
+        ge=0,
+    )
     model: str = opt("", "base model HF folder", reads=True)
     adapter: str = opt(
         "",
@@ -166,6 +180,11 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
             raise ConfigError(
                 "train: --target-kl stops on the PPO ratio's KL, and opsd has no policy-gradient term to measure it "
                 "on; fix: drop --target-kl, or train a method with one (grpo, sdar, grpo_opsd, rlsd, skill_sd)"
+            )
+        if (self.replay or self.replay_rounds) and not (self.mode == "rl" and self.sft_ratio > 0):
+            raise ConfigError(
+                "train: --replay (--replay-rounds) adds earlier successes to the SFT steps, and this run takes none "
+                "(mode rl with --sft-ratio > 0 does); fix: --sft-ratio 0.25, or no replay"
             )
         self.validate_options()
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
@@ -291,7 +310,8 @@ def _train(cfg: TrainConfig) -> dict:
         values, fitted, warm = options.state_values(engine, policy.tokenizer.pad_token_id, rows)
         shaping = rl_shaping(cfg, rows, values, warm)
         shaping.metrics.update(fitted)
-    data = train_inputs(cfg, rows, shaping, policy, rl_step, options.repairs(rows, policy, shaping))
+    replayed = replayed_pairs(rows, [read_rows("sft", [uri], task_id=True) for uri in cfg.replay])
+    data = train_inputs(cfg, rows, shaping, policy, rl_step, options.repairs(rows, policy, shaping), replayed)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps, start=carried_optimizer(cfg, engine))
     state, save_checkpoint = checkpointing(cfg, engine, data, schedule, options.ema)
     resumed_from = state.step if state else 0
@@ -319,6 +339,8 @@ def _train(cfg: TrainConfig) -> dict:
             summary["train/kl_stop_step"] = float(state.kl_stop["step"] if state.kl_stop else 0)
         if shaping:
             summary.update(shaping.metrics)
+        if cfg.replay:  # SFT pairs from earlier rounds' successes of tasks this round did not solve
+            summary["sft/replayed_pairs"] = float(len(replayed))
         objective = {**cfg.settings(), "rl_step": rl_step}  # as the run used them: the preset resolved
         with engine.gathered():  # ZeRO-3: every rank takes part in gathering the full weights
             masters = engine.master_weights()

@@ -140,12 +140,12 @@ def reward_coef(cfg, rows: list[dict]) -> float:
 
 
 def train_inputs(
-    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int, repaired: list
+    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int, repaired: list, replayed: list = ()
 ) -> TrainData:
-    """The trainer's data. SFT steps train on the successful rows (``--sft-ratio``); with ``repaired`` malformed
-    turns (``--format-guard repair``), on those too, at least once every ``--format-repair-every`` RL steps (only on
-    them when ``--sft-ratio`` is 0)."""
-    sft = sft_pairs_from_rows(rows)
+    """The trainer's data. SFT steps train on the successful rows (``--sft-ratio``) and the ``replayed`` earlier
+    successes (``--replay``); with ``repaired`` malformed turns (``--format-guard repair``), on those too, at least
+    once every ``--format-repair-every`` RL steps (only on them when ``--sft-ratio`` is 0)."""
+    sft = [*sft_pairs_from_rows(rows), *replayed]
     floor = Fraction(0)
     if repaired:
         sft = [*sft, *repaired] if cfg.sft_ratio > 0 else repaired

@@ -39,9 +39,9 @@ REWARDS = ("outcome", "perplexity-delta")
 EPISODE_WEIGHTS = ("tokens", "equal")
 
 
-def read_rows(mode: str, inputs: list[str]) -> list[dict]:
+def read_rows(mode: str, inputs: list[str], task_id: bool = False) -> list[dict]:
     """The rows train reads from its ``inputs``: RL needs rescored rows; SFT needs only prompts, responses and
-    success, so trajectories work too."""
+    success (and with ``task_id``, the task), so trajectories work too."""
     if mode == "rl":
         return storage.read_table(inputs, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
     rows: list[dict] = []
@@ -52,7 +52,8 @@ def read_rows(mode: str, inputs: list[str]) -> list[dict]:
                 f"train --mode sft: '{uri}' holds a {kind!r} artifact; fix: pass a trajectories or rescored dataset"
             )
         table = storage.read_table(uri, kind=kind, schema=SCHEMAS[kind])
-        rows += table.select(["prompt_token_ids", "response_token_ids", "success"]).to_pylist()
+        columns = ["prompt_token_ids", "response_token_ids", "success", *(["task_id"] if task_id else [])]
+        rows += table.select(columns).to_pylist()
     return rows
 
 

@@ -48,6 +48,24 @@ def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
     ]
 
 
+def replayed_pairs(rows: list[dict], earlier: list[list[dict]]) -> list[SFTPair]:
+    """Self-imitation of earlier successes (Oh et al., 2018): for each task no episode of ``rows`` (this round)
+    solved, every turn of the solved episodes in the newest of the ``earlier`` datasets (oldest first) that solved
+    it. A task the policy stopped solving gives GRPO no signal (its group's advantages are all zero); replaying its
+    last successes keeps one."""
+    solved_now = {r["task_id"] for r in rows if r.get("success")}
+    newest: dict[str, list[SFTPair]] = {}
+    for dataset in earlier:
+        solved: dict[str, list[SFTPair]] = {}
+        for r in dataset:
+            if r["task_id"] not in solved_now and r.get("success") and r["response_token_ids"]:
+                solved.setdefault(r["task_id"], []).append(
+                    SFTPair(list(r["prompt_token_ids"]), list(r["response_token_ids"]))
+                )
+        newest.update(solved)  # a later dataset's successes replace an earlier one's, task by task
+    return [pair for task in sorted(newest) for pair in newest[task]]
+
+
 def sft_micro_step(
     model, pairs: list[SFTPair], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, dict[str, float]]:
