@@ -54,6 +54,7 @@ class FakeApiServer:
         self.patch_status: int | None = None
         self.apply_status: int | None = None
         self.race = False
+        self.dry_run_status: tuple[int, str] | None = None  # (code, message) for dry runs only
         self.patches: list[tuple[str, dict]] = []
         self.dry_runs = 0
         server = self
@@ -89,6 +90,11 @@ class FakeApiServer:
                 # the client sends a dict body as a strategic merge patch; for annotations it merges as RFC 7386
                 assert kind == "application/strategic-merge-patch+json", kind
                 dry = parse_qs(url.query).get("dryRun") == ["All"]
+                if dry and server.dry_run_status:
+                    code, message = server.dry_run_status
+                    return self._send(
+                        code, {"kind": "Status", "status": "Failure", "code": code, "message": message}
+                    )
                 if server.status or server.patch_status or (server.apply_status and not dry):
                     return self._status(server.status or server.patch_status or server.apply_status)
                 if url.path not in server.objects:
@@ -289,6 +295,14 @@ def test_a_deployment_that_cannot_follow_is_refused_before_the_alias_moves(
 ):
     setup(api, registry.uri)
     _refused(api, registry, capsys, message)
+
+
+def test_a_webhook_that_takes_no_dry_run_does_not_block_the_roll(served, registry, capsys, caplog):
+    """The API server answers a dry run 400 when an admission webhook declares side effects; RBAC passed."""
+    served.dry_run_status = (400, 'admission webhook "policy.example.com" does not support dry run')
+    assert promote(registry, *ROLL) == 0
+    assert "rolls to sdar-policy:production v2" in capsys.readouterr().out
+    assert "does not take dry runs" in caplog.text and served.recorded() == {f"{NAME}:production": 2}
 
 
 def test_a_paused_deployment_is_refused(served, registry, capsys):

@@ -3,7 +3,8 @@
 A serving pod resolves ``<name>:production`` when it starts (its init container, ``registry serve-fetch``), so a
 promotion reaches it only through a new pod. :class:`ServingRoll` is made before the alias moves: it reads the
 Deployment and refuses one that cannot follow (missing, paused, pinning version numbers as ``registry
-serve-config`` does, serving another name or registry) and one the caller may not patch (a server-side dry run).
+serve-config`` does, serving another name or registry) and one the caller may not patch (a server-side dry run;
+an admission webhook that takes no dry runs only warns).
 After the alias moves, :meth:`ServingRoll.roll` records the move in the pod template (the annotation
 ``sdarflow.io/versions``, JSON: ``{"name:alias": {"version": 7, "at": "<time of the move>"}}``); the changed
 template is what makes Kubernetes roll (the Deployment's ``RollingUpdate``: the new pod serves before the old one
@@ -67,10 +68,7 @@ class ServingRoll:
         self.registry_uri, self.name, self.stage, self.key = registry_uri, name, stage, f"{name}:{stage}"
         self.api = AppsV1Api(client)
         self._recorded(self._read())
-        with self._errors():  # RBAC's patch verb and admission, without changing anything
-            self.api.patch_namespaced_deployment(
-                self.deployment, self.namespace, {}, dry_run="All", _request_timeout=REQUEST_TIMEOUT_S
-            )
+        self._dry_run()
         self.retry = (
             f"`sdarflow registry promote --registry {registry_uri} --policy-name {name} --stage {stage} --version "
             f"{{version}} --roll-deployment {self.namespace}/{self.deployment}` (it moves nothing and rolls)"
@@ -125,6 +123,24 @@ class ServingRoll:
         log.info("%s", line)
         return line
 
+    def _dry_run(self) -> None:
+        """RBAC's patch verb and admission, without changing anything. An admission webhook that declares side
+        effects refuses every dry run (HTTP 400 naming it), after RBAC allowed the patch: then only a warning."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            with self._errors(raw=True):
+                self.api.patch_namespaced_deployment(
+                    self.deployment, self.namespace, {}, dry_run="All", _request_timeout=REQUEST_TIMEOUT_S
+                )
+        except ApiException as err:
+            if err.status == 400 and "dry run" in str(err.body).lower():
+                log.warning(
+                    "%s: an admission webhook does not take dry runs; RBAC allowed the patch", self.where
+                )
+                return
+            raise ConfigError(_api_error(err, self.where)) from None
+
     def _read(self) -> dict[str, Any]:
         with self._errors():
             found = self.api.read_namespaced_deployment(
@@ -172,14 +188,17 @@ class ServingRoll:
         return versions
 
     @contextlib.contextmanager
-    def _errors(self):
-        """The Kubernetes API's refusals as one line each (a conflict as :class:`_Conflict`, which roll retries)."""
+    def _errors(self, raw: bool = False):
+        """The Kubernetes API's refusals as one line each (a conflict as :class:`_Conflict`, which roll retries;
+        ``raw``: the API's own exception, for the caller to read)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
             yield
         except ApiException as err:
+            if raw:
+                raise
             if err.status == 409:
                 raise _Conflict from None
             raise ConfigError(_api_error(err, self.where)) from None
