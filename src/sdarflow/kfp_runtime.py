@@ -194,7 +194,7 @@ def run_promotion(
     refusal raises GateRefused; returns one summary line, also written to the Markdown artifact."""
     setup_logging()
     store = Registry(registry)
-    roller = ServingRoll(roll_deployment, store.uri, name, stage) if roll_deployment else None
+    roller = ServingRoll(roll_deployment, store, name, stage) if roll_deployment else None
     event = store.promote(
         name,
         version,
@@ -207,7 +207,7 @@ def run_promotion(
     )
     line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
     if roller:
-        line += f"; {roller.roll(event)}"
+        line += f"; {roller.roll()}"
     _write_text(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
     log.info("promotion: %s", line)
     return line

@@ -389,7 +389,7 @@ def prepare(pc: PipelineConfig) -> str:
     if pc.serve_deployment:  # a Deployment the promotion could not roll fails now, not after the training
         from sdarflow.registry.roll import ServingRoll
 
-        ServingRoll(pc.serve_deployment, Registry(pc.registry).uri, pc.policy_name, "production")
+        ServingRoll(pc.serve_deployment, Registry(pc.registry), pc.policy_name, "production")
     pc.start_adapter = resolve_start_adapter(pc)
     pc.seed_skills = resolve_seed_skills(pc)
     uri = run_uri(pc.storage, pc.run_id, "pipeline.yaml")

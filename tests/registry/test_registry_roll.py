@@ -217,6 +217,13 @@ def served(api, registry, tmp_path):
     return api
 
 
+@pytest.fixture
+def follows(api, registry):
+    """A Deployment that serves the alias from ``registry`` (the annotations k8s/serving's template carries)."""
+    api.add(f"{NAME}:production", registry.uri)
+    return api
+
+
 def test_each_move_of_the_alias_rolls_k8s_serving_and_a_retry_does_not(served, registry, capsys):
     api = served
     assert promote(registry, *ROLL) == 0
@@ -297,26 +304,26 @@ def test_a_deployment_that_cannot_follow_is_refused_before_the_alias_moves(
     _refused(api, registry, capsys, message)
 
 
-def test_a_webhook_that_takes_no_dry_run_does_not_block_the_roll(served, registry, capsys, caplog):
+def test_a_webhook_that_takes_no_dry_run_does_not_block_the_roll(follows, registry, capsys, caplog):
     """The API server answers a dry run 400 when an admission webhook declares side effects; RBAC passed."""
-    served.dry_run_status = (400, 'admission webhook "policy.example.com" does not support dry run')
+    follows.dry_run_status = (400, 'admission webhook "policy.example.com" does not support dry run')
     assert promote(registry, *ROLL) == 0
     assert "rolls to sdar-policy:production v2" in capsys.readouterr().out
-    assert "does not take dry runs" in caplog.text and served.recorded() == {f"{NAME}:production": 2}
+    assert "does not take dry runs" in caplog.text and follows.recorded() == {f"{NAME}:production": 2}
 
 
-def test_a_paused_deployment_is_refused(served, registry, capsys):
-    served.objects[DEPLOYMENT]["spec"]["paused"] = True
+def test_a_paused_deployment_is_refused(follows, registry, capsys):
+    follows.objects[DEPLOYMENT]["spec"]["paused"] = True
     _refused(
-        served,
+        follows,
         registry,
         capsys,
         "is paused, so a changed template does not roll it; fix: `kubectl -n sdarflow",
     )
 
 
-def test_a_roll_that_fails_after_the_move_says_the_alias_moved_and_how_to_roll(served, registry, capsys):
-    served.apply_status = 500  # the dry run passes, the write fails
+def test_a_roll_that_fails_after_the_move_says_the_alias_moved_and_how_to_roll(follows, registry, capsys):
+    follows.apply_status = 500  # the dry run passes, the write fails
     assert promote(registry, *ROLL) == 2
     err = capsys.readouterr().err
     assert (
@@ -326,13 +333,46 @@ def test_a_roll_that_fails_after_the_move_says_the_alias_moved_and_how_to_roll(s
     assert command.endswith("--version 2 --roll-deployment sdarflow/sdarflow-serve")
     assert registry.resolve(NAME, "production") == 2
     # the command it names moves nothing and rolls
-    served.apply_status = None
+    follows.apply_status = None
     assert main(shlex.split(command.removeprefix("sdarflow "))) == 0
     assert (
         "rolls to sdar-policy:production v2" in capsys.readouterr().out
-        and served.recorded()[f"{NAME}:production"] == 2
+        and follows.recorded()[f"{NAME}:production"] == 2
     )
     assert registry.resolve(NAME, "production") == 2
+
+
+def test_the_hint_after_a_failed_roll_rolls_even_where_the_template_names_that_version(
+    follows, registry, capsys
+):
+    """`kubectl rollout undo` left the template naming v1 while the alias (and the pods) moved on to v2; a rollback
+    to v1 moves the alias, its roll fails; the command the error names then rolls, although the template names v1."""
+    assert promote(registry, *ROLL) == 0
+    follows.template_annotations()[VERSIONS_ANNOTATION] = json.dumps(
+        {f"{NAME}:production": {"version": 1, "at": "t"}}
+    )
+    follows.apply_status = 500
+    assert rollback(registry, *ROLL) == 2
+    command = capsys.readouterr().err.split("then run `")[1].split("`")[0]
+    follows.apply_status = None
+    assert main(shlex.split(command)[1:]) == 0
+    assert "rolls to sdar-policy:production v1 (was v1)" in capsys.readouterr().out
+    assert registry.resolve(NAME, "production") == 1
+    # and once the template holds the alias's last move, the same command rolls nothing
+    assert main(shlex.split(command)[1:]) == 0
+    assert "already serves sdar-policy:production v1" in capsys.readouterr().out
+
+
+def test_the_kubeconfig_wins_over_the_pods_service_account(follows, registry, tmp_path, monkeypatch, capsys):
+    """kubectl's order: $KUBECONFIG (or ~/.kube/config) first, the service account only without one; in-cluster
+    credentials (HTTPS to the API server) are not exercised here."""
+    account = tmp_path / "service-account"
+    account.mkdir()
+    (account / "token").write_text("t")
+    (account / "namespace").write_text("elsewhere")
+    monkeypatch.setattr(roll, "SERVICE_ACCOUNT", account)
+    assert promote(registry, "--roll-deployment", "sdarflow-serve") == 0  # the kubeconfig context's namespace
+    assert "deployment sdarflow/sdarflow-serve rolls" in capsys.readouterr().out
 
 
 def test_no_credentials_and_no_server_are_one_line_each(api, registry, tmp_path, monkeypatch, capsys):
@@ -357,7 +397,7 @@ def test_a_bad_target_is_refused(target):
         parse_target(target)
 
 
-def test_the_pipeline_promotion_rolls_and_its_config_is_checked(served, registry):
+def test_the_pipeline_promotion_rolls_and_its_config_is_checked(follows, registry):
     from sdarflow.kfp_runtime import run_promotion
     from sdarflow.pipeline_config import PipelineConfig, prepare
 
@@ -365,11 +405,11 @@ def test_the_pipeline_promotion_rolls_and_its_config_is_checked(served, registry
         registry.uri, NAME, "2", force=True, reason="t", roll_deployment="sdarflow/sdarflow-serve"
     )
     assert line.endswith("deployment sdarflow/sdarflow-serve rolls to sdar-policy:production v2")
-    assert served.recorded() == {f"{NAME}:production": 2}
+    assert follows.recorded() == {f"{NAME}:production": 2}
     with pytest.raises(ConfigError, match="promote_to is empty; fix: promote_to production"):
         PipelineConfig(serve_deployment="sdarflow/sdarflow-serve").validate()
     # a run whose promotion could not roll serving fails when it starts, not after its training
-    served.objects[DEPLOYMENT]["spec"]["paused"] = True
+    follows.objects[DEPLOYMENT]["spec"]["paused"] = True
     store = registry.uri.rsplit("/", 1)[0]
     pc = PipelineConfig(
         storage=store, base_model="b", registry=registry.uri, policy_name=NAME, promote_to="production",
@@ -377,7 +417,7 @@ def test_the_pipeline_promotion_rolls_and_its_config_is_checked(served, registry
     )  # fmt: skip
     with pytest.raises(ConfigError, match="is paused"):
         prepare(pc)
-    del served.objects[DEPLOYMENT]["spec"]["paused"]
+    del follows.objects[DEPLOYMENT]["spec"]["paused"]
     assert prepare(pc).endswith("pipeline.yaml")
     with pytest.raises(ConfigError, match=r"expected \[NAMESPACE/\]NAME"):
         PipelineConfig(serve_deployment="a/b/c", promote_to="production").validate()

@@ -127,7 +127,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     gate = event.get("gate", "unchanged")
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (gate: {gate})\n")
     if roller:
-        sys.stdout.write(roller.roll(event) + "\n")
+        sys.stdout.write(roller.roll() + "\n")
     return 0
 
 
@@ -138,7 +138,7 @@ def _roller(args: argparse.Namespace) -> Any:
         return None
     from sdarflow.registry.roll import ServingRoll
 
-    return ServingRoll(args.roll_deployment, _registry(args).uri, args.name, args.stage)
+    return ServingRoll(args.roll_deployment, _registry(args), args.name, args.stage)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -154,7 +154,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     event = _registry(args).rollback(args.name, stage=args.stage, reason=args.reason or "", actor=args.actor)
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (was v{event['from']})\n")
     if roller:
-        sys.stdout.write(roller.roll(event) + "\n")
+        sys.stdout.write(roller.roll() + "\n")
     return 0
 
 
@@ -318,8 +318,8 @@ def _roll_flag(p: argparse.ArgumentParser) -> None:
         "--roll-deployment",
         metavar="[NAMESPACE/]NAME",
         help="then roll this serving Deployment (k8s/serving, which serves the alias; give the namespace) so its "
-        "new pods fetch the version the alias points at; checked before the alias moves ($KUBECONFIG, the pod's "
-        "service account or ~/.kube/config)",
+        "new pods fetch the version the alias points at; checked before the alias moves ($KUBECONFIG, else "
+        "~/.kube/config, else the pod's service account)",
     )
 
 

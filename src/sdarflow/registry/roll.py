@@ -5,14 +5,15 @@ promotion reaches it only through a new pod. :class:`ServingRoll` is made before
 Deployment and refuses one that cannot follow (missing, paused, pinning version numbers as ``registry
 serve-config`` does, serving another name or registry) and one the caller may not patch (a server-side dry run;
 an admission webhook that takes no dry runs only warns).
-After the alias moves, :meth:`ServingRoll.roll` records the move in the pod template (the annotation
-``sdarflow.io/versions``, JSON: ``{"name:alias": {"version": 7, "at": "<time of the move>"}}``); the changed
-template is what makes Kubernetes roll (the Deployment's ``RollingUpdate``: the new pod serves before the old one
-stops). Every move of the alias rolls, even back to a version the annotation names (after ``kubectl rollout undo``
-it would be stale); a promotion that moved nothing (a retry) rolls only where the recorded version differs.
+After the alias moves, :meth:`ServingRoll.roll` records the alias's last move in the pod template (the annotation
+``sdarflow.io/versions``, JSON: ``{"name:alias": {"version": 7, "at": "<time of the move>"}}``, from the registry's
+alias history); the changed template is what makes Kubernetes roll (the Deployment's ``RollingUpdate``: the new pod
+serves before the old one stops). Each move has its own time, so every move rolls, even back to a version the
+annotation names (after ``kubectl rollout undo`` it would be stale), and a promotion that moved nothing (a retry)
+rolls only if the template does not hold the last move yet.
 
-Credentials as kubectl finds them: ``$KUBECONFIG``, else the pod's service account in a cluster, else
-``~/.kube/config``. The pipeline runner's right to get and patch the Deployment is k8s/serving/roller.yaml.
+Credentials as kubectl finds them: ``$KUBECONFIG``, else ``~/.kube/config``, else the pod's service account. The
+pipeline runner's right to get and patch the Deployment is k8s/serving/roller.yaml.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdarflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sdarflow.registry.store import Registry
 
 log = logging.getLogger(__name__)
 
@@ -54,48 +59,58 @@ def parse_target(target: str) -> tuple[str | None, str]:
 
 
 class ServingRoll:
-    """The Deployment ``target`` ([NAMESPACE/]NAME) that serves ``name``'s ``stage`` from ``registry_uri``,
-    checked: constructing it refuses a Deployment that cannot follow the alias or that the caller may not patch,
-    so a caller makes it before it moves the alias."""
+    """The Deployment ``target`` ([NAMESPACE/]NAME) that serves ``name``'s ``stage`` from ``registry``, checked:
+    constructing it refuses a Deployment that cannot follow the alias or that the caller may not patch, so a caller
+    makes it before it moves the alias."""
 
-    def __init__(self, target: str, registry_uri: str, name: str, stage: str):
+    def __init__(self, target: str, registry: Registry, name: str, stage: str):
         from kubernetes.client import AppsV1Api
 
         namespace, self.deployment = parse_target(target)
         client, default_namespace = _api_client()
         self.namespace = namespace or default_namespace
         self.where = f"deployment {self.namespace}/{self.deployment}"
-        self.registry_uri, self.name, self.stage, self.key = registry_uri, name, stage, f"{name}:{stage}"
+        self.registry, self.name, self.stage, self.key = registry, name, stage, f"{name}:{stage}"
         self.api = AppsV1Api(client)
         self._recorded(self._read())
         self._dry_run()
-        self.retry = (
-            f"`sdarflow registry promote --registry {registry_uri} --policy-name {name} --stage {stage} --version "
-            f"{{version}} --roll-deployment {self.namespace}/{self.deployment}` (it moves nothing and rolls)"
-        )
 
-    def roll(self, event: dict[str, Any]) -> str:
-        """Record the alias move ``event`` (a promotion's or rollback's: ``version``, ``at``; ``changed`` False
-        when nothing moved) in the pod template; one line saying what happened. Raised after the alias moved, an
-        error says so and how to roll without moving it again."""
-        version = event["version"]
+    def roll(self) -> str:
+        """Record the alias's last move (its version and time, from the registry) in the pod template unless it is
+        recorded there already; one line saying what happened. Raised after the alias moved, an error says so and
+        how to roll without moving it again."""
+        last = self.registry.alias_history(self.name, self.stage)[-1]
+        move = {"version": last["version"], "at": last["at"]}
         try:
-            return self._roll(version, event.get("at") if event.get("changed", True) else None)
+            return self._roll(move)
         except ConfigError as err:
+            again = shlex.join(
+                [
+                    "sdarflow",
+                    "registry",
+                    "promote",
+                    "--registry",
+                    self.registry.uri,
+                    "--policy-name",
+                    self.name,
+                ]
+                + ["--stage", self.stage, "--version", str(move["version"])]
+                + ["--roll-deployment", f"{self.namespace}/{self.deployment}"]
+            )
             raise ConfigError(
-                f"{self.key} points at v{version} now, but serving did not roll: {err}; then run "
-                f"{self.retry.format(version=version)}"
+                f"{self.key} points at v{move['version']} now, but serving did not roll: {err}; then run `{again}` "
+                f"(it moves nothing and rolls)"
             ) from None
 
-    def _roll(self, version: int, moved_at: str | None) -> str:
+    def _roll(self, move: dict[str, Any]) -> str:
         for _ in range(CONFLICT_RETRIES):
             deployment = self._read()
             versions = self._recorded(deployment)
             entry = versions.get(self.key)
             was = entry.get("version") if isinstance(entry, dict) else None
-            if moved_at is None and was == version:
-                return f"{self.where} already serves {self.key} v{version}"
-            versions[self.key] = {"version": version, "at": moved_at or _now()}
+            if entry == move:  # this move is what the template holds: a retried promotion rolls nothing
+                return f"{self.where} already serves {self.key} v{move['version']}"
+            versions[self.key] = move
             patch = {
                 # The version read: the API server refuses the patch (409) if the Deployment changed since.
                 "metadata": {"resourceVersion": deployment["metadata"].get("resourceVersion")},
@@ -119,7 +134,9 @@ class ServingRoll:
             raise ConfigError(
                 f"{self.where} kept changing while it was rolled ({CONFLICT_RETRIES} tries); fix: wait"
             )
-        line = f"{self.where} rolls to {self.key} v{version}" + (f" (was v{was})" if was is not None else "")
+        line = f"{self.where} rolls to {self.key} v{move['version']}" + (
+            f" (was v{was})" if was is not None else ""
+        )
         log.info("%s", line)
         return line
 
@@ -172,10 +189,10 @@ class ServingRoll:
                 f"apply it"
             )
         served_registry = annotations.get(REGISTRY_ANNOTATION)
-        if served_registry is None or served_registry.rstrip("/") != self.registry_uri.rstrip("/"):
+        if served_registry is None or served_registry.rstrip("/") != self.registry.uri.rstrip("/"):
             raise ConfigError(
                 f"{self.where} serves the registry {served_registry or '(not annotated: ' + REGISTRY_ANNOTATION + ')'}"
-                f", not {self.registry_uri}; fix: roll the Deployment that serves this registry (k8s/serving "
+                f", not {self.registry.uri}; fix: roll the Deployment that serves this registry (k8s/serving "
                 f"annotates it from its ConfigMap)"
             )
         try:
@@ -215,26 +232,24 @@ class _Conflict(Exception):
     """The Deployment changed between the read and the patch (HTTP 409)."""
 
 
-def _now() -> str:
-    import datetime as dt
-
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
 def _api_client():
-    """(ApiClient, default namespace), found as kubectl finds them: ``$KUBECONFIG``, else the pod's service
-    account, else ``~/.kube/config``."""
+    """(ApiClient, default namespace), found as kubectl finds them: ``$KUBECONFIG``, else ``~/.kube/config``,
+    else (neither there) the pod's service account."""
     import yaml
     from kubernetes import client, config
 
     configuration = client.Configuration()
+    # paths joined by ':' merge, as kubectl merges them
+    path = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
     try:
-        path = os.environ.get("KUBECONFIG")  # paths joined by ':' merge, as kubectl merges them
-        if not path and (SERVICE_ACCOUNT / "token").is_file():
+        if (
+            not os.environ.get("KUBECONFIG")
+            and not Path(path).is_file()
+            and (SERVICE_ACCOUNT / "token").is_file()
+        ):
             config.load_incluster_config(client_configuration=configuration)
             namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
         else:
-            path = path or "~/.kube/config"
             config.load_kube_config(config_file=path, client_configuration=configuration)
             _, context = config.list_kube_config_contexts(config_file=path)
             namespace = (context.get("context") or {}).get("namespace") or "default"
