@@ -192,7 +192,9 @@ def test_sft_mode_without_successes_fails_with_the_fix(tiny_model, tmp_path, cap
     assert code == 2 and "no successful rows" in capsys.readouterr().err
 
 
-def test_replay_adds_the_last_successes_of_the_tasks_this_round_did_not_solve(tiny_model, rescored, tmp_path):
+def test_replay_adds_the_last_successes_of_the_tasks_this_round_did_not_solve(
+    tiny_model, rescored, tmp_path, capsys
+):
     """task-0 solved nothing this round: its solved episodes in the newest earlier dataset that has any join the
     SFT steps; the tasks this round solved replay nothing."""
     table = rescored_table()  # 4 tasks x 4 episodes x 2 turns, odd episodes solved
@@ -208,6 +210,17 @@ def test_replay_adds_the_last_successes_of_the_tasks_this_round_did_not_solve(ti
     assert train_cli(*args, "--sft-ratio", "0.5", "--replay", rescored) == 0
     # task-0's 2 solved episodes x 2 turns
     assert storage.read_manifest(out, "adapter")["metrics"]["sft/replayed_pairs"] == 4.0
+    missing = str(tmp_path / "round-0-never-published")
+    assert (
+        train_cli(*args, "--sft-ratio", "0.5", "--replay", rescored, "--replay", missing, "--overwrite") == 2
+    )
+    assert f"--replay '{missing}' does not exist" in capsys.readouterr().err
+    # a folder that is not a dataset (a round that published nothing) is named as the --replay it is
+    (tmp_path / "empty").mkdir()
+    empty = str(tmp_path / "empty")
+    assert train_cli(*args, "--sft-ratio", "0.5", "--replay", empty, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train --replay: ") and err.count("\n") == 1, err
 
 
 def test_replayed_pairs_take_each_unsolved_tasks_newest_successes():
@@ -222,10 +235,16 @@ def test_replayed_pairs_take_each_unsolved_tasks_newest_successes():
         }
 
     now = [row("a", True, 1), row("b", False, 2), row("c", False, 3)]
-    older = [row("b", True, 10), row("c", True, 11), row("c", True, 12), row("a", True, 13)]
+    older = [
+        row("b", True, 10),
+        row("c", True, 11),
+        row("c", True, 12),
+        row("a", True, 13),
+        row("d", True, 14),
+    ]
     newer = [row("b", True, 20), row("b", False, 21), row("c", False, 22), row("b", True, 23, ())]
     # a: solved now, never replayed; b: the newer dataset's solved turn (its empty response left out); c: only the
-    # older dataset solved it
+    # older dataset solved it; d: not played this round (a pipeline's next tasks), not replayed
     assert replayed_pairs(now, [older, newer]) == [SFTPair([20], [9]), SFTPair([11], [9]), SFTPair([12], [9])]
     assert replayed_pairs(now, []) == []
 
@@ -233,7 +252,7 @@ def test_replayed_pairs_take_each_unsolved_tasks_newest_successes():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--replay", "."], "--replay \(--replay-rounds\) adds earlier successes to the SFT steps"),
+        (["--replay", "."], r"--replay \(--replay-rounds\) adds earlier successes to the SFT steps"),
         (
             ["--replay-rounds", "2", "--sft-ratio", "0.25", "--mode", "sft"],
             "fix: --sft-ratio 0.25, or no replay",

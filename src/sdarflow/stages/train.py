@@ -25,7 +25,7 @@ import torch
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, cache_dir, content_hash, opt
-from sdarflow.errors import ConfigError
+from sdarflow.errors import ConfigError, StorageError
 from sdarflow.extensions.options import TrainOptions
 from sdarflow.extensions.train_round import RoundOptions
 from sdarflow.models.device import precision_opt, resolve_device, weights_dtype
@@ -68,8 +68,8 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     input: list[str] = opt([], "rescored dataset URI(s) (mode sft: trajectories work too)", reads=True)
     replay: list[str] = opt(
         [],
-        "earlier rounds' trajectories or rescored datasets, oldest first: for each task this round's input solves "
-        "no episode of, the solved episodes of the newest of them that solves it join the --sft-ratio SFT steps "
+        "earlier rounds' trajectories or rescored datasets, oldest first: for each task this round's input plays "
+        "and solves no episode of, the solved episodes of the newest of them that solves it join the --sft-ratio SFT steps "
         "(self-imitation: a task the policy stopped solving keeps its last successes); the pipeline fills it "
         "from --replay-rounds",
         reads=True,
@@ -271,6 +271,14 @@ def run(cfg: TrainConfig) -> dict:
     return result
 
 
+def _replay_rows(uri: str) -> list[dict]:
+    """An earlier round's rows for --replay; a missing or wrong dataset is named as one."""
+    try:
+        return read_rows("sft", [uri], task_id=True)
+    except (ConfigError, StorageError) as err:
+        raise ConfigError(f"train --replay: {err}") from None
+
+
 def carried_optimizer(cfg: TrainConfig, engine) -> int:
     """With ``--carry-optimizer``, load the input adapter's AdamW state into ``engine``; the optimizer steps it had
     taken (0 when there is none to carry: a new LoRA, or an adapter trained without it)."""
@@ -310,7 +318,9 @@ def _train(cfg: TrainConfig) -> dict:
         values, fitted, warm = options.state_values(engine, policy.tokenizer.pad_token_id, rows)
         shaping = rl_shaping(cfg, rows, values, warm)
         shaping.metrics.update(fitted)
-    replayed = replayed_pairs(rows, [read_rows("sft", [uri], task_id=True) for uri in cfg.replay])
+    replayed = replayed_pairs(rows, [_replay_rows(uri) for uri in cfg.replay])
+    if cfg.replay_rounds and not cfg.replay:
+        log.info("train: --replay-rounds and no --replay: nothing to replay (a run's first round)")
     data = train_inputs(cfg, rows, shaping, policy, rl_step, options.repairs(rows, policy, shaping), replayed)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps, start=carried_optimizer(cfg, engine))
     state, save_checkpoint = checkpointing(cfg, engine, data, schedule, options.ema)

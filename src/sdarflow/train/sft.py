@@ -49,20 +49,21 @@ def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
 
 
 def replayed_pairs(rows: list[dict], earlier: list[list[dict]]) -> list[SFTPair]:
-    """Self-imitation of earlier successes (Oh et al., 2018): for each task no episode of ``rows`` (this round)
-    solved, every turn of the solved episodes in the newest of the ``earlier`` datasets (oldest first) that solved
-    it. A task the policy stopped solving gives GRPO no signal (its group's advantages are all zero); replaying its
-    last successes keeps one."""
-    solved_now = {r["task_id"] for r in rows if r.get("success")}
+    """Self-imitation of earlier successes (Oh et al., 2018): for each task ``rows`` (this round) played and solved
+    no episode of, every turn of the solved episodes in the newest of the ``earlier`` datasets (oldest first) that
+    solved it. Such a task gives GRPO no signal (its group's advantages are all zero); replaying its last successes
+    keeps one. Tasks this round did not play are not replayed."""
+    unsolved = {r["task_id"] for r in rows} - {r["task_id"] for r in rows if r.get("success")}
     newest: dict[str, list[SFTPair]] = {}
     for dataset in earlier:
-        solved: dict[str, list[SFTPair]] = {}
+        by_task: dict[str, list[dict]] = {}
         for r in dataset:
-            if r["task_id"] not in solved_now and r.get("success") and r["response_token_ids"]:
-                solved.setdefault(r["task_id"], []).append(
-                    SFTPair(list(r["prompt_token_ids"]), list(r["response_token_ids"]))
-                )
-        newest.update(solved)  # a later dataset's successes replace an earlier one's, task by task
+            if r["task_id"] in unsolved:
+                by_task.setdefault(r["task_id"], []).append(r)
+        # a later dataset's successes replace an earlier one's, task by task
+        newest.update(
+            {t: pairs for t, task_rows in by_task.items() if (pairs := sft_pairs_from_rows(task_rows))}
+        )
     return [pair for task in sorted(newest) for pair in newest[task]]
 
 
