@@ -279,6 +279,20 @@ def test_publish_and_fetch_stream_a_file_larger_than_memory_would_hold_twice(tmp
     assert peak_mib(lambda: storage.fetch_dir(uri, kind="adapter")) < 8  # verified in place, in blocks too
 
 
+def test_a_copy_whose_source_breaks_names_the_source_and_leaves_nothing(tmp_path):
+    from sdarflow.storage.files import _Reading, write_stream
+
+    class Broken:
+        def read(self, n: int) -> bytes:
+            raise OSError("connection reset by peer")
+
+    source = storage.resolve(str(tmp_path / "source"))
+    (tmp_path / "copy").mkdir()
+    with pytest.raises(StorageError, match=r"cannot read '.*source': connection reset by peer"):
+        write_stream(str(tmp_path / "copy" / "model.safetensors"), _Reading(Broken(), source))
+    assert not list((tmp_path / "copy").iterdir())  # no temp file, no partial file
+
+
 def test_unreachable_s3_is_one_clear_line(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")

@@ -233,10 +233,26 @@ def write_stream(
                 check(size, digest)
             if local:
                 os.replace(target, loc.path)
+        except BaseException:
+            if not local:  # closing the stream completed the upload: take the partial object back
+                with contextlib.suppress(OSError):
+                    loc.fs.delete_file(target)
+            raise
         finally:
             if local and os.path.exists(target):
                 os.remove(target)
     return size, digest
+
+
+class _Reading:
+    """A readable stream whose read errors name the URI read from (a copy's writer would name its target)."""
+
+    def __init__(self, stream, loc: Location):
+        self.stream, self.loc = stream, loc
+
+    def read(self, n: int) -> bytes:
+        with reachable(self.loc, "read"):
+            return self.stream.read(n)
 
 
 def copy_hashing(source: BinaryIO, dest: BinaryIO | None = None) -> tuple[int, str]:
@@ -592,7 +608,9 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
                 # a file that does not match is never renamed into place
                 out = inside(target, entry["path"], f"{kind} {loc.uri}")
                 write_stream(
-                    str(out), source, check=lambda size, digest, e=entry: _verify(e, size, digest, loc.uri)
+                    str(out),
+                    _Reading(source, loc),
+                    check=lambda size, digest, e=entry: _verify(e, size, digest, loc.uri),
                 )
     return Path(loc.path) / manifest.get("prefix", "") if target is None else target
 
