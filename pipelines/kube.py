@@ -18,7 +18,7 @@ from kfp import dsl, kubernetes
 
 from components import IMAGE, ROLLOUT_GPU_IMAGE, TRAIN_GPU_IMAGE
 from sdarflow.config import Checked, opt
-from sdarflow.defaults import RUN_AS_UID, S3_SECRET, quantity
+from sdarflow.defaults import RUN_AS_UID, S3_SECRET, quantity, volume_sizes
 from sdarflow.errors import ConfigError
 from sdarflow.model_cache import LOADS_MODEL
 
@@ -229,9 +229,7 @@ class KubeOptions(Checked):
             quantity(value, f"{self.what}: --cpu {task}", "CPU")
         for task, value in self.memory.items():
             quantity(value, f"{self.what}: --memory {task}")
-        quantity(self.shm_size, f"{self.what}: --shm-size")
-        if self.model_cache_size:
-            quantity(self.model_cache_size, f"{self.what}: --model-cache-size")
+        volume_sizes(self.what, {"--shm-size": self.shm_size, "--model-cache-size": self.model_cache_size})
 
     @classmethod
     def for_preset(cls, preset: str | None) -> KubeOptions:

@@ -35,6 +35,7 @@ from sdarflow.defaults import (
     container_security_context,
     pod_security_context,
     quantity,
+    volume_sizes,
 )
 from sdarflow.errors import ConfigError
 
@@ -108,9 +109,7 @@ def trainjob_manifest(
         raise ConfigError(f"nodes ({nodes}) must be >= 1 and gpus_per_node ({gpus_per_node}) >= 0")
     quantity(cpu, "pipeline trainjob: --cpu", "CPU")
     quantity(memory, "pipeline trainjob: --memory")
-    for flag, size in (("--shm-size", shm_size), ("--model-cache-size", model_cache_size)):
-        if size:
-            quantity(size, f"pipeline trainjob: {flag}")
+    volume_sizes("pipeline trainjob", {"--shm-size": shm_size, "--model-cache-size": model_cache_size})
     metadata: dict[str, Any] = {
         "name": job_name(name),
         "labels": {

@@ -43,5 +43,14 @@ def quantity(value: str, what: str, kind: str = "size") -> str:
     error now, where the API server would refuse the pod only when it runs."""
     pattern, example = _QUANTITY[kind]
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ConfigError(f"{what}: {value!r} is not a Kubernetes {kind} quantity; fix: e.g. {example}")
+        raise ConfigError(
+            f"{what}: {value!r} is not a {kind} in the forms both Kubernetes and KFP accept; fix: e.g. {example}"
+        )
     return value
+
+
+def volume_sizes(what: str, sizes: dict[str, str]) -> None:
+    """Each flag's volume size, where given ('' = none), as :func:`quantity` checks it."""
+    for flag, size in sizes.items():
+        if size:
+            quantity(size, f"{what}: {flag}")

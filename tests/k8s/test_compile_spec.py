@@ -731,14 +731,20 @@ def test_a_kueue_queue_labels_every_task_and_the_study_limits_its_cells(tmp_path
     [
         (
             ["--memory", "train=64GB"],
-            "--memory train: '64GB' is not a Kubernetes size quantity; fix: e.g. 16Gi",
+            "--memory train: '64GB' is not a size in the forms both Kubernetes and KFP accept; fix: e.g. 16Gi",
         ),
         (
             ["--cpu", "train=two"],
-            "--cpu train: 'two' is not a Kubernetes CPU quantity; fix: e.g. 2, 0.5 or 500m",
+            "--cpu train: 'two' is not a CPU in the forms both Kubernetes and KFP accept; fix: e.g. 2, 0.5 or 500m",
         ),
-        (["--shm-size", "16GiB"], "--shm-size: '16GiB' is not a Kubernetes size quantity"),
-        (["--model-cache-size", "1.5Ti"], "--model-cache-size: '1.5Ti' is not a Kubernetes size quantity"),
+        (
+            ["--shm-size", "16GiB"],
+            "--shm-size: '16GiB' is not a size in the forms both Kubernetes and KFP accept",
+        ),
+        (
+            ["--model-cache-size", "1.5Ti"],
+            "--model-cache-size: '1.5Ti' is not a size in the forms both Kubernetes and KFP accept",
+        ),
     ],
 )
 def test_a_quantity_the_api_server_or_kfp_would_refuse_is_one_line(tmp_path, capsys, flags, message):
@@ -760,10 +766,10 @@ def test_quantities_are_kubernetes_and_kfp_forms():
     for good in ("64Gi", "512Mi", "20G", "1024", "1Ti"):
         assert quantity(good, "memory") == good
     for bad in ("2 ", "-1", "1.5Gi", "64GB", "1K", "1k", "", "Gi"):
-        with pytest.raises(ConfigError, match="is not a Kubernetes size quantity"):
+        with pytest.raises(ConfigError, match="is not a size in the forms both Kubernetes and KFP accept"):
             quantity(bad, "memory")
     for bad in ("2m5", "1Gi", "two", ""):
-        with pytest.raises(ConfigError, match="is not a Kubernetes CPU quantity"):
+        with pytest.raises(ConfigError, match="is not a CPU in the forms both Kubernetes and KFP accept"):
             quantity(bad, "cpu", "CPU")
 
 

@@ -108,7 +108,9 @@ def test_scheduling_options(reg):
 def test_a_base_model_the_pod_cannot_copy_is_refused(reg):
     with pytest.raises(ConfigError, match="'/models/qwen' is not on object storage; .* fix: upload it"):
         serve_config(reg, "/models/qwen")
-    with pytest.raises(ConfigError, match="--model-storage: '50GB' is not a Kubernetes size quantity"):
+    with pytest.raises(
+        ConfigError, match="--model-storage: '50GB' is not a size in the forms both Kubernetes and KFP accept"
+    ):
         serve_config(reg, BASE, model_storage="50GB")
 
 
