@@ -284,7 +284,7 @@ def test_a_learning_check_counts_each_tasks_solved_episodes_and_names_the_forgot
     from sdarflow import storage
     from sdarflow.schema import TRAJECTORY_SCHEMA
 
-    # 3 tasks x 4 episodes of 2 turns, the odd episodes solved (on their last turn's row only, as a rollout records)
+    # 3 tasks x 4 episodes of 2 turns, the odd episodes solved (marked on one row only: any row counts)
     rows = rescored_table(n_groups=3, group_size=4).select(TRAJECTORY_SCHEMA.names).to_pylist()
     for row in rows:
         row["success"] = row["success"] and row["turn"] == 1
