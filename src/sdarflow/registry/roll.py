@@ -84,18 +84,15 @@ class ServingRoll:
         try:
             return self._roll(move)
         except ConfigError as err:
+            flags = {
+                "--registry": self.registry.uri,
+                "--policy-name": self.name,
+                "--stage": self.stage,
+                "--version": str(move["version"]),
+                "--roll-deployment": f"{self.namespace}/{self.deployment}",
+            }
             again = shlex.join(
-                [
-                    "sdarflow",
-                    "registry",
-                    "promote",
-                    "--registry",
-                    self.registry.uri,
-                    "--policy-name",
-                    self.name,
-                ]
-                + ["--stage", self.stage, "--version", str(move["version"])]
-                + ["--roll-deployment", f"{self.namespace}/{self.deployment}"]
+                ["sdarflow", "registry", "promote", *(x for flag in flags.items() for x in flag)]
             )
             raise ConfigError(
                 f"{self.key} points at v{move['version']} now, but serving did not roll: {err}; then run `{again}` "
