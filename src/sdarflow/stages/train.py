@@ -69,9 +69,9 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
     replay: list[str] = opt(
         [],
         "earlier rounds' trajectories or rescored datasets, oldest first: for each task this round's input plays "
-        "and solves no episode of, the solved episodes of the newest of them that solves it join the --sft-ratio SFT steps "
-        "(self-imitation: a task the policy stopped solving keeps its last successes); the pipeline fills it "
-        "from --replay-rounds",
+        "and solves no episode of, the solved episodes of the newest of them that solves it join the --sft-ratio "
+        "SFT steps (self-imitation: a task the policy stopped solving keeps its last successes); the pipeline "
+        "fills it from --replay-rounds",
         reads=True,
     )
     replay_rounds: int = opt(
