@@ -318,7 +318,8 @@ def _train(cfg: TrainConfig) -> dict:
         values, fitted, warm = options.state_values(engine, policy.tokenizer.pad_token_id, rows)
         shaping = rl_shaping(cfg, rows, values, warm)
         shaping.metrics.update(fitted)
-    replayed = replayed_pairs(rows, [_replay_rows(uri) for uri in cfg.replay])
+    # only with --replay, which only rl mode takes (an sft run's rows carry no task ids)
+    replayed = replayed_pairs(rows, [_replay_rows(uri) for uri in cfg.replay]) if cfg.replay else []
     if cfg.replay_rounds and not cfg.replay:
         log.info("train: --replay-rounds and no --replay: nothing to replay (a run's first round)")
     data = train_inputs(cfg, rows, shaping, policy, rl_step, options.repairs(rows, policy, shaping), replayed)
