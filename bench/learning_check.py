@@ -26,6 +26,7 @@ from bench.common import RESULTS, demo_model, write_result
 from sdarflow import storage
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.provenance import provenance
+from sdarflow.rollout.report import group_episodes
 from sdarflow.rounds import Carry, run_round
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES
@@ -65,22 +66,17 @@ def one_seed(args: argparse.Namespace, model: str, seed: int, root: str) -> list
 def solved_by_task(uri: str) -> dict[str, int]:
     """How many of each task's episodes a round's rollouts (a trajectories dataset) solved: where a curve's mean
     hides tasks learned and tasks forgotten."""
-    table = storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA)
-    won: dict[tuple[str, str], bool] = {}
-    for row in table.select(["task_id", "traj_id", "success"]).to_pylist():
-        key = (row["task_id"], row["traj_id"])
-        won[key] = won.get(key, False) or bool(row["success"])
-    counts = dict.fromkeys(sorted({task for task, _ in won}), 0)
-    for (task, _), solved in won.items():
-        counts[task] += solved
+    rows = storage.read_table(uri, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
+    episodes = group_episodes(rows)
+    counts = dict.fromkeys(sorted({turns[0]["task_id"] for turns in episodes}), 0)
+    for turns in episodes:
+        counts[turns[0]["task_id"]] += any(turn["success"] for turn in turns)
     return counts
 
 
 def forgotten(records: list[dict], group_size: int) -> list[str]:
     """The tasks a seed solved in at least half their episodes after some round and in none at the end."""
-    rounds = [rec["solved_by_task"] for rec in records if "solved_by_task" in rec]
-    if not rounds:
-        return []
+    rounds = [rec["solved_by_task"] for rec in records]
     return sorted(
         t for t in rounds[-1] if rounds[-1][t] == 0 and any(2 * rnd.get(t, 0) >= group_size for rnd in rounds)
     )

@@ -353,7 +353,7 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
         n_tasks = len(next(iter(r["rounds_by_seed"].values()))[-1]["solved_by_task"])
         lost = "; ".join(f"seed {seed}: {len(t)}" for seed, t in r["forgotten_tasks"].items())
         lines[-1] += (
-            f" Tasks (of {n_tasks}) solved in at least half their samples after some round and in none at the end: "
+            f" Tasks (of {n_tasks}) solved in at least half their episodes after some round and in none at the end: "
             f"{lost}."
         )
     return "\n".join([*lines, "", _made_by([r])])

@@ -273,7 +273,7 @@ def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_
         "<!-- end generated: learning_check_grpo_fixed -->",
         tmp_path,
     )
-    expected = "Tasks (of 2) solved in at least half their samples after some round and in none at the end"
+    expected = "Tasks (of 2) solved in at least half their episodes after some round and in none at the end"
     assert f"{expected}: seed 0: 1; seed 1: 0." in table
 
 
@@ -295,8 +295,6 @@ def test_a_learning_check_counts_each_tasks_solved_episodes_and_names_the_forgot
     records = [
         {"solved_by_task": {"a": 1, "b": 4, "c": 3}},  # b at half its 8 episodes: learned
         {"solved_by_task": {"a": 5, "b": 0, "c": 0}},
-        {"train_success": 0.3},  # a record without counts (an older result) is skipped
         {"solved_by_task": {"a": 0, "b": 0, "c": 1}},
     ]
     assert forgotten(records, group_size=8) == ["a", "b"]
-    assert forgotten([{"train_success": 0.1}], group_size=8) == []

@@ -11,6 +11,12 @@ S3_SECRET = "sdarflow-s3"
 RELEASE_STAGES: tuple[str, ...] = ("production", "staging")
 # The name a pipeline registers its adapters under unless told.
 DEFAULT_POLICY_NAME = "sdar-policy"
+# A serving Deployment's pod-template annotations (serve-config and k8s/serving write them, registry/roll.py reads
+# and writes them): what the pods serve (name:alias or name:version, comma-separated), from which registry, and
+# the alias moves the template was rolled for.
+ADAPTERS_ANNOTATION = "sdarflow.io/adapters"
+REGISTRY_ANNOTATION = "sdarflow.io/registry"
+VERSIONS_ANNOTATION = "sdarflow.io/versions"
 # The non-root user our images run as (images/Dockerfile.*: USER 10001). Every pod we compile or ship runs with
 # the security contexts below, so that a namespace enforcing Pod Security "restricted" admits it: the pod runs as a
 # non-root user (an image's USER does not satisfy runAsNonRoot's check: the pod spec must say so) under the
@@ -38,15 +44,16 @@ _QUANTITY = {
 }
 
 
-def quantity(value: str, what: str, kind: str = "size") -> str:
-    """``value`` if it is a Kubernetes ``kind`` quantity ("CPU" or "size": memory, volumes), else a one-line
-    error now, where the API server would refuse the pod only when it runs."""
+def quantity(value: str, what: str, kind: str = "size") -> None:
+    """Refuse ``value`` now, in one line, unless it is a Kubernetes ``kind`` quantity ("CPU" or "size": memory,
+    volumes), where the API server would refuse the pod only when it runs. One set of forms for every size we
+    take (the ones KFP accepts too), so a value that works in one place works in all."""
     pattern, example = _QUANTITY[kind]
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ConfigError(
-            f"{what}: {value!r} is not a {kind} in the forms both Kubernetes and KFP accept; fix: e.g. {example}"
+            f"{what}: {value!r} is not a {kind} in the forms sdarflow takes (those Kubernetes and KFP both "
+            f"accept); fix: e.g. {example}"
         )
-    return value
 
 
 def volume_sizes(what: str, sizes: dict[str, str]) -> None:

@@ -18,9 +18,8 @@ from sdarflow.errors import SdarflowError
 from sdarflow.evaluate.metrics import REPORT_KIND
 from sdarflow.extensions.options import option_settings
 from sdarflow.model_cache import local_model
-from sdarflow.pipeline_config import PipelineConfig, new_run_id, run_uri, stage_uri
+from sdarflow.pipeline_config import PipelineConfig, generate_uris, new_run_id, run_uri, stage_uri
 from sdarflow.provenance import provenance
-from sdarflow.run_report import generate_uris
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 from sdarflow.sizes import SIZES, build_model
 from sdarflow.start_point import default_preset, start_point

@@ -207,7 +207,7 @@ def run_promotion(
     )
     line = f"{name} {stage} -> v{event['version']} (gate: {event.get('gate', 'unchanged')})"
     if roller:
-        line += f"; {roller.roll()}"
+        line += f"; {roller.roll(event['version'])}"
     _write_text(markdown, f"**{line}**\n\nregistry: `{registry}`; reason: {reason or '-'}\n")
     log.info("promotion: %s", line)
     return line

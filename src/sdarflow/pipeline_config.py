@@ -255,6 +255,13 @@ def stage_uri(storage_root: str, run_id: str, round_: int, stage: str, shard: in
     return run_uri(storage_root, run_id, f"round={round_}", stage, *shard_part)
 
 
+def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
+    """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
+    return [
+        stage_uri(storage_root, run_id, round_, "generate", i if shards > 1 else None) for i in range(shards)
+    ]
+
+
 def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> StageConfig:
     """The stage's config: shared pipeline settings, then per-stage overrides, then this task's I/O URIs."""
     cls = config_class(stage)
@@ -274,10 +281,7 @@ def stage_config(pc: PipelineConfig, stage: str, round_: int, **io: Any) -> Stag
     if stage == "train" and values.get("replay_rounds") and "replay" not in io:
         # the rollouts of the rounds before this one, oldest first, at the paths their generate tasks publish
         earlier = range(max(0, round_ - int(values["replay_rounds"])), round_)
-        shards = [None] if pc.shards == 1 else range(pc.shards)
-        values["replay"] = [
-            stage_uri(pc.storage, pc.run_id, r, "generate", s) for r in earlier for s in shards
-        ]
+        values["replay"] = [u for r in earlier for u in generate_uris(pc.storage, pc.run_id, r, pc.shards)]
     if "adapter" in names and not values.get("adapter") and pc.start_adapter:
         values["adapter"] = pc.start_adapter  # round 0 continues from the run's start adapter
     if stage == "extract-skills" and not values.get("previous"):

@@ -15,7 +15,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.evaluate.compare import difference
-from sdarflow.pipeline_config import run_uri, stage_uri
+from sdarflow.pipeline_config import generate_uris, run_uri, stage_uri
 from sdarflow.registry.intake import load_report
 from sdarflow.report import Report, Section, html, markdown, number, png, with_interval
 from sdarflow.rollout.report import TRANSCRIPT_COLUMNS, group_episodes, transcript, transcript_section
@@ -35,13 +35,6 @@ HOW_TO_READ = (
     "tokens whose ratio was clipped. Against the base model, a round is better only where the lower bound of the "
     "paired difference is above 0: that is the promotion gate's test."
 )
-
-
-def generate_uris(storage_root: str, run_id: str, round_: int, shards: int) -> list[str]:
-    """A round's trajectory datasets: one, or one per generate shard (``generate/shard=<i>``)."""
-    return [
-        stage_uri(storage_root, run_id, round_, "generate", i if shards > 1 else None) for i in range(shards)
-    ]
 
 
 def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[dict, list]:

@@ -228,7 +228,7 @@ def test_a_quantity_the_api_server_would_refuse_is_one_line(field, value, kind):
 
     with pytest.raises(
         ConfigError,
-        match=f"pipeline trainjob: --{field.replace('_', '-')}: .* is not a {kind} in the forms both Kubernetes and KFP accept",
+        match=f"pipeline trainjob: --{field.replace('_', '-')}: .* is not a {kind} in the forms sdarflow takes",
     ):
         trainjob_manifest(train_config(), name="n", image="i", **{field: value})
 

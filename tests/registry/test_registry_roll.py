@@ -22,9 +22,10 @@ import yaml
 from factories import bound
 
 from sdarflow.cli import main
+from sdarflow.defaults import VERSIONS_ANNOTATION
 from sdarflow.errors import ConfigError
 from sdarflow.registry import Registry, roll
-from sdarflow.registry.roll import VERSIONS_ANNOTATION, parse_target
+from sdarflow.registry.roll import parse_target
 
 NAME = "sdar-policy"
 DEPLOYMENT = "/apis/apps/v1/namespaces/sdarflow/deployments/sdarflow-serve"
@@ -340,6 +341,22 @@ def test_a_roll_that_fails_after_the_move_says_the_alias_moved_and_how_to_roll(f
         and follows.recorded()[f"{NAME}:production"] == 2
     )
     assert registry.resolve(NAME, "production") == 2
+
+
+def test_a_history_that_cannot_be_read_after_the_move_still_says_the_alias_moved(follows, registry):
+    """The alias moved; reading its history back (for the move's time) fails: the error is the same line."""
+    roller = roll.ServingRoll("sdarflow/sdarflow-serve", registry, NAME, "production")
+    registry.promote(NAME, 2, force=True, reason="test")
+    aliases = registry._layout(NAME).aliases
+    Path(aliases).write_text("{not json")
+    with pytest.raises(ConfigError) as err:
+        roller.roll(2)
+    message = str(err.value)
+    assert message.startswith("sdar-policy:production points at v2 now, but serving did not roll: ")
+    assert (
+        "is not valid JSON" in message and "--version 2 --roll-deployment sdarflow/sdarflow-serve`" in message
+    )
+    assert not follows.patches
 
 
 def test_the_hint_after_a_failed_roll_rolls_even_where_the_template_names_that_version(

@@ -109,7 +109,7 @@ def test_a_base_model_the_pod_cannot_copy_is_refused(reg):
     with pytest.raises(ConfigError, match="'/models/qwen' is not on object storage; .* fix: upload it"):
         serve_config(reg, "/models/qwen")
     with pytest.raises(
-        ConfigError, match="--model-storage: '50GB' is not a size in the forms both Kubernetes and KFP accept"
+        ConfigError, match="--model-storage: '50GB' is not a size in the forms sdarflow takes"
     ):
         serve_config(reg, BASE, model_storage="50GB")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -221,6 +222,10 @@ def test_replay_adds_the_last_successes_of_the_tasks_this_round_did_not_solve(
     assert train_cli(*args, "--sft-ratio", "0.5", "--replay", empty, "--overwrite") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: train --replay: ") and err.count("\n") == 1, err
+    # an artifact of another kind is named as the --replay it is, not as an sft run's input
+    adapter = shutil.copytree(out, tmp_path / "an-adapter")
+    assert train_cli(*args, "--sft-ratio", "0.5", "--replay", str(adapter), "--overwrite") == 2
+    assert f"error: train --replay: '{adapter}' holds a 'adapter' artifact" in capsys.readouterr().err
 
 
 def test_replayed_pairs_take_each_unsolved_tasks_newest_successes():
@@ -255,7 +260,7 @@ def test_replayed_pairs_take_each_unsolved_tasks_newest_successes():
         (["--replay", "."], r"--replay \(--replay-rounds\) adds earlier successes to the SFT steps"),
         (
             ["--replay-rounds", "2", "--sft-ratio", "0.25", "--mode", "sft"],
-            "fix: --sft-ratio 0.25, or no replay",
+            "fix: --mode rl --sft-ratio 0.25, or no replay",
         ),
         (["--checkpoint-dir", "s3://bucket/ck"], "must be a local folder"),
         (["--sft-ratio", "-1"], "sft_ratio = -1.0 must be >= 0"),

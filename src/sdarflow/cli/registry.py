@@ -10,7 +10,7 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdarflow.cli.common import (
     ReadsPath,
@@ -23,6 +23,10 @@ from sdarflow.cli.common import (
 )
 from sdarflow.defaults import RELEASE_STAGES
 from sdarflow.errors import ConfigError, StorageError
+
+if TYPE_CHECKING:
+    from sdarflow.registry.roll import ServingRoll
+    from sdarflow.registry.store import Registry
 
 
 def _lineage(value: str | None) -> dict[str, Any]:
@@ -45,7 +49,7 @@ def _lineage(value: str | None) -> dict[str, Any]:
     return lineage
 
 
-def _registry(args: argparse.Namespace) -> Any:
+def _registry(args: argparse.Namespace) -> Registry:
     from sdarflow.registry.store import Registry
 
     return Registry(args.registry)
@@ -114,8 +118,9 @@ def _thresholds(args: argparse.Namespace) -> dict[str, float | None]:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    roller = _roller(args)
-    event = _registry(args).promote(
+    registry = _registry(args)
+    roller = _roller(args, registry)
+    event = registry.promote(
         args.name,
         args.version,
         stage=args.stage,
@@ -127,18 +132,18 @@ def cmd_promote(args: argparse.Namespace) -> int:
     gate = event.get("gate", "unchanged")
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (gate: {gate})\n")
     if roller:
-        sys.stdout.write(roller.roll() + "\n")
+        sys.stdout.write(roller.roll(event["version"]) + "\n")
     return 0
 
 
-def _roller(args: argparse.Namespace) -> Any:
+def _roller(args: argparse.Namespace, registry: Registry) -> ServingRoll | None:
     """``--roll-deployment``'s Deployment, checked (it exists, may be patched, serves the alias) before the alias
     moves; None without the flag."""
     if not args.roll_deployment:
         return None
     from sdarflow.registry.roll import ServingRoll
 
-    return ServingRoll(args.roll_deployment, _registry(args), args.name, args.stage)
+    return ServingRoll(args.roll_deployment, registry, args.name, args.stage)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -150,11 +155,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    roller = _roller(args)
-    event = _registry(args).rollback(args.name, stage=args.stage, reason=args.reason or "", actor=args.actor)
+    registry = _registry(args)
+    roller = _roller(args, registry)
+    event = registry.rollback(args.name, stage=args.stage, reason=args.reason or "", actor=args.actor)
     sys.stdout.write(f"{args.name} {args.stage} -> v{event['version']} (was v{event['from']})\n")
     if roller:
-        sys.stdout.write(roller.roll() + "\n")
+        sys.stdout.write(roller.roll(event["version"]) + "\n")
     return 0
 
 

@@ -92,7 +92,6 @@ def check_model_dir(path: str) -> Path:
 
 
 _SAMPLES, _WINDOW = 16, 4096  # the sampled fingerprint's windows per weight file
-_CHUNK = 8 << 20
 
 
 def _model_files(path: str):
@@ -138,11 +137,10 @@ def _file_sha256(fs, path: str, size: int, mtime_ns: int | None) -> str:
         cached = entry.read_text().strip()
         if len(cached) == 64 and all(c in "0123456789abcdef" for c in cached):
             return cached
-    digest = hashlib.sha256()
+    from sdarflow import storage
+
     with fs.open_input_stream(path) as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    value = digest.hexdigest()
+        value = storage.copy_hashing(f)[1]
     if mtime_ns is not None:  # a filesystem without modification times is read every time
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)

@@ -26,18 +26,14 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sdarflow.errors import ConfigError
+from sdarflow.defaults import ADAPTERS_ANNOTATION, REGISTRY_ANNOTATION, VERSIONS_ANNOTATION
+from sdarflow.errors import ConfigError, SdarflowError
 
 if TYPE_CHECKING:
     from sdarflow.registry.store import Registry
 
 log = logging.getLogger(__name__)
 
-ADAPTERS_ANNOTATION = (
-    "sdarflow.io/adapters"  # what the pods serve: name:alias or name:version, comma-separated
-)
-REGISTRY_ANNOTATION = "sdarflow.io/registry"
-VERSIONS_ANNOTATION = "sdarflow.io/versions"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Another writer (kubectl, a second promotion) may change the Deployment between our read and our patch.
 CONFLICT_RETRIES = 3
@@ -75,27 +71,26 @@ class ServingRoll:
         self._recorded(self._read())
         self._dry_run()
 
-    def roll(self) -> str:
+    def roll(self, version: int) -> str:
         """Record the alias's last move (its version and time, from the registry) in the pod template unless it is
-        recorded there already; one line saying what happened. Raised after the alias moved, an error says so and
-        how to roll without moving it again."""
-        last = self.registry.alias_history(self.name, self.stage)[-1]
-        move = {"version": last["version"], "at": last["at"]}
+        recorded there already; one line saying what happened. ``version``: the one the caller moved the alias to.
+        Raised after the alias moved, an error says so and how to roll without moving it again."""
         try:
-            return self._roll(move)
-        except ConfigError as err:
+            last = self.registry.alias_history(self.name, self.stage)[-1]
+            return self._roll({"version": last["version"], "at": last["at"]})
+        except SdarflowError as err:
             flags = {
                 "--registry": self.registry.uri,
                 "--policy-name": self.name,
                 "--stage": self.stage,
-                "--version": str(move["version"]),
+                "--version": str(version),
                 "--roll-deployment": f"{self.namespace}/{self.deployment}",
             }
             again = shlex.join(
                 ["sdarflow", "registry", "promote", *(x for flag in flags.items() for x in flag)]
             )
             raise ConfigError(
-                f"{self.key} points at v{move['version']} now, but serving did not roll: {err}; then run `{again}` "
+                f"{self.key} points at v{version} now, but serving did not roll: {err}; then run `{again}` "
                 f"(it moves nothing and rolls)"
             ) from None
 

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from sdarflow import __version__, storage
-from sdarflow.defaults import RUN_AS_UID, container_security_context, pod_security_context, quantity
+from sdarflow.defaults import (
+    ADAPTERS_ANNOTATION,
+    REGISTRY_ANNOTATION,
+    RUN_AS_UID,
+    container_security_context,
+    pod_security_context,
+    quantity,
+)
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.models.identity import lora_rank, max_lora_rank
 from sdarflow.registry import intake
@@ -267,7 +274,7 @@ def serve_config(
         pod["priorityClassName"] = priority_class
     if image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in image_pull_secrets]
-    annotations = {"sdarflow.io/registry": registry.uri, "sdarflow.io/adapters": ",".join(pinned)}
+    annotations = {REGISTRY_ANNOTATION: registry.uri, ADAPTERS_ANNOTATION: ",".join(pinned)}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

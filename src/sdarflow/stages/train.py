@@ -25,7 +25,7 @@ import torch
 
 from sdarflow import storage
 from sdarflow.config import StageConfig, cache_dir, content_hash, opt
-from sdarflow.errors import ConfigError, StorageError
+from sdarflow.errors import ConfigError, SchemaError, StorageError
 from sdarflow.extensions.options import TrainOptions
 from sdarflow.extensions.train_round import RoundOptions
 from sdarflow.models.device import precision_opt, resolve_device, weights_dtype
@@ -184,7 +184,7 @@ class TrainConfig(StageConfig, TrainOptions, TrainLoop):
         if (self.replay or self.replay_rounds) and not (self.mode == "rl" and self.sft_ratio > 0):
             raise ConfigError(
                 "train: --replay (--replay-rounds) adds earlier successes to the SFT steps, and this run takes none "
-                "(mode rl with --sft-ratio > 0 does); fix: --sft-ratio 0.25, or no replay"
+                "(mode rl with --sft-ratio > 0 does); fix: --mode rl --sft-ratio 0.25, or no replay"
             )
         self.validate_options()
         if self.checkpoint_dir and "://" in self.checkpoint_dir:
@@ -274,8 +274,8 @@ def run(cfg: TrainConfig) -> dict:
 def _replay_rows(uri: str) -> list[dict]:
     """An earlier round's rows for --replay; a missing or wrong dataset is named as one."""
     try:
-        return read_rows("sft", [uri], task_id=True)
-    except (ConfigError, StorageError) as err:
+        return read_rows("sft", [uri], task_id=True, what="train --replay")
+    except (StorageError, SchemaError) as err:
         raise ConfigError(f"train --replay: {err}") from None
 
 
@@ -321,7 +321,10 @@ def _train(cfg: TrainConfig) -> dict:
     # only with --replay, which only rl mode takes (an sft run's rows carry no task ids)
     replayed = replayed_pairs(rows, [_replay_rows(uri) for uri in cfg.replay]) if cfg.replay else []
     if cfg.replay_rounds and not cfg.replay:
-        log.info("train: --replay-rounds and no --replay: nothing to replay (a run's first round)")
+        log.info(
+            "train: --replay-rounds and no --replay: nothing to replay (a pipeline fills --replay with its earlier "
+            "rounds' rollouts; its first round has none)"
+        )
     data = train_inputs(cfg, rows, shaping, policy, rl_step, options.repairs(rows, policy, shaping), replayed)
     schedule = WarmupConstant(cfg.lr, cfg.warmup_steps, start=carried_optimizer(cfg, engine))
     state, save_checkpoint = checkpointing(cfg, engine, data, schedule, options.ema)

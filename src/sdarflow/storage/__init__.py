@@ -7,6 +7,7 @@ from sdarflow.storage.files import (
     MANIFEST,
     children,
     confined,
+    copy_hashing,
     delete_tree,
     download_dir,
     exists,

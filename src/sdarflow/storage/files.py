@@ -209,8 +209,8 @@ def read_bytes(uri: str) -> bytes:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole object: readers see the old one or the new one, never a part (an S3 PUT is atomic; a local
-    file is written beside its name and renamed into place)."""
+    """Write a whole object: readers see the old one or the new one, never a part (a local file is written beside
+    its name and renamed into place; an S3 upload that fails part-way is deleted, so an overwrite leaves none)."""
     write_stream(uri, io.BytesIO(data))
 
 
@@ -226,15 +226,19 @@ def write_stream(
         loc.fs.create_dir(parent, recursive=True)
         local = isinstance(loc.fs, pafs.LocalFileSystem)
         target = f"{parent}/.{loc.path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}.tmp" if local else loc.path
+        opened = False
         try:
             with loc.fs.open_output_stream(target) as f:
+                opened = True
                 size, digest = copy_hashing(source, f)
             if check:
                 check(size, digest)
             if local:
                 os.replace(target, loc.path)
         except BaseException:
-            if not local:  # closing the stream completed the upload: take the partial object back
+            # closing the stream completed the upload: take the partial object back (a stream that never opened
+            # wrote nothing, and the object there is still the old one)
+            if opened and not local:
                 with contextlib.suppress(OSError):
                     loc.fs.delete_file(target)
             raise
@@ -571,7 +575,9 @@ def read_table(uris: str | list[str], *, kind: str, schema: pa.Schema) -> pa.Tab
 def _write_file(target: Target, rel: str, data: bytes | Path) -> dict:
     """One file of a publish (bytes, or a local file streamed in blocks) and its manifest entry."""
     with data.open("rb") if isinstance(data, Path) else io.BytesIO(data) as source:
-        size, digest = write_stream(target.file(confined(rel, f"publish {target.uri}")), source)
+        # a local file's read error names that file, not the target
+        readable = _Reading(source, resolve(str(data))) if isinstance(data, Path) else source
+        size, digest = write_stream(target.file(confined(rel, f"publish {target.uri}")), readable)
     return {"path": rel, "bytes": size, "sha256": digest}
 
 

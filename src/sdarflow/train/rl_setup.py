@@ -140,7 +140,7 @@ def reward_coef(cfg, rows: list[dict]) -> float:
 
 
 def train_inputs(
-    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int, repaired: list, replayed: list = ()
+    cfg, rows: list[dict], shaping: Shaping | None, policy, rl_step: int, repaired: list, replayed: list
 ) -> TrainData:
     """The trainer's data. SFT steps train on the successful rows (``--sft-ratio``) and the ``replayed`` earlier
     successes (``--replay``); with ``repaired`` malformed turns (``--format-guard repair``), on those too, at least

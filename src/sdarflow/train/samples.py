@@ -39,9 +39,11 @@ REWARDS = ("outcome", "perplexity-delta")
 EPISODE_WEIGHTS = ("tokens", "equal")
 
 
-def read_rows(mode: str, inputs: list[str], task_id: bool = False) -> list[dict]:
+def read_rows(
+    mode: str, inputs: list[str], task_id: bool = False, what: str = "train --mode sft"
+) -> list[dict]:
     """The rows train reads from its ``inputs``: RL needs rescored rows; SFT needs only prompts, responses and
-    success (and with ``task_id``, the task), so trajectories work too."""
+    success (and with ``task_id``, the task), so trajectories work too. ``what`` names the inputs in errors."""
     if mode == "rl":
         return storage.read_table(inputs, kind="rescored", schema=RESCORED_SCHEMA).to_pylist()
     rows: list[dict] = []
@@ -49,7 +51,7 @@ def read_rows(mode: str, inputs: list[str], task_id: bool = False) -> list[dict]
         kind = storage.read_manifest(uri).get("kind")
         if kind not in SCHEMAS:
             raise ConfigError(
-                f"train --mode sft: '{uri}' holds a {kind!r} artifact; fix: pass a trajectories or rescored dataset"
+                f"{what}: '{uri}' holds a {kind!r} artifact; fix: pass a trajectories or rescored dataset"
             )
         table = storage.read_table(uri, kind=kind, schema=SCHEMAS[kind])
         columns = ["prompt_token_ids", "response_token_ids", "success", *(["task_id"] if task_id else [])]
