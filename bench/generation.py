@@ -9,6 +9,12 @@ template; every call generates the same number of tokens per prompt (min = max n
 ``fraction_of_peak`` = the engine's FLOP/s (``bench.common.forward_flops`` of prompt + generated tokens, the LM head
 on the generated ones) over the measured fp32 matmul peak. Calls alternate engine, plain, plain, engine per batch
 size, so a drift in this machine's speed cancels.
+
+``groups``: the rollout's first turn, where a group's ``GROUP`` samples share one prompt (1 and 4 groups): the
+engine with each distinct prompt's forward pass run once (``share_prompts``, the default) against every row running
+its own (``shared_over_own``, the speedup), the same samples either way (``same_samples``); ``prefill_share`` = the
+own-prefill engine's time for one new token over its time for all of them (what the prompt costs); and the shared
+engine in calls of ``GROUP`` prompts (``batch_size=GROUP``) where one call holds several groups.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from sdarflow.rollout.prompt import build_messages, encode_prompt
 
 BATCH_SIZES = (1, 8, 32)
 TARGET = 0.8
+GROUP = 8  # samples per task, as the demo's and the study's rollouts draw them
 
 
 def first_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -98,10 +105,13 @@ def run(quick: bool = True) -> dict:
             "engine_over_plain": seconds["plain"] / seconds["engine"],
             "fraction_of_peak": flops / seconds["engine"] / peak,
         }
+    groups = {n * GROUP: group_timings(policy, prompts[:n], new_tokens) for n in (1, 4)}
     result = {
         "model": "smollm2-135m-instruct",
         "new_tokens": new_tokens,
         "by_batch": by_batch,
+        "group_size": GROUP,
+        "groups": groups,
         "engine_over_plain": min(b["engine_over_plain"] for b in by_batch.values()),
         "matmul_peak_flops_fp32": peak,
         "target": f"engine_over_plain >= {TARGET}",
@@ -118,5 +128,55 @@ def run(quick: bool = True) -> dict:
         )
         for bs, b in by_batch.items()
     ]
+    rows += [
+        ("prompts", "own tok/s", "shared tok/s", "shared/own", "prefill share", f"shared, calls of {GROUP}")
+    ]
+    rows += [
+        (
+            n,
+            f"{g['tokens_per_s']['own']:.1f}",
+            f"{g['tokens_per_s']['shared']:.1f}",
+            f"{g['shared_over_own']:.2f}",
+            f"{g['prefill_share']:.2f}",
+            f"{g['tokens_per_s']['shared_calls_of_group']:.1f}"
+            if "shared_calls_of_group" in g["tokens_per_s"]
+            else "-",
+        )
+        for n, g in groups.items()
+    ]
     write_result("generation", result, rows, base=path)
     return result
+
+
+def group_timings(policy, tasks: list[list[int]], new_tokens: int) -> dict:
+    """One call of ``GROUP`` samples of each of ``tasks``' prompts, with shared and with own prompt passes."""
+    prompts = [p for p in tasks for _ in range(GROUP)]
+    seeds = list(range(len(prompts)))
+    engines = {
+        "own": HFEngine(policy.model, policy.tokenizer, policy.eos_id, len(prompts), share_prompts=False),
+        "shared": HFEngine(policy.model, policy.tokenizer, policy.eos_id, len(prompts)),
+    }
+    if len(tasks) > 1:
+        engines["shared_calls_of_group"] = HFEngine(policy.model, policy.tokenizer, policy.eos_id, GROUP)
+    names = list(engines)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    samples = {}
+    for name in [*names, *reversed(names)]:
+        t0 = time.perf_counter()
+        out = engines[name].generate(
+            prompts, seeds, max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=1.0
+        )
+        times[name].append(time.perf_counter() - t0)
+        samples[name] = [s.token_ids for s in out]
+    t0 = time.perf_counter()
+    engines["own"].generate(prompts, seeds, max_new_tokens=1, min_new_tokens=1, temperature=1.0)
+    prefill = time.perf_counter() - t0
+    seconds = {k: sum(v) / len(v) for k, v in times.items()}
+    return {
+        "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+        "seconds": seconds,
+        "tokens_per_s": {k: len(prompts) * new_tokens / s for k, s in seconds.items()},
+        "shared_over_own": seconds["own"] / seconds["shared"],
+        "prefill_share": prefill / seconds["own"],
+        "same_samples": all(samples[k] == samples["own"] for k in names),
+    }

@@ -105,9 +105,20 @@ def _generation(r: dict) -> tuple:
         for bs, b in r["by_batch"].items()
     )
     peak = ", ".join(f"{b['fraction_of_peak']:.2f}" for b in r["by_batch"].values())
+    groups = "".join(
+        f"; {n} prompts in groups of {r['group_size']}: {g['tokens_per_s']['shared']:.0f} tokens/s with each "
+        f"distinct prompt run once vs {g['tokens_per_s']['own']:.0f} ({g['shared_over_own']:.1f}x, the prompt "
+        f"{_pct(g['prefill_share'])} of the time)"
+        + (
+            f", {g['tokens_per_s']['shared_calls_of_group']:.0f} in calls of {r['group_size']}"
+            if "shared_calls_of_group" in g["tokens_per_s"]
+            else ""
+        )
+        for n, g in r.get("groups", {}).items()
+    )
     return (
         f"{r['model']}, {r['new_tokens']} tokens per prompt; tokens/s by batch, rollout engine vs plain "
-        f"`model.generate`: {by}; fraction of matmul peak {peak}",
+        f"`model.generate`: {by}; fraction of matmul peak {peak}{groups}",
         f"engine/plain (worst batch) {r['engine_over_plain']:.2f}",
         ">= 0.8",
     )

@@ -92,3 +92,34 @@ def test_without_logprobs_the_samples_are_the_same_and_carry_none(engine, prompt
     assert all(s.logprobs == [] for s in without) and all(
         len(s.logprobs) == len(s.token_ids) for s in with_lp
     )
+
+
+def test_repeated_prompts_are_run_once_and_sample_as_if_each_had_its_own(engine, prompts):
+    """A group's samples share their prompt: the prompt's forward pass runs once per distinct prompt (left-padded
+    rows of several lengths), and every sample is the one the engine draws without sharing, with the trainer's
+    log-probs."""
+    short = encode_prompt(engine.tokenizer, build_messages("eat", [], "Here."))
+    assert len(short) < len(prompts[0])
+    batch_prompts = [prompts[0], short, prompts[0], prompts[1], short, prompts[0]]
+    seeds = [sample_seed(0, f"e{i}", 0) for i in range(len(batch_prompts))]
+    kw = {"max_new_tokens": 8, "temperature": 1.0}
+    rows_seen: list[int] = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(
+        lambda module, args, out: rows_seen.append(args[0].shape[0])
+    )
+    try:
+        shared = engine.generate(batch_prompts, seeds, **kw)
+    finally:
+        hook.remove()
+    assert rows_seen[0] == 3  # the prefill: prompts[0], short and prompts[1] once each
+    alone = HFEngine(engine.model, engine.tokenizer, engine.eos_id, share_prompts=False)
+    own = alone.generate(batch_prompts, seeds, **kw)
+    assert [s.token_ids for s in shared] == [s.token_ids for s in own]
+    batch = make_batch(batch_prompts, [s.token_ids for s in shared], engine.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(engine.model, batch)
+    width = batch.targets.shape[1]
+    for row, s in enumerate(shared):
+        n = len(s.token_ids)
+        assert torch.allclose(logp[row, width - n :], torch.tensor(s.logprobs), atol=1e-4)
+        assert torch.allclose(torch.tensor(own[row].logprobs), torch.tensor(s.logprobs), atol=1e-5)

@@ -3,6 +3,11 @@
 Sampling uses the Gumbel-max trick with one ``torch.Generator`` per sample: argmax(logits / T + Gumbel noise) is an
 exact sample from softmax(logits / T), and giving every sample its own seed makes a group's samples differ and any
 sample reproducible regardless of which other prompts shared its batch.
+
+A rollout's prompts repeat: a group's G samples start from one prompt, and samples that have taken the same actions
+so far share the next one too. At the rollout's lengths (hundreds of prompt tokens, tens of new ones) the prompt's
+forward pass is most of the work, so each distinct prompt of a batch is run once and its KV cache copied to the rows
+that repeat it (``share_prompts``); the samples are the same, their log-probs equal to float rounding.
 """
 
 from __future__ import annotations
@@ -47,12 +52,13 @@ def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFEngine:
     """Batched ``transformers`` generation on the device the model is on."""
 
-    def __init__(self, model, tokenizer, eos_id: int, batch_size: int = 64):
+    def __init__(self, model, tokenizer, eos_id: int, batch_size: int = 64, share_prompts: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.eos_id = eos_id
         self.pad_id = tokenizer.pad_token_id
         self.batch_size = batch_size
+        self.share_prompts = share_prompts
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
 
     def close(self) -> None:
@@ -78,9 +84,11 @@ class HFEngine:
         # left-padded, so generation continues every row from the right edge
         batch = to_device(make_batch(prompts, [[] for _ in prompts], self.pad_id), model_device(self.model))
         width = batch.input_ids.shape[1]
+        cache = self._shared_prefill(prompts, batch) if self.share_prompts else None
         gen = self.model.generate(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
+            past_key_values=cache,
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
             do_sample=False,
@@ -102,6 +110,32 @@ class HFEngine:
             text = self.tokenizer.decode(toks[:n], skip_special_tokens=True)
             samples.append(Sample(toks[:n], token_lp[row, :n].tolist() if logprobs else [], text, finished))
         return samples
+
+    def _shared_prefill(self, prompts, batch):
+        """The KV cache of every row's prompt but its last token, each distinct prompt run once (None when no prompt
+        repeats): ``generate`` continues from it with the last token, as it would after its own prefill."""
+        from transformers import DynamicCache
+
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), row) for row, p in enumerate(prompts)]
+        width = batch.input_ids.shape[1]
+        if len(first) == len(prompts) or width < 2:
+            return None
+        unique = torch.tensor(sorted(first.values()), device=batch.input_ids.device)
+        ids, mask = batch.input_ids[unique, :-1], batch.attention_mask[unique, :-1]
+        # the positions generate gives left-padded rows: count real tokens only (padding's value is never attended)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            logits_to_keep=1,
+        )
+        slot = {row: i for i, row in enumerate(unique.tolist())}
+        cache.batch_select_indices(torch.tensor([slot[r] for r in source], device=ids.device))
+        return cache
 
 
 def open_hf(model: str, adapter: str | None, *, batch_size: int, device: str, **_: object) -> HFEngine:
