@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,15 @@ def test_generate_continues_from_the_trained_adapter(chain, tiny_model, tmp_path
     )
     rows = storage.read_table(out, kind="trajectories", schema=TRAJECTORY_SCHEMA).to_pylist()
     assert {r["policy_version"] for r in rows} == {chain["train"]}
+
+
+def test_a_published_skill_library_is_read_from_a_copy_that_is_removed(chain, tmp_path, monkeypatch):
+    """rescore and extract-skills read a published library from a verified copy; the copy does not outlive the
+    read (a study's rounds ran in one process each left one in the temp folder)."""
+    from sdarflow.stages.common import load_skills
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    lib = load_skills(chain["skills"])
+    assert lib.skills and list(temp.iterdir()) == []

@@ -10,11 +10,14 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdarflow import __version__, storage
 from sdarflow.config import StageConfig, content_hash, opt
 from sdarflow.errors import ConfigError, ModelError, StorageError
+
+if TYPE_CHECKING:
+    from sdarflow.skills.library import SkillLibrary
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +47,15 @@ def local_artifact(
     dest: str | None = None,
     full_model: bool = False,
 ) -> str | None:
-    """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given, and always
-    of a skill library; else a view of a local one); with ``full_model``, a full fine-tune in an adapter's place
-    too (a policy's stages: :func:`sdarflow.models.policy.policy_folders`). A local folder without a manifest is
-    refused (it may be a half-written output) unless ``allow_unpublished``: a folder made by hand."""
+    """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given; else a view
+    of a local one); with ``full_model``, a full fine-tune in an adapter's place too (a policy's stages:
+    :func:`sdarflow.models.policy.policy_folders`). A local folder without a manifest is refused (it may be a
+    half-written output) unless ``allow_unpublished``: a folder made by hand."""
     if not uri:
         return None
     if storage.is_published(uri):
         if full_model and kind == "adapter" and storage.read_manifest(uri).get("kind") == "model":
             kind = "model"
-        if kind == "skills" and dest is None:
-            # a library reads files by the names in its mapping: a copy holds only the files the manifest
-            # lists (and verified), so a file slipped in beside them is never read (libraries are small)
-            dest = tempfile.mkdtemp(prefix="sdarflow-skills-")
         return str(storage.fetch_dir(uri, kind=kind, dest=dest))
     path = Path(uri)
     if "://" not in uri and path.is_dir():
@@ -70,6 +69,19 @@ def local_artifact(
     raise ModelError(
         f"{kind} '{uri}' not found (no folder and no published {kind} there); fix: check the URI"
     )
+
+
+def load_skills(uri: str, allow_unpublished: bool = False) -> SkillLibrary:
+    """The skill library at ``uri``, read whole from a verified copy that is removed once read: a library reads
+    files by the names in its mapping, and a copy holds only the files the manifest lists, so a file slipped in
+    beside them is never read (libraries are small)."""
+    from sdarflow.skills.library import SkillLibrary
+
+    with tempfile.TemporaryDirectory(prefix="sdarflow-skills-") as tmp:
+        folder = local_artifact(
+            uri, "skills", allow_unpublished, dest=tmp if storage.is_published(uri) else None
+        )
+        return SkillLibrary.load(folder)
 
 
 def content_id(uri: str, read: bool = False) -> str | None:

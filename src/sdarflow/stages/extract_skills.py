@@ -27,7 +27,7 @@ from sdarflow.skills.accuracy import VERDICTS, score_library
 from sdarflow.skills.extract import MIN_SUPPORT, episodes_from_rows, extract_skills
 from sdarflow.skills.library import GENERAL, SkillLibrary
 from sdarflow.skills.merge import merge, reevaluate
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
+from sdarflow.stages.common import allow_unpublished_opt, load_skills, local_artifact, once, require
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +245,7 @@ def run(cfg: ExtractSkillsConfig) -> dict:
     cols = ["task_id", "task_type", "traj_id", "turn", "response_text", "format_ok", "success"]
     cols.append("prompt_messages")  # the goal, so skills can spell out each recipe direction
     episodes = episodes_from_rows(table.select(cols).to_pylist())
-    previous_dir = local_artifact(cfg.previous, "skills", cfg.allow_unpublished)
-    previous = SkillLibrary.load(previous_dir) if previous_dir else None
+    previous = load_skills(cfg.previous, cfg.allow_unpublished) if cfg.previous else None
     stats = updated_stats(cfg.rescored, previous)
     if previous is not None:
         previous = reevaluate(previous, episodes, follow_share=cfg.follow_share)

@@ -22,7 +22,7 @@ from sdarflow.models.device import device_opt, model_device, precision_opt, reso
 from sdarflow.rollout.prompt import SKILL_PLACES
 from sdarflow.schema import EXPERT_POLICY, RESCORE_FIELDS, RESCORED_SCHEMA, TRAJECTORY_SCHEMA, check_vocab
 from sdarflow.skills.retrieve import STRATEGIES, get_strategy
-from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
+from sdarflow.stages.common import allow_unpublished_opt, load_skills, local_artifact, once, require
 from sdarflow.teacher import PRIVILEGED_CONTEXTS, TEACHER_CONTEXTS, TEACHER_WEIGHTS
 from sdarflow.teacher.discrimination import (
     discrimination,
@@ -183,7 +183,6 @@ def _run_metrics(
 def run(cfg: RescoreConfig) -> dict:
     from sdarflow.extensions.ppl_delta import rescore_column
     from sdarflow.models import load_policy
-    from sdarflow.skills.library import SkillLibrary
     from sdarflow.teacher.rescore import teacher_prompts
     from sdarflow.teacher.solution import task_solutions
 
@@ -212,7 +211,7 @@ def run(cfg: RescoreConfig) -> dict:
         texts = task_solutions(rows)  # an env without solutions fails here, before the model loads
     elif synthetic:
         texts = [""] * len(rows)
-    lib = SkillLibrary.load(local_artifact(cfg.skills, "skills", cfg.allow_unpublished))
+    lib = load_skills(cfg.skills, cfg.allow_unpublished)
     adapter = local_artifact(cfg.adapter, "adapter", cfg.allow_unpublished, full_model=True)
     dtype = weights_dtype(cfg.precision, resolve_device(cfg.device))
     policy = load_policy(
