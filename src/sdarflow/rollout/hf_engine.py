@@ -119,13 +119,16 @@ class HFEngine:
         first: dict[tuple[int, ...], int] = {}
         source = [first.setdefault(tuple(p), row) for row, p in enumerate(prompts)]
         width = batch.input_ids.shape[1]
-        if len(first) == len(prompts) or width < 2:
+        # a model whose generate makes another kind of cache (static, quantized) keeps its own prefill
+        dynamic = self.model.generation_config.cache_implementation in (None, "dynamic")
+        if len(first) == len(prompts) or width < 2 or not dynamic:
             return None
         unique = torch.tensor(sorted(first.values()), device=batch.input_ids.device)
         ids, mask = batch.input_ids[unique, :-1], batch.attention_mask[unique, :-1]
         # the positions generate gives left-padded rows: count real tokens only (padding's value is never attended)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        # the cache generate would make itself (its config gives sliding-window layers their own kind)
+        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         self.model(
             input_ids=ids,
             attention_mask=mask,
