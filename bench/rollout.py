@@ -23,6 +23,7 @@ from sdarflow.envs import get_suite
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.rollout.engine import load_engine
 from sdarflow.rollout.envhost import in_worker
+from sdarflow.rollout.hf_engine import HFEngine
 from sdarflow.rollout.loop import run_rollout
 from sdarflow.rollout.prompt import build_messages, encode_prompt
 from sdarflow.sizes import SIZES
@@ -100,7 +101,7 @@ def _loop(engine, cfg, suite, envs: str) -> dict:
     replay_s = time.perf_counter() - t0
     assert replayed == tokens, "the replay must generate the loop's tokens (same prompts, seeds and batches)"
     loop_tps, replay_tps = tokens / result.stats.seconds, tokens / replay_s
-    return {
+    return recording.calls, {
         "episodes": len(result.episodes),
         "turns": len(recording.calls),
         "tokens": tokens,
@@ -126,12 +127,14 @@ def run(quick: bool = True) -> dict:
     batch_sizes = [1, 8, 64] if quick else [1, 8, 64, 256]
     fixed = {name: _fixed_length(e, prompts, batch_sizes) for name, e in engines.items()}
     auto = "process" if in_worker(cfg.envs, "cpu") else "local"  # what --envs auto picks here (hf on the CPU)
-    loops = {envs: _loop(engines["hf"], cfg, suite, envs) for envs in ("local", "process")}
+    recorded = {envs: _loop(engines["hf"], cfg, suite, envs) for envs in ("local", "process")}
+    loops = {envs: lp for envs, (_, lp) in recorded.items()}
     # One ceiling for both hosts: the faster replay (the worker's lanes replay as half batches)
     ceiling = max(lp["replay_tokens_per_s"] for lp in loops.values())
     for lp in loops.values():
         lp["loop_efficiency"] = lp["loop_tokens_per_s"] / ceiling
     loop = loops[auto]
+    shared = shared_prompts(engines["hf"], recorded[auto][0])
     for e in engines.values():
         e.close()
     result = {
@@ -145,6 +148,7 @@ def run(quick: bool = True) -> dict:
         "loop_envs": auto,
         "loop_by_envs": loops,
         "loop_efficiency": loop["loop_efficiency"],
+        "shared_prompts": shared,
         "target": f"loop_efficiency >= {TARGET}",
     }
     rows = [("engine, batch", f"tokens/s ({FIXED_TOKENS} tokens per prompt)")]
@@ -163,5 +167,32 @@ def run(quick: bool = True) -> dict:
             f"{loop['loop_efficiency']:.2f} (target >= {TARGET})",
         )
     ]
+    rows += [
+        (
+            "hf, each distinct prompt run once / every row its own (the loop's calls)",
+            f"{shared['shared_over_own']:.2f}x, same samples: {shared['same_samples']}",
+        )
+    ]
     write_result("rollout", result, rows, base=model)
     return result
+
+
+def shared_prompts(engine: HFEngine, calls: list) -> dict:
+    """The loop's engine calls replayed by the hf engine as it runs (each distinct prompt of a call once, its KV
+    cache copied to the rows that repeat it) and with every row running its own prompt, alternated."""
+    own = HFEngine(engine.model, engine.tokenizer, engine.eos_id, engine.batch_size, share_prompts=False)
+    times: dict[str, list[float]] = {"shared": [], "own": []}
+    samples = {}
+    for name, e in (("own", own), ("shared", engine), ("shared", engine), ("own", own)):
+        t0 = time.perf_counter()
+        samples[name] = [s.token_ids for p, seeds, kw in calls for s in e.generate(p, seeds, **kw)]
+        times[name].append(time.perf_counter() - t0)
+    seconds = {k: sum(v) / len(v) for k, v in times.items()}
+    return {
+        "calls": len(calls),
+        "rows": sum(len(p) for p, _, _ in calls),
+        "distinct_prompts": sum(len({tuple(x) for x in p}) for p, _, _ in calls),
+        "seconds": seconds,
+        "shared_over_own": seconds["own"] / seconds["shared"],
+        "same_samples": samples["own"] == samples["shared"],
+    }

@@ -90,10 +90,17 @@ def _rollout(r: dict) -> tuple:
         for envs, lp in r["loop_by_envs"].items()
         if envs != r["loop_envs"]
     )
+    shared = r.get("shared_prompts")
+    sharing = (
+        f"; its calls with each distinct prompt run once {shared['shared_over_own']:.2f}x faster than with every "
+        f"row running its own ({shared['distinct_prompts']} distinct of {shared['rows']} prompts)"
+        if shared
+        else ""
+    )
     return (
         f"hf tokens/s by batch ({r['fixed_length_tokens']} tokens each) {by_batch}; loop (envs {r['loop_envs']}) "
         f"{loop['loop_tokens_per_s']:.0f} vs its engine calls replayed {loop['replay_tokens_per_s']:.0f} "
-        f"({loop['episodes']} episodes); other env hosts: {others}",
+        f"({loop['episodes']} episodes); other env hosts: {others}{sharing}",
         f"loop_efficiency {r['loop_efficiency']:.2f}",
         ">= 0.8",
     )
