@@ -158,17 +158,17 @@ def republish_mapping(uri: str, edit) -> None:
 
 
 def test_a_library_reads_only_the_files_its_manifest_lists(tmp_path):
-    from sdarflow.skills.library import STATS, SkillLibrary
-    from sdarflow.stages.common import local_artifact
+    from sdarflow.skills.library import STATS
+    from sdarflow.stages.common import load_skills
 
     uri = published_library(tmp_path)
     (Path(uri) / "extra.md").write_text("# slipped in")
     republish_mapping(uri, lambda m: m["skill_files"].update(extra="extra.md"))
     with pytest.raises(StorageError, match="names 'extra.md' for skill 'extra' but the file is missing"):
-        SkillLibrary.load(local_artifact(uri, "skills"))
+        load_skills(uri)
     republish_mapping(uri, lambda m: m["skill_files"].pop("extra"))
     (Path(uri) / STATS).write_text('{"arms": {"cut": {"skill_cut": {"pulls": 1, "reward_sum": 9.9}}}}')
-    assert SkillLibrary.load(local_artifact(uri, "skills")).stats == {}  # unlisted: not read
+    assert load_skills(uri).stats == {}  # unlisted: not read
 
 
 def test_a_skill_or_index_too_large_for_any_prompt_is_refused_before_it_is_read(tmp_path):
