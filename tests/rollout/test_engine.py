@@ -40,8 +40,8 @@ def test_group_samples_differ(engine, prompts):
     assert len({tuple(s.token_ids) for s in samples}) > 1
 
 
-def test_engine_logprobs_match_the_trainer_forward(engine, prompts):
-    samples = engine.generate(prompts, [1, 2, 3], max_new_tokens=8, temperature=1.0)
+def assert_trainer_logprobs(engine, prompts, samples) -> None:
+    """Each sample's log-probs are the trainer's teacher-forced forward pass's (within 1e-4)."""
     batch = make_batch(prompts, [s.token_ids for s in samples], engine.tokenizer.pad_token_id)
     with torch.no_grad():
         logp, _ = response_logprobs(engine.model, batch)
@@ -49,6 +49,11 @@ def test_engine_logprobs_match_the_trainer_forward(engine, prompts):
     for row, s in enumerate(samples):
         n = len(s.token_ids)
         assert torch.allclose(logp[row, width - n :], torch.tensor(s.logprobs), atol=1e-4)
+
+
+def test_engine_logprobs_match_the_trainer_forward(engine, prompts):
+    samples = engine.generate(prompts, [1, 2, 3], max_new_tokens=8, temperature=1.0)
+    assert_trainer_logprobs(engine, prompts, samples)
 
 
 def test_top_p_keeps_the_smallest_sufficient_prefix():
@@ -115,11 +120,6 @@ def test_repeated_prompts_are_run_once_and_sample_as_if_each_had_its_own(engine,
     alone = HFEngine(engine.model, engine.tokenizer, engine.eos_id, share_prompts=False)
     own = alone.generate(batch_prompts, seeds, **kw)
     assert [s.token_ids for s in shared] == [s.token_ids for s in own]
-    batch = make_batch(batch_prompts, [s.token_ids for s in shared], engine.tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp, _ = response_logprobs(engine.model, batch)
-    width = batch.targets.shape[1]
-    for row, s in enumerate(shared):
-        n = len(s.token_ids)
-        assert torch.allclose(logp[row, width - n :], torch.tensor(s.logprobs), atol=1e-4)
-        assert torch.allclose(torch.tensor(own[row].logprobs), torch.tensor(s.logprobs), atol=1e-5)
+    assert_trainer_logprobs(engine, batch_prompts, shared)
+    for mine, theirs in zip(shared, own, strict=True):
+        assert torch.allclose(torch.tensor(theirs.logprobs), torch.tensor(mine.logprobs), atol=1e-5)

@@ -78,10 +78,8 @@ def load_skills(uri: str, allow_unpublished: bool = False) -> SkillLibrary:
     from sdarflow.skills.library import SkillLibrary
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-skills-") as tmp:
-        folder = local_artifact(
-            uri, "skills", allow_unpublished, dest=tmp if storage.is_published(uri) else None
-        )
-        return SkillLibrary.load(folder)
+        # a published library is copied into tmp; a hand-made one (--allow-unpublished) is read in place
+        return SkillLibrary.load(local_artifact(uri, "skills", allow_unpublished, dest=tmp))
 
 
 def content_id(uri: str, read: bool = False) -> str | None:
