@@ -7,7 +7,12 @@ description in the compiled YAML is its help text as written."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +182,44 @@ def test_every_pipeline_parameter_description_renders(pipeline, tmp_path):
         assert not _UNRENDERED.search(text), (
             f"{pipeline}: {name}'s description {text!r} has an unrendered directive"
         )
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "name"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")]
+)
+def test_a_stopped_command_says_so_in_one_line_and_leaves_nothing_behind(
+    tmp_path, game_cache, sig, code, name
+):
+    """Kubernetes stops a pod with SIGTERM; Python's default handler ended the process without unwinding, so
+    build-model's staging folder (and a stage's temporary copies) stayed behind. Stopped mid-SFT, the command now
+    unwinds: one line, 128 + the signal, and nothing beside its --output."""
+    out = tmp_path / "model"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys, sdarflow.cli; sys.exit(sdarflow.cli.main())",
+        "build-model",
+        "--output",
+        str(out),
+        "--tasks",
+        "1",
+    ]
+    proc = subprocess.Popen([*argv, "--sft-steps", "100000000"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while (
+            not list(tmp_path.glob(".model.*.staging"))
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert list(tmp_path.glob(".model.*.staging")), "build-model never started its staging folder"
+        time.sleep(1)  # into the SFT loop (the folder is made before the games are read)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    lines = [line for line in err.splitlines() if not line[:4].isdigit()]  # log lines start with the date
+    assert proc.returncode == code and lines == [f"error: stopped by {name}; nothing half-written was kept"]
+    assert list(tmp_path.iterdir()) == []
