@@ -10,6 +10,7 @@ import pytest
 
 from sdarflow import storage
 from sdarflow.cli import main
+from sdarflow.errors import StorageError
 from sdarflow.registry import Registry
 from sdarflow.schema import RESCORED_SCHEMA, TRAJECTORY_SCHEMA
 
@@ -116,7 +117,7 @@ def test_skills_are_a_versioned_library(chain):
     files = {f["path"] for f in manifest["files"]}
     assert "skill_mapping.json" in files and "general_skills.md" in files
     md = storage.read_member(chain["skills"], "report.md").decode()
-    assert "## Skills" in md and "general\_skills" in md and "Skill: general\_skills" in md
+    assert "## Skills" in md and r"general\_skills" in md and r"Skill: general\_skills" in md
 
 
 def test_rescore_adds_teacher_and_student_logprobs(chain):
@@ -262,3 +263,28 @@ def test_a_published_skill_library_is_read_from_a_copy_that_is_removed(chain, tm
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     lib = load_skills(chain["skills"])
     assert lib.skills and list(temp.iterdir()) == []
+
+
+def test_a_remote_adapter_is_read_from_a_copy_the_stage_removes(
+    chain, tiny_model, tmp_path, monkeypatch, s3_root
+):
+    """A stage given an S3 adapter verified it into a copy in the temp folder and left it there: each round of a
+    study on S3 left one (a full fine-tune's: the whole model). The copy now lives in the stage's scratch folder,
+    removed when the stage returns; a copy that fails verification is removed at once."""
+    remote = storage.join(s3_root, "adapter")
+    storage.publish_dir(storage.fetch_dir(chain["train"], kind="adapter"), remote, kind="adapter")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    argv = ["generate", "--model", str(tiny_model), "--adapter", remote, "--tasks", "1", "--group-size", "2"]
+    assert main([*argv, "--max-turns", "1", "--output", str(tmp_path / "gen")]) == 0
+    rows = storage.read_table(
+        str(tmp_path / "gen"), kind="trajectories", schema=TRAJECTORY_SCHEMA
+    ).to_pylist()
+    assert {r["policy_version"] for r in rows} == {remote} and list(temp.iterdir()) == []
+
+    last = storage.read_manifest(remote)["files"][-1]["path"]  # the copy holds every other file by then
+    storage.write_bytes(storage.join(remote, last), b"flipped bits")
+    with pytest.raises(StorageError, match="sha256"):
+        storage.fetch_dir(remote, kind="adapter")
+    assert list(temp.iterdir()) == []

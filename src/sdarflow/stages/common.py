@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
     from sdarflow.skills.library import SkillLibrary
 
 log = logging.getLogger(__name__)
+
+# The running stage's scratch folder (see ``once``): where copies of its remote inputs go, removed when it returns.
+_scratch: contextvars.ContextVar[str | None] = contextvars.ContextVar("sdarflow_stage_scratch", default=None)
 
 
 def require(stage: str, **fields: object) -> None:
@@ -47,8 +51,9 @@ def local_artifact(
     dest: str | None = None,
     full_model: bool = False,
 ) -> str | None:
-    """A published artifact (adapter, skills) as a verified local folder (a copy in ``dest`` if given; else a view
-    of a local one); with ``full_model``, a full fine-tune in an adapter's place too (a policy's stages:
+    """A published artifact (adapter, skills) as a verified local folder: a copy in ``dest`` if given; else a view
+    of a local one, or a copy of a remote one in the running stage's scratch folder (removed when it returns).
+    With ``full_model``, a full fine-tune in an adapter's place too (a policy's stages:
     :func:`sdarflow.models.policy.policy_folders`). A local folder without a manifest is refused (it may be a
     half-written output) unless ``allow_unpublished``: a folder made by hand."""
     if not uri:
@@ -56,7 +61,7 @@ def local_artifact(
     if storage.is_published(uri):
         if full_model and kind == "adapter" and storage.read_manifest(uri).get("kind") == "model":
             kind = "model"
-        return str(storage.fetch_dir(uri, kind=kind, dest=dest))
+        return str(storage.fetch_dir(uri, kind=kind, dest=dest, scratch=_scratch.get()))
     path = Path(uri)
     if "://" not in uri and path.is_dir():
         if allow_unpublished:
@@ -120,7 +125,8 @@ def request_hash(cfg: StageConfig) -> str:
 def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], dict]]:
     """Make a stage's ``run`` idempotent: when its output holds what this very request published (a KFP retry, a
     rerun), the recorded result is returned; another request's output there is refused unless ``overwrite``.
-    After a run, the manifest records the request and its result (rank 0 only)."""
+    The run gets a scratch folder for copies of its remote inputs, removed when it returns or fails. After a run,
+    the manifest records the request and its result (rank 0 only)."""
 
     def wrap(run: Callable[[Any], dict]) -> Callable[[Any], dict]:
         @functools.wraps(run)
@@ -145,7 +151,12 @@ def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], 
                         f"'{cfg.output}' is already published by another {cfg.stage} request; fix: choose a new "
                         f"output URI or pass --overwrite"
                     )
-            result = run(cfg)
+            with tempfile.TemporaryDirectory(prefix=f"sdarflow-{cfg.stage}-inputs-") as scratch:
+                token = _scratch.set(scratch)
+                try:
+                    result = run(cfg)
+                finally:
+                    _scratch.reset(token)
             if int(os.environ.get("RANK", "0")) == 0 and storage.is_published(cfg.output):
                 manifest = storage.read_manifest(cfg.output, kind)
                 storage.write_json(

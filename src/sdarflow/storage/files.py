@@ -592,13 +592,30 @@ def publish_dir(local_dir: str | Path, uri: str, *, kind: str, overwrite: bool =
         return target.manifest(kind, files, **meta)
 
 
-def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
-    """Materialize a published folder locally (a no-op view for local URIs) after verifying sha256 sums. Files
-    are read in blocks, hashed on the way (a model's weights need not fit in memory)."""
+def fetch_dir(
+    uri: str, *, kind: str, dest: str | Path | None = None, scratch: str | Path | None = None
+) -> Path:
+    """Materialize a published folder locally after verifying sha256 sums: a view of a local one, else a copy in
+    ``dest`` or in a new folder under ``scratch`` (the system's temporary folder by default), which the caller
+    removes. Files are read in blocks, hashed on the way (a model's weights need not fit in memory); a copy that
+    fails verification is removed if this call made its folder."""
     manifest = read_manifest(uri, kind)
     loc = resolve(uri)
-    view = isinstance(loc.fs, pafs.LocalFileSystem) and dest is None
-    target = None if view else Path(dest or tempfile.mkdtemp(prefix=f"sdarflow-{kind}-"))
+    if isinstance(loc.fs, pafs.LocalFileSystem) and dest is None:
+        _fetch_files(loc, manifest, kind, None)
+        return Path(loc.path) / manifest.get("prefix", "")
+    target = Path(dest if dest is not None else tempfile.mkdtemp(prefix=f"sdarflow-{kind}-", dir=scratch))
+    try:
+        _fetch_files(loc, manifest, kind, target)
+    except BaseException:
+        if dest is None:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    return target
+
+
+def _fetch_files(loc: Location, manifest: dict, kind: str, target: Path | None) -> None:
+    """Verify each listed file, copying it into ``target`` (None: verify in place)."""
     for entry in manifest["files"]:
         path = _member_location(loc, manifest, entry["path"], kind)
         with reachable(loc, "read"):
@@ -618,7 +635,6 @@ def fetch_dir(uri: str, *, kind: str, dest: str | Path | None = None) -> Path:
                     _Reading(source, loc),
                     check=lambda size, digest, e=entry: _verify(e, size, digest, loc.uri),
                 )
-    return Path(loc.path) / manifest.get("prefix", "") if target is None else target
 
 
 def download_dir(uri: str, target: Path, *, marker: str, what: str) -> bool:
