@@ -21,6 +21,7 @@ import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 from bench.common import RESULTS, demo_model, write_result
 from sdarflow import storage
@@ -38,10 +39,12 @@ from sdarflow.train.warmstart import SEED_SKILLS
 SETTINGS = ("rounds", "tasks", "group_size", "lr", "train_steps", "lora_rank")  # recorded with the result
 
 
-def one_seed(args: argparse.Namespace, model: str, seed: int, root: str) -> list[dict]:
+def one_seed(
+    args: argparse.Namespace, model: str, seed: int, root: str, done: Callable[[list[dict]], None]
+) -> list[dict]:
     """Each round's record (``sdarflow.study.round_record``: train success of its rollouts, round 0 the base
     policy's, and its update's diagnostics), ``args.rounds`` rounds continuing one LoRA, then the final adapter's
-    rollouts as one more record."""
+    rollouts as one more record; ``done`` gets the records so far after each round."""
     pc = PipelineConfig(
         storage=root, base_model=model, run_id=f"lc{seed}", seed_skills=f"{model}/{SEED_SKILLS}",
         method=args.method, seed=seed, tasks=args.tasks, group_size=args.group_size, lr=args.lr,
@@ -58,6 +61,7 @@ def one_seed(args: argparse.Namespace, model: str, seed: int, root: str) -> list
             seed, r, args.method, records[-1]["train_success"], records[-1]["zero_adv_group_share"] or 0,
             sum(rnd.seconds.values()),
         )  # fmt: skip
+        done(records)
     last = generate.run(stage_config(pc, "generate", args.rounds, adapter=carry.adapter))
     final = {"round": args.rounds, "train_success": last["metrics"]["rollout/success"]}
     return [*records, final | {"solved_by_task": solved_by_task(last["uri"])}]
@@ -108,18 +112,35 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or demo_model()
     made_by = provenance(model)  # the code this run ran: the checkout may move during its hours
     name = args.name or f"learning_check_{args.method}" + ("_fixed" if args.fixed_tasks else "")
-    t0 = time.perf_counter()
+    t0, runs = time.perf_counter(), {}
+
+    def save(seed: int, records: list[dict], *, complete: bool) -> None:
+        runs[seed] = records
+        save_result(args, name, runs, complete, time.perf_counter() - t0, model, made_by)
+
     with tempfile.TemporaryDirectory(prefix="sdarflow-lc-") as root:
-        runs = {s: one_seed(args, model, s, root) for s in args.seeds}
+        for seed in args.seeds:
+            records = one_seed(args, model, seed, root, lambda rs, s=seed: save(s, rs, complete=False))
+            save(seed, records, complete=seed == args.seeds[-1])
+    return 0
+
+
+def save_result(
+    args: argparse.Namespace, name: str, runs: dict, complete: bool, seconds: float, model: str, made_by: dict
+) -> None:
+    """Write the result (and its PNG) of the seeds' records so far: after every round, so a run stopped short
+    (a machine's time ran out) still leaves its rounds, marked as stopped; the mean, the bar and the curves are
+    over the rounds every seed has reached."""
     curves = {s: [r["train_success"] for r in records] for s, records in runs.items()}
-    base = statistics.mean(c[0] for c in curves.values())
-    final = statistics.mean(c[-1] for c in curves.values())
+    mean_by_round = [statistics.mean(x) for x in zip(*curves.values(), strict=False)]
+    common = [records[: len(mean_by_round)] for records in runs.values()]
+    base, final = mean_by_round[0], mean_by_round[-1]
     result = {
         "method": args.method,
         "fixed_tasks": args.fixed_tasks,
         "settings": {k: getattr(args, k) for k in SETTINGS} | {"train": json.loads(args.train)},
         "train_success_by_round": curves,
-        "mean_by_round": [statistics.mean(x) for x in zip(*curves.values(), strict=True)],
+        "mean_by_round": mean_by_round,
         "rounds_by_seed": runs,
         "base_mean": base,
         "final_mean": final,
@@ -131,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         ),
         # the overfit check's bar: at least twice the base's success, or +0.3
         "passed": final >= min(2 * base, base + 0.3),
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds,
+        "seeds": args.seeds,
+        "complete": complete,  # False: written after a round, the run still going or stopped there
     }
     # the study report's curves (mean and min-max band over seeds), one panel per diagnostic
-    study = {"methods": {args.method: {"curves": {k: curve(list(runs.values()), k) for k in CURVE_KEYS}}}}
+    study = {"methods": {args.method: {"curves": {k: curve(common, k) for k in CURVE_KEYS}}}}
     (RESULTS / f"{name}.png").write_bytes(curves_png(study))
     write_result(
         name,
@@ -143,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
         base=model,
         made_by=made_by,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -342,16 +342,20 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
     if r is None:
         return "(no result yet: `python -m bench.learning_check`)"
     curves = r["train_success_by_round"]
-    n = len(r["mean_by_round"])
+    n = len(r["mean_by_round"])  # the rounds every seed reached
+    width = max(map(len, curves.values()))
     lines = [
-        "| seed | base | " + " | ".join(f"after round {i}" for i in range(1, n)) + " | final - base |",
-        "|---" * (n + 2) + "|",
+        "| seed | base | " + " | ".join(f"after round {i}" for i in range(1, width)) + " | final - base |",
+        "|---" * (width + 2) + "|",
     ]
     rows = [(f"seed {s}", c) for s, c in curves.items()] + [("mean", r["mean_by_round"])]
-    lines += [f"| {label} | {' | '.join(f'{x:.3f}' for x in c)} | {c[-1] - c[0]:+.3f} |" for label, c in rows]
+    lines += [
+        f"| {label} | {' | '.join([f'{x:.3f}' for x in c] + [''] * (width - len(c)))} | {c[-1] - c[0]:+.3f} |"
+        for label, c in rows
+    ]
 
-    def by_round(key: str) -> str:  # the mean over seeds of each trained round's value
-        values = [[rec.get(key) for rec in records[:-1]] for records in r["rounds_by_seed"].values()]
+    def by_round(key: str) -> str:  # the mean over seeds of each trained round's value whose outcome is shown
+        values = [[rec.get(key) for rec in records[: n - 1]] for records in r["rounds_by_seed"].values()]
         means = [[v for v in col if v is not None] for col in zip(*values, strict=True)]
         return " ".join("-" if not m else f"{sum(m) / len(m):.3g}" for m in means)
 
@@ -367,6 +371,12 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
         f"{by_round('gate_discrimination_expert')}. Overfit bar (final >= min(2 x base, "
         f"base + 0.3)): {'met' if r['passed'] else 'not met'} ({r['base_mean']:.3f} -> {r['final_mean']:.3f}).",
     ]
+    if not r.get("complete", True):  # written after each round since 2026-12-07
+        played = "; ".join(f"seed {seed}: {len(c) - 1} of {s['rounds']}" for seed, c in curves.items())
+        lines[-1] += (
+            f" **Stopped short** (the result is written after every round): updates rolled out, {played}; a "
+            f"stopped seed's last column is its last round's rollouts, where its final - base and the bar are read."
+        )
     if "forgotten_tasks" in r:  # recorded since the per-task counts were
         n_tasks = len(next(iter(r["rounds_by_seed"].values()))[-1]["solved_by_task"])
         lost = "; ".join(f"seed {seed}: {len(t)}" for seed, t in r["forgotten_tasks"].items())
