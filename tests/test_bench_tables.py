@@ -277,6 +277,49 @@ def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_
     assert f"{expected}: seed 0: 1; seed 1: 0." in table
 
 
+def test_a_learning_check_stopped_short_keeps_its_rounds_and_says_so(tmp_path, monkeypatch):
+    """A run stopped when a machine's time ran out left nothing (the result was written at the end): now each
+    round writes it, marked incomplete, and the table reads a stopped seed's bar at its last round."""
+    import argparse
+
+    import bench.common
+    import bench.learning_check as lc
+    from sdarflow.provenance import provenance
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    monkeypatch.setattr(lc, "RESULTS", tmp_path)
+    args = argparse.Namespace(method="grpo", fixed_tasks=True, rounds=4, tasks=2, group_size=2, lr=2e-3,
+                              train_steps=8, lora_rank=8, train="{}", seeds=[0, 1])  # fmt: skip
+
+    def rec(r: int, x: float) -> dict:
+        return {"round": r, "train_success": x, "zero_adv_group_share": 0.5, "aux_grad_share": None,
+                "gate_discrimination_expert": 0.01 * r, "solved_by_task": {"a": 1, "b": 0}}  # fmt: skip
+
+    # seed 0 done (4 rounds and the final rollouts), seed 1 stopped after its second round's rollouts
+    runs = {0: [rec(i, 0.125 * i) for i in range(5)], 1: [rec(0, 0.25), rec(1, 0.5)]}
+    lc.save_result(args, "learning_check_x", runs, False, 1.0, "", provenance(None))
+    result = json.loads((tmp_path / "learning_check_x.json").read_text())
+    assert result["complete"] is False and result["mean_by_round"] == [0.125, 0.3125]
+    assert (tmp_path / "learning_check_x.png").stat().st_size > 0
+    table = tables.render(
+        "<!-- generated: learning_check_x (python -m bench.tables) -->\n<!-- end generated: learning_check_x -->",
+        tmp_path,
+    )
+    assert "| seed 0 | 0.000 | 0.125 | 0.250 | 0.375 | 0.500 | +0.500 |" in table
+    assert "| seed 1 | 0.250 | 0.500 |  |  |  | +0.250 |" in table
+    assert "| mean | 0.125 | 0.312 |  |  |  | +0.188 |" in table
+    # the diagnostics of round 0 only: the one update whose outcome both seeds show
+    assert (
+        "zero advantage 0.5; the gradient share |grad aux| / |grad pg| -; the gate's expert-match discrimination 0. "
+        in table
+    )
+    assert "Overfit bar (final >= min(2 x base, base + 0.3)): met (0.125 -> 0.312)" in table
+    assert (
+        "**Stopped short** (the result is written after every round): updates rolled out, seed 0: 4 of 4; seed 1: 1 of 4"
+        in table
+    )
+
+
 def test_a_learning_check_counts_each_tasks_solved_episodes_and_names_the_forgotten(tmp_path):
     from factories import rescored_table
 
