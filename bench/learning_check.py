@@ -7,8 +7,10 @@ policy; the last point is the final adapter's rollouts). With ``--fixed-tasks`` 
 tasks it sees again?); without it each round plays new tasks. Each round also records why the update was what it
 was: the share of groups whose advantages are all zero (no gradient), the auxiliary term's gradient share, the
 gate, and how many of each task's episodes it solved (so the tasks a seed forgot, solved in at least half their
-episodes after some round and in none at the end, are named). Results go to ``bench/results/learning_check_<method>[_fixed].json`` with a PNG of the curves beside it. Not
-part of ``make bench --quick``: it takes minutes per seed.
+episodes after some round and in none at the end, are named). Results go to
+``bench/results/learning_check_<method>[_fixed].json`` with a PNG of the curves beside it, rewritten after every round
+(``complete`` false until the last), so a run stopped short keeps the rounds it played. Not part of ``make bench
+--quick``: it takes minutes per round.
 
     python -m bench.learning_check --method grpo --fixed-tasks --tasks 16 --seeds 0 1 2 --rounds 8
 """
