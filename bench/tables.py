@@ -191,7 +191,12 @@ ROWS = {
 def _machine(m: dict) -> str:
     gpu = f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU"
     cpu = m.get("cpu") or m.get("processor", "")
-    return f"{cpu}, {m.get('cpus', '?')} cores, torch {m['torch']} ({m['torch_threads']} threads){gpu}"
+    kernels = (
+        f" ({m['cpu_capability']} kernels)" if m.get("cpu_capability") else ""
+    )  # recorded since 2026-12-07
+    return (
+        f"{cpu}{kernels}, {m.get('cpus', '?')} cores, torch {m['torch']} ({m['torch_threads']} threads){gpu}"
+    )
 
 
 def _load(results_dir: Path, name: str) -> dict | None:

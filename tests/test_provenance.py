@@ -30,9 +30,24 @@ def test_code_names_the_commit_and_changes_but_not_result_files(tmp_path):
     (tmp_path / "src" / "m.py").write_text("x = 2\n")
     changed = code(tmp_path / "src")
     assert changed["uncommitted"] is not None
-    machine = {"cpu": "c", "torch": "t", "torch_threads": 1, "cuda": None}
+    machine = {"cpu": "c", "cpu_capability": "AVX2", "torch": "t", "torch_threads": 1, "cuda": None}
     keys = [reuse_key({**c, "machine": machine}) for c in (clean, changed)]
     assert keys[0] != keys[1]  # a study never reuses a cell made by other code
+    # nor one made by other kernels: a CPU of the same name with AVX-512 sums floats in another order
+    other = reuse_key({**clean, "machine": {**machine, "cpu_capability": "AVX512"}})
+    assert other != keys[0] and other["code"] == keys[0]["code"]
+
+
+def test_the_machine_names_the_kernels_its_floats_come_from():
+    import torch
+
+    from bench.tables import _machine
+    from sdarflow.provenance import machine
+
+    m = machine()
+    assert m["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert f"({m['cpu_capability']} kernels), {m['cpus']} cores" in _machine(m)
+    assert "kernels" not in _machine({**m, "cpu_capability": None})  # a result from before it was recorded
 
 
 def test_outside_a_checkout_the_commit_is_the_one_an_image_was_built_from_or_none(tmp_path, monkeypatch):

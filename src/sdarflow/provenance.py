@@ -67,6 +67,9 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu": _cpu_model(),
+        # the vector kernels ATen picked (AVX2, AVX512, ...): they set the order of float reductions, so two CPUs
+        # of one name (cloud VMs often report "AMD EPYC") give other bits where this differs
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -105,5 +108,5 @@ def reuse_key(p: dict[str, Any]) -> dict[str, Any]:
     return {
         "code": [p["sdarflow"], p["commit"], p["uncommitted"]],
         "base_model": [base.get("spec_hash"), base.get("content_id")],
-        "machine": [m["cpu"], m["torch"], m["torch_threads"], m["cuda"]],
+        "machine": [m["cpu"], m.get("cpu_capability"), m["torch"], m["torch_threads"], m["cuda"]],
     }

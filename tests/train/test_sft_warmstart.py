@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -132,3 +134,13 @@ def test_a_solution_share_puts_each_games_own_solution_where_the_solution_teache
             assert text == was
         assert prompt_text(tok, now.response) == prompt_text(plain_tok, before.response)
     assert 0.25 * len(steps) < taught < 0.75 * len(steps)
+
+
+def test_a_build_records_the_cpu_kernels_and_threads_its_bits_depend_on(tiny_model):
+    """Two "AMD EPYC" VMs built the demo's model with other bytes (AVX2 against AVX-512 kernels sum floats in
+    another order): the build file says which it was."""
+    from sdarflow.train.warmstart import BUILD_FILE
+
+    info = json.loads((tiny_model / BUILD_FILE).read_text())
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert info["torch_threads"] == torch.get_num_threads()

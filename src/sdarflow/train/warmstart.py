@@ -195,6 +195,8 @@ def build_base_model(
     """Build the base model ``spec`` describes into ``out_dir`` (or keep an up-to-date one there). Deterministic:
     the same spec gives the same model on any machine of the same device type; past ``time_limit_s`` (not part of
     the spec: it cannot change the result) the build fails instead of stopping early."""
+    import torch
+
     out_dir = Path(out_dir)
     if not force and is_built(out_dir, spec):
         log.info("base model %s is up to date (spec %s)", out_dir, spec.hash())
@@ -227,6 +229,9 @@ def build_base_model(
             "seed_skill_library": seed_lib.version,
             "seconds": round(time.perf_counter() - t0, 1),
             "device": str(place),
+            # what else decides the weights' bits on a CPU (README: the demo's figures are per CPU kind)
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(),
         }
         (tmp / BUILD_FILE).write_text(json.dumps(info, indent=2))
     log.info(
