@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "errors",
         "names",
         "progress",
+        "stopping",
         "report",
         "schema",
         "config",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sdarflow import progress, storage
+from sdarflow import progress, stopping, storage
 from sdarflow.config import SHARED_CACHE_ENV
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
@@ -55,9 +55,12 @@ def run_base_evaluation(config_uri: str) -> dict:
     return STAGES.get("evaluate").run(with_local_model(cfg))
 
 
-def setup_logging() -> None:
+def setup_component() -> None:
+    """What every component process does first: log lines a pod log can read, no library progress bars, and
+    SIGTERM (how Kubernetes stops the pod) unwinding through the stage's cleanups (``sdarflow.stopping``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     progress.quiet_library_bars()
+    stopping.unwind_on_sigterm()
 
 
 def kfp_actor(run_id: str) -> str:
@@ -97,7 +100,7 @@ def run_component(
 ) -> str:
     """What every stage component calls: run the stage, fill the UI artifacts (:func:`_fill_outputs`) and return
     the output URI; ``actor`` is who the registry's audit log names (``SDARFLOW_ACTOR``)."""
-    setup_logging()
+    setup_component()
     if actor:
         os.environ["SDARFLOW_ACTOR"] = actor
     return _fill_outputs(stage, run_stage(stage, config_uri, round_, **io), metrics, html, markdown, output)
@@ -105,14 +108,14 @@ def run_component(
 
 def run_base_component(config_uri: str, *, metrics=None, html=None, markdown=None, output=None) -> str:
     """What the base-model evaluation component calls: :func:`run_base_evaluation`, outputs as ``run_component``."""
-    setup_logging()
+    setup_component()
     return _fill_outputs("evaluate", run_base_evaluation(config_uri), metrics, html, markdown, output)
 
 
 def run_production_component(config_uri: str, *, metrics=None, html=None, markdown=None, output=None) -> str:
     """What the production evaluation component calls (``pipeline_config.production_eval_config``), outputs as
     ``run_component``; with nothing to evaluate, the output artifact points nowhere ("") and the reports say why."""
-    setup_logging()
+    setup_component()
     cfg = production_eval_config(_load(config_uri))
     if cfg is not None:
         result = STAGES.get("evaluate").run(with_local_model(cfg))
@@ -166,7 +169,7 @@ def run_report_component(
     the promote task's outcome, ``base_uri`` the base model's evaluation."""
     from sdarflow.run_report import publish_run_report
 
-    setup_logging()
+    setup_component()
     pc = load(config_uri)
     uri = publish_run_report(pc.storage, pc.run_id, rounds, shards, promotion, base_uri)
     _write_reports(html, markdown, uri, "run-report")
@@ -192,7 +195,7 @@ def run_promotion(
     tighten; ``current_report``: the stage's version evaluated on the candidate's tasks; ``roll_deployment``:
     the serving Deployment ([NAMESPACE/]NAME) rolled to the promoted version, checked before the alias moves. A
     refusal raises GateRefused; returns one summary line, also written to the Markdown artifact."""
-    setup_logging()
+    setup_component()
     store = Registry(registry)
     roller = ServingRoll(roll_deployment, store, name, stage) if roll_deployment else None
     event = store.promote(
@@ -225,7 +228,7 @@ def promote_candidate(
     the gate (which the run's gate parameters may only tighten), comparing with ``production_evaluation``. A gate
     refusal is an expected outcome of retraining: it is reported (result, Markdown, Metrics ``gate_refused`` 1)
     and the run still succeeds, production left as it was."""
-    setup_logging()
+    setup_component()
     pc = load(config_uri)
     if pc.promote_to != "production":
         line = f"not promoted: promote_to is {pc.promote_to or 'empty'}"
@@ -262,7 +265,7 @@ def promote_candidate(
 
 def skip_run(reason: str, markdown=None, metrics=None) -> str:
     """A run that would train nothing new (``pipeline_config.unchanged_since``) ends here, saying why."""
-    setup_logging()
+    setup_component()
     log.warning("run skipped: %s", reason)
     _write_text(markdown, f"**Run skipped**\n\n{reason}\n")
     if metrics is not None:
@@ -275,7 +278,7 @@ def smoke(storage_uri: str, gpus: int, run_id: str, markdown=None, metrics=None)
     naming each failed check and its fix, if any failed."""
     from sdarflow import cluster_check
 
-    setup_logging()
+    setup_component()
     checks = cluster_check.check_cluster(storage_uri, gpus, run_id)
     _write_text(markdown, cluster_check.markdown(checks))
     if metrics is not None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sdarflow import storage
+from sdarflow import stopping, storage
 from sdarflow.errors import SdarflowError
 from sdarflow.skills.library import SkillLibrary, reference_library
 from sdarflow.train.warmstart import SEED_SKILLS, expert_steps, seed_library
@@ -78,7 +78,9 @@ def warm_start(base: Path, env: str, tasks: int, train_settings: dict, folder: s
         **train_settings,
     }
     argv = ["train", *(f"--{k.replace('_', '-')}={v}" for k, v in settings.items())]
-    child = subprocess.run([sys.executable, "-m", "sdarflow.cli", *argv], stdout=subprocess.PIPE, text=True)
+    child = stopping.run_child(
+        [sys.executable, "-m", "sdarflow.cli", *argv], stdout=subprocess.PIPE, text=True
+    )
     if child.returncode != 0:
         raise SdarflowError(f"the warm start failed (exit {child.returncode}); fix: see its error above")
     return output

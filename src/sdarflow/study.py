@@ -334,9 +334,9 @@ def run_step(
     """One study pipeline task, with the settings as a dict or the URI ``check`` stored them at: ``check``
     (validate, store ``study_settings.json``, return its URI), ``start`` (``start_of``; returns that URI again),
     ``base`` and ``cell`` (return the cell's folder) or ``report`` (the study.json URI; fills the UI artifacts)."""
-    from sdarflow.kfp_runtime import setup_logging
+    from sdarflow.kfp_runtime import setup_component
 
-    setup_logging()
+    setup_component()
     if isinstance(settings, str):
         settings = storage.read_json(settings)
     s = StudySettings.from_dict(settings)  # KFP hands JSON numbers in lists over as floats: converted

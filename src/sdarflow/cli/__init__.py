@@ -11,11 +11,9 @@ import logging
 import os
 import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
-from sdarflow import __version__, progress
+from sdarflow import __version__, progress, stopping
 from sdarflow.cli import local, pipeline, registry
 from sdarflow.cli.common import PRESET_NAMES, Parser
 from sdarflow.errors import SdarflowError
@@ -96,14 +94,14 @@ def _main(argv: list[str]) -> int:
     for noisy in ("httpx", "urllib3", "botocore", "transformers", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        with _stop_on_sigterm():
+        with stopping.sigterm_unwinds():
             return args.func(args)
-    except (KeyboardInterrupt, _Terminated) as stop:
+    except (KeyboardInterrupt, stopping.Terminated) as stop:
         # every `with` and `finally` on the way here ran: staging folders, temporary copies and partial outputs
         # are gone, and what a stage had published is complete
-        name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
-        print(f"error: stopped by {name}; nothing half-written was kept", file=sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
+        sig = signal.SIGTERM if isinstance(stop, stopping.Terminated) else signal.SIGINT
+        print(f"error: stopped by {sig.name}; nothing half-written was kept", file=sys.stderr)
+        return 128 + sig
     except SdarflowError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
@@ -124,27 +122,3 @@ def _main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-
-
-class _Terminated(BaseException):
-    """SIGTERM as an exception (a BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it)."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated
-
-
-@contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM (Kubernetes' and KFP's way to stop a pod, `kill`'s default) into an exception while a command
-    runs: Python's default handler ends the process on the spot, leaving staging folders, temporary copies of
-    adapters and half-written outputs behind; an exception unwinds through every cleanup first. Only the main
-    thread can set a handler; the previous one is restored (``main`` is also called in-process, by tests)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

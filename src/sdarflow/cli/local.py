@@ -12,6 +12,7 @@ import math
 import typing
 from pathlib import Path
 
+from sdarflow import stopping
 from sdarflow.cli.common import (
     PRESET_NAMES,
     ReadsModel,
@@ -259,7 +260,7 @@ def _cmd_tool_server(args: argparse.Namespace) -> int:
     )
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, stopping.Terminated):  # how a server is stopped: not an error
         pass
     finally:
         server.server_close()

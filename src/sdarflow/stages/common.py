@@ -52,7 +52,8 @@ def local_artifact(
     full_model: bool = False,
 ) -> str | None:
     """A published artifact (adapter, skills) as a verified local folder: a copy in ``dest`` if given; else a view
-    of a local one, or a copy of a remote one in the running stage's scratch folder (removed when it returns).
+    of a local one, or a copy of a remote one in the running stage's scratch folder (removed when it returns;
+    outside a stage, in the system's temporary folder, for the caller to remove).
     With ``full_model``, a full fine-tune in an adapter's place too (a policy's stages:
     :func:`sdarflow.models.policy.policy_folders`). A local folder without a manifest is refused (it may be a
     half-written output) unless ``allow_unpublished``: a folder made by hand."""

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sdarflow import __version__
+from sdarflow import __version__, stopping
 from sdarflow.config import FileSchema, opt
 from sdarflow.errors import ConfigError, SchemaError, StorageError
 from sdarflow.schema import check_turns_unique, fingerprint, validate
@@ -154,9 +154,10 @@ def replacing_folder(out: str | Path, own: str, what: str) -> Iterator[Path]:
     try:
         yield staged
         _check_replaceable(out, own, what)  # nothing else appeared there meanwhile
-        if out.exists():
-            out.rename(old)
-        staged.rename(out)
+        with stopping.signals_deferred():  # a stop between the renames would leave no --output
+            if out.exists():
+                out.rename(old)
+            staged.rename(out)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staged, ignore_errors=True)

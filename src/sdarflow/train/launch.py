@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from sdarflow import stopping
 from sdarflow.errors import SdarflowError
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def relaunch(config: dict, output: str, nproc: int) -> dict:
         path.write_text(yaml.safe_dump(config, sort_keys=True))
         cmd = launcher_command(path, nproc, free_port())
         log.info("multi-GPU: launching %d workers: %s", nproc, " ".join(cmd))
-        code = subprocess.run(cmd, check=False).returncode
+        code = stopping.run_child(cmd).returncode  # a stopped launch stops torchrun, which stops its workers
     if code != 0:
         raise LaunchError(
             f"multi-GPU training exited with code {code}; fix: read the worker logs above "
