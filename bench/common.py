@@ -169,7 +169,10 @@ def write_result(
     made_by = dict(made_by or provenance(base))
     result = {"benchmark": name, "machine": made_by.pop("machine"), "provenance": made_by, **result}
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    # replaced whole: a run stopped while writing (a learning check rewrites its result every round) keeps the last
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    staged.replace(path)
     width = max(len(str(r[0])) for r in rows) if rows else 10
     print(f"\n== {name} ==")
     for row in rows:

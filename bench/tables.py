@@ -374,13 +374,15 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
         f"By round: the share of groups with zero advantage {by_round('zero_adv_group_share')}; the gradient "
         f"share |grad aux| / |grad pg| {by_round('aux_grad_share')}; the gate's expert-match discrimination "
         f"{by_round('gate_discrimination_expert')}. Overfit bar (final >= min(2 x base, "
-        f"base + 0.3)): {'met' if r['passed'] else 'not met'} ({r['base_mean']:.3f} -> {r['final_mean']:.3f}).",
+        f"base + 0.3)): {_verdict(r['passed'])} ({r['base_mean']:.3f} -> {r['final_mean']:.3f}).",
     ]
     if not r.get("complete", True):  # written after each round since 2026-12-07
-        played = "; ".join(f"seed {seed}: {len(c) - 1} of {s['rounds']}" for seed, c in curves.items())
+        played = {str(seed): len(c) - 1 for seed, c in curves.items()}
+        counts = "; ".join(f"seed {seed}: {played.get(str(seed), 0)} of {s['rounds']}" for seed in r["seeds"])
         lines[-1] += (
-            f" **Stopped short** (the result is written after every round): updates rolled out, {played}; a "
-            f"stopped seed's last column is its last round's rollouts, where its final - base and the bar are read."
+            f" **Stopped short** (the result is written after every round): updates rolled out, {counts}; a "
+            f"stopped seed's last column is its last round's rollouts, and the mean covers the rounds every seed "
+            f"started reached."
         )
     if "forgotten_tasks" in r:  # recorded since the per-task counts were
         n_tasks = len(next(iter(r["rounds_by_seed"].values()))[-1]["solved_by_task"])
@@ -390,6 +392,10 @@ def learning_check_table(name: str, results_dir: Path = RESULTS) -> str:
             f"{lost}."
         )
     return "\n".join([*lines, "", _made_by([r])])
+
+
+def _verdict(passed: bool | None) -> str:
+    return "not judged (the run stopped short)" if passed is None else "met" if passed else "not met"
 
 
 def _arm_round(rnd: dict) -> str:

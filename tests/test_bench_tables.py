@@ -289,7 +289,7 @@ def test_a_learning_check_stopped_short_keeps_its_rounds_and_says_so(tmp_path, m
     monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
     monkeypatch.setattr(lc, "RESULTS", tmp_path)
     args = argparse.Namespace(method="grpo", fixed_tasks=True, rounds=4, tasks=2, group_size=2, lr=2e-3,
-                              train_steps=8, lora_rank=8, train="{}", seeds=[0, 1])  # fmt: skip
+                              train_steps=8, lora_rank=8, train="{}", seeds=[0, 1, 2])  # fmt: skip
 
     def rec(r: int, x: float) -> dict:
         return {"round": r, "train_success": x, "zero_adv_group_share": 0.5, "aux_grad_share": None,
@@ -313,11 +313,13 @@ def test_a_learning_check_stopped_short_keeps_its_rounds_and_says_so(tmp_path, m
         "zero advantage 0.5; the gradient share |grad aux| / |grad pg| -; the gate's expert-match discrimination 0. "
         in table
     )
-    assert "Overfit bar (final >= min(2 x base, base + 0.3)): met (0.125 -> 0.312)" in table
-    assert (
-        "**Stopped short** (the result is written after every round): updates rolled out, seed 0: 4 of 4; seed 1: 1 of 4"
-        in table
+    # judged only after every round asked for, not where a stopped run got to; seed 2 never started
+    assert result["passed"] is None
+    assert "Overfit bar (final >= min(2 x base, base + 0.3)): not judged (the run stopped short)" in table
+    stopped = (
+        "updates rolled out, seed 0: 4 of 4; seed 1: 1 of 4; seed 2: 0 of 4; a stopped seed's last column"
     )
+    assert "**Stopped short** (the result is written after every round): " + stopped in table
 
 
 def test_a_learning_check_counts_each_tasks_solved_episodes_and_names_the_forgotten(tmp_path):
