@@ -102,7 +102,7 @@ def provenance(base: str | None = None, argv: list[str] | None = None) -> dict[s
 
 def reuse_key(p: dict[str, Any]) -> dict[str, Any]:
     """What must match for a result to stand for a new run: code, base model content and the machine's compute
-    (not the command line, the base model's path or the kernel version)."""
+    (not the command line, the base model's path or the OS kernel's version)."""
     m = p["machine"]
     base = p.get("base_model") or {}
     return {

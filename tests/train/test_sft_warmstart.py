@@ -137,8 +137,9 @@ def test_a_solution_share_puts_each_games_own_solution_where_the_solution_teache
 
 
 def test_a_build_records_the_cpu_kernels_and_threads_its_bits_depend_on(tiny_model):
-    """Two "AMD EPYC" VMs built the demo's model with other bytes (AVX2 against AVX-512 kernels sum floats in
-    another order): the build file says which it was."""
+    """Two "AMD EPYC" VMs built the demo's model with other bytes from one spec; the kernels ATen picks (AVX2,
+    AVX-512: they sum floats in other orders) and the thread count are the likely difference, so the build file
+    records them."""
     from sdarflow.train.warmstart import BUILD_FILE
 
     info = json.loads((tiny_model / BUILD_FILE).read_text())
