@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -40,6 +41,16 @@ def no_shared_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     from sdarflow.config import SHARED_CACHE_ENV
 
     monkeypatch.setenv(SHARED_CACHE_ENV, "")
+
+
+@pytest.fixture(autouse=True)
+def sigterm_handler_kept() -> Iterator[None]:
+    """A component's entry point sets SIGTERM's handler for the rest of its process (``kfp_runtime.setup_component``);
+    a test that calls one in this process gets pytest's back afterwards."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    if before is not None:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 # a child that, stopped by SIGTERM, records it and exits 0 (a cleanup that ran); told to start, it says so and sleeps
 CHILD = """
 import pathlib, signal, sys, time
@@ -57,17 +59,19 @@ def test_a_stopped_parent_gives_the_child_it_runs_sigterm_and_time_to_clean_up(t
     assert code == 143 and (tmp_path / "child-cleaned-up").exists()
 
 
-def test_a_child_started_by_code_that_is_not_ours_is_stopped_too(tmp_path):
+@pytest.mark.parametrize("wrapper", ["", "sh -c '\"$@\"; true' sh "], ids=["direct", "under a shell"])
+def test_a_child_started_by_code_that_is_not_ours_is_stopped_too(tmp_path, wrapper):
     """The KFP local runner (``sdarflow demo``) waits for its component process whatever the exception, so a
-    stopped demo hung until the component finished (here: 120 s): the child now gets the SIGTERM as well."""
+    stopped demo hung until the component finished (here: 120 s): the child now gets the SIGTERM as well, also
+    under the shell the runner starts it with (a shell passes no signal on)."""
     code, seconds = _stopped(
         tmp_path,
-        """
-        import subprocess
+        f"""
+        import shlex, subprocess
         from sdarflow import stopping
         with stopping.sigterm_unwinds():
             try:
-                with subprocess.Popen([sys.executable, "-c", CHILD, folder]) as child:
+                with subprocess.Popen([*shlex.split({wrapper!r}), sys.executable, "-c", CHILD, folder]) as child:
                     child.wait()
             except stopping.Terminated:
                 sys.exit(143)
@@ -77,19 +81,24 @@ def test_a_child_started_by_code_that_is_not_ours_is_stopped_too(tmp_path):
 
 
 def test_a_stop_during_a_swap_is_taken_after_it_and_a_second_stop_does_not_cut_the_unwind(tmp_path):
+    """With a thread alive (torch's and Arrow's pools are), a signal mask held nothing back: the kernel handed the
+    signal to the other thread and the main thread acted on it between the two renames."""
     code = f"""
-import os, pathlib, signal, sys
+import os, pathlib, signal, sys, threading, time
 from sdarflow import stopping
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 log = pathlib.Path({str(tmp_path)!r}, "log")
 with stopping.sigterm_unwinds():
     try:
         with stopping.signals_deferred():
             os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
             log.write_text("swapped\\n")  # the signal waits for the block
         log.write_text("never\\n")
     except stopping.Terminated:
         try:
             os.kill(os.getpid(), signal.SIGTERM)  # ignored while unwinding
+            time.sleep(0.2)
             with log.open("a") as f:
                 f.write("unwound\\n")
         except stopping.Terminated:
@@ -98,6 +107,33 @@ with stopping.sigterm_unwinds():
 """
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 143
     assert (tmp_path / "log").read_text() == "swapped\nunwound\n"
+
+
+def test_a_folder_swap_stopped_midway_completes_and_leaves_only_the_new_folder(tmp_path):
+    """A stop held back during build-model's swap was taken after it, skipping the removal of the old folder: a
+    whole old model stayed behind in a hidden ``.replaced`` folder."""
+    code = f"""
+import os, pathlib, signal, sys
+from sdarflow import stopping, storage
+rename = pathlib.Path.rename
+def stopped_rename(self, target):  # SIGTERM arrives during the first rename of the swap
+    os.kill(os.getpid(), signal.SIGTERM)
+    return rename(self, target)
+out = pathlib.Path({str(tmp_path)!r}, "out")
+out.mkdir()
+(out / "own.json").write_text("old")
+with stopping.sigterm_unwinds():
+    try:
+        with storage.replacing_folder(out, "own.json", "test") as staged:
+            (staged / "own.json").write_text("new")
+            pathlib.Path.rename = stopped_rename
+    except stopping.Terminated:
+        sys.exit(143)
+"""
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 143
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (
+        tmp_path / "out" / "own.json"
+    ).read_text() == "new"
 
 
 def test_a_component_process_unwinds_on_sigterm(tmp_path):

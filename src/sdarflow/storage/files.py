@@ -151,6 +151,7 @@ def replacing_folder(out: str | Path, own: str, what: str) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     staged, old = (out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.{k}") for k in ("staging", "replaced"))
     staged.mkdir()  # unique, so two commands on one output never share it; with the umask's mode
+    swapped = False
     try:
         yield staged
         _check_replaceable(out, own, what)  # nothing else appeared there meanwhile
@@ -158,9 +159,11 @@ def replacing_folder(out: str | Path, own: str, what: str) -> Iterator[Path]:
             if out.exists():
                 out.rename(old)
             staged.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+            swapped = True
     finally:
         shutil.rmtree(staged, ignore_errors=True)
+        if swapped:  # also when a stop held back during the swap is taken right after it
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_replaceable(out: Path, own: str, what: str) -> None:
