@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,6 +160,17 @@ def demo_round(settings: dict) -> dict[str, float]:
     return seconds
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a run stopped while writing (a learning check rewrites its result every
+    round) keeps the file it had."""
+    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # its own: two runs of one name
+    try:
+        staged.write_bytes(data)
+        staged.replace(path)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 def write_result(
     name: str, result: dict, rows: list[tuple], base: str | None = None, made_by: dict | None = None
 ) -> Path:
@@ -169,10 +181,7 @@ def write_result(
     made_by = dict(made_by or provenance(base))
     result = {"benchmark": name, "machine": made_by.pop("machine"), "provenance": made_by, **result}
     path = RESULTS / f"{name}.json"
-    # replaced whole: a run stopped while writing (a learning check rewrites its result every round) keeps the last
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    staged.replace(path)
+    replace_file(path, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     width = max(len(str(r[0])) for r in rows) if rows else 10
     print(f"\n== {name} ==")
     for row in rows:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from bench.common import RESULTS, demo_model, write_result
+from bench.common import RESULTS, demo_model, replace_file, write_result
 from sdarflow import storage
 from sdarflow.pipeline_config import PipelineConfig, stage_config
 from sdarflow.provenance import provenance
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         save_result(args, name, runs, complete, time.perf_counter() - t0, model, made_by)
 
     with tempfile.TemporaryDirectory(prefix="sdarflow-lc-") as root:
-        for seed in args.seeds:
+        for i, seed in enumerate(args.seeds):
             records = one_seed(args, model, seed, root, lambda rs, s=seed: save(s, rs, complete=False))
-            save(seed, records, complete=seed == args.seeds[-1])
+            save(seed, records, complete=i == len(args.seeds) - 1)
     return 0
 
 
@@ -160,7 +160,7 @@ def save_result(
     }
     # the study report's curves (mean and min-max band over seeds), one panel per diagnostic
     study = {"methods": {args.method: {"curves": {k: curve(common, k) for k in CURVE_KEYS}}}}
-    (RESULTS / f"{name}.png").write_bytes(curves_png(study))
+    replace_file(RESULTS / f"{name}.png", curves_png(study))
     write_result(
         name,
         result,
