@@ -395,7 +395,7 @@ def _with(rep: dict, path: tuple, value) -> dict:
             {"ood": {"pass_at_k": {"1": 0.5}}},
             "the test split, which the promotion gate compares",
         ),
-        (("splits",), [], "splits = \[\] is not a mapping"),
+        (("splits",), [], r"splits = \[\] is not a mapping"),
     ],
 )
 def test_register_refuses_reports_the_gate_cannot_trust(local_registry, make_adapter, lineage, report, path,
