@@ -244,8 +244,18 @@ def _ci(fig: dict) -> str:
     return f"{fig['value']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def _mde_note(paired: dict) -> str:
+    """The footnote that says what MDE means, where a difference in ``paired`` (study.json's) shows one."""
+    shown = any(d.get("mde") is not None for figures in paired.values() for d in figures.values())
+    return (
+        "; MDE: the minimum detectable effect (the smallest true difference found 80% of the time)"
+        if shown
+        else ""
+    )
+
+
 def _diff(d: dict) -> str:
-    return signed_with_interval(d["mean_diff"], d["ci95"], d.get("tasks"))
+    return signed_with_interval(d["mean_diff"], d["ci95"], d.get("tasks"), d.get("mde"))
 
 
 def grpo_tuning_table(results_dir: Path = RESULTS) -> str:
@@ -278,7 +288,8 @@ def grpo_tuning_table(results_dir: Path = RESULTS) -> str:
             *lines,
             "",
             f"{r['rounds']} rounds, {len(r['seeds'])} seeds, {tasks} tasks x samples per split; intervals are 95%, "
-            f"over tasks (seed-averaged). Command: `{r['provenance']['command']}`.",
+            f"over tasks (seed-averaged){_mde_note({n: c['grpo_vs_base'] for n, c in r['candidates'].items()})}. "
+            f"Command: `{r['provenance']['command']}`.",
             _made_by([r]),
         ]
     )
@@ -466,7 +477,7 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
             *lines,
             "",
             f"{start}GRPO - base model (paired): {vs_base}. {r['settings']['rounds']} rounds, seeds "
-            f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged). "
+            f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged){_mde_note(r['paired'])}. "
             f"Command: `{r['provenance']['command']}`.",
             _made_by([r]),
         ]

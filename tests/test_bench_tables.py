@@ -223,6 +223,9 @@ def test_a_committed_study_gets_its_table_and_one_without_a_table_is_named(tmp_p
         "GRPO - base model (paired): valid " in table
         and "Command: `sdarflow study --methods grpo sdar`" in table
     )
+    # each difference says what it could have detected, and the footnote says what that is
+    test_vs_base = study["paired"]["grpo_vs_base"]["test_pass@1"]
+    assert f"(MDE {test_vs_base['mde']:.3f})" in table and "MDE: the minimum detectable effect" in table
     page = tmp_path / "README.md"
     start, end = tables._markers("bench")
     page.write_text(f"{start}\n{end}\n")

@@ -142,9 +142,12 @@ def interval(ci: Sequence[float], tasks: int | None = None) -> str:
     return "(identical on every task)" if lo == hi else f"[{lo:+.3f}, {hi:+.3f}]"
 
 
-def signed_with_interval(x: float, ci: Sequence[float], tasks: int | None = None) -> str:
-    """``+0.012 [-0.003, +0.027]``: a difference with its :func:`interval`."""
-    return f"{x:+.3f} {interval(ci, tasks)}"
+def signed_with_interval(
+    x: float, ci: Sequence[float], tasks: int | None = None, mde: float | None = None
+) -> str:
+    """``+0.012 [-0.003, +0.027]``: a difference with its :func:`interval`, and ``(MDE 0.041)`` after it where its
+    minimum detectable effect is known (``sdarflow.evaluate.compare.minimum_detectable_effect``)."""
+    return f"{x:+.3f} {interval(ci, tasks)}" + ("" if mde is None else f" (MDE {mde:.3f})")
 
 
 def md_escape(text: object) -> str:

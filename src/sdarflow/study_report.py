@@ -25,7 +25,13 @@ from typing import Any
 import numpy as np
 
 from sdarflow import report, storage
-from sdarflow.evaluate.compare import mean_interval, two_level_interval
+from sdarflow.evaluate.compare import (
+    mean_interval,
+    mean_se,
+    minimum_detectable_effect,
+    t_interval,
+    two_level_se,
+)
 from sdarflow.evaluate.metrics import pass_at_k, pass_at_k_interval
 from sdarflow.report import Report, Section, Table, interval, number, with_interval
 
@@ -83,16 +89,24 @@ def paired(
     a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], split: str, k: int
 ) -> dict[str, Any]:
     """Mean over the tasks both have of ``mean_seeds pass@k(a) - mean_seeds pass@k(b)``, with its interval: over
-    tasks and, where both hold the same seeds in the same order, over seeds too (``two_level_interval``: a trained
-    adapter moves all tasks together); ``a`` and ``b`` hold one eval report's ``splits`` per seed."""
+    tasks and, where both hold the same seeds in the same order, over seeds too (``two_level_se``: a trained
+    adapter moves all tasks together); ``a`` and ``b`` hold one eval report's ``splits`` per seed. ``mde`` is the
+    minimum detectable effect of that interval (95%, 80% power; None without spread)."""
     va, vb = _task_values(a, split, k), _task_values(b, split, k)
     tasks = sorted(va.keys() & vb.keys())
     diffs = [float(np.mean(va[t]) - np.mean(vb[t])) for t in tasks]
     if len(a) == len(b) and all(len(va[t]) == len(vb[t]) == len(a) for t in tasks):
-        lo, hi = two_level_interval(np.array([[va[t][s] - vb[t][s] for t in tasks] for s in range(len(a))]))
+        mean, se, dof = two_level_se(np.array([[va[t][s] - vb[t][s] for t in tasks] for s in range(len(a))]))
     else:
-        lo, hi = mean_interval(diffs)
-    return {"k": k, "mean_diff": float(np.mean(diffs)), "ci95": [lo, hi], "tasks": len(diffs)}
+        mean, se, dof = mean_se(diffs)
+    lo, hi = t_interval(mean, se, dof)
+    return {
+        "k": k,
+        "mean_diff": float(np.mean(diffs)),
+        "ci95": [lo, hi],
+        "mde": minimum_detectable_effect(se, dof),
+        "tasks": len(diffs),
+    }
 
 
 def _ratio(x: float | None, base: float | None) -> float | None:
@@ -237,11 +251,26 @@ def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
     k = study["k"]
     comparison = _comparison_table(study)
     diff_rows = [
-        [m, key, f"{v['mean_diff']:+.3f}", interval(v["ci95"], v["tasks"]), str(v["tasks"])]
+        [
+            m,
+            key,
+            f"{v['mean_diff']:+.3f}",
+            interval(v["ci95"], v["tasks"]),
+            number(v.get("mde")),
+            str(v["tasks"]),
+        ]
         for m, d in study["paired"].items()
         for key, v in d.items()
     ]
-    diffs = (["method vs grpo", "figure", "mean difference", "95% CI (over tasks)", "tasks"], diff_rows)
+    header = [
+        "method vs grpo",
+        "figure",
+        "mean difference",
+        "95% CI (over tasks)",
+        "MDE (80% power)",
+        "tasks",
+    ]
+    diffs = (header, diff_rows)
     tradeoff = (
         ["method", f"pass@{k} / pass@1", "relative to grpo's"],
         [

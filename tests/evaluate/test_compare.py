@@ -12,11 +12,13 @@ import pytest
 from sdarflow.evaluate.compare import (
     difference,
     mean_interval,
+    minimum_detectable_effect,
     sign_flip_lower,
     skew_corrected_lower,
     student_t_cdf,
     student_t_quantile,
     two_level_interval,
+    two_level_se,
 )
 
 
@@ -185,3 +187,18 @@ def test_two_level_interval_by_hand():
     assert two_level_interval(np.full((3, 4), 0.25)) == (0.25, 0.25)
     with pytest.raises(ValueError, match="needs \\(seeds, tasks\\)"):
         two_level_interval(np.zeros(3))
+
+
+def test_minimum_detectable_effect_by_hand():
+    # 31 tasks: t_0.975(30) = 2.042272, t_0.8(30) = 0.853767 (t tables); se 0.02 -> 0.057921
+    assert minimum_detectable_effect(0.02, 30) == pytest.approx((2.042272 + 0.853767) * 0.02, abs=1e-6)
+    # the two-level example above: se sqrt(0.02), nu 2; t_0.975(2) = 4.302653, t_0.8(2) = 1.060660
+    _, se, dof = two_level_se(np.array([[0.1, 0.3], [0.3, 0.5]]))
+    assert (se, dof) == (pytest.approx(math.sqrt(0.02)), 2)
+    assert minimum_detectable_effect(se, dof) == pytest.approx((4.302653 + 1.060660) * math.sqrt(0.02), abs=1e-6)
+    # 90% power at 99%: t_0.995(30) = 2.749996, t_0.9(30) = 1.310415
+    assert minimum_detectable_effect(0.02, 30, 0.99, 0.9) == pytest.approx((2.749996 + 1.310415) * 0.02, abs=1e-6)
+    # no spread (one task, or the same difference everywhere): nothing to say
+    assert minimum_detectable_effect(0.0, 30) is None
+    assert minimum_detectable_effect(0.1, 0) is None
+    assert two_level_se(np.full((3, 4), 0.25)) == (0.25, 0.0, 0)

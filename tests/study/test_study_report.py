@@ -71,6 +71,8 @@ def test_pooled_relative_and_paired_values_by_hand():
     d = study["paired"]["sdar"]["test_pass@1"]
     assert d["mean_diff"] == pytest.approx(0.25) and d["tasks"] == 2
     assert d["ci95"] == [pytest.approx(0.25 - 1.588276, abs=1e-5), pytest.approx(0.25 + 1.588276, abs=1e-5)]
+    # what it could have detected (95%, 80% power): (t_0.975(1) + t_0.8(1)) * se, t_0.8(1) = tan(0.3 pi) = 1.376382
+    assert d["mde"] == pytest.approx((12.706205 + 1.376382) * 0.125, abs=1e-5)
     # grpo against the base (a 1/4, b 0/4, evaluated for each seed): a 0.75 - 0.25, b 0 - 0 -> 0.25
     assert study["paired"]["grpo_vs_base"]["test_pass@1"]["mean_diff"] == pytest.approx(0.25)
     # the gate cannot tell on two tasks: no sign pattern of two reaches 5% (1/4); one ood task gives no bound

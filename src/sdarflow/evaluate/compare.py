@@ -120,51 +120,85 @@ def skew_corrected_lower(d: np.ndarray, confidence: float = 0.95) -> float | Non
     return float(d.mean()) - q * float(d.std(ddof=1)) / math.sqrt(m)
 
 
-def mean_interval(values: np.ndarray | list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Two-sided Student t interval of the mean of per-task values (m,): ``mean +- t_{(1+conf)/2, m-1} sd / sqrt(m)``.
+def mean_se(values: np.ndarray | list[float]) -> tuple[float, float, int]:
+    """The mean of per-task values (m,), its standard error ``sd / sqrt(m)`` and degrees of freedom ``m - 1``.
 
-    With per-task values averaged over seeds first, this is the cluster-robust interval with tasks as the clusters
-    and ``m - 1`` degrees of freedom, as Cameron & Miller (2015, J. Human Resources 50:317, "A Practitioner's Guide
-    to Cluster-Robust Inference", VI.C) recommend for a few dozen clusters; a seeded simulation
-    (tests/study/test_null_coverage.py) shows it covers a zero effect at its nominal rate where a percentile
-    bootstrap of (seed, task) pairs does not. A single task gives its value with no spread."""
+    With per-task values averaged over seeds first, this is the cluster-robust standard error with tasks as the
+    clusters, as Cameron & Miller (2015, J. Human Resources 50:317, "A Practitioner's Guide to Cluster-Robust
+    Inference", VI.C) recommend for a few dozen clusters; a seeded simulation (tests/study/test_null_coverage.py)
+    shows its interval covers a zero effect at its nominal rate where a percentile bootstrap of (seed, task) pairs
+    does not. A single task gives its value with no spread (0 degrees of freedom)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
-        raise ValueError("mean_interval needs at least one per-task value, got none")
-    mean = float(v.mean())
+        raise ValueError("a mean over tasks needs at least one per-task value, got none")
     if v.size == 1:
-        return (mean, mean)
-    half = student_t_quantile((1 + confidence) / 2, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
-    return (mean - half, mean + half)
+        return float(v[0]), 0.0, 0
+    return float(v.mean()), float(v.std(ddof=1)) / math.sqrt(v.size), v.size - 1
 
 
-def two_level_interval(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
-    """Two-sided interval of the mean of paired differences ``d`` (S seeds, T tasks): two methods trained with the
-    same S seeds and evaluated on the same T tasks. Each trained adapter (a seed) moves every task a little the same
-    way, so the tasks of one seed are not independent; the task interval alone (:func:`mean_interval` of each
-    task's seed mean) misses that run-level variance (with a shift of sd 0.3 on the logit scale, 87% coverage
-    instead of 95%). With ``se_task = sd_t(mean_s d) / sqrt(T)`` and ``se_seed = sd_s(mean_t d) / sqrt(S)``:
+def two_level_se(d: np.ndarray) -> tuple[float, float, int]:
+    """The mean of paired differences ``d`` (S seeds, T tasks), its standard error and degrees of freedom: two
+    methods trained with the same S seeds and evaluated on the same T tasks. Each trained adapter (a seed) moves
+    every task a little the same way, so the tasks of one seed are not independent; the task term alone
+    (:func:`mean_se` of each task's seed mean) misses that run-level variance (with a shift of sd 0.3 on the logit
+    scale, 87% coverage instead of 95%). With ``se_task = sd_t(mean_s d) / sqrt(T)`` and ``se_seed = sd_s(mean_t d)
+    / sqrt(S)``:
 
-        ``mean(d) +- t_{(1+conf)/2, nu} * sqrt(se_task^2 + se_seed^2)``,
+        ``se = sqrt(se_task^2 + se_seed^2)``,
         ``nu = floor((se_task^2 + se_seed^2)^2 / (se_task^4 / (T - 1) + se_seed^4 / (S - 1)))``
 
     (Welch-Satterthwaite degrees of freedom; each component counts the sampling noise once more, a conservative
-    overlap). One seed gives :func:`mean_interval` of the tasks; one task, its seeds'."""
+    overlap). One seed gives :func:`mean_se` of the tasks; one task, its seeds'."""
     d = np.asarray(d, dtype=np.float64)
     if d.ndim != 2 or d.size == 0:
-        raise ValueError(f"two_level_interval needs (seeds, tasks) differences, got shape {d.shape}")
+        raise ValueError(f"two_level_se needs (seeds, tasks) differences, got shape {d.shape}")
     seeds, tasks = d.shape
     if seeds == 1 or tasks == 1:
-        return mean_interval(d.ravel(), confidence)
+        return mean_se(d.ravel())
     se_task2 = float(d.mean(axis=0).var(ddof=1)) / tasks
     se_seed2 = float(d.mean(axis=1).var(ddof=1)) / seeds
     se2 = se_task2 + se_seed2
-    mean = float(d.mean())
     if se2 == 0:
-        return (mean, mean)
+        return float(d.mean()), 0.0, 0
     nu = se2**2 / (se_task2**2 / (tasks - 1) + se_seed2**2 / (seeds - 1))
-    half = student_t_quantile((1 + confidence) / 2, max(1, math.floor(nu))) * math.sqrt(se2)
+    return float(d.mean()), math.sqrt(se2), max(1, math.floor(nu))
+
+
+def t_interval(mean: float, se: float, dof: int, confidence: float = 0.95) -> tuple[float, float]:
+    """``mean +- t_{(1+conf)/2, dof} * se``; a point where there is no spread (``se`` 0 or no degrees of freedom)."""
+    if se == 0 or dof < 1:
+        return (mean, mean)
+    half = student_t_quantile((1 + confidence) / 2, dof) * se
     return (mean - half, mean + half)
+
+
+def mean_interval(values: np.ndarray | list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided Student t interval of the mean of per-task values (m,): ``mean +- t_{(1+conf)/2, m-1} sd / sqrt(m)``
+    (:func:`mean_se`). A single task gives its value with no spread."""
+    return t_interval(*mean_se(values), confidence)
+
+
+def two_level_interval(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided interval of the mean of paired (seeds, tasks) differences ``d``: ``mean(d) +- t_{(1+conf)/2, nu}
+    * se`` with :func:`two_level_se`'s standard error and degrees of freedom."""
+    return t_interval(*two_level_se(d), confidence)
+
+
+def minimum_detectable_effect(
+    se: float, dof: int, confidence: float = 0.95, power: float = 0.8
+) -> float | None:
+    """The smallest true difference a two-sided test at ``1 - confidence`` finds with probability ``power``, given
+    the estimate's standard error and degrees of freedom (the usual normal-approximation power formula with
+    Student quantiles, e.g. Bloom 1995, "Minimum Detectable Effects", Evaluation Review 19:547):
+
+        ``MDE = (t_{(1+conf)/2, dof} + t_{power, dof}) * se``
+
+    At 31 degrees of freedom, 95% and 80% power, 2.040 + 0.853 = 2.89 standard errors. What a null result could
+    have seen: an effect below it was likely missed. None where the data give no spread (a single task, or every
+    difference the same)."""
+    if se == 0 or dof < 1:
+        return None
+    return (student_t_quantile((1 + confidence) / 2, dof) + student_t_quantile(power, dof)) * se
 
 
 @dataclass(frozen=True)
