@@ -2,7 +2,11 @@
 provenance the study recorded (code, base model, command, machine) lifted to the top as every result has it; its
 table (README.md or docs/*.md) is then rendered by ``python -m bench.tables`` (markers ``study_NAME``).
 
-    python -m bench.study_result DIR NAME
+    python -m bench.study_result DIR NAME [--reanalyse]
+
+``--reanalyse`` recomputes the figures from the study's cells (``DIR/cells/*/cell.json``: every run's evaluations
+and rounds) with this checkout's analysis (``sdarflow.study_report.analyze``), for a study that finished before the
+analysis gained a figure; the cells' provenance stays the study's, and ``analysed_by`` records this code's.
 """
 
 from __future__ import annotations
@@ -15,12 +19,39 @@ from pathlib import Path
 from bench.common import RESULTS
 
 
+def reanalysed(folder: Path, study: dict) -> dict:
+    """study.json recomputed from the cells in ``folder`` with the settings the study recorded."""
+    from sdarflow.provenance import code
+    from sdarflow.study import BASE_CELL, CELL_FILE, cell_name
+    from sdarflow.study_report import analyze
+
+    settings = study["settings"]
+
+    def cell(method: str, seed: int) -> dict:
+        path = folder / "cells" / cell_name(method, seed) / CELL_FILE
+        if not path.is_file():
+            raise SystemExit(
+                f"error: {path} is missing; fix: --reanalyse needs the study's folder with its cells"
+            )
+        return json.loads(path.read_text())
+
+    base = [cell(BASE_CELL, seed) for seed in settings["seeds"]]
+    cells = [cell(m, seed) for m in settings["methods"] for seed in settings["seeds"]]
+    return analyze(settings, base, cells) | {"analysed_by": code()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("study", help="the study's --output folder (holding study.json)")
     p.add_argument("name", help="the result's name: bench/results/study_NAME.json")
+    p.add_argument(
+        "--reanalyse", action="store_true", help="recompute the figures from the cells with this code"
+    )
     args = p.parse_args(argv)
-    study = json.loads((Path(args.study) / "study.json").read_text())
+    folder = Path(args.study)
+    study = json.loads((folder / "study.json").read_text())
+    if args.reanalyse:
+        study = reanalysed(folder, study)
     made_by = dict(study["settings"]["provenance"])
     result = {
         "benchmark": f"study_{args.name}",

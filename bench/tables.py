@@ -478,9 +478,19 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
             "",
             f"{start}GRPO - base model (paired): {vs_base}. {r['settings']['rounds']} rounds, seeds "
             f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged){_mde_note(r['paired'])}. "
-            f"Command: `{r['provenance']['command']}`.",
+            f"Command: `{r['provenance']['command']}`.{_reanalysed(r)}",
             _made_by([r]),
         ]
+    )
+
+
+def _reanalysed(r: dict) -> str:
+    """Where ``python -m bench.study_result --reanalyse`` recomputed a study's figures with later code, say so."""
+    by = r.get("analysed_by")
+    if not by or by["commit"] == r["provenance"]["commit"]:
+        return ""
+    return (
+        f" Figures recomputed from its cells at {(by['commit'] or 'no git checkout')[:12]} (`--reanalyse`)."
     )
 
 

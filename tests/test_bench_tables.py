@@ -237,6 +237,43 @@ def test_a_committed_study_gets_its_table_and_one_without_a_table_is_named(tmp_p
     assert tables.stale(page, tmp_path) == []
 
 
+def test_a_study_reanalysed_from_its_cells_gets_the_figures_of_this_code(tmp_path, monkeypatch):
+    """A study that finished before the analysis recorded a figure (here the MDE) is recomputed from its cells,
+    keeping the study's provenance and recording the analysing code's."""
+    import bench.study_result as study_result
+    from sdarflow.provenance import provenance
+    from sdarflow.study_report import analyze
+
+    tasks = [f"t{i}" for i in range(6)]
+    cells = {f"{m}-seed{seed}": {"method": m, "seed": seed, "rounds": [{"train_success": 0.5}],
+                                 "seconds": {"train": 1.0},
+                                 "eval": {"test": _split({t: (i * (m == "grpo") + seed) % 5 for i, t in enumerate(tasks)}),
+                                          "ood": _split({"x": seed, "y": 1})}}
+             for m in ("base", "grpo") for seed in (0, 1)}  # fmt: skip
+    made = provenance(argv=["sdarflow", "study"]) | {"commit": "0" * 40}
+    settings = {"methods": ["grpo"], "seeds": [0, 1], "rounds": 1, "provenance": made}
+    study = analyze(
+        settings, [cells["base-seed0"], cells["base-seed1"]], [cells["grpo-seed0"], cells["grpo-seed1"]]
+    )
+    for figures in study["paired"].values():  # as an older analysis wrote it
+        for d in figures.values():
+            d.pop("mde")
+    folder = tmp_path / "study"
+    for name, cell in cells.items():
+        (folder / "cells" / name).mkdir(parents=True)
+        (folder / "cells" / name / "cell.json").write_text(json.dumps(cell))
+    (folder / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(study_result, "RESULTS", tmp_path)
+    assert study_result.main([str(folder), "x", "--reanalyse"]) == 0
+    result = json.loads((tmp_path / "study_x.json").read_text())
+    assert result["paired"]["grpo_vs_base"]["test_pass@1"]["mde"] is not None
+    assert result["provenance"]["commit"] == "0" * 40 and result["analysed_by"]["commit"] != "0" * 40
+    assert "Figures recomputed from its cells at" in tables.study_table("study_x", tmp_path)
+    (folder / "cells" / "grpo-seed1" / "cell.json").unlink()
+    with pytest.raises(SystemExit, match="grpo-seed1/cell.json is missing; fix: --reanalyse needs"):
+        study_result.main([str(folder), "x", "--reanalyse"])
+
+
 def test_a_learning_check_gets_its_curve_table_with_the_updates_diagnostics(tmp_path):
     def records(curve: list[float], share: float | None) -> list[dict]:
         trained = [{"round": i, "train_success": x, "zero_adv_group_share": 0.25, "aux_grad_share": share,

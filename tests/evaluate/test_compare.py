@@ -195,9 +195,13 @@ def test_minimum_detectable_effect_by_hand():
     # the two-level example above: se sqrt(0.02), nu 2; t_0.975(2) = 4.302653, t_0.8(2) = 1.060660
     _, se, dof = two_level_se(np.array([[0.1, 0.3], [0.3, 0.5]]))
     assert (se, dof) == (pytest.approx(math.sqrt(0.02)), 2)
-    assert minimum_detectable_effect(se, dof) == pytest.approx((4.302653 + 1.060660) * math.sqrt(0.02), abs=1e-6)
+    assert minimum_detectable_effect(se, dof) == pytest.approx(
+        (4.302653 + 1.060660) * math.sqrt(0.02), abs=1e-6
+    )
     # 90% power at 99%: t_0.995(30) = 2.749996, t_0.9(30) = 1.310415
-    assert minimum_detectable_effect(0.02, 30, 0.99, 0.9) == pytest.approx((2.749996 + 1.310415) * 0.02, abs=1e-6)
+    assert minimum_detectable_effect(0.02, 30, 0.99, 0.9) == pytest.approx(
+        (2.749996 + 1.310415) * 0.02, abs=1e-6
+    )
     # no spread (one task, or the same difference everywhere): nothing to say
     assert minimum_detectable_effect(0.0, 30) is None
     assert minimum_detectable_effect(0.1, 0) is None
