@@ -6,7 +6,8 @@ table (README.md or docs/*.md) is then rendered by ``python -m bench.tables`` (m
 
 ``--reanalyse`` recomputes the figures from the study's cells (``DIR/cells/*/cell.json``: every run's evaluations
 and rounds) with this checkout's analysis (``sdarflow.study_report.analyze``), for a study that finished before the
-analysis gained a figure; the cells' provenance stays the study's, and ``analysed_by`` records this code's.
+analysis gained a figure; the cells' provenance stays the study's, and ``analysed_by`` records this code's. The
+study folder's own study.json and reports are left as the study wrote them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def reanalysed(folder: Path, study: dict) -> dict:
         path = folder / "cells" / cell_name(method, seed) / CELL_FILE
         if not path.is_file():
             raise SystemExit(
-                f"error: {path} is missing; fix: --reanalyse needs the study's folder with its cells"
+                f"error: {path} is missing; fix: pass the study's --output folder (with its cells/), or finish the "
+                f"study first (sdarflow study with the same --output resumes)"
             )
         return json.loads(path.read_text())
 

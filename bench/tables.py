@@ -204,6 +204,12 @@ def _load(results_dir: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _code(p: dict) -> str:
+    """``at 06cc842f1e2a`` (``with uncommitted changes``): the code a provenance names."""
+    at = f"at {p['commit'][:12]}" if p["commit"] else "outside a git checkout"
+    return at + (" with uncommitted changes" if p["uncommitted"] else "")
+
+
 def _made_by(results: list[dict]) -> str:
     """One line per distinct provenance: commit, base model build, command and machine."""
     lines = set()
@@ -212,13 +218,11 @@ def _made_by(results: list[dict]) -> str:
         if p is None:
             lines.add(f"`{r['benchmark']}`: no provenance (made by an older sdarflow); rerun it")
             continue
-        commit = (p["commit"] or "no git checkout")[:12] + (
-            " with uncommitted changes" if p["uncommitted"] else ""
-        )
+        commit = _code(p)
         base = p.get("base_model") or {}
         spec = f"spec {base['spec_hash']}, " if base.get("spec_hash") else ""  # an imported model has no spec
         build = f"; base model {spec}content {(base['content_id'] or '?')[:12]}" if base else ""
-        lines.add(f"sdarflow {p['sdarflow']} at {commit}{build}; {_machine(r['machine'])}")
+        lines.add(f"sdarflow {p['sdarflow']} {commit}{build}; {_machine(r['machine'])}")
     return "\n".join(f"Made by: {line}." for line in sorted(lines))
 
 
@@ -244,14 +248,11 @@ def _ci(fig: dict) -> str:
     return f"{fig['value']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _mde_note(paired: dict) -> str:
-    """The footnote that says what MDE means, where a difference in ``paired`` (study.json's) shows one."""
-    shown = any(d.get("mde") is not None for figures in paired.values() for d in figures.values())
-    return (
-        "; MDE: the minimum detectable effect (the smallest true difference found 80% of the time)"
-        if shown
-        else ""
-    )
+def _mde_note(shown: list[dict]) -> str:
+    """The footnote that says what MDE means, where one of the ``shown`` differences prints one."""
+    if all(d.get("mde") is None for d in shown):
+        return ""
+    return "; MDE: the minimum detectable effect (the smallest true difference a two-sided 5% test finds ~80% of the time)"
 
 
 def _diff(d: dict) -> str:
@@ -288,7 +289,7 @@ def grpo_tuning_table(results_dir: Path = RESULTS) -> str:
             *lines,
             "",
             f"{r['rounds']} rounds, {len(r['seeds'])} seeds, {tasks} tasks x samples per split; intervals are 95%, "
-            f"over tasks (seed-averaged){_mde_note({n: c['grpo_vs_base'] for n, c in r['candidates'].items()})}. "
+            f"over tasks (seed-averaged){_mde_note([c['grpo_vs_base']['test_pass@1'] for c in r['candidates'].values()])}. "
             f"Command: `{r['provenance']['command']}`.",
             _made_by([r]),
         ]
@@ -464,6 +465,10 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
             f"{_diff(paired) if paired else ''} | {passed} |"
         )
     vs_base = ", ".join(f"{key.split('_')[0]} {_diff(d)}" for key, d in r["paired"]["grpo_vs_base"].items())
+    shown = [
+        *r["paired"]["grpo_vs_base"].values(),
+        *(d["test_pass@1"] for d in r["paired"].values() if "test_pass@1" in d),
+    ]
     tasks = r["methods"]["grpo"]["test_pass@1"]["tasks"]
     warm = r["settings"].get("warm_start")
     start = (
@@ -477,7 +482,7 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
             *lines,
             "",
             f"{start}GRPO - base model (paired): {vs_base}. {r['settings']['rounds']} rounds, seeds "
-            f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged){_mde_note(r['paired'])}. "
+            f"{', '.join(map(str, seeds))}, {tasks} tasks per split; 95% intervals over tasks (seed-averaged){_mde_note(shown)}. "
             f"Command: `{r['provenance']['command']}`.{_reanalysed(r)}",
             _made_by([r]),
         ]
@@ -485,13 +490,11 @@ def study_table(name: str, results_dir: Path = RESULTS) -> str:
 
 
 def _reanalysed(r: dict) -> str:
-    """Where ``python -m bench.study_result --reanalyse`` recomputed a study's figures with later code, say so."""
-    by = r.get("analysed_by")
-    if not by or by["commit"] == r["provenance"]["commit"]:
+    """Where ``python -m bench.study_result --reanalyse`` recomputed a study's figures with other code, say so."""
+    by, made = r.get("analysed_by"), r["provenance"]
+    if not by or (by["commit"], by["uncommitted"]) == (made["commit"], made["uncommitted"]):
         return ""
-    return (
-        f" Figures recomputed from its cells at {(by['commit'] or 'no git checkout')[:12]} (`--reanalyse`)."
-    )
+    return f" Figures recomputed from its cells with sdarflow {_code(by)} (`--reanalyse`)."
 
 
 FORMAT_COLLAPSE = ("format_collapse", "format_collapse_lr_tool_use", "format_collapse_lr_textworld_cooking")

@@ -209,29 +209,38 @@ def test_a_stopped_command_says_so_in_one_line_and_leaves_nothing_behind(
         "1",
     ]
     proc = subprocess.Popen([*argv, "--sft-steps", "100000000"], env=env, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []  # stderr, read as it comes so the stop lands inside the SFT loop, not before it
-    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stderr))
+    lines: list[str] = []  # stderr, read as it comes so the stop lands in the SFT loop, not before it
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    try:
-        deadline = time.monotonic() + 300
-        while (
-            not any(line.startswith("sft:") for line in lines)
-            and proc.poll() is None
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.2)
-        assert list(tmp_path.glob(".model.*.staging")), "build-model never started its staging folder"
-        assert any(line.startswith("sft:") for line in lines), "build-model never reached its SFT loop"
-        proc.send_signal(sig)
-        proc.wait(timeout=120)
-        reader.join(timeout=30)
-    finally:
-        proc.kill()
-    # off a terminal, progress bars are plain lines (their first and last state) and log lines start with the date;
-    # what the stop adds is one line, and no traceback
+    with proc:
+        try:
+            deadline = time.monotonic() + 300
+            while not any(line.startswith("sft:") for line in lines) and time.monotonic() < deadline:
+                assert proc.poll() is None, (
+                    f"build-model exited {proc.returncode} before its SFT loop: {lines[-20:]}"
+                )
+                time.sleep(0.2)
+            assert any(line.startswith("sft:") for line in lines), f"no SFT loop in 300 s: {lines[-20:]}"
+            assert list(tmp_path.glob(".model.*.staging")), f"no staging folder: {lines[-20:]}"
+            proc.send_signal(sig)
+            proc.wait(timeout=120)
+            reader.join(timeout=30)
+            assert not reader.is_alive(), "stderr still open after the command exited"
+        finally:
+            proc.kill()
+    # Off a terminal a progress bar is plain lines (its first and last state: tqdm prints the last when the bar is
+    # closed, which may follow the error line) and log lines start with the date; what the stop adds is one line.
+    error = f"error: stopped by {name}; nothing half-written was kept"
+    progress = re.compile(r"^[\w ]+: +\d+%\|")
     assert proc.returncode == code
-    assert lines[-1] == f"error: stopped by {name}; nothing half-written was kept"
-    assert [line for line in lines if line.startswith("error:")] == lines[-1:]
+    assert [line for line in lines if line.startswith("error:")] == [error]
     assert "Traceback" not in "\n".join(lines)
+    after = lines[lines.index(error) + 1 :]
+    assert all(progress.match(line) or line[:4].isdigit() for line in after), after
     # torch's first backward makes its (empty) inductor cache folder in TMPDIR: torch's, kept across runs by design
     assert [p for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []

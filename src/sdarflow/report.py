@@ -147,7 +147,8 @@ def signed_with_interval(
 ) -> str:
     """``+0.012 [-0.003, +0.027]``: a difference with its :func:`interval`, and ``(MDE 0.041)`` after it where its
     minimum detectable effect is known (``sdarflow.evaluate.compare.minimum_detectable_effect``)."""
-    return f"{x:+.3f} {interval(ci, tasks)}" + ("" if mde is None else f" (MDE {mde:.3f})")
+    shown = mde is not None and (tasks is None or tasks >= 2)  # one task prints no interval: no MDE either
+    return f"{x:+.3f} {interval(ci, tasks)}" + (f" (MDE {mde:.3f})" if shown else "")
 
 
 def md_escape(text: object) -> str:

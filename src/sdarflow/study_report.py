@@ -10,7 +10,7 @@ So each task's value is first averaged over the seeds, and the interval is over 
 values use it through :func:`sdarflow.evaluate.metrics.pass_at_k_interval`; paired differences against GRPO (and
 GRPO against the base model) are ``d_t = mean_s pass@k_a(s, t) - mean_s pass@k_b(s, t)`` over the tasks both have,
 and their interval also counts a seed-to-seed shift common to all tasks (a trained adapter moves every task
-together): :func:`sdarflow.evaluate.compare.two_level_interval` over the (seed, task) differences, seed by seed.
+together): :func:`sdarflow.evaluate.compare.two_level_se` over the (seed, task) differences, seed by seed.
 Each training seed is evaluated with its own sampling seed (seeds are replicates), and the base model once per
 seed the same way. The promotion gate's verdict compares each method's final adapter with the GRPO run of the same
 seed.

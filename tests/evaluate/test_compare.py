@@ -12,12 +12,13 @@ import pytest
 from sdarflow.evaluate.compare import (
     difference,
     mean_interval,
+    mean_se,
     minimum_detectable_effect,
     sign_flip_lower,
     skew_corrected_lower,
     student_t_cdf,
     student_t_quantile,
-    two_level_interval,
+    t_interval,
     two_level_se,
 )
 
@@ -179,14 +180,15 @@ def test_skew_corrected_lower_by_hand():
 def test_two_level_interval_by_hand():
     # 2 seeds x 2 tasks: task means over seeds 0.2, 0.4 (variance 0.02, se_task^2 = 0.02 / 2 = 0.01); seed means
     # 0.2, 0.4 (se_seed^2 = 0.01); nu = 0.02^2 / (0.01^2 / 1 + 0.01^2 / 1) = 2, t_0.975(2) = 4.302653
-    lo, hi = two_level_interval(np.array([[0.1, 0.3], [0.3, 0.5]]))
+    lo, hi = t_interval(*two_level_se(np.array([[0.1, 0.3], [0.3, 0.5]])))
     half = 4.302653 * math.sqrt(0.02)
     assert (lo, hi) == (pytest.approx(0.3 - half, abs=1e-6), pytest.approx(0.3 + half, abs=1e-6))
-    # one seed: the interval over tasks; identical differences: a point
-    assert two_level_interval(np.array([[0.1, 0.3, 0.2]])) == mean_interval([0.1, 0.3, 0.2])
-    assert two_level_interval(np.full((3, 4), 0.25)) == (0.25, 0.25)
+    # one seed: the interval over tasks; identical differences: a point, also where floats round 0.1 (se ~1e-17)
+    assert t_interval(*two_level_se(np.array([[0.1, 0.3, 0.2]]))) == mean_interval([0.1, 0.3, 0.2])
+    assert t_interval(*two_level_se(np.full((3, 4), 0.25))) == (0.25, 0.25)
+    assert two_level_se(np.full((3, 4), 0.1))[1] == 0.0 and mean_se([0.1] * 3)[1] == 0.0
     with pytest.raises(ValueError, match="needs \\(seeds, tasks\\)"):
-        two_level_interval(np.zeros(3))
+        two_level_se(np.zeros(3))
 
 
 def test_minimum_detectable_effect_by_hand():

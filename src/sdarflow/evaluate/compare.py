@@ -133,7 +133,7 @@ def mean_se(values: np.ndarray | list[float]) -> tuple[float, float, int]:
         raise ValueError("a mean over tasks needs at least one per-task value, got none")
     if v.size == 1:
         return float(v[0]), 0.0, 0
-    return float(v.mean()), float(v.std(ddof=1)) / math.sqrt(v.size), v.size - 1
+    return float(v.mean()), _spread(float(v.std(ddof=1)) / math.sqrt(v.size)), v.size - 1
 
 
 def two_level_se(d: np.ndarray) -> tuple[float, float, int]:
@@ -161,7 +161,13 @@ def two_level_se(d: np.ndarray) -> tuple[float, float, int]:
     if se2 == 0:
         return float(d.mean()), 0.0, 0
     nu = se2**2 / (se_task2**2 / (tasks - 1) + se_seed2**2 / (seeds - 1))
-    return float(d.mean()), math.sqrt(se2), max(1, math.floor(nu))
+    return float(d.mean()), _spread(math.sqrt(se2)), max(1, math.floor(nu))
+
+
+def _spread(se: float) -> float:
+    """``se``, or 0 where it is rounding error (differences all equal to a value binary floats cannot hold, such as
+    0.1, leave a standard error near 1e-17): the interval is then a point and no MDE is claimed."""
+    return se if se > 1e-12 else 0.0
 
 
 def t_interval(mean: float, se: float, dof: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -178,24 +184,19 @@ def mean_interval(values: np.ndarray | list[float], confidence: float = 0.95) ->
     return t_interval(*mean_se(values), confidence)
 
 
-def two_level_interval(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
-    """Two-sided interval of the mean of paired (seeds, tasks) differences ``d``: ``mean(d) +- t_{(1+conf)/2, nu}
-    * se`` with :func:`two_level_se`'s standard error and degrees of freedom."""
-    return t_interval(*two_level_se(d), confidence)
-
-
 def minimum_detectable_effect(
     se: float, dof: int, confidence: float = 0.95, power: float = 0.8
 ) -> float | None:
-    """The smallest true difference a two-sided test at ``1 - confidence`` finds with probability ``power``, given
-    the estimate's standard error and degrees of freedom (the usual normal-approximation power formula with
-    Student quantiles, e.g. Bloom 1995, "Minimum Detectable Effects", Evaluation Review 19:547):
+    """The smallest true difference a two-sided test at ``1 - confidence`` finds with probability about ``power``,
+    given the estimate's standard error and degrees of freedom (the usual power formula with Student quantiles,
+    e.g. Bloom 1995, "Minimum Detectable Effects", Evaluation Review 19:547):
 
         ``MDE = (t_{(1+conf)/2, dof} + t_{power, dof}) * se``
 
-    At 31 degrees of freedom, 95% and 80% power, 2.040 + 0.853 = 2.89 standard errors. What a null result could
-    have seen: an effect below it was likely missed. None where the data give no spread (a single task, or every
-    difference the same)."""
+    At 31 degrees of freedom, 95% and 80% power, 2.040 + 0.853 = 2.89 standard errors; the formula is exact for
+    large ``dof`` and a little generous at very few (the t test's power there is 77% at 2 degrees of freedom). What
+    a null result could have seen: an effect below it was likely missed. None where the estimator sees no spread
+    (``se`` 0, or no degrees of freedom)."""
     if se == 0 or dof < 1:
         return None
     return (student_t_quantile((1 + confidence) / 2, dof) + student_t_quantile(power, dof)) * se
