@@ -1,6 +1,7 @@
 """Commit a method study: ``sdarflow study``'s ``DIR/study.json`` as ``bench/results/study_NAME.json``, with the
-provenance the study recorded (code, base model, command, machine) lifted to the top as every result has it; its
-table (README.md or docs/*.md) is then rendered by ``python -m bench.tables`` (markers ``study_NAME``).
+provenance the study recorded (code, base model, command, machine) lifted to the top as every result has it, and its
+learning curves (the study report's) as ``study_NAME.png``; its table (README.md or docs/*.md) is then rendered by
+``python -m bench.tables`` (markers ``study_NAME``).
 
     python -m bench.study_result DIR NAME [--reanalyse]
 
@@ -17,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.common import RESULTS
+from bench.common import RESULTS, replace_file
 
 
 def reanalysed(folder: Path, study: dict) -> dict:
@@ -61,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         "provenance": made_by,
         **study,
     }
+    from sdarflow.study_report import curves_png
+
     path = RESULTS / f"study_{args.name}.json"
-    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    replace_file(path, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
+    replace_file(path.with_suffix(".png"), curves_png(study))
     print(path)
     return 0
 

@@ -267,6 +267,7 @@ def test_a_study_reanalysed_from_its_cells_gets_the_figures_of_this_code(tmp_pat
     assert study_result.main([str(folder), "x", "--reanalyse"]) == 0
     result = json.loads((tmp_path / "study_x.json").read_text())
     assert result["paired"]["grpo_vs_base"]["test_pass@1"]["mde"] is not None
+    assert (tmp_path / "study_x.png").read_bytes().startswith(b"\x89PNG")  # the report's learning curves
     assert result["provenance"]["commit"] == "0" * 40 and result["analysed_by"]["commit"] != "0" * 40
     assert "Figures recomputed from its cells with sdarflow at " in tables.study_table("study_x", tmp_path)
     (folder / "cells" / "grpo-seed1" / "cell.json").unlink()
