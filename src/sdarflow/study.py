@@ -170,15 +170,21 @@ def _write_cell(s: StudySettings, name: str, cell: dict) -> None:
     storage.write_json(storage.join(cell_uri(s, name), CELL_FILE), record)
 
 
-def _evaluate(pc, round_: int, adapter: str) -> tuple[dict, str]:
+def _evaluate(pc, round_: int, adapter: str, splits: tuple[str, ...] = SPLITS) -> dict:
+    """The evaluate stage's output (``uri``, headline ``metrics``) for ``adapter`` ("" the base model)."""
     from sdarflow.stages import evaluate
 
     # pc has no registry: the report compares with nothing, the study compares the cells itself
     cfg = stage_config(pc, "evaluate", round_, adapter=adapter)
     # each training seed is a replicate, sampled with its own seed (the base model's evaluation for that seed
     # too); valid as well: what a setting search selects on
-    out = evaluate.run(dataclasses.replace(cfg, seed=cfg.seed + pc.seed, splits=list(SPLITS)))
-    return load_report(out["uri"]), out["uri"]
+    return evaluate.run(dataclasses.replace(cfg, seed=cfg.seed + pc.seed, splits=list(splits)))
+
+
+def _evaluate_report(pc, round_: int, adapter: str) -> tuple[dict, str]:
+    """Every split's evaluation: the report (checked as the promotion gate reads it) and its URI."""
+    uri = _evaluate(pc, round_, adapter)["uri"]
+    return load_report(uri), uri
 
 
 def run_base(s: StudySettings, base: str) -> list[dict]:
@@ -189,7 +195,7 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
         if (cell := _finished(s, name)) is None:
             pc = pipeline_config(s, base, "grpo", seed, storage.join(cell_uri(s, name), "store"))
             t0 = time.perf_counter()
-            report, uri = _evaluate(pc, 0, "")
+            report, uri = _evaluate_report(pc, 0, "")
             cell = {"method": BASE_CELL, "seed": seed, "eval": report["splits"], "eval_uri": uri,
                     "eval_seconds": time.perf_counter() - t0}  # fmt: skip
             _write_cell(s, name, cell)
@@ -232,38 +238,48 @@ def round_record(r: int, rnd) -> dict:
 
 
 def run_cell(s: StudySettings, base: str, method: str, seed: int) -> dict:
-    """Train one (method, seed) cell for ``s.rounds`` rounds and evaluate it; a finished cell is read back."""
+    """Train one (method, seed) cell for ``s.rounds`` rounds and evaluate it; a finished cell is read back. Each
+    round's adapter but the last is also evaluated on ``valid`` (``valid_after_round``: the held-out learning
+    curve; the last one's is in the final evaluation), which costs a tenth or less of a round."""
     name = cell_name(method, seed)
     folder = cell_uri(s, name)
     if (cell := _finished(s, name)) is not None:
         log.info("study: %s finished earlier; skipped", name)
         return cell
     pc = pipeline_config(s, base, method, seed, storage.join(folder, "store"))
-    carry, seconds, rounds = Carry(), {}, []
+    carry, seconds, rounds, valid, eval_seconds = Carry(), {}, [], [], 0.0
     for r in range(s.rounds):
         rnd = run_round(pc, r, carry)
         carry = rnd.carry()
         for stage, t in rnd.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + t
         rounds.append(round_record(r, rnd))
+        held_out = ""
+        if r < s.rounds - 1:
+            t0 = time.perf_counter()
+            valid.append(_evaluate(pc, r, carry.adapter, splits=("valid",))["metrics"]["valid/pass@1"])
+            eval_seconds += time.perf_counter() - t0
+            held_out = f" | valid pass@1 {valid[-1]:.3f}"
         log.info(
-            "study: %s round %d/%d | train success %.3f | gap %.3f | gate %.3f | %.0f s so far",
+            "study: %s round %d/%d | train success %.3f%s | gap %.3f | gate %.3f | %.0f s so far",
             name,
             r + 1,
             s.rounds,
             rounds[-1]["train_success"],
+            held_out,
             rounds[-1]["teacher_gap_mean"],
             rounds[-1]["gate_mean"] or 0.0,
             sum(seconds.values()),
         )
     t0 = time.perf_counter()
-    report, uri = _evaluate(pc, s.rounds - 1, carry.adapter)
+    report, uri = _evaluate_report(pc, s.rounds - 1, carry.adapter)
     cell = {
         "method": method,
         "seed": seed,
         "rounds": rounds,
+        "valid_after_round": valid,
         "seconds": seconds,
-        "eval_seconds": time.perf_counter() - t0,
+        "eval_seconds": eval_seconds + time.perf_counter() - t0,  # the final evaluation and the rounds' valid
         "eval": report["splits"],
         "eval_uri": uri,
         "adapter": carry.adapter,

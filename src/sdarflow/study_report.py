@@ -52,6 +52,8 @@ CURVE_KEYS = (
     "skill_rules_wrong",
     "skill_rules_recipe_blind",
 )
+# held-out pass@1 by round: not a round record (the study evaluates each round's adapter on valid after the round)
+VALID_CURVE = "valid_pass@1"
 
 
 def _largest_k(split: Mapping[str, Any]) -> int:
@@ -128,11 +130,28 @@ def _present(evals: Sequence[Mapping[str, Any]]) -> list[str]:
     return [split for split in SPLITS if all(split in ev for ev in evals)]
 
 
-def _method_result(runs: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any]:
-    """One method's curves, pooled pass@1 of every split and test pass@k over its seeds, and mean stage seconds."""
+def valid_by_round(run: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[float | None]:
+    """A run's valid pass@1 on the other curves' x-axis (point r: the policy trained through round r - 1): the base
+    model's evaluation of the run's seed at 0, each round's adapter after it (the cell's ``valid_after_round``), the
+    final adapter's last. None throughout where a part is missing (a cell made before the study recorded them)."""
+    after = run.get("valid_after_round")
+    if after is None or base is None or "valid" not in run["eval"] or "valid" not in base["eval"]:
+        return [None] * (len(run["rounds"]) + 1)
+    return [base["eval"]["valid"]["pass_at_k"]["1"], *after, run["eval"]["valid"]["pass_at_k"]["1"]]
+
+
+def _method_result(
+    runs: Sequence[Mapping[str, Any]], k: int, base: Mapping[int, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """One method's curves (its rounds' records and valid pass@1 by round, ``base`` the base model's cell of each
+    seed), pooled pass@1 of every split and test pass@k over its seeds, and mean stage seconds."""
     evals = [c["eval"] for c in runs]
+    valid = [[{VALID_CURVE: v} for v in valid_by_round(run, base.get(run["seed"]))] for run in runs]
     return {
-        "curves": {key: curve([run["rounds"] for run in runs], key) for key in CURVE_KEYS},
+        "curves": {
+            **{key: curve([run["rounds"] for run in runs], key) for key in CURVE_KEYS},
+            VALID_CURVE: curve(valid, VALID_CURVE),
+        },
         **{f"{split}_pass@1": pooled(evals, split, 1) for split in _present(evals)},
         "test_pass@k": pooled(evals, "test", k),
         "train_seconds": float(np.mean([sum(c["seconds"].values()) for c in runs])),
@@ -173,7 +192,8 @@ def analyze(
     }
     k = min(_largest_k(c["eval"]["test"]) for c in cells)
     grpo_evals = [c["eval"] for c in by_method[BASELINE]]
-    methods = {m: _method_result(runs, k) for m, runs in by_method.items()}
+    base_by_seed = {c["seed"]: c for c in base_cells}
+    methods = {m: _method_result(runs, k, base_by_seed) for m, runs in by_method.items()}
     table = [_comparison(m, r, methods[BASELINE]) for m, r in methods.items()]
     base_evals = [c["eval"] for c in sorted(base_cells, key=lambda c: c["seed"])]  # paired seed by seed
     splits = _present([*(c["eval"] for c in cells), *base_evals])
@@ -304,15 +324,25 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
     from matplotlib.figure import Figure  # lazy: slow to import, only plots need it
     from matplotlib.ticker import MaxNLocator
 
+    # valid pass@1 next to train success; a panel only where some method has a point (a learning check or an
+    # older study has no valid curve)
+    order = (CURVE_KEYS[0], VALID_CURVE, *CURVE_KEYS[1:])
+    keys = [
+        key
+        for key in order
+        if any(
+            v is not None for r in study["methods"].values() for v in r["curves"].get(key, {}).get("mean", [])
+        )
+    ]
     cols = 4
-    rows = -(-len(CURVE_KEYS) // cols)
+    rows = -(-len(keys) // cols)
     fig = Figure(figsize=(4 * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax in axes[len(CURVE_KEYS) :]:
+    for ax in axes[len(keys) :]:
         ax.set_axis_off()
-    for ax, key in zip(axes, CURVE_KEYS):
+    for ax, key in zip(axes, keys):
         for m, r in study["methods"].items():
-            c = r["curves"][key]
+            c = r["curves"].get(key, {"mean": []})
             xs = [i for i, v in enumerate(c["mean"]) if v is not None]
             if not xs:
                 continue

@@ -14,14 +14,14 @@ from sdarflow.extensions.options import OPTIONS
 
 def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, capsys):
     out = tmp_path / "study"
-    argv = ["study", "--methods", "grpo", "sdar", "--seeds", "0", "--rounds", "1", "--output", str(out),
+    argv = ["study", "--methods", "grpo", "sdar", "--seeds", "0", "--rounds", "2", "--output", str(out),
             "--base-model", str(tiny_model), "--preset", "smoke"]  # fmt: skip
     assert main(argv) == 0
     study = json.loads((out / "study.json").read_text())
     assert {"settings", "k", "base", "runs", "methods", "table", "paired", "gate"} <= study.keys()
     assert {(r["method"], r["seed"]) for r in study["runs"]} == {("grpo", 0), ("sdar", 0)}
     for run in study["runs"]:
-        assert len(run["rounds"]) == 1
+        assert len(run["rounds"]) == 2 and len(run["valid_after_round"]) == 1  # round 0's adapter on valid
         rnd = run["rounds"][0]
         # per-round train success, gate and teacher-gap statistics, wall time per stage, held-out pass@k + CIs
         assert {"train_success", "gate_mean", "teacher_gap_mean", "teacher_gap_positive_share"} <= rnd.keys()
@@ -34,6 +34,9 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         r = study["methods"][method]
         assert {"test_pass@1", "test_pass@k", "ood_pass@1", "curves", "train_seconds"} <= r.keys()
         assert len(r["test_pass@1"]["ci95"]) == 2
+        # held-out by round: the base model, round 0's adapter, the final one
+        assert all(v is not None for v in r["curves"]["valid_pass@1"]["mean"])
+        assert len(r["curves"]["valid_pass@1"]["mean"]) == 3
     row = {t["method"]: t for t in study["table"]}
     assert row["grpo"]["training_overhead"] == 1.0
     assert {"test_pass@1", "ood_pass@1"} <= study["paired"]["sdar"].keys()

@@ -119,3 +119,25 @@ def test_bad_study_settings_fail_in_one_line_and_write_nothing(argv, message, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and err[0].startswith("error: ")
     assert not out.exists()
+
+
+def test_valid_pass_at_1_by_round_starts_at_the_base_and_ends_at_the_final_adapter():
+    """The held-out curve: point 0 the base model's valid pass@1 for the run's seed, then each round's adapter
+    (the cell's valid_after_round), the final evaluation's last; a cell made before it was recorded has none."""
+
+    def cell(seed: int, after: list[float] | None, final: int) -> dict:
+        c = _cell("grpo", seed, {"a": 1}, {"x": 0}, 1.0)
+        c["rounds"] = c["rounds"] * 3
+        c["eval"]["valid"] = _split({"v": final}) | {"pass_at_k": {"1": final / 4}}
+        return c | ({} if after is None else {"valid_after_round": after})
+
+    base = [{"seed": s, "eval": {"test": _split({"a": 0}), "ood": _split({"x": 0}),
+                                 "valid": _split({"v": 0}) | {"pass_at_k": {"1": 0.1 * (s + 1)}}}} for s in (0, 1)]  # fmt: skip
+    settings = SETTINGS | {"methods": ["grpo"]}
+    # seed 0: 0.1, 0.2, 0.3, final 2/4; seed 1: 0.2, 0.4, 0.4, final 4/4 -> mean 0.15, 0.3, 0.35, 0.75
+    study = analyze(settings, base, [cell(0, [0.2, 0.3], 2), cell(1, [0.4, 0.4], 4)])
+    c = study["methods"]["grpo"]["curves"]["valid_pass@1"]
+    assert c["mean"] == pytest.approx([0.15, 0.3, 0.35, 0.75])
+    assert c["min"] == pytest.approx([0.1, 0.2, 0.3, 0.5]) and c["max"] == pytest.approx([0.2, 0.4, 0.4, 1.0])
+    old = analyze(settings, base, [cell(0, None, 2), cell(1, None, 4)])
+    assert old["methods"]["grpo"]["curves"]["valid_pass@1"]["mean"] == [None] * 4
