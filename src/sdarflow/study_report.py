@@ -335,7 +335,7 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
         )
     ]
     cols = 4
-    rows = -(-len(keys) // cols)
+    rows = max(1, -(-len(keys) // cols))
     fig = Figure(figsize=(4 * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[len(keys) :]:
@@ -351,7 +351,8 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("round (rollouts of the policy trained through the round before)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:  # a figure with no point has no legend to draw
+        axes[0].legend(fontsize=8)
     return report.png(fig)
 
 

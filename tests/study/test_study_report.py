@@ -141,3 +141,9 @@ def test_valid_pass_at_1_by_round_starts_at_the_base_and_ends_at_the_final_adapt
     assert c["min"] == pytest.approx([0.1, 0.2, 0.3, 0.5]) and c["max"] == pytest.approx([0.2, 0.4, 0.4, 1.0])
     old = analyze(settings, base, [cell(0, None, 2), cell(1, None, 4)])
     assert old["methods"]["grpo"]["curves"]["valid_pass@1"]["mean"] == [None] * 4
+
+
+def test_curves_without_any_point_still_make_a_figure():
+    from sdarflow.study_report import curves_png
+
+    assert curves_png({"methods": {"grpo": {"curves": {}}}}).startswith(b"\x89PNG")
