@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from bench.common import RESULTS, replace_file
+from sdarflow.study_report import curves_png
 
 
 def reanalysed(folder: Path, study: dict) -> dict:
@@ -62,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         "provenance": made_by,
         **study,
     }
-    from sdarflow.study_report import curves_png
-
     path = RESULTS / f"study_{args.name}.json"
     replace_file(path, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     replace_file(path.with_suffix(".png"), curves_png(study))
