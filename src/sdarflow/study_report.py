@@ -337,6 +337,10 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
     cols = 4
     rows = max(1, -(-len(keys) // cols))
     fig = Figure(figsize=(4 * cols, 3.4 * rows), layout="constrained")
+    # one caption for every panel (under each, the long label ran into its neighbours')
+    fig.suptitle(
+        "round r: the policy trained through round r - 1 (0: the base model); mean and min-max over seeds"
+    )
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[len(keys) :]:
         ax.set_axis_off()
@@ -349,7 +353,7 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
             ax.plot(xs, [c["mean"][i] for i in xs], marker="o", label=m)
             ax.fill_between(xs, [c["min"][i] for i in xs], [c["max"][i] for i in xs], alpha=0.15)
         ax.set_title(key.replace("_", " "))
-        ax.set_xlabel("round (rollouts of the policy trained through the round before)")
+        ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if axes[0].get_legend_handles_labels()[0]:  # a figure with no point has no legend to draw
         axes[0].legend(fontsize=8)
