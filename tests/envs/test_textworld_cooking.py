@@ -41,7 +41,7 @@ def play_expert(env) -> list:
 
 
 def test_registry_finds_suite_and_lists_names(tmp_path: Path) -> None:
-    assert "textworld-cooking" in list_envs()
+    assert "textworld-cooking" in list_envs() and "textworld-cooking-score" in list_envs()
     suite = get_suite("textworld-cooking", cache_dir=tmp_path, max_turns=7)
     assert isinstance(suite, TextWorldCookingSuite) and suite.max_turns == 7
 
@@ -143,6 +143,30 @@ def test_expert_walkthrough_wins(suite: TextWorldCookingSuite, tasks: list, inde
         env.step("look")
     env.reset()  # a second episode on the same env restarts the game
     assert play_expert(env)[-1].won
+    env.close()
+
+
+def test_score_reward_credits_each_recipe_step_and_sums_to_one_on_a_win(
+    suite: TextWorldCookingSuite, tasks: list
+) -> None:
+    scored = get_suite("textworld-cooking-score", cache_dir=suite.cache_dir)
+    for task in tasks:
+        env = scored.make(task)
+        env.reset()
+        steps = play_expert(env)
+        points = steps[-1].info["max_score"]
+        assert steps[-1].won and sum(s.reward for s in steps) == pytest.approx(1.0)
+        # TextWorld gives one point per recipe step: each turn earns 1/max_score or nothing
+        assert {s.reward for s in steps} <= {0.0, 1 / points} and sum(s.reward > 0 for s in steps) == points
+        env.close()
+    # a failed episode earns the share of the recipe it got through; success is still the win
+    first_point = next(i for i, s in enumerate(steps) if s.reward > 0)
+    short = type(scored)(cache_dir=suite.cache_dir, max_turns=first_point + 2)
+    env = short.make(tasks[-1])
+    env.reset()
+    played = [env.step(env.expert_action()) for _ in range(first_point + 1)] + [env.step("look")]
+    assert played[-1].done and played[-1].info["truncated"] and not any(s.won for s in played)
+    assert sum(s.reward for s in played) == pytest.approx(1 / points)
     env.close()
 
 

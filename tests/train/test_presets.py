@@ -19,6 +19,7 @@ def test_reference_values():
     ("envs", "family"),
     [
         ({"textworld-cooking"}, "alfworld"),
+        ({"textworld-cooking-score"}, "alfworld"),  # the same games, another reward
         ({"tool-use"}, "webshop"),
         ({"search-qa"}, "search"),
         ({"my-plugin-env"}, "alfworld"),

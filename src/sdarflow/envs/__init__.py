@@ -28,6 +28,7 @@ ENTRY_POINT_GROUP = "sdarflow.envs"
 
 BUILTIN_ENVS: NameRegistry[type[EnvSuite]] = NameRegistry("env")
 BUILTIN_ENVS.add_lazy("textworld-cooking", "sdarflow.envs.textworld_cooking:TextWorldCookingSuite")
+BUILTIN_ENVS.add_lazy("textworld-cooking-score", "sdarflow.envs.textworld_cooking:TextWorldCookingScoreSuite")
 BUILTIN_ENVS.add_lazy("tool-use", "sdarflow.envs.tool_use:ToolUseSuite")
 BUILTIN_ENVS.add_lazy("tool-use-http", "sdarflow.envs.tool_server:HttpToolUseSuite")
 BUILTIN_ENVS.add_lazy("search-qa", "sdarflow.envs.search_qa:SearchQASuite")

@@ -300,12 +300,16 @@ def recipe_summary(text: str) -> str | None:
 
 
 class TextWorldCookingEnv:
-    """One episode of one tw-cooking game. Reward 1.0 on the winning turn, else 0.0."""
+    """One episode of one tw-cooking game. Reward ``win``: 1.0 on the winning turn, else 0.0; ``score``: the points
+    the turn gained (TextWorld's own reward: one per ingredient taken, per preparation, for the meal prepared and
+    eaten) over the game's maximum, so a won episode's rewards sum to 1 and a failed one's to the share of the
+    recipe it got through."""
 
     GOAL = "Prepare the meal following the recipe, then eat it."
 
-    def __init__(self, task: Task, max_turns: int) -> None:
-        self.task, self.max_turns = task, max_turns
+    def __init__(self, task: Task, max_turns: int, reward: str = "win") -> None:
+        self.task, self.max_turns, self.reward = task, max_turns, reward
+        self._score = 0  # points so far, the cookbook read at reset included
         self._env = None
         self._state = None  # last textworld GameState
         self._entities: list[str] = []  # object, room and direction names: what room descriptions keep
@@ -344,7 +348,7 @@ class TextWorldCookingEnv:
         self._commands = [COOKBOOK]
         self._state, _, _ = self._env.step(COOKBOOK)
         recipe = recipe_summary(self._state.feedback) or recipe_summary(first["extra.recipe"] or "")
-        self._turns, self._done = 0, False
+        self._turns, self._done, self._score = 0, False, self._state["score"]
         instruction = f"{self.GOAL}\n{recipe}" if recipe else self.GOAL
         self._entities = [e.lower() for e in first["entities"] or ()]
         observation = clean_text(first.feedback, drop=first["objective"], entities=self._entities)
@@ -364,7 +368,12 @@ class TextWorldCookingEnv:
         info = {"score": self._state["score"], "max_score": self._state["max_score"], "turn": self._turns}
         info.update(lost=lost, truncated=truncated)
         observation = clean_text(self._state.feedback, entities=self._entities)
-        return Step(observation, 1.0 if won else 0.0, self._done, won, info)
+        if self.reward == "score":
+            reward = (self._state["score"] - self._score) / self._state["max_score"]
+            self._score = self._state["score"]
+        else:
+            reward = 1.0 if won else 0.0
+        return Step(observation, reward, self._done, won, info)
 
     def expert_action(self) -> str | None:
         """The expert's next command from the current state, None before reset or once the game is over."""
@@ -396,6 +405,7 @@ class TextWorldCookingSuite:
     """
 
     name = "textworld-cooking"
+    reward = "win"  # TextWorldCookingEnv's reward
     # TextWorld parses game state with one shared parser: concurrent resets fail inside it ("pop from empty list").
     thread_safe = False
 
@@ -456,7 +466,16 @@ class TextWorldCookingSuite:
         if not Path(task.payload).is_file():
             raise EnvError(f"game {task.payload!r} of {task.task_id} not found; fix: get tasks from tasks()")
         max_turns = self.max_turns or self.spec(task.split).max_turns
-        return TextWorldCookingEnv(task, max_turns)
+        return TextWorldCookingEnv(task, max_turns, self.reward)
+
+
+class TextWorldCookingScoreSuite(TextWorldCookingSuite):
+    """``textworld-cooking-score``: the same games and tasks, rewarded with the game's score (partial credit per
+    recipe step, a win sums to 1) instead of the win alone, so a group whose episodes all fail still ranks them
+    by how far they got. Success (pass@k) is still the win."""
+
+    name = "textworld-cooking-score"
+    reward = "score"
 
 
 if __name__ == "__main__":  # the child of _generate_in_subprocess

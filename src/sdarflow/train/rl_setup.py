@@ -47,7 +47,12 @@ PRESETS: dict[str, Preset] = {
 }
 PRESET_CHOICES: tuple[str, ...] = ("auto", *PRESETS)
 # Built-in environments and the reference family each stands in for; plug-in envs fall back to DEFAULT_FAMILY.
-ENV_FAMILY: dict[str, str] = {"textworld-cooking": "alfworld", "tool-use": "webshop", "search-qa": "search"}
+ENV_FAMILY: dict[str, str] = {
+    "textworld-cooking": "alfworld",
+    "textworld-cooking-score": "alfworld",
+    "tool-use": "webshop",
+    "search-qa": "search",
+}
 DEFAULT_FAMILY = "alfworld"
 
 
