@@ -213,6 +213,8 @@ def round_record(r: int, rnd) -> dict:
     return {
         "round": r,
         "train_success": m_gen["rollout/success"],
+        # None for a generate output made before it was recorded
+        "train_return": m_gen.get("rollout/mean_return"),
         "zero_adv_group_share": m_tr.get("adv/zero_group_share"),
         "adv_std": m_tr.get("adv/std"),
         "adv_token_weighted_mean": m_tr.get("adv/token_weighted_mean"),

@@ -40,6 +40,7 @@ BASELINE = "grpo"
 SPLITS = ("valid", "test", "ood")
 CURVE_KEYS = (
     "train_success",
+    "train_return",
     "zero_adv_group_share",
     "adv_std",
     "teacher_gap_mean",

@@ -21,6 +21,7 @@ def test_clean_run_metrics() -> None:
     result, engine = run(FakeSuite())
     m = result.metrics()
     assert m["rollout/episodes"] == 6 and m["rollout/success"] == 1.0 and m["rollout/mean_turns"] == 3
+    assert m["rollout/mean_return"] == 1.0  # each episode's one winning reward
     assert (
         m["rollout/env_steps"] == 18 and m["rollout/env_errors"] == 0 and m["rollout/identical_groups"] == 0
     )
@@ -42,6 +43,8 @@ def test_raising_env_fails_its_episodes_and_the_run_continues(caplog) -> None:
     assert all(len(e.rows) == 2 and not e.rows[0]["success"] for e in by_task["fake-1"])
     assert all(e.error.startswith("reset: OSError") and not e.rows for e in by_task["fake-2"])
     assert result.metrics()["rollout/env_errors"] == 4
+    # fake-0's two wins of six episodes
+    assert result.metrics()["rollout/mean_return"] == pytest.approx(2 / 6)
     assert "simulator crashed" in caplog.text and "fake-2" in caplog.text
     assert all(env.closed for env in suite.envs)
 

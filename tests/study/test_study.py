@@ -25,6 +25,8 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         rnd = run["rounds"][0]
         # per-round train success, gate and teacher-gap statistics, wall time per stage, held-out pass@k + CIs
         assert {"train_success", "gate_mean", "teacher_gap_mean", "teacher_gap_positive_share"} <= rnd.keys()
+        # the mean return at or above the success rate: the env's rewards are >= 0 and 1 for a win
+        assert rnd["train_return"] >= rnd["train_success"]
         assert 0 <= rnd["zero_adv_group_share"] <= 1 and rnd["adv_std"] >= 0
         assert -1e3 < rnd["adv_token_weighted_mean"] < 1e3
         assert set(run["seconds"]) == {"generate", "extract-skills", "rescore", "train"}

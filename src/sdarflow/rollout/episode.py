@@ -117,6 +117,8 @@ class RolloutResult:
         return {
             "rollout/episodes": float(len(eps)),
             "rollout/success": sum(e.won for e in eps) / n,
+            # the mean episode return: the success rate under a win reward, more where an env gives partial credit
+            "rollout/mean_return": sum(e.total for e in eps) / n,
             "rollout/mean_turns": sum(len(e.rows) for e in eps) / n,
             "rollout/format_error_rate": sum(not r["format_ok"] for r in rows) / max(1, len(rows)),
             "rollout/tokens": float(tokens),

@@ -24,6 +24,7 @@ TRANSCRIPT_COLUMNS = (
 OVERVIEW = {
     "rollout/episodes": "episodes",
     "rollout/success": "success",
+    "rollout/mean_return": "mean return",
     "rollout/mean_turns": "mean turns",
     "rollout/format_error_rate": "format errors (share of turns)",
     "rollout/context_exceeded": "episodes cut at the context limit",
