@@ -187,8 +187,21 @@ def _evaluate_report(pc, round_: int, adapter: str) -> tuple[dict, str]:
     return load_report(uri), uri
 
 
+def base_rollouts(pc, rounds: int) -> list[float]:
+    """The base model's rollout success on each round's train games, sampled as a cell's rollouts of that round are
+    (the same stage config and seed): what a cell's train success by round is read against, since every round
+    plays new games of their own difficulty (the base's on them moved as much as any run's did)."""
+    from sdarflow.stages import generate
+
+    return [
+        generate.run(stage_config(pc, "generate", r, adapter=""))["metrics"]["rollout/success"]
+        for r in range(rounds)
+    ]
+
+
 def run_base(s: StudySettings, base: str) -> list[dict]:
-    """The base model's held-out evaluation for each seed (the same tasks and sampling seeds as that seed's cells)."""
+    """The base model's held-out evaluation for each seed (the same tasks and sampling seeds as that seed's cells),
+    and its rollout success on each round's train games (``train_success_by_round``)."""
     cells = []
     for seed in s.seeds:
         name = cell_name(BASE_CELL, seed)
@@ -197,7 +210,8 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
             t0 = time.perf_counter()
             report, uri = _evaluate_report(pc, 0, "")
             cell = {"method": BASE_CELL, "seed": seed, "eval": report["splits"], "eval_uri": uri,
-                    "eval_seconds": time.perf_counter() - t0}  # fmt: skip
+                    "eval_seconds": time.perf_counter() - t0,
+                    "train_success_by_round": base_rollouts(pc, s.rounds)}  # fmt: skip
             _write_cell(s, name, cell)
             pass1 = report["splits"]["test"]["pass_at_k"]["1"]
             log.info("study: base model, seed %d: test pass@1 %.3f", seed, pass1)

@@ -127,6 +127,16 @@ def curve(runs: Sequence[Sequence[Mapping[str, Any]]], key: str) -> dict[str, li
     }
 
 
+def base_rollout_rounds(base_cells: Sequence[Mapping[str, Any]]) -> list[list[dict[str, float]]]:
+    """The base cells' rollout success on each round's games as round records (none from a cell made before the
+    study recorded it)."""
+    return [
+        [{"train_success": v} for v in c["train_success_by_round"]]
+        for c in base_cells
+        if c.get("train_success_by_round")
+    ]
+
+
 def _present(evals: Sequence[Mapping[str, Any]]) -> list[str]:
     return [split for split in SPLITS if all(split in ev for ev in evals)]
 
@@ -220,6 +230,8 @@ def analyze(
         "settings": dict(settings),
         "k": k,
         "base": {f"{split}_pass@1": pooled(base_evals, split, 1) for split in splits},
+        # the base model's rollout success on each round's games: the reference for the runs' train success
+        "base_curves": {"train_success": curve(base_rollout_rounds(base_cells), "train_success")},
         "runs": [dict(c) for c in cells],
         "methods": methods,
         "table": table,
@@ -353,6 +365,9 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
                 continue
             ax.plot(xs, [c["mean"][i] for i in xs], marker="o", label=m)
             ax.fill_between(xs, [c["min"][i] for i in xs], [c["max"][i] for i in xs], alpha=0.15)
+        base = study.get("base_curves", {}).get(key, {"mean": []})["mean"]
+        if base:  # each round plays new games: the base model's success on the same games
+            ax.plot(range(len(base)), base, "k--", marker=".", label="base model, same games")
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

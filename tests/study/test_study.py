@@ -39,6 +39,11 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         # held-out by round: the base model, round 0's adapter, the final one
         assert all(v is not None for v in r["curves"]["valid_pass@1"]["mean"])
         assert len(r["curves"]["valid_pass@1"]["mean"]) == 3
+    # the base model's rollouts on each round's games (the runs' train-success reference); round 0's are the same
+    # rollouts as each run's round 0 (the same stage config and seed, no update yet)
+    base_rounds = study["base_curves"]["train_success"]["mean"]
+    assert len(base_rounds) == 2
+    assert all(base_rounds[0] == pytest.approx(run["rounds"][0]["train_success"]) for run in study["runs"])
     row = {t["method"]: t for t in study["table"]}
     assert row["grpo"]["training_overhead"] == 1.0
     assert {"test_pass@1", "ood_pass@1"} <= study["paired"]["sdar"].keys()

@@ -143,6 +143,25 @@ def test_valid_pass_at_1_by_round_starts_at_the_base_and_ends_at_the_final_adapt
     assert old["methods"]["grpo"]["curves"]["valid_pass@1"]["mean"] == [None] * 4
 
 
+def test_the_base_models_success_on_each_rounds_games_is_the_train_curves_reference():
+    """Each round plays new games: the base cells' rollout success on them (train_success_by_round), mean and band
+    over seeds, drawn beside the runs' train success; none from base cells made before it was recorded."""
+    from sdarflow.study_report import curves_png
+
+    settings = SETTINGS | {"methods": ["grpo"]}
+    grpo = [c for c in CELLS if c["method"] == "grpo"]
+    # seed 0: 0.25 then 0.5; seed 1: 0.125 then 0.25 -> mean 0.1875, 0.375
+    base = [
+        b | {"train_success_by_round": r} for b, r in zip(BASE, [[0.25, 0.5], [0.125, 0.25]], strict=True)
+    ]
+    c = analyze(settings, base, grpo)["base_curves"]["train_success"]
+    assert c["mean"] == pytest.approx([0.1875, 0.375])
+    assert c["min"] == pytest.approx([0.125, 0.25]) and c["max"] == pytest.approx([0.25, 0.5])
+    old = analyze(settings, BASE, grpo)
+    assert old["base_curves"]["train_success"]["mean"] == []
+    assert curves_png(analyze(settings, base, grpo)).startswith(b"\x89PNG")
+
+
 def test_curves_without_any_point_still_make_a_figure():
     from sdarflow.study_report import curves_png
 
