@@ -5,7 +5,8 @@ intervals on test (and ood) reported with the study's cluster-robust statistics.
     python -m bench.grpo_tuning [--seeds 0 1 2] [--rounds 3] [--work DIR] [--base-model DIR]
 
 Writes ``bench/results/grpo_tuning.json`` (every candidate's valid and test figures, the selection and the split it
-was made on, with provenance). About 7 minutes per (candidate, seed) on 2 CPU cores.
+was made on, with provenance). About 7 minutes per (candidate, seed) on 2 CPU cores, plus about a minute per round
+and seed for the base model's rollouts on each round's games (the study's train-success reference).
 """
 
 from __future__ import annotations

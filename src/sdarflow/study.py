@@ -187,21 +187,23 @@ def _evaluate_report(pc, round_: int, adapter: str) -> tuple[dict, str]:
     return load_report(uri), uri
 
 
-def base_rollouts(pc, rounds: int) -> list[float]:
-    """The base model's rollout success on each round's train games, sampled as a cell's rollouts of that round are
-    (the same stage config and seed): what a cell's train success by round is read against, since every round
-    plays new games of their own difficulty (the base's on them moved as much as any run's did)."""
+def base_rollouts(pc, rounds: int) -> dict[str, list[float]]:
+    """The base model's rollout success and mean return on each round's train games, sampled as a cell's rollouts
+    of that round are (the same stage config and seed): what a cell's train success and return by round are read
+    against, since every round plays new games of their own difficulty (the base's success on them moved as much
+    as any run's did)."""
     from sdarflow.stages import generate
 
-    return [
-        generate.run(stage_config(pc, "generate", r, adapter=""))["metrics"]["rollout/success"]
-        for r in range(rounds)
-    ]
+    metrics = [generate.run(stage_config(pc, "generate", r, adapter=""))["metrics"] for r in range(rounds)]
+    return {
+        f"{key}_by_round": [m.get(metric) for m in metrics]  # None: an older generate output, reused
+        for key, metric in (("train_success", "rollout/success"), ("train_return", "rollout/mean_return"))
+    }
 
 
 def run_base(s: StudySettings, base: str) -> list[dict]:
     """The base model's held-out evaluation for each seed (the same tasks and sampling seeds as that seed's cells),
-    and its rollout success on each round's train games (``train_success_by_round``)."""
+    and its rollouts on each round's train games (``train_success_by_round``, ``train_return_by_round``)."""
     cells = []
     for seed in s.seeds:
         name = cell_name(BASE_CELL, seed)
@@ -210,8 +212,7 @@ def run_base(s: StudySettings, base: str) -> list[dict]:
             t0 = time.perf_counter()
             report, uri = _evaluate_report(pc, 0, "")
             cell = {"method": BASE_CELL, "seed": seed, "eval": report["splits"], "eval_uri": uri,
-                    "eval_seconds": time.perf_counter() - t0,
-                    "train_success_by_round": base_rollouts(pc, s.rounds)}  # fmt: skip
+                    "eval_seconds": time.perf_counter() - t0, **base_rollouts(pc, s.rounds)}  # fmt: skip
             _write_cell(s, name, cell)
             pass1 = report["splits"]["test"]["pass_at_k"]["1"]
             log.info("study: base model, seed %d: test pass@1 %.3f", seed, pass1)
@@ -227,7 +228,7 @@ def round_record(r: int, rnd) -> dict:
     return {
         "round": r,
         "train_success": m_gen["rollout/success"],
-        # None for a generate output made before it was recorded
+        # None from a generate output an interrupted study's older code left in the cell's store
         "train_return": m_gen.get("rollout/mean_return"),
         "zero_adv_group_share": m_tr.get("adv/zero_group_share"),
         "adv_std": m_tr.get("adv/std"),

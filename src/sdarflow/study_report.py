@@ -53,6 +53,8 @@ CURVE_KEYS = (
     "skill_rules_wrong",
     "skill_rules_recipe_blind",
 )
+# the base model's rollouts on each round's games (the base cells' KEY_by_round), drawn on these panels
+BASE_CURVE_KEYS = ("train_success", "train_return")
 # held-out pass@1 by round: not a round record (the study evaluates each round's adapter on valid after the round)
 VALID_CURVE = "valid_pass@1"
 
@@ -127,14 +129,10 @@ def curve(runs: Sequence[Sequence[Mapping[str, Any]]], key: str) -> dict[str, li
     }
 
 
-def base_rollout_rounds(base_cells: Sequence[Mapping[str, Any]]) -> list[list[dict[str, float]]]:
-    """The base cells' rollout success on each round's games as round records (none from a cell made before the
-    study recorded it)."""
-    return [
-        [{"train_success": v} for v in c["train_success_by_round"]]
-        for c in base_cells
-        if c.get("train_success_by_round")
-    ]
+def base_rollout_rounds(base_cells: Sequence[Mapping[str, Any]], key: str) -> list[list[dict[str, float]]]:
+    """The base cells' ``key`` (a BASE_CURVE_KEYS) on each round's games as round records (none from a cell made
+    before the study recorded it)."""
+    return [[{key: v} for v in c[f"{key}_by_round"]] for c in base_cells if c.get(f"{key}_by_round")]
 
 
 def _present(evals: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -230,8 +228,8 @@ def analyze(
         "settings": dict(settings),
         "k": k,
         "base": {f"{split}_pass@1": pooled(base_evals, split, 1) for split in splits},
-        # the base model's rollout success on each round's games: the reference for the runs' train success
-        "base_curves": {"train_success": curve(base_rollout_rounds(base_cells), "train_success")},
+        # the base model's rollouts on each round's games: the reference for the runs' train success and return
+        "base_curves": {key: curve(base_rollout_rounds(base_cells, key), key) for key in BASE_CURVE_KEYS},
         "runs": [dict(c) for c in cells],
         "methods": methods,
         "table": table,
@@ -365,9 +363,11 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
                 continue
             ax.plot(xs, [c["mean"][i] for i in xs], marker="o", label=m)
             ax.fill_between(xs, [c["min"][i] for i in xs], [c["max"][i] for i in xs], alpha=0.15)
-        base = study.get("base_curves", {}).get(key, {"mean": []})["mean"]
-        if base:  # each round plays new games: the base model's success on the same games
-            ax.plot(range(len(base)), base, "k--", marker=".", label="base model, same games")
+        base = study.get("base_curves", {}).get(key, {"mean": []})
+        if base["mean"]:  # each round plays new games: the base model's on the same games
+            xs = range(len(base["mean"]))
+            ax.plot(xs, base["mean"], "k--", marker=".", label="base model, same games")
+            ax.fill_between(xs, base["min"], base["max"], color="k", alpha=0.08)
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

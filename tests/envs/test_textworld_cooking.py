@@ -11,6 +11,7 @@ from sdarflow.envs import EnvError, get_suite, list_envs
 from sdarflow.envs.textworld_cooking import (
     SPLIT_SPECS,
     TASK_TYPES,
+    TextWorldCookingEnv,
     TextWorldCookingSuite,
     build_game,
     clean_text,
@@ -168,6 +169,8 @@ def test_score_reward_credits_each_recipe_step_and_sums_to_one_on_a_win(
     assert played[-1].done and played[-1].info["truncated"] and not any(s.won for s in played)
     assert sum(s.reward for s in played) == pytest.approx(1 / points)
     env.close()
+    with pytest.raises(EnvError, match="unknown reward 'Score'; fix: win or score"):
+        TextWorldCookingEnv(tasks[0], 5, reward="Score")
 
 
 def test_nonsense_action_and_truncation(tmp_path: Path, suite: TextWorldCookingSuite, tasks: list) -> None:

@@ -25,8 +25,8 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         rnd = run["rounds"][0]
         # per-round train success, gate and teacher-gap statistics, wall time per stage, held-out pass@k + CIs
         assert {"train_success", "gate_mean", "teacher_gap_mean", "teacher_gap_positive_share"} <= rnd.keys()
-        # the mean return at or above the success rate: the env's rewards are >= 0 and 1 for a win
-        assert rnd["train_return"] >= rnd["train_success"]
+        # the smoke preset's env rewards the win alone: each episode's return is its success
+        assert rnd["train_return"] == pytest.approx(rnd["train_success"])
         assert 0 <= rnd["zero_adv_group_share"] <= 1 and rnd["adv_std"] >= 0
         assert -1e3 < rnd["adv_token_weighted_mean"] < 1e3
         assert set(run["seconds"]) == {"generate", "extract-skills", "rescore", "train"}
@@ -41,8 +41,8 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         assert len(r["curves"]["valid_pass@1"]["mean"]) == 3
     # the base model's rollouts on each round's games (the runs' train-success reference); round 0's are the same
     # rollouts as each run's round 0 (the same stage config and seed, no update yet)
-    base_rounds = study["base_curves"]["train_success"]["mean"]
-    assert len(base_rounds) == 2
+    base_rounds, base_returns = (study["base_curves"][k]["mean"] for k in ("train_success", "train_return"))
+    assert len(base_rounds) == 2 and base_returns == pytest.approx(base_rounds)
     assert all(base_rounds[0] == pytest.approx(run["rounds"][0]["train_success"]) for run in study["runs"])
     row = {t["method"]: t for t in study["table"]}
     assert row["grpo"]["training_overhead"] == 1.0

@@ -143,22 +143,25 @@ def test_valid_pass_at_1_by_round_starts_at_the_base_and_ends_at_the_final_adapt
     assert old["methods"]["grpo"]["curves"]["valid_pass@1"]["mean"] == [None] * 4
 
 
-def test_the_base_models_success_on_each_rounds_games_is_the_train_curves_reference():
-    """Each round plays new games: the base cells' rollout success on them (train_success_by_round), mean and band
-    over seeds, drawn beside the runs' train success; none from base cells made before it was recorded."""
+def test_the_base_models_rollouts_on_each_rounds_games_are_the_train_curves_reference():
+    """Each round plays new games: the base cells' rollout success and return on them (``*_by_round``), mean and
+    band over seeds, drawn beside the runs' train success and return; none from base cells made before."""
     from sdarflow.study_report import curves_png
 
-    settings = SETTINGS | {"methods": ["grpo"]}
-    grpo = [c for c in CELLS if c["method"] == "grpo"]
-    # seed 0: 0.25 then 0.5; seed 1: 0.125 then 0.25 -> mean 0.1875, 0.375
+    settings = SETTINGS | {"methods": ["grpo"], "rounds": 2}
+    grpo = [c | {"rounds": c["rounds"] * 2} for c in CELLS if c["method"] == "grpo"]
+    # success: seed 0 0.25 then 0.5, seed 1 0.125 then 0.25 -> mean 0.1875, 0.375; return: 0.5, 0.75 and 0.25, 0.5
     base = [
-        b | {"train_success_by_round": r} for b, r in zip(BASE, [[0.25, 0.5], [0.125, 0.25]], strict=True)
+        b | {"train_success_by_round": s, "train_return_by_round": r}
+        for b, s, r in zip(BASE, [[0.25, 0.5], [0.125, 0.25]], [[0.5, 0.75], [0.25, 0.5]], strict=True)
     ]
-    c = analyze(settings, base, grpo)["base_curves"]["train_success"]
-    assert c["mean"] == pytest.approx([0.1875, 0.375])
-    assert c["min"] == pytest.approx([0.125, 0.25]) and c["max"] == pytest.approx([0.25, 0.5])
+    curves = analyze(settings, base, grpo)["base_curves"]
+    assert curves["train_success"]["mean"] == pytest.approx([0.1875, 0.375])
+    assert curves["train_success"]["min"] == pytest.approx([0.125, 0.25])
+    assert curves["train_success"]["max"] == pytest.approx([0.25, 0.5])
+    assert curves["train_return"]["mean"] == pytest.approx([0.375, 0.625])
     old = analyze(settings, BASE, grpo)
-    assert old["base_curves"]["train_success"]["mean"] == []
+    assert all(old["base_curves"][k]["mean"] == [] for k in ("train_success", "train_return"))
     assert curves_png(analyze(settings, base, grpo)).startswith(b"\x89PNG")
 
 

@@ -308,8 +308,10 @@ class TextWorldCookingEnv:
     GOAL = "Prepare the meal following the recipe, then eat it."
 
     def __init__(self, task: Task, max_turns: int, reward: str = "win") -> None:
+        if reward not in ("win", "score"):
+            raise EnvError(f"unknown reward {reward!r}; fix: win or score")
         self.task, self.max_turns, self.reward = task, max_turns, reward
-        self._score = 0  # points so far, the cookbook read at reset included
+        self._score = 0  # points at the last step (reset: after the cookbook read, which TextWorld scores 0)
         self._env = None
         self._state = None  # last textworld GameState
         self._entities: list[str] = []  # object, room and direction names: what room descriptions keep

@@ -51,8 +51,8 @@ def sft_pairs_from_rows(rows: list[dict]) -> list[SFTPair]:
 def replayed_pairs(rows: list[dict], earlier: list[list[dict]]) -> list[SFTPair]:
     """Self-imitation of earlier successes (Oh et al., 2018): for each task ``rows`` (this round) played and solved
     no episode of, every turn of the solved episodes in the newest of the ``earlier`` datasets (oldest first) that
-    solved it. Such a task gives GRPO no signal (its group's advantages are all zero); replaying its last successes
-    keeps one. Tasks this round did not play are not replayed."""
+    solved it. Such a task gives GRPO no signal under a win reward (its group's advantages are all zero);
+    replaying its last successes keeps one. Tasks this round did not play are not replayed."""
     unsolved = {r["task_id"] for r in rows} - {r["task_id"] for r in rows if r.get("success")}
     newest: dict[str, list[SFTPair]] = {}
     for dataset in earlier:
