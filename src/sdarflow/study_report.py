@@ -330,6 +330,17 @@ def _tables(study: Mapping[str, Any]) -> list[tuple[str, Table]]:
     ]
 
 
+def _draw(
+    ax, c: Mapping[str, list] | None, label: str, fmt: str = "-", color=None, band: float = 0.15, **style
+):
+    """One curve (``curve``'s mean, min and max) on ``ax``, its band shaded; rounds without a value are skipped."""
+    xs = [i for i, v in enumerate((c or {}).get("mean", [])) if v is not None]
+    if not xs:
+        return
+    ax.plot(xs, [c["mean"][i] for i in xs], fmt, label=label, color=color, **style)
+    ax.fill_between(xs, [c["min"][i] for i in xs], [c["max"][i] for i in xs], color=color, alpha=band)
+
+
 def curves_png(study: Mapping[str, Any]) -> bytes:
     """Learning curves (mean and min-max band over seeds) and the training diagnostics, one panel per metric."""
     from matplotlib.figure import Figure  # lazy: slow to import, only plots need it
@@ -357,17 +368,10 @@ def curves_png(study: Mapping[str, Any]) -> bytes:
         ax.set_axis_off()
     for ax, key in zip(axes, keys):
         for m, r in study["methods"].items():
-            c = r["curves"].get(key, {"mean": []})
-            xs = [i for i, v in enumerate(c["mean"]) if v is not None]
-            if not xs:
-                continue
-            ax.plot(xs, [c["mean"][i] for i in xs], marker="o", label=m)
-            ax.fill_between(xs, [c["min"][i] for i in xs], [c["max"][i] for i in xs], alpha=0.15)
-        base = study.get("base_curves", {}).get(key, {"mean": []})
-        if base["mean"]:  # each round plays new games: the base model's on the same games
-            xs = range(len(base["mean"]))
-            ax.plot(xs, base["mean"], "k--", marker=".", label="base model, same games")
-            ax.fill_between(xs, base["min"], base["max"], color="k", alpha=0.08)
+            _draw(ax, r["curves"].get(key), label=m, marker="o")
+        # each round plays new games: the base model's on the same games
+        base = study.get("base_curves", {}).get(key)
+        _draw(ax, base, label="base model, same games", fmt="--", marker=".", color="k", band=0.08)
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
