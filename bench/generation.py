@@ -15,11 +15,26 @@ engine with each distinct prompt's forward pass run once (``share_prompts``, the
 its own (``shared_over_own``, the speedup), the same samples either way (``same_samples``); ``prefill_share`` = the
 own-prefill engine's time for one new token over its time for all of them (what the prompt costs); and the shared
 engine in calls of ``GROUP`` prompts (``batch_size=GROUP``) where one call holds several groups.
+
+``grid``: the engines a rollout can run, hf and vLLM's CPU engine (``bench.generation_vllm``, in vLLM's own venv:
+``make .venv-vllm/.installed``, or the Python ``SDARFLOW_VLLM_PYTHON`` names), at the rollout's shapes: one prompt,
+then ``batch / GROUP`` tasks x ``GROUP`` samples in one call (8 to 64 rows), first-turn prompts (355-510 tokens:
+TextWorld's prompts stay that long at every turn, since the history is the last 4 actions) and long ones (~1,800
+tokens, ``LONG_JOIN`` first-turn prompts in one message, the long end of what rollouts send), 32 and 128 new tokens
+(the reference format allows an action's tokens plus 128 of reasoning on CPU). Per engine: tokens/s, the prompt's
+share of the call (one new token's time over the call's) and the fraction of the matmul peak, counting the work
+the call needs (each distinct prompt once, every row's new tokens). The hf grid is timed before vLLM's and its
+first shape again after (``hf_drift``: second over first time), since the two engines run in different processes.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -32,22 +47,143 @@ from sdarflow.rollout.prompt import build_messages, encode_prompt
 BATCH_SIZES = (1, 8, 32)
 TARGET = 0.8
 GROUP = 8  # samples per task, as the demo's and the study's rollouts draw them
+GRID_BATCHES = (1, 8, 32, 64)
+GRID_TOKENS = {"first turn": (32, 128), "long": (32,)}
+LONG_JOIN = 4
+VLLM_VENV = Path(__file__).parent.parent / ".venv-vllm"
 
 
-def first_prompts(tokenizer, count: int) -> list[list[int]]:
-    """The first-turn prompts of ``count`` train tasks of ``textworld-cooking`` in the reference format."""
+def first_messages(count: int) -> list[list[dict]]:
+    """The first-turn messages of ``count`` train tasks of ``textworld-cooking`` in the reference format."""
     suite = get_suite("textworld-cooking")
-    prompts = []
+    messages = []
     for task in suite.tasks("train", count):
         env = suite.make(task)
         reset = env.reset()
         admissible = env.admissible_commands()
         env.close()
-        messages = build_messages(
-            reset.instruction, [], reset.observation, prompt_format="reference", admissible=admissible
+        messages.append(
+            build_messages(
+                reset.instruction, [], reset.observation, prompt_format="reference", admissible=admissible
+            )
         )
-        prompts.append(encode_prompt(tokenizer, messages))
-    return prompts
+    return messages
+
+
+def grid_shapes(tokenizer, messages: list[list[dict]]) -> list[dict]:
+    """The grid's shapes (module doc) from ``GROUP * LONG_JOIN`` first-turn ``messages``: key, prompt kind, new
+    tokens, batch and the call's prompts (tasks x ``GROUP`` samples each, or one prompt)."""
+    kinds = {
+        "first turn": [encode_prompt(tokenizer, m) for m in messages],
+        "long": [
+            encode_prompt(
+                tokenizer, [{"role": "user", "content": "\n\n".join(m[-1]["content"] for m in part)}]
+            )
+            for part in (messages[i : i + LONG_JOIN] for i in range(0, len(messages), LONG_JOIN))
+        ],
+    }
+    shapes = []
+    for kind, token_counts in GRID_TOKENS.items():
+        for new_tokens in token_counts:
+            for batch in GRID_BATCHES:
+                tasks = kinds[kind][: max(1, batch // GROUP)]
+                prompts = tasks if batch == 1 else [p for p in tasks for _ in range(GROUP)]
+                key = f"{kind}, {new_tokens} new, batch {batch}"
+                shapes.append(
+                    {"key": key, "kind": kind, "new_tokens": new_tokens, "batch": batch, "prompts": prompts}
+                )
+    return shapes
+
+
+def call_flops(model, prompts: list[list[int]], new_tokens: int) -> float:
+    """The forward FLOPs one call needs: every row's new tokens over its context, each distinct prompt once."""
+    seen, repeated = set(), []  # the lengths of the rows whose prompt an earlier row has
+    for p in prompts:
+        if tuple(p) in seen:
+            repeated.append(len(p))
+        seen.add(tuple(p))
+    every_row = forward_flops(
+        model, [len(p) + new_tokens for p in prompts], head_tokens=len(prompts) * new_tokens
+    )
+    return every_row - forward_flops(model, repeated, head_tokens=0)
+
+
+def hf_seconds(policy, shape: dict, new_tokens: int) -> float:
+    """One call of the rollout's hf engine (shared prompts, all rows in one call) on ``shape``'s prompts."""
+    engine = HFEngine(policy.model, policy.tokenizer, policy.eos_id, batch_size=len(shape["prompts"]))
+    seeds = list(range(len(shape["prompts"])))
+    t0 = time.perf_counter()
+    engine.generate(
+        shape["prompts"], seeds, max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=1.0
+    )
+    return time.perf_counter() - t0
+
+
+def vllm_python() -> str | None:
+    """The Python of vLLM's venv: ``SDARFLOW_VLLM_PYTHON``, else ``.venv-vllm``'s when it is installed."""
+    named = os.environ.get("SDARFLOW_VLLM_PYTHON")
+    if named:
+        return named
+    return str(VLLM_VENV / "bin/python") if (VLLM_VENV / ".installed").is_file() else None
+
+
+def vllm_grid(model_path: str, shapes: list[dict]) -> dict:
+    """``bench.generation_vllm``'s timings of ``shapes`` in vLLM's venv, or why there are none."""
+    python = vllm_python()
+    if python is None:
+        return {"skipped": "no vLLM venv here; fix: make .venv-vllm/.installed"}
+    with tempfile.TemporaryDirectory() as tmp:
+        requests, out = Path(tmp) / "requests.json", Path(tmp) / "out.json"
+        request = [{k: s[k] for k in ("key", "prompts", "new_tokens")} for s in shapes]
+        requests.write_text(json.dumps({"model": model_path, "shapes": request}))
+        proc = subprocess.run(
+            [python, "-m", "bench.generation_vllm", str(requests), str(out)],
+            cwd=Path(__file__).parent.parent,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"bench.generation_vllm failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        return json.loads(out.read_text())
+
+
+def engine_grid(policy, model_path: str, messages: list[list[dict]], peak: float) -> dict:
+    """hf and vLLM on every grid shape (module doc)."""
+    shapes = grid_shapes(policy.tokenizer, messages)
+    hf = {s["key"]: (hf_seconds(policy, s, s["new_tokens"]), hf_seconds(policy, s, 1)) for s in shapes}
+    vllm = vllm_grid(model_path, shapes)
+    first = shapes[0]
+    drift = hf_seconds(policy, first, first["new_tokens"]) / hf[first["key"]][0]
+    grid = {}
+    for s in shapes:
+        rows, new = len(s["prompts"]), s["new_tokens"]
+        flops = call_flops(policy.model, s["prompts"], new)
+        timings = {"hf": hf[s["key"]]}
+        if "shapes" in vllm:
+            t = vllm["shapes"][s["key"]]
+            timings["vllm"] = (t["seconds"], t["prefill_seconds"])
+        cell = {
+            "kind": s["kind"],
+            "batch": s["batch"],
+            "new_tokens": new,
+            "prompt_tokens_mean": sum(map(len, s["prompts"])) / rows,
+            **{
+                name: {
+                    "seconds": full,
+                    "tokens_per_s": rows * new / full,
+                    "prefill_share": prefill / full,
+                    "fraction_of_peak": flops / full / peak,
+                }
+                for name, (full, prefill) in timings.items()
+            },
+        }
+        if "vllm" in cell:
+            cell["vllm_over_hf"] = cell["hf"]["seconds"] / cell["vllm"]["seconds"]
+        grid[s["key"]] = cell
+    setup = {k: v for k, v in vllm.items() if k != "shapes"}
+    return {"grid": grid, "vllm": setup, "hf_drift": drift}
 
 
 @torch.inference_mode()
@@ -78,7 +214,8 @@ def run(quick: bool = True) -> dict:
     model, tokenizer = policy.model.eval(), policy.tokenizer
     engine = HFEngine(model, tokenizer, policy.eos_id, batch_size=max(BATCH_SIZES))
     new_tokens = 32 if quick else 128
-    prompts = first_prompts(tokenizer, max(BATCH_SIZES))
+    messages = first_messages(GROUP * LONG_JOIN)
+    prompts = [encode_prompt(tokenizer, m) for m in messages][: max(BATCH_SIZES)]
     peak = matmul_peak_flops(torch.float32)
     engine.generate(prompts[:1], [0], max_new_tokens=2, temperature=1.0)  # first-call costs untimed
     by_batch = {}
@@ -106,7 +243,9 @@ def run(quick: bool = True) -> dict:
             "fraction_of_peak": flops / seconds["engine"] / peak,
         }
     groups = {n * GROUP: group_timings(policy, prompts[:n], new_tokens) for n in (1, 4)}
+    engines = engine_grid(policy, path, messages, peak)
     result = {
+        **engines,
         "model": "smollm2-135m-instruct",
         "new_tokens": new_tokens,
         "by_batch": by_batch,
@@ -143,6 +282,19 @@ def run(quick: bool = True) -> dict:
             else "-",
         )
         for n, g in groups.items()
+    ]
+    rows += [("grid shape", "prompt tokens", "hf tok/s", "vLLM tok/s", "vLLM/hf", "prefill share hf, vLLM")]
+    rows += [
+        (
+            key,
+            f"{c['prompt_tokens_mean']:.0f}",
+            f"{c['hf']['tokens_per_s']:.1f}",
+            f"{c['vllm']['tokens_per_s']:.1f}" if "vllm" in c else "-",
+            f"{c['vllm_over_hf']:.2f}" if "vllm" in c else "-",
+            f"{c['hf']['prefill_share']:.2f}, "
+            + (f"{c['vllm']['prefill_share']:.2f}" if "vllm" in c else "-"),
+        )
+        for key, c in engines["grid"].items()
     ]
     write_result("generation", result, rows, base=path)
     return result

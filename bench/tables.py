@@ -123,9 +123,16 @@ def _generation(r: dict) -> tuple:
         )
         for n, g in r.get("groups", {}).items()
     )
+    ratios = [c["vllm_over_hf"] for c in r.get("grid", {}).values() if "vllm_over_hf" in c]
+    vllm = (
+        f"; vLLM-CPU over the hf engine at the rollout's shapes: {min(ratios):.1f}x to {max(ratios):.1f}x "
+        "([by shape](docs/capacity.md#generation-engines))"
+        if ratios
+        else ""
+    )
     return (
         f"{r['model']}, {r['new_tokens']} tokens per prompt; tokens/s by batch, rollout engine vs plain "
-        f"`model.generate`: {by}; fraction of matmul peak {peak}{groups}",
+        f"`model.generate`: {by}; fraction of matmul peak {peak}{groups}{vllm}",
         f"engine/plain (worst batch) {r['engine_over_plain']:.2f}",
         ">= 0.8",
     )
@@ -552,6 +559,48 @@ def gate_null_table(results_dir: Path = RESULTS) -> str:
     return "\n".join([*lines, "", note, "", _made_by([r])])
 
 
+def generation_engines_table(results_dir: Path = RESULTS) -> str:
+    """``python -m bench generation``'s engine grid: the hf engine and vLLM's CPU engine at the rollout's shapes."""
+    r = _load(results_dir, "generation")
+    if r is None or "grid" not in r:
+        return "(no result yet: `python -m bench generation`)"
+    lines = [
+        "| prompt, new tokens, rows | prompt tokens | hf tokens/s | vLLM tokens/s | vLLM / hf "
+        "| the prompt's share of the call (hf, vLLM) | fraction of matmul peak (hf, vLLM) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, c in r["grid"].items():
+        hf, v = c["hf"], c.get("vllm")
+        vllm = (
+            (f"{v['tokens_per_s']:.1f}", f"{c['vllm_over_hf']:.2f}x", _pct(v["prefill_share"]), f"{v['fraction_of_peak']:.2f}")
+            if v
+            else ("-", "-", "-", "-")
+        )  # fmt: skip
+        cells = (
+            key,
+            f"{c['prompt_tokens_mean']:.0f}",
+            f"{hf['tokens_per_s']:.1f}",
+            vllm[0],
+            vllm[1],
+            f"{_pct(hf['prefill_share'])}, {vllm[2]}",
+            f"{hf['fraction_of_peak']:.2f}, {vllm[3]}",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    setup = r["vllm"]
+    if "skipped" in setup:
+        engine = f"vLLM not measured: {setup['skipped']}"
+    else:
+        engine = (
+            f"vLLM {setup['vllm']} (torch {setup['torch']}, {'compiled' if setup['compiled'] else 'eager'}, "
+            f"prefix caching {'on' if setup['prefix_caching'] else 'off'}) started in {setup['start_seconds']:.0f} s"
+        )
+    note = (
+        f"{engine}; the hf engine's first shape timed again after vLLM's took {r['hf_drift']:.2f}x its first time. "
+        f"Rows: one prompt, or tasks x {r['group_size']} samples of each in one call."
+    )
+    return "\n".join([*lines, "", note, "", _made_by([r])])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     **{name: functools.partial(format_collapse_table, name) for name in FORMAT_COLLAPSE},
     "bench": bench_table,
@@ -559,6 +608,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "demo": demo_table,
     "skill_support": skill_support_table,
     "gate_null": gate_null_table,
+    "generation_engines": generation_engines_table,
 }
 
 

@@ -48,6 +48,29 @@ RESULTS = {
             "8": {"tokens_per_s": {"engine": 17.0, "plain": 17.0}, "fraction_of_peak": 0.3},
         },
         "engine_over_plain": 0.91,
+        "group_size": 8,
+        "grid": {
+            "first turn, 32 new, batch 8": {
+                "prompt_tokens_mean": 430.0,
+                "hf": {"tokens_per_s": 20.0, "prefill_share": 0.5, "fraction_of_peak": 0.2},
+                "vllm": {"tokens_per_s": 50.0, "prefill_share": 0.25, "fraction_of_peak": 0.5},
+                "vllm_over_hf": 2.5,
+            },
+            "long, 32 new, batch 64": {
+                "prompt_tokens_mean": 1800.0,
+                "hf": {"tokens_per_s": 6.0, "prefill_share": 0.75, "fraction_of_peak": 0.3},
+                "vllm": {"tokens_per_s": 24.0, "prefill_share": 0.5, "fraction_of_peak": 0.9},
+                "vllm_over_hf": 4.0,
+            },
+        },
+        "vllm": {
+            "vllm": "0.32.0",
+            "torch": "2.13.0+cpu",
+            "compiled": True,
+            "prefix_caching": True,
+            "start_seconds": 210.0,
+        },
+        "hf_drift": 1.02,
     },
     "pipeline_overhead": {
         "kfp_local_seconds": 220.0,
@@ -77,8 +100,29 @@ def test_table_has_a_row_per_result_and_what_made_it(results):
     assert "0.07 s / 4.6 s" in rows["startup"] and "slowest train 4.9 s" in rows["startup"]
     assert "2.5% of a production round" in rows["startup"]
     assert "1: 10 vs 11, 8: 17 vs 17" in rows["generation"] and "(worst batch) 0.91" in rows["generation"]
+    assert "vLLM-CPU over the hf engine at the rollout's shapes: 2.5x to 4.0x" in rows["generation"]
     assert "overhead 10.0%" in rows["pipeline_overhead"] and "2.5 s per task" in rows["pipeline_overhead"]
     assert lines[-1] == "Made by: `train_step`: no provenance (made by an older sdarflow); rerun it."
+
+
+def test_the_engine_table_shows_hf_and_vllm_by_shape_and_how_vllm_ran(results):
+    lines = tables.generation_engines_table(results).splitlines()
+    assert (
+        lines[2] == "| first turn, 32 new, batch 8 | 430 | 20.0 | 50.0 | 2.50x | 50.0%, 25.0% | 0.20, 0.50 |"
+    )
+    assert lines[3] == "| long, 32 new, batch 64 | 1800 | 6.0 | 24.0 | 4.00x | 75.0%, 50.0% | 0.30, 0.90 |"
+    assert "vLLM 0.32.0 (torch 2.13.0+cpu, compiled, prefix caching on) started in 210 s" in lines[5]
+    assert "took 1.02x its first time" in lines[5]
+    skipped = json.loads((results / "generation.json").read_text())
+    for cell in skipped["grid"].values():
+        del cell["vllm"], cell["vllm_over_hf"]
+    skipped["vllm"] = {"skipped": "no vLLM venv here; fix: make .venv-vllm/.installed"}
+    (results / "generation.json").write_text(json.dumps(skipped))
+    lines = tables.generation_engines_table(results).splitlines()
+    assert lines[2] == "| first turn, 32 new, batch 8 | 430 | 20.0 | - | - | 50.0%, - | 0.20, - |"
+    assert lines[5].startswith("vLLM not measured: no vLLM venv here; fix: make .venv-vllm/.installed;")
+    row = next(ln for ln in tables.bench_table(results).splitlines() if ln.startswith("| generation"))
+    assert "vLLM-CPU" not in row
 
 
 def test_an_older_result_file_is_named_not_a_crash(results):
