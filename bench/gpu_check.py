@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -102,6 +101,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
 
     from sdarflow import plan
     from sdarflow.pipeline_config import PipelineConfig, stage_config
+    from sdarflow.rollout.engine import pick_engine
     from sdarflow.rounds import run_round
     from sdarflow.sizes import SIZES
     from sdarflow.stages import evaluate, generate
@@ -136,7 +136,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     hidden, layers = (args.hidden, args.layers) if on_gpu else (128, 2)
     model = sized_model(tiny, work / "model", hidden, layers)
     params = n_params(model)
-    engine = "vllm" if on_gpu and importlib.util.find_spec("vllm") else "hf"
+    engine = pick_engine("auto", torch.device(device), str(model))
     if on_gpu and engine == "hf":
         logging.getLogger(__name__).warning("vLLM is not installed: generate and evaluate run the hf engine")
     pc = PipelineConfig(

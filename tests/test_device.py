@@ -1,5 +1,5 @@
 """Device placement with a fake CUDA device check (no GPU here): ``auto`` resolves to this rank's GPU, read-only
-models and a training rank's frozen base load in bf16 straight onto it, ``--engine auto`` picks vLLM on a GPU, training picks DeepSpeed on a
+models and a training rank's frozen base load in bf16 straight onto it, ``--engine auto`` picks vLLM where installed (on a GPU, or on a CPU for a model of 50M+ parameters), training picks DeepSpeed on a
 multi-GPU node; and without a GPU everything stays on the CPU in float32."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import inference_dtype, resolve_device
-from sdarflow.rollout.engine import pick_engine
+from sdarflow.rollout.engine import parameters, pick_engine
 from sdarflow.train.launch import resolve_engine
 
 
@@ -47,7 +47,6 @@ def test_without_a_gpu_everything_is_cpu_float32():
         pytest.skip("this machine has a GPU")
     assert resolve_device("auto") == torch.device("cpu")
     assert inference_dtype(torch.device("cpu")) == torch.float32
-    assert pick_engine("auto", torch.device("cpu")) == "hf"
 
 
 @pytest.mark.parametrize(
@@ -108,20 +107,23 @@ def test_each_training_rank_loads_its_base_onto_its_own_gpu(fake_gpus, monkeypat
     assert weights_placement(cfg, full=cfg.lora_rank == 0) == (torch.device("cuda", 5), dtype)
 
 
-def test_engine_auto_picks_vllm_on_a_gpu_when_installed(monkeypatch):
-    import importlib.util
+@pytest.mark.parametrize("build", ["gpu", "cpu", None])
+def test_engine_auto_picks_the_vllm_built_for_the_device_and_on_a_cpu_only_for_a_large_model(
+    build, monkeypatch, tiny_model, smollm2
+):
+    from sdarflow.rollout import engine
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a)
+    monkeypatch.setattr(engine, "vllm_build", lambda: build)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    # on a CPU, vLLM from 50M parameters: SmolLM2-135M, not the 1.2M toy (docs/capacity.md#generation-engines)
+    assert parameters(str(smollm2)) == 134_515_008 and parameters(str(tiny_model)) < 2_000_000
+    assert pick_engine("auto", gpu, str(tiny_model)) == ("vllm" if build == "gpu" else "hf")
+    assert pick_engine("auto", cpu, str(smollm2)) == ("vllm" if build == "cpu" else "hf")
+    assert pick_engine("auto", cpu, str(tiny_model)) == "hf"
+    assert pick_engine("auto", torch.device("mps"), str(smollm2)) == "hf"
+    assert (
+        pick_engine("hf", gpu, str(smollm2)) == "hf" and pick_engine("vllm", cpu, str(tiny_model)) == "vllm"
     )
-    assert pick_engine("auto", torch.device("cuda", 0)) == "vllm"
-    assert pick_engine("auto", torch.device("cpu")) == "hf"
-    assert pick_engine("hf", torch.device("cuda", 0)) == "hf"
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
-    )
-    assert pick_engine("auto", torch.device("cuda", 0)) == "hf"
 
 
 def test_training_on_a_multi_gpu_node_or_as_a_launched_rank_is_deepspeed():

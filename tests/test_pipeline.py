@@ -38,6 +38,8 @@ def check_summary(summary: dict) -> None:
     data = json.loads(storage.read_member(summary["run_report"], "run_report.json"))
     assert {k: summary[k] for k in data} == data
     assert [r["round"] for r in data["rounds"]] == list(range(len(data["rounds"])))
+    # which engine generated each round and how fast: auto is hf for the toy on a CPU
+    assert all(r["rollout"]["engine"] == "hf" and r["rollout"]["tokens_per_s"] > 0 for r in data["rounds"])
     # what made the figures, the CPU kind among it: the toy's build differs between x86 CPU kinds
     made_by = summary["made_by"]
     assert made_by["machine"]["cpu"] and made_by["base_model"]["content_id"] and made_by["commit"]

@@ -31,6 +31,7 @@ from sdarflow.model_cache import local_model
 from sdarflow.registry import Registry
 from sdarflow.registry.gate import GATE_HELP, GatePolicy
 from sdarflow.registry.layout import MODEL_CARD, RESERVED_FILES, parse_version
+from sdarflow.rollout.engine import ENGINE_HELP
 from sdarflow.skills.library import SkillLibrary, reference_library
 from sdarflow.stages import STAGES, config_class
 from sdarflow.teacher import UNKNOWN_CONTEXT
@@ -104,9 +105,7 @@ class PipelineConfig(StageConfig):
         "scpo+ema; stage_settings win over them",
     )
     format_guard: str = like(_TRAIN, "format_guard", f"train's {GUARD_HELP}")
-    rollout_engine: str = like(
-        _GENERATE, "engine", "generation engine of generate and evaluate; auto = vllm on a GPU when installed"
-    )
+    rollout_engine: str = like(_GENERATE, "engine", f"{ENGINE_HELP} (generate and evaluate)")
     train_engine: str = like(_TRAIN, "engine")
     retrieval: str = like(config_class("rescore"), "retrieval", "skill retrieval strategy of the teacher")
     eval_tasks: int = like(_EVALUATE, "tasks", "evaluation tasks per split")

@@ -40,8 +40,11 @@ HOW_TO_READ = (
 def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[dict, list]:
     """The round's rollout figures (weighted over shards) and its episodes."""
     uris = generate_uris(storage_root, run_id, round_, shards)
-    metrics = [storage.read_manifest(u)["metrics"] for u in uris]
+    manifests = [storage.read_manifest(u) for u in uris]
+    metrics = [m["metrics"] for m in manifests]
     n = sum(m["rollout/episodes"] for m in metrics) or 1.0
+    seconds = sum(m.get("rollout/seconds", 0.0) for m in metrics)
+    tokens = sum(m.get("rollout/tokens_per_s", 0.0) * m.get("rollout/seconds", 0.0) for m in metrics)
 
     def weighted(key: str) -> float:
         return sum(m.get(key, 0.0) * m["rollout/episodes"] for m in metrics) / n
@@ -58,6 +61,9 @@ def _rollout(storage_root: str, run_id: str, round_: int, shards: int) -> tuple[
         "format_error_rate": weighted("rollout/format_error_rate"),
         "truncated": sum(m.get("rollout/context_exceeded", 0.0) for m in metrics) / n,
         "identical_groups": sum(m.get("rollout/identical_groups", 0.0) for m in metrics),
+        # the engines that generated them (None: outputs older than the record) and their tokens/s per shard
+        "engine": ", ".join(sorted({m["engine"] for m in manifests if "engine" in m})) or None,
+        "tokens_per_s": tokens / seconds if seconds else None,
     }
     return figures, episodes
 
@@ -137,9 +143,11 @@ def collect(
 
 def _tables(data: Mapping[str, Any]) -> list[Section]:
     rounds = data["rounds"]
-    rollout = (["round", "episodes", "train success", "mean return", "format errors", "truncated", "identical groups"],
+    rollout = (["round", "episodes", "train success", "mean return", "format errors", "truncated", "identical groups",
+                "engine", "tokens/s"],
                [[str(r["round"]), str(r["rollout"]["episodes"]), *(number(r["rollout"][k]) for k in
-                 ("success", "mean_return", "format_error_rate", "truncated")), number(r["rollout"]["identical_groups"], 0)]
+                 ("success", "mean_return", "format_error_rate", "truncated")), number(r["rollout"]["identical_groups"], 0),
+                 r["rollout"].get("engine") or "-", number(r["rollout"].get("tokens_per_s"), 0)]
                 for r in rounds])  # fmt: skip
     keys = list(rounds[0]["train"]) if rounds else []
     train = (["round", *keys, "teacher gap > 0"],

@@ -234,6 +234,9 @@ def round_record(r: int, rnd) -> dict:
         "adv_std": m_tr.get("adv/std"),
         "adv_token_weighted_mean": m_tr.get("adv/token_weighted_mean"),
         "format_error_rate": m_gen.get("rollout/format_error_rate"),
+        # which engine generated the round (None: an older output) and how fast
+        "rollout_engine": rnd.generate.get("engine"),
+        "rollout_tokens_per_s": m_gen.get("rollout/tokens_per_s"),
         "teacher_gap_mean": m_rs["rescore/gap_mean"],
         "teacher_gap_positive_share": m_rs["rescore/gap_positive_share"],
         "retrieval_hit_rate": m_rs["rescore/retrieval_hit_rate"],

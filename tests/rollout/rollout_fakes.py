@@ -25,6 +25,8 @@ class ScriptedEngine:
     """Answers every prompt with ``reply(seed)``, each token at log-prob ``logprob``; records calls.
     ``seeded=False`` ignores seeds (the bug)."""
 
+    name = "scripted"
+
     def __init__(
         self,
         reply=lambda seed: f"go {seed % 7}",

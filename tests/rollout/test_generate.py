@@ -50,12 +50,15 @@ def test_sharded_generate_covers_the_tasks_once(env, tiny_model, tmp_path, capsy
     seen = []
     for shard in range(2):
         out = tmp_path / f"shard={shard}"
-        argv = ["--env", env, "--tasks", "3", "--max-turns", "2", "--max-new-tokens", "8"]
+        argv = ["--env", env, "--tasks", "3", "--max-turns", "2", "--max-new-tokens", "8", "--device", "cpu"]
         argv += ["--shard", str(shard), "--num-shards", "2"]
         assert main(generate(tiny_model, out, *argv)) == 0
         result = json.loads(capsys.readouterr().out)
         assert all(f"rollout/{k}" in result["metrics"] for k in METRICS)
-        assert storage.read_manifest(str(out), "trajectories")["metrics"] == result["metrics"]
+        manifest = storage.read_manifest(str(out), "trajectories")
+        assert manifest["metrics"] == result["metrics"]
+        # --engine auto on a CPU for a 1.2M-parameter model: the hf engine, recorded with what it generated
+        assert manifest["engine"] == result["engine"] == "hf"
         table = pq.read_table(out).to_pylist()
         assert {r["env"] for r in table} == {env} and result["metrics"]["rollout/episodes"] == 2 * (2 - shard)
         seen += sorted({r["task_id"] for r in table})

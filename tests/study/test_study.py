@@ -27,6 +27,7 @@ def test_smoke_study_writes_every_key_and_resumes(tiny_model, tmp_path, caplog, 
         assert {"train_success", "gate_mean", "teacher_gap_mean", "teacher_gap_positive_share"} <= rnd.keys()
         # the smoke preset's env rewards the win alone: each episode's return is its success
         assert rnd["train_return"] == pytest.approx(rnd["train_success"])
+        assert rnd["rollout_engine"] == "hf" and rnd["rollout_tokens_per_s"] > 0
         assert 0 <= rnd["zero_adv_group_share"] <= 1 and rnd["adv_std"] >= 0
         assert -1e3 < rnd["adv_token_weighted_mean"] < 1e3
         assert set(run["seconds"]) == {"generate", "extract-skills", "rescore", "train"}

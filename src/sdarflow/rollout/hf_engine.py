@@ -53,6 +53,8 @@ def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFEngine:
     """Batched ``transformers`` generation on the device the model is on."""
 
+    name = "hf"
+
     def __init__(self, model, tokenizer, eos_id: int, batch_size: int = 64, share_prompts: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer

@@ -56,6 +56,8 @@ def adapter_rank(adapter: str, base: str) -> int:
 class VLLMEngine:
     """vLLM's offline ``LLM`` behind the :class:`~sdarflow.rollout.episode.GenerationEngine` interface."""
 
+    name = "vllm"
+
     def __init__(self, model: str, adapter: str | None = None, options: VLLMOptions | None = None) -> None:
         from sdarflow.models import load_tokenizer
         from sdarflow.models.policy import policy_folders
@@ -79,9 +81,9 @@ class VLLMEngine:
         self._vllm = vllm
         self._llm = self._lora = None
 
-    def start(self) -> None:
-        """Start vLLM's engine processes now (otherwise the first call does); idempotent."""
-        self._engine()
+    def start(self):
+        """Start vLLM's engine processes now (otherwise the first call does); idempotent. vLLM's ``LLM``."""
+        return self._engine()
 
     def _engine(self):
         if self._llm is not None:

@@ -17,7 +17,7 @@ from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, PROTOCOL, REPORT, REPORT_KIND
 from sdarflow.models.device import device_opt
-from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
+from sdarflow.rollout.engine import engine_opt, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt
 from sdarflow.stages.common import allow_unpublished_opt, once, require
 from sdarflow.tracking import check_available, log_stage_run, tracking_opt
@@ -50,9 +50,7 @@ class EvaluateConfig(StageConfig):
         "", "registry whose production adapter is the baseline when --baseline is empty", io=True
     )
     policy_name: str = opt(DEFAULT_POLICY_NAME, "policy name in --registry")
-    engine: str = opt(
-        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINE_CHOICES
-    )
+    engine: str = engine_opt()
     device: str = device_opt()
     envs: str = envs_opt()
     max_new_tokens: int = opt(0, "tokens per response; 0 = the env's own need (as generate)", ge=0)

@@ -18,7 +18,7 @@ from sdarflow.config import MAX_SEED, StageConfig, opt
 from sdarflow.envs import SPLITS, get_suite
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import device_opt, resolve_device
-from sdarflow.rollout.engine import ENGINE_CHOICES, prompt_format_opt
+from sdarflow.rollout.engine import engine_opt, prompt_format_opt
 from sdarflow.rollout.envhost import envs_opt, in_worker
 from sdarflow.schema import TRAJECTORY_SCHEMA
 from sdarflow.stages.common import allow_unpublished_opt, local_artifact, once, require
@@ -70,9 +70,7 @@ class GenerateConfig(StageConfig):
         "record the env's expert action at each turn and whether the policy's action matched it (expert_action, "
         "expert_match; null for an env without an expert): rescore's teacher discrimination reads them",
     )
-    engine: str = opt(
-        "auto", "generation engine; auto = vllm on a GPU when installed, else hf", choices=ENGINE_CHOICES
-    )
+    engine: str = engine_opt()
     device: str = device_opt()
     batch_size: int = opt(64, "prompts per engine call", ge=1)
     seed: int = opt(
@@ -180,7 +178,7 @@ def run(cfg: GenerateConfig) -> dict:
     suite = get_suite(cfg.env)  # unknown env fails here, before any model loads
     tasks = shard_tasks(suite.tasks(cfg.split, cfg.tasks, start=cfg.first_task), cfg.shard, cfg.num_shards)
     if cfg.policy == "expert":
-        return _finish(cfg, _expert(cfg, suite, tasks))
+        return _finish(cfg, _expert(cfg, suite, tasks), "expert")
     vllm_options = VLLMOptions(
         memory=cfg.vllm_memory,
         dtype=cfg.vllm_dtype,
@@ -203,7 +201,7 @@ def run(cfg: GenerateConfig) -> dict:
         )
     finally:
         engine.close()
-    return _finish(cfg, result)
+    return _finish(cfg, result, engine.name)
 
 
 def _expert(cfg: GenerateConfig, suite, tasks: list) -> RolloutResult:
@@ -224,8 +222,9 @@ def _expert(cfg: GenerateConfig, suite, tasks: list) -> RolloutResult:
     )
 
 
-def _finish(cfg: GenerateConfig, result: RolloutResult) -> dict:
-    """Publish the rows with their report, and log and return the metrics."""
+def _finish(cfg: GenerateConfig, result: RolloutResult, engine: str) -> dict:
+    """Publish the rows with their report and the engine that generated them (``expert``: the env's walkthroughs),
+    and log and return the metrics."""
     from sdarflow import report
     from sdarflow.rollout.report import rollout_report
 
@@ -242,15 +241,15 @@ def _finish(cfg: GenerateConfig, result: RolloutResult) -> dict:
         overwrite=cfg.overwrite,
         run_id=cfg.run_id,
         round=cfg.round,
+        engine=engine,
         metrics=metrics,
         attachments={"report.md": report.markdown(doc).encode(), "report.html": report.html(doc).encode()},
     )
-    who = cfg.engine if cfg.policy == "model" else "expert"
     log.info(
         "generate %s: %d episodes | success %.3f | turns %.1f | format errors %.3f | %.0f tok/s | "
         "%.1f env steps/s | identical groups %d | env errors %d -> %s",
-        who, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
+        engine, len(result.episodes), metrics["rollout/success"], metrics["rollout/mean_turns"],
         metrics["rollout/format_error_rate"], metrics["rollout/tokens_per_s"], metrics["rollout/env_steps_per_s"],
         metrics["rollout/identical_groups"], metrics["rollout/env_errors"], cfg.output,
     )  # fmt: skip
-    return {"uri": cfg.output, "rows": len(result.rows), "metrics": metrics}
+    return {"uri": cfg.output, "rows": len(result.rows), "engine": engine, "metrics": metrics}
