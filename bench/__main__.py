@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller micro-benchmark sizes (rounds stay at the demo's size): ~70 min on 2 cores",
+        help="smaller micro-benchmark sizes (rounds stay at the demo's size): ~2.5 hours on 2 cores",
     )
     parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run (default all)")
     args = parser.parse_args(argv)

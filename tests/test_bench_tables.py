@@ -51,12 +51,18 @@ RESULTS = {
         "group_size": 8,
         "grid": {
             "first turn, 32 new, batch 8": {
+                "kind": "first turn",
+                "new_tokens": 32,
+                "batch": 8,
                 "prompt_tokens_mean": 430.0,
                 "hf": {"tokens_per_s": 20.0, "prefill_share": 0.5, "fraction_of_peak": 0.2},
                 "vllm": {"tokens_per_s": 50.0, "prefill_share": 0.25, "fraction_of_peak": 0.5},
                 "vllm_over_hf": 2.5,
             },
             "long, 32 new, batch 64": {
+                "kind": "long",
+                "new_tokens": 32,
+                "batch": 64,
                 "prompt_tokens_mean": 1800.0,
                 "hf": {"tokens_per_s": 6.0, "prefill_share": 0.75, "fraction_of_peak": 0.3},
                 "vllm": {"tokens_per_s": 24.0, "prefill_share": 0.5, "fraction_of_peak": 0.9},
@@ -108,9 +114,9 @@ def test_table_has_a_row_per_result_and_what_made_it(results):
 def test_the_engine_table_shows_hf_and_vllm_by_shape_and_how_vllm_ran(results):
     lines = tables.generation_engines_table(results).splitlines()
     assert (
-        lines[2] == "| first turn, 32 new, batch 8 | 430 | 20.0 | 50.0 | 2.50x | 50.0%, 25.0% | 0.20, 0.50 |"
+        lines[2] == "| first turn, 32 new, 8 rows | 430 | 20.0 | 50.0 | 2.50x | 50.0%, 25.0% | 0.20, 0.50 |"
     )
-    assert lines[3] == "| long, 32 new, batch 64 | 1800 | 6.0 | 24.0 | 4.00x | 75.0%, 50.0% | 0.30, 0.90 |"
+    assert lines[3] == "| long, 32 new, 64 rows | 1800 | 6.0 | 24.0 | 4.00x | 75.0%, 50.0% | 0.30, 0.90 |"
     assert "vLLM 0.32.0 (torch 2.13.0+cpu, compiled, prefix caching on) started in 210 s" in lines[5]
     assert "took 1.02x its first time" in lines[5]
     skipped = json.loads((results / "generation.json").read_text())
@@ -119,7 +125,7 @@ def test_the_engine_table_shows_hf_and_vllm_by_shape_and_how_vllm_ran(results):
     skipped["vllm"] = {"skipped": "no vLLM venv here; fix: make .venv-vllm/.installed"}
     (results / "generation.json").write_text(json.dumps(skipped))
     lines = tables.generation_engines_table(results).splitlines()
-    assert lines[2] == "| first turn, 32 new, batch 8 | 430 | 20.0 | - | - | 50.0%, - | 0.20, - |"
+    assert lines[2] == "| first turn, 32 new, 8 rows | 430 | 20.0 | - | - | 50.0%, - | 0.20, - |"
     assert lines[5].startswith("vLLM not measured: no vLLM venv here; fix: make .venv-vllm/.installed;")
     row = next(ln for ln in tables.bench_table(results).splitlines() if ln.startswith("| generation"))
     assert "vLLM-CPU" not in row

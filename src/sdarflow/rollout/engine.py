@@ -28,9 +28,9 @@ GENERATION_ENGINES.add_lazy("vllm", "sdarflow.rollout.vllm_engine:open_vllm")
 ENGINE_CHOICES: tuple[str, ...] = ("auto", *GENERATION_ENGINES)
 
 
-# On a CPU (``bench generation``, docs/capacity.md#generation-engines): vLLM's CPU engine generates 2.5-5x faster
-# than hf on SmolLM2-135M at the rollout's shapes; on the demo's 1.2M-parameter model hf is faster, vLLM's start
-# alone (~1-3.5 min) costing more than a round's generation.
+# On a CPU (``bench generation``, docs/capacity.md#generation-engines): vLLM's CPU engine generated SmolLM2-135M's
+# rollout calls of 32-64 rows 2.7-5.6x faster than hf (1.4-1.6x at 8 rows, 0.7-0.9x for one prompt); the demo's
+# 1.2M-parameter model generates a round in ~16 s on hf, less than vLLM's start (~3 minutes).
 VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 
