@@ -69,6 +69,9 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(model)  # also checks the folder
         self.eos_id = self.tokenizer.eos_token_id
         config = json.loads((Path(model) / "config.json").read_text())
+        # vLLM's CPU backend runs a float32 model in bf16 under dtype auto (slow without bf16 matmuls, and off the
+        # float32 hf engine and trainer by ~1e-2 a token): on a CPU, auto is the model's own dtype
+        self.config_dtype = str(config.get("dtype") or config.get("torch_dtype") or "auto")
         self.max_context = self.options.max_model_len or int(config.get("max_position_embeddings", 0))
         self.lora_rank = adapter_rank(adapter, model) if adapter else 0
         try:
@@ -95,7 +98,7 @@ class VLLMEngine:
         kwargs = {
             "model": self.model_path,
             "trust_remote_code": False,  # a model's own code never runs (identity.check_model_dir)
-            "dtype": self.options.dtype,
+            "dtype": self.options.dtype if self.options.dtype != "auto" or not on_cpu else self.config_dtype,
             "max_model_len": self.max_context or None,
             "gpu_memory_utilization": self.options.memory or (CPU_KV_SHARE if on_cpu else 0.85),
             "max_num_seqs": self.options.max_num_seqs,
