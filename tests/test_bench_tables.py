@@ -29,6 +29,16 @@ def _dist(rows: int, speedup: float, bound: float) -> dict:
     }
 
 
+def _grid_cell(kind: str, batch: int, prompt_tokens: float, hf: tuple, vllm: tuple) -> dict:
+    """A generation grid cell at 32 new tokens; ``hf``, ``vllm``: (tokens/s, prefill share, fraction of peak)."""
+    engines = {
+        name: dict(zip(("tokens_per_s", "prefill_share", "fraction_of_peak"), figures, strict=True))
+        for name, figures in (("hf", hf), ("vllm", vllm))
+    }
+    return {"kind": kind, "new_tokens": 32, "batch": batch, "prompt_tokens_mean": prompt_tokens, **engines,
+            "vllm_over_hf": vllm[0] / hf[0]}  # fmt: skip
+
+
 RESULTS = {
     "startup": {
         "help_seconds": 0.07,
@@ -50,24 +60,10 @@ RESULTS = {
         "engine_over_plain": 0.91,
         "group_size": 8,
         "grid": {
-            "first turn, 32 new, batch 8": {
-                "kind": "first turn",
-                "new_tokens": 32,
-                "batch": 8,
-                "prompt_tokens_mean": 430.0,
-                "hf": {"tokens_per_s": 20.0, "prefill_share": 0.5, "fraction_of_peak": 0.2},
-                "vllm": {"tokens_per_s": 50.0, "prefill_share": 0.25, "fraction_of_peak": 0.5},
-                "vllm_over_hf": 2.5,
-            },
-            "long, 32 new, batch 64": {
-                "kind": "long",
-                "new_tokens": 32,
-                "batch": 64,
-                "prompt_tokens_mean": 1800.0,
-                "hf": {"tokens_per_s": 6.0, "prefill_share": 0.75, "fraction_of_peak": 0.3},
-                "vllm": {"tokens_per_s": 24.0, "prefill_share": 0.5, "fraction_of_peak": 0.9},
-                "vllm_over_hf": 4.0,
-            },
+            "first turn, 32 new, batch 8": _grid_cell(
+                "first turn", 8, 430.0, (20.0, 0.5, 0.2), (50.0, 0.25, 0.5)
+            ),
+            "long, 32 new, batch 64": _grid_cell("long", 64, 1800.0, (6.0, 0.75, 0.3), (24.0, 0.5, 0.9)),
         },
         "vllm": {
             "vllm": "0.32.0",
