@@ -123,3 +123,33 @@ def test_repeated_prompts_are_run_once_and_sample_as_if_each_had_its_own(engine,
     assert_trainer_logprobs(engine, batch_prompts, shared)
     for mine, theirs in zip(shared, own, strict=True):
         assert torch.allclose(torch.tensor(theirs.logprobs), torch.tensor(mine.logprobs), atol=1e-5)
+
+
+def test_a_cpu_call_decodes_in_a_cache_of_fixed_width(engine, prompts):
+    """On a CPU, generate continues from a cache allocated once for the widest prompt and the new tokens; greedy
+    tokens of left-padded rows of three lengths equal a decode that runs each row's whole text every step."""
+    from transformers import StaticCache
+
+    batch_prompts = [prompts[0], prompts[1][2:], prompts[2][5:]]
+    caches = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: caches.append(kwargs.get("past_key_values")), with_kwargs=True
+    )
+    try:
+        samples = engine.generate(
+            batch_prompts, [1, 2, 3], max_new_tokens=6, min_new_tokens=6, temperature=0.0
+        )
+    finally:
+        hook.remove()
+    width = max(map(len, batch_prompts))
+    decoding = caches[1:]  # after the prefill
+    assert len(decoding) == 6 and all(isinstance(c, StaticCache) and c is decoding[0] for c in decoding)
+    assert decoding[0].get_max_length() == width - 1 + 6
+    for prompt, sample in zip(batch_prompts, samples, strict=True):
+        text = list(prompt)
+        with torch.no_grad():
+            for _ in range(6):
+                logits = engine.model(input_ids=torch.tensor([text])).logits[0, -1]
+                logits[engine.eos_id] = float("-inf")  # min_new_tokens: no end before the 6th token
+                text.append(int(logits.argmax()))
+        assert sample.token_ids == text[len(prompt) :]

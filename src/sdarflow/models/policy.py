@@ -55,9 +55,10 @@ def load_policy(
     the local PEFT ``adapter`` if given (its LoRA weights trainable when ``trainable``), or the full fine-tune of
     ``path`` given there (``policy_folders``). Weights are ``dtype``, else float32 when ``trainable``, else
     ``inference_dtype``. ``flash_attention``: flash-attention 2 for half-precision weights on a GPU with
-    flash-attn; packed batches need it off (its packed path takes one row)."""
+    flash-attn; packed batches need it off (its packed path takes one row). On a CPU, ``attention.cpu_sdpa``."""
     from transformers import AutoModelForCausalLM
 
+    from sdarflow.models.attention import cpu_attention
     from sdarflow.models.device import inference_dtype, pin_malloc_mmap_threshold, resolve_device
 
     pin_malloc_mmap_threshold()  # before any activation is allocated
@@ -72,6 +73,8 @@ def load_policy(
     half = dtype != torch.float32
     if flash_attention and place.type == "cuda" and half and importlib.util.find_spec("flash_attn"):
         kwargs["attn_implementation"] = "flash_attention_2"
+    elif place.type == "cpu":
+        kwargs["attn_implementation"] = cpu_attention()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, SafetensorError) as err:

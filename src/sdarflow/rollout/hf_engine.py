@@ -9,6 +9,10 @@ so far share the next one too. Each distinct prompt of a batch is run once and i
 repeat it (``share_prompts``); the samples are the same, their log-probs equal to float rounding. It pays where the
 prompt is much of the work: about half of a first turn of 400 prompt tokens and 32 new ones on SmolLM2 (2x for a
 group of 8), little where replies are long (1.13x over episodes of ~100-token replies; docs/capacity.md).
+
+On a CPU the KV cache has a fixed width, allocated once for the prompt and the new tokens: transformers' growing
+cache concatenates each layer's whole cache with every new token, a copy that cost as much as the model's own
+work at the rollout's batches of 32-64 rows (docs/capacity.md#generation-engines).
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ class HFEngine:
         # left-padded, so generation continues every row from the right edge
         batch = to_device(make_batch(prompts, [[] for _ in prompts], self.pad_id), model_device(self.model))
         width = batch.input_ids.shape[1]
-        cache = self._shared_prefill(prompts, batch) if self.share_prompts else None
+        cache = self._prefill(prompts, batch, max_new_tokens)
         gen = self.model.generate(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
@@ -114,24 +118,34 @@ class HFEngine:
             samples.append(Sample(toks[:n], token_lp[row, :n].tolist() if logprobs else [], text, finished))
         return samples
 
-    def _shared_prefill(self, prompts, batch):
-        """The KV cache of every row's prompt but its last token, each distinct prompt run once (None when no prompt
-        repeats): ``generate`` continues from it with the last token, as it would after its own prefill."""
-        from transformers import DynamicCache
+    def _prefill(self, prompts, batch, max_new_tokens):
+        """The KV cache of every row's prompt but its last token (None: ``generate`` prefills itself), which
+        ``generate`` continues from with the last token, as it would after its own prefill. Each distinct prompt is
+        run once (``share_prompts``) and its cache copied to the rows that repeat it. On a CPU the cache has a fixed
+        width, the prompt plus ``max_new_tokens``: a growing cache copies itself whole at every new token."""
+        from transformers import DynamicCache, StaticCache
+        from transformers.cache_utils import DynamicLayer
 
-        first: dict[tuple[int, ...], int] = {}
-        source = [first.setdefault(tuple(p), row) for row, p in enumerate(prompts)]
         width = batch.input_ids.shape[1]
         # a model whose generate makes another kind of cache (static, quantized) keeps its own prefill
-        dynamic = self.model.generation_config.cache_implementation in (None, "dynamic")
-        if len(first) == len(prompts) or width < 2 or not dynamic:
+        if width < 2 or self.model.generation_config.cache_implementation not in (None, "dynamic"):
             return None
-        unique = torch.tensor(sorted(first.values()), device=batch.input_ids.device)
+        first: dict[tuple[int, ...], int] = {}
+        source = [
+            first.setdefault(tuple(p), row) if self.share_prompts else row for row, p in enumerate(prompts)
+        ]
+        # the cache generate would make itself (its config gives sliding-window layers their own kind)
+        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
+        # a sliding window's fixed-width layer stores other positions than its growing one: full attention only
+        fixed = batch.input_ids.device.type == "cpu" and all(
+            type(layer) is DynamicLayer for layer in cache.layers
+        )
+        unique = sorted(set(source))
+        if len(unique) == len(prompts) and not fixed:
+            return None
         ids, mask = batch.input_ids[unique, :-1], batch.attention_mask[unique, :-1]
         # the positions generate gives left-padded rows: count real tokens only (padding's value is never attended)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        # the cache generate would make itself (its config gives sliding-window layers their own kind)
-        cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
         self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -139,9 +153,16 @@ class HFEngine:
             past_key_values=cache,
             logits_to_keep=1,
         )
-        slot = {row: i for i, row in enumerate(unique.tolist())}
-        cache.batch_select_indices(torch.tensor([slot[r] for r in source], device=ids.device))
-        return cache
+        slot = {row: i for i, row in enumerate(unique)}
+        rows = torch.tensor([slot[r] for r in source], device=ids.device)
+        if not fixed:
+            cache.batch_select_indices(rows)
+            return cache
+        # generate feeds the prompt's last token and every new one but the last
+        static = StaticCache(config=self.model.config, max_cache_len=width - 1 + max_new_tokens)
+        for i, layer in enumerate(cache.layers):
+            static.update(layer.keys[rows], layer.values[rows], i)
+        return static
 
 
 def open_hf(model: str, adapter: str | None, *, batch_size: int, device: str, **_: object) -> HFEngine:
