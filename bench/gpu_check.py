@@ -136,7 +136,7 @@ def run(work: Path, on_gpu: bool, args) -> dict:
     hidden, layers = (args.hidden, args.layers) if on_gpu else (128, 2)
     model = sized_model(tiny, work / "model", hidden, layers)
     params = n_params(model)
-    engine = pick_engine("auto", torch.device(device), str(model))
+    engine = pick_engine("auto", torch.device(device))
     if on_gpu and engine == "hf":
         logging.getLogger(__name__).warning("vLLM is not installed: generate and evaluate run the hf engine")
     pc = PipelineConfig(

