@@ -46,15 +46,25 @@ def _grouped_model(attention: str) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
-def test_a_grouped_model_gives_sdpas_logits_and_gradients_on_a_padded_batch():
+def test_a_grouped_model_gives_sdpas_logits_and_gradients_on_a_padded_batch(monkeypatch):
     ids = torch.randint(1, 64, (3, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[0, :4] = 0  # left padding, so transformers builds a mask
     mask[2, :1] = 0
+    sdpa, calls = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(query, key, value, **kwargs):  # records how torch's kernel was asked, then runs it
+        calls.append((key.shape[1], kwargs.get("enable_gqa", False), kwargs.get("attn_mask") is not None))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     runs = []
     for attention in ("sdpa", cpu_attention()):
         model = _grouped_model(attention)
+        calls.clear()
         logits = model(input_ids=ids, attention_mask=mask).logits
+        # sdpa copies the 2 KV heads to the 6 query heads; ours reads the 2 in place, under the padding mask
+        assert calls == [(6, False, True)] * 2 if attention == "sdpa" else [(2, True, True)] * 2
         logits[mask.bool()].logsumexp(-1).sum().backward()
         runs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (sdpa_logits, sdpa_grads), (ours, our_grads) = runs

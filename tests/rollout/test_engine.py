@@ -15,7 +15,7 @@ from sdarflow.rollout.prompt import build_messages, encode_prompt, insert_skills
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    policy = load_policy(str(tiny_model))
+    policy = load_policy(str(tiny_model), device="cpu")
     return HFEngine(policy.model, policy.tokenizer, policy.eos_id)
 
 
@@ -126,8 +126,9 @@ def test_repeated_prompts_are_run_once_and_sample_as_if_each_had_its_own(engine,
 
 
 def test_a_cpu_call_decodes_in_a_cache_of_fixed_width(engine, prompts):
-    """On a CPU, generate continues from a cache allocated once for the widest prompt and the new tokens; greedy
-    tokens of left-padded rows of three lengths equal a decode that runs each row's whole text every step."""
+    """On a CPU, generate continues from a cache allocated once for the widest prompt and the new tokens; the tokens
+    of left-padded rows of three lengths, greedy and sampled (rows ending at different steps), equal a decode that
+    runs each row's whole text every step."""
     from transformers import StaticCache
 
     batch_prompts = [prompts[0], prompts[1][2:], prompts[2][5:]]
@@ -145,11 +146,25 @@ def test_a_cpu_call_decodes_in_a_cache_of_fixed_width(engine, prompts):
     decoding = caches[1:]  # after the prefill
     assert len(decoding) == 6 and all(isinstance(c, StaticCache) and c is decoding[0] for c in decoding)
     assert decoding[0].get_max_length() == width - 1 + 6
-    for prompt, sample in zip(batch_prompts, samples, strict=True):
-        text = list(prompt)
-        with torch.no_grad():
-            for _ in range(6):
-                logits = engine.model(input_ids=torch.tensor([text])).logits[0, -1]
-                logits[engine.eos_id] = float("-inf")  # min_new_tokens: no end before the 6th token
-                text.append(int(logits.argmax()))
-        assert sample.token_ids == text[len(prompt) :]
+    # and sampled, where rows end at their own end-of-turn token, before the others (min_new_tokens 0)
+    ending = engine.generate(batch_prompts, [4, 5, 6], max_new_tokens=8, temperature=1.0)
+    for prompt, seed, fixed, free in zip(batch_prompts, [4, 5, 6], samples, ending, strict=True):
+        assert fixed.token_ids == _uncached(engine, prompt, 6, min_new=6)
+        assert free.token_ids == _uncached(engine, prompt, 8, seed=seed)
+    assert len({len(s.token_ids) for s in ending}) > 1
+
+
+def _uncached(engine, prompt: list[int], new: int, min_new: int = 0, seed: int | None = None) -> list[int]:
+    """A row's tokens by running its whole text every step, no cache, up to its end-of-turn token: greedy, or with
+    ``seed`` the engine's sampling at temperature 1 (the Gumbel-max trick on the sample's own generator's draws)."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    text = list(prompt)
+    with torch.no_grad():
+        while len(text) - len(prompt) < new and (len(text) == len(prompt) or text[-1] != engine.eos_id):
+            logits = engine.model(input_ids=torch.tensor([text])).logits[0, -1].float()
+            if len(text) - len(prompt) < min_new:
+                logits[engine.eos_id] = float("-inf")  # min_new_tokens: no end before then
+            if gen is not None:
+                logits = logits - torch.log(-torch.log(torch.rand(logits.shape[-1], generator=gen)))
+            text.append(int(logits.argmax()))
+    return text[len(prompt) :]

@@ -57,7 +57,7 @@ def test_sharded_generate_covers_the_tasks_once(env, tiny_model, tmp_path, capsy
         assert all(f"rollout/{k}" in result["metrics"] for k in METRICS)
         manifest = storage.read_manifest(str(out), "trajectories")
         assert manifest["metrics"] == result["metrics"]
-        # --engine auto on a CPU for a 1.2M-parameter model: the hf engine, recorded with what it generated
+        # --engine auto on a CPU: the hf engine, recorded with what it generated
         assert manifest["engine"] == result["engine"] == "hf"
         table = pq.read_table(out).to_pylist()
         assert {r["env"] for r in table} == {env} and result["metrics"]["rollout/episodes"] == 2 * (2 - shard)

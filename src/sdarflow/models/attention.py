@@ -5,8 +5,8 @@ mask is given, since CUDA's fused kernels take shared KV heads only without a ma
 so it always has one, and that copy of each layer's whole KV cache at every new token was the largest cost of
 generating on SmolLM2 (9 query heads on 3 KV heads): 2.2 GB a token at 32 rows of ~470 tokens, a third of the
 call's time (docs/capacity.md#generation-engines). torch's CPU kernel reads shared KV heads with a mask
-(``enable_gqa``) and gives the same output, bit for bit in the forward pass; ``load_policy`` uses this attention on
-a CPU.
+(``enable_gqa``) and gives the same output, bit for bit in the forward pass; ``load_policy`` puts a model that
+runs sdpa on this attention on a CPU.
 """
 
 from __future__ import annotations

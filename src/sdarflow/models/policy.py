@@ -55,7 +55,8 @@ def load_policy(
     the local PEFT ``adapter`` if given (its LoRA weights trainable when ``trainable``), or the full fine-tune of
     ``path`` given there (``policy_folders``). Weights are ``dtype``, else float32 when ``trainable``, else
     ``inference_dtype``. ``flash_attention``: flash-attention 2 for half-precision weights on a GPU with
-    flash-attn; packed batches need it off (its packed path takes one row). On a CPU, ``attention.cpu_sdpa``."""
+    flash-attn; packed batches need it off (its packed path takes one row). On a CPU, a model on sdpa attends with
+    ``attention.cpu_sdpa``."""
     from transformers import AutoModelForCausalLM
 
     from sdarflow.models.attention import cpu_attention
@@ -73,8 +74,6 @@ def load_policy(
     half = dtype != torch.float32
     if flash_attention and place.type == "cuda" and half and importlib.util.find_spec("flash_attn"):
         kwargs["attn_implementation"] = "flash_attention_2"
-    elif place.type == "cpu":
-        kwargs["attn_implementation"] = cpu_attention()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, SafetensorError) as err:
@@ -82,6 +81,9 @@ def load_policy(
         raise ModelError(
             f"cannot load model from '{path}': {first}; fix: check the folder is a complete HF model"
         ) from err
+    if place.type == "cpu" and model.config._attn_implementation == "sdpa":
+        # only where sdpa runs: a model without it (eager only) or with its own attention table keeps its own
+        model.set_attn_implementation(cpu_attention())
     if adapter:
         from peft import PeftModel
 

@@ -127,8 +127,8 @@ class HFEngine:
         from transformers.cache_utils import DynamicLayer
 
         width = batch.input_ids.shape[1]
-        # a model whose generate makes another kind of cache (static, quantized) keeps its own prefill
-        if width < 2 or self.model.generation_config.cache_implementation not in (None, "dynamic"):
+        # a model whose generation config names a cache keeps generate's own prefill (generate refuses both)
+        if width < 2 or self.model.generation_config.cache_implementation is not None:
             return None
         first: dict[tuple[int, ...], int] = {}
         source = [
@@ -162,6 +162,7 @@ class HFEngine:
         static = StaticCache(config=self.model.config, max_cache_len=width - 1 + max_new_tokens)
         for i, layer in enumerate(cache.layers):
             static.update(layer.keys[rows], layer.values[rows], i)
+            layer.keys = layer.values = None  # one layer held twice at a time, not the whole cache
         return static
 
 
