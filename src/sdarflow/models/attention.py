@@ -42,8 +42,7 @@ def cpu_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
 
 
 def cpu_attention() -> str:
-    """The name ``from_pretrained(attn_implementation=...)`` takes for ``cpu_sdpa`` (registered once, with sdpa's
-    masks)."""
+    """The attention-implementation name of ``cpu_sdpa`` for transformers (registered, with sdpa's masks)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
