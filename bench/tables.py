@@ -534,7 +534,8 @@ def premise_table(name: str, results_dir: Path = RESULTS) -> str:
 
 def gate_null_table(results_dir: Path = RESULTS) -> str:
     """``python -m bench.gate_null``: the gate's promotion rate per scenario and task count, each bound alone and
-    the gate's (their minimum); the nulls' rates are false promotions, the gain's is power."""
+    the gate's (their minimum, none below its ``min_tasks``); the nulls' rates are false promotions, the gain's is
+    power."""
     r = _load(results_dir, "gate_null")
     if r is None:
         return "(no result yet: `python -m bench.gate_null`)"
@@ -543,7 +544,8 @@ def gate_null_table(results_dir: Path = RESULTS) -> str:
         "t": "Student t",
         "sign_flip": "sign flip",
         "skew": "skew-corrected t",
-        "gate": "**gate** (the minimum)",
+        "gate": "**gate** (the minimum"
+        + (f"; none below {r['min_tasks']} tasks)" if "min_tasks" in r else ")"),
     }
     lines = [
         f"| scenario | tasks | {' | '.join(names[b] for b in bounds)} |",

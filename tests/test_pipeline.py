@@ -97,6 +97,7 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
         "seed_skills": str(tiny_model / SEED_SKILLS),
         "start_adapter": "production",
         "promote_to": "production",
+        "eval_tasks": 2,  # the fewest a gate compares
     }
     pipeline(**scheduled, run_id="nightly-1")
     # no production yet: nothing to evaluate it on (and the tiny model does not beat the base: an operator
@@ -105,6 +106,7 @@ def test_a_scheduled_run_trains_on_new_tasks_with_new_seeds_and_cannot_loosen_th
     registry = Registry(storage.join(store, "registry"))
     production = 1
     registry.promote("sdar-policy", production, force=True, reason="the test's production")
+    registry.set_gate("sdar-policy", "production", {"min_tasks": 2}, reason="the test evaluates 2 tasks")
     pipeline(**scheduled, run_id="nightly-2", gate={"min_gain": -1.0})
 
     def played(run_id: str) -> tuple[int, set[str], set[str]]:
@@ -264,6 +266,7 @@ def registry_with_production(tmp_path):
     from sdarflow.registry import Registry
 
     registry = Registry(tmp_path / "registry")
+    registry.set_gate("sdar-policy", "production", {"min_tasks": 10}, reason="the reports have 10 tasks")
     base = eval_report([1] * 10, adapter="base")
     for i, test in enumerate([[2] * 10, [4] * 7 + [0] * 3, [3] * 9 + [2]], start=1):
         registry.register(

@@ -126,7 +126,7 @@ class PipelineConfig(StageConfig):
     gate: dict[str, float] = opt(
         {},
         'the gate thresholds this run tightens the registry\'s policy to, e.g. {"min_gain": 0.02} (min_gain, '
-        "passk_tolerance, ood_tolerance, floor); empty: the registry's policy (`sdarflow registry gate`); a looser "
+        "passk_tolerance, ood_tolerance, floor, min_tasks); empty: the registry's policy (`sdarflow registry gate`); a looser "
         "value refuses the promotion",
         keys=tuple(GATE_HELP),
     )
@@ -191,7 +191,7 @@ class PipelineConfig(StageConfig):
                 f"pipeline: tasks ({self.tasks}) must be >= shards ({self.shards}): every generate shard "
                 f"needs a task; fix: raise tasks or compile with fewer --shards"
             )
-        GatePolicy(**self.gate)  # each threshold within its bounds
+        GatePolicy.from_dict(self.gate)  # each threshold of its type, within its bounds
 
 
 def kfp_parameters(

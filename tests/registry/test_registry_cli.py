@@ -86,6 +86,13 @@ def test_cli_flow(local_registry, files, capsys, tmp_path):
     run(["register", *reg, "--adapter", files["adapter"], "--eval", files["better"]])
     assert capsys.readouterr().out == "3\n"
 
+    # 10 tasks are fewer than the default policy's min_tasks 32: set the registry's, an integer flag, audited
+    with pytest.raises(GateRefused, match="test: 10 paired tasks are fewer than the gate's min_tasks 32"):
+        run(["promote", *reg, "--version", "1"])
+    assert run(["gate", *reg, "--min-tasks", "10", "--reason", "a 10-task eval set"]) == 0
+    assert json.loads(capsys.readouterr().out)["production"]["min_tasks"] == 10
+    with pytest.raises(GateRefused, match="min_tasks 5 is looser than the registry's 10"):
+        run(["promote", *reg, "--version", "1", "--min-tasks", "5"])
     assert run(["promote", *reg, "--version", "1"]) == 0  # beats the base model it was registered with
     assert capsys.readouterr().out == "agent production -> v1 (gate: passed)\n"
 

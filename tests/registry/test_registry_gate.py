@@ -3,6 +3,7 @@ and through Registry.promote), the floor, forced overrides audited with their nu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,6 +21,20 @@ NOISE = [3, 1, 3, 3, 2, 2, 2, 2, 2, 2]
 # without the gain skews the differences left (g = -2.6667: second moment 0.005625, third -0.001125), so the
 # skew bound, 0.225 - (1.833113 + 2.6667 * 7.720606 / 18.97367) * 0.025 = 0.152, is the gate's
 GAIN = [3] * 9 + [2]
+# These reports have 10 tasks (bounds worked out by hand), fewer than the gate's default min_tasks (which has its
+# own tests), so they are judged under a policy that admits 10, in the registry set like any policy
+TEN = GatePolicy(min_tasks=10)
+
+
+def _check(candidate, references, candidate_label="candidate", **thresholds):
+    policy = dataclasses.replace(TEN, **thresholds)
+    return check_gate(candidate, references, policy, candidate_label=candidate_label)
+
+
+def _registry(root) -> Registry:
+    reg = Registry(root)
+    reg.set_gate("agent", "production", {"min_tasks": 10}, reason="the fixtures have 10 tasks")
+    return reg
 
 
 def _refs(production=None, base=None) -> dict:
@@ -27,7 +42,7 @@ def _refs(production=None, base=None) -> dict:
 
 
 def test_a_better_mean_inside_the_noise_is_refused(tasks):
-    verdict = check_gate(tasks(NOISE, PROD), _refs(tasks(PROD, PROD)))
+    verdict = _check(tasks(NOISE, PROD), _refs(tasks(PROD, PROD)))
     assert verdict.failures == [
         "test pass@1 vs production v1: 0.55 - 0.50 = +0.05, lower bound -0.05 (10 paired tasks) not above "
         "min_gain 0.00"
@@ -38,7 +53,7 @@ def test_a_better_mean_inside_the_noise_is_refused(tasks):
 
 
 def test_a_gain_beyond_the_noise_passes_with_its_numbers(tasks):
-    verdict = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)))
+    verdict = _check(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)))
     assert verdict.passed and verdict.failures == []
     by_criterion = {c["criterion"]: c for c in verdict.checks}
     assert by_criterion["min_gain"]["t_lower"] == pytest.approx(0.225 - 1.833113 * 0.025, abs=1e-5)
@@ -51,7 +66,7 @@ def test_a_gain_beyond_the_noise_passes_with_its_numbers(tasks):
 def test_a_pass_at_k_collapse_is_refused(tasks):
     # sharpened: every sample of 7 tasks succeeds, none of 3: pass@4 0.70 against 1.00, lower bound -0.6343 (the
     # skew bound, worked out in tests/evaluate/test_compare.py; the sign flip's is -0.60, t's -0.58)
-    failures = check_gate(tasks([4] * 7 + [0] * 3, PROD), _refs(tasks(PROD, PROD))).failures
+    failures = _check(tasks([4] * 7 + [0] * 3, PROD), _refs(tasks(PROD, PROD))).failures
     assert (
         "test pass@4 vs production v1: 0.70 - 1.00 = -0.30, lower bound -0.6343 (10 paired tasks) below "
         "-passk_tolerance 0.05" in failures
@@ -59,7 +74,7 @@ def test_a_pass_at_k_collapse_is_refused(tasks):
 
 
 def test_an_ood_drop_is_refused(tasks):
-    failures = check_gate(tasks(GAIN, [1] * 10), _refs(tasks(PROD, PROD))).failures
+    failures = _check(tasks(GAIN, [1] * 10), _refs(tasks(PROD, PROD))).failures
     assert failures == [
         "ood pass@1 vs production v1: 0.25 - 0.50 = -0.25, lower bound -0.25 (10 paired tasks) below "
         "-ood_tolerance 0.05"
@@ -68,8 +83,8 @@ def test_an_ood_drop_is_refused(tasks):
 
 def test_the_first_version_must_beat_the_base(tasks):
     # every task +.25 over the base: sd 0, lower bound = mean
-    assert check_gate(tasks([2] * 10, [2] * 10), _refs(None, tasks([1] * 10, [2] * 10))).passed
-    failures = check_gate(tasks([1] * 10, [2] * 10), _refs(None, tasks([2] * 10, [2] * 10))).failures
+    assert _check(tasks([2] * 10, [2] * 10), _refs(None, tasks([1] * 10, [2] * 10))).passed
+    failures = _check(tasks([1] * 10, [2] * 10), _refs(None, tasks([2] * 10, [2] * 10))).failures
     assert failures == [
         "test pass@1 vs base model: 0.25 - 0.50 = -0.25, lower bound -0.25 (10 paired tasks) not above "
         "min_gain 0.00"
@@ -77,7 +92,7 @@ def test_the_first_version_must_beat_the_base(tasks):
 
 
 def test_nothing_to_compare_with_is_a_refusal(tasks):
-    failures = check_gate(tasks(GAIN, PROD), {"production": None, "base model": None}).failures
+    failures = _check(tasks(GAIN, PROD), {"production": None, "base model": None}).failures
     assert failures == [
         "nothing to compare the candidate with: no production and no base model eval report (register "
         "versions with the base model's eval report, --base-eval-report)"
@@ -86,23 +101,39 @@ def test_nothing_to_compare_with_is_a_refusal(tasks):
 
 def test_the_floor(tasks):
     zero = tasks([0] * 10, [0] * 10)
-    failures = check_gate(zero, _refs(None, zero)).failures
+    failures = _check(zero, _refs(None, zero)).failures
     assert "test pass@1 0.00 of the candidate is not above the floor 0.00" in failures
-    failures = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)), GatePolicy(floor=0.8)).failures
+    failures = _check(tasks(GAIN, PROD), _refs(tasks(PROD, PROD)), floor=0.8).failures
     assert failures == ["test pass@1 0.725 of the candidate is not above the floor 0.80"]
 
 
 def test_both_references_are_compared(tasks):
     # beats production by +0.225 but not the base it started from (all 3 of 4: 0.75 > 0.725)
-    failures = check_gate(tasks(GAIN, PROD), _refs(tasks(PROD, PROD), tasks([3] * 10, PROD))).failures
+    failures = _check(tasks(GAIN, PROD), _refs(tasks(PROD, PROD), tasks([3] * 10, PROD))).failures
     assert len(failures) == 1 and failures[0].startswith("test pass@1 vs base model: 0.725 - 0.75 = -0.025")
 
 
-def test_one_task_cannot_tell(tasks):
-    failures = check_gate(tasks([4], [4]), _refs(tasks([0], [4]))).failures
+def test_fewer_tasks_than_min_tasks_are_not_judged(tasks):
+    """16 tasks that all gain the same: no bound from the sample can see a collapse the sample happens to miss
+    (1 task in 10 collapsing is absent from 18.5% of 16-task samples), so the default policy does not judge 16."""
+    gain = tasks([3] * 16, [2] * 16)
+    verdict = check_gate(gain, _refs(None, tasks([2] * 16, [2] * 16)))
+    assert verdict.failures == [
+        f"{split}: 16 paired tasks are fewer than the gate's min_tasks 32 (a collapse on 1 task in 10 is absent "
+        "from 19% of 16-task samples); fix: evaluate both on at least 32 tasks (eval_tasks), or lower the "
+        "registry's min_tasks (sdarflow registry gate --min-tasks N --reason TEXT)"
+        for split in ("test", "ood")
+    ]
+    assert verdict.checks == []  # nothing compared
+    assert check_gate(tasks([3] * 32, [2] * 32), _refs(None, tasks([2] * 32, [2] * 32))).passed
+
+
+def test_a_few_tasks_cannot_bound_the_difference(tasks):
+    """Admitted by a policy's min_tasks, 4 tasks still give no bound: the sign-flip bound needs 5."""
+    failures = _check(tasks([4] * 4, [4] * 4), _refs(tasks([0] * 4, [4] * 4)), min_tasks=2).failures
     assert (
         failures[0]
-        == "test pass@1 vs production v1: 1.00 - 0.00 = +1.00, and 1 task(s) cannot bound the difference"
+        == "test pass@1 vs production v1: 1.00 - 0.00 = +1.00, and 4 task(s) cannot bound the difference"
     )
     assert len(failures) == 3 and all("cannot bound" in f for f in failures)  # pass@4 and ood as well
 
@@ -110,46 +141,37 @@ def test_one_task_cannot_tell(tasks):
 def test_min_gain_and_boundaries(tasks):
     # lower bound 0.25 exactly at min_gain 0.25 is not above it; a bound exactly at -tolerance passes
     cand, base = tasks([2] * 10, [2] * 10), tasks([1] * 10, [2] * 10)
-    assert (
-        check_gate(cand, _refs(None, base), GatePolicy(min_gain=0.25))
-        .failures[0]
-        .endswith("not above min_gain 0.25")
-    )
-    assert check_gate(cand, _refs(None, base), GatePolicy(min_gain=0.2499)).passed
+    assert _check(cand, _refs(None, base), min_gain=0.25).failures[0].endswith("not above min_gain 0.25")
+    assert _check(cand, _refs(None, base), min_gain=0.2499).passed
     # ood: every task -.25 against tolerance 0.25
-    assert check_gate(tasks([2] * 10, [1] * 10), _refs(None, base), GatePolicy(ood_tolerance=0.25)).passed
+    assert _check(tasks([2] * 10, [1] * 10), _refs(None, base), ood_tolerance=0.25).passed
 
 
 def test_the_largest_common_k_is_compared(tasks):
     cand = tasks(GAIN, PROD)
     prod = tasks(PROD, PROD)
     del prod["splits"]["test"]["pass_at_k"]["4"]  # evaluated with --ks 1 2: only k <= 2 is shared
-    [check] = [c for c in check_gate(cand, _refs(prod)).checks if c["criterion"] == "passk_tolerance"]
+    [check] = [c for c in _check(cand, _refs(prod)).checks if c["criterion"] == "passk_tolerance"]
     assert check["k"] == 2
 
 
 def test_missing_and_inconsistent_reports(tasks):
-    failures = check_gate(
-        tasks(GAIN, None), _refs(tasks(PROD, PROD)), candidate_label="candidate v2"
-    ).failures
+    failures = _check(tasks(GAIN, None), _refs(tasks(PROD, PROD)), candidate_label="candidate v2").failures
     assert failures == ["ood split missing from the candidate v2 eval report"]
     tampered = tasks(GAIN, PROD)
     tampered["splits"]["test"]["pass_at_k"]["1"] = 0.9  # the headline, not what the tasks say
-    failures = check_gate(tampered, _refs(tasks(PROD, PROD))).failures
+    failures = _check(tampered, _refs(tasks(PROD, PROD))).failures
     assert failures == [
         "test of the candidate eval report: pass@1 0.9 disagrees with its per-task results (0.725); fix: "
         "evaluate it again"
     ]
     no_tasks = tasks(GAIN, PROD)
     del no_tasks["splits"]["test"]["task_successes"]
-    [failure] = check_gate(no_tasks, _refs(tasks(PROD, PROD))).failures
+    [failure] = _check(no_tasks, _refs(tasks(PROD, PROD))).failures
     assert failure.startswith("test of the candidate eval report has no per-task results")
     bad_count = tasks(GAIN, PROD)
     bad_count["splits"]["test"]["task_successes"]["task-000"] = 9  # more successes than samples
-    assert (
-        "counts of at most samples_per_task (4)"
-        in check_gate(bad_count, _refs(tasks(PROD, PROD))).failures[0]
-    )
+    assert "counts of at most samples_per_task (4)" in _check(bad_count, _refs(tasks(PROD, PROD))).failures[0]
 
 
 @pytest.mark.parametrize(
@@ -164,7 +186,7 @@ def test_bad_policy(kwargs):
 def reg_with_production(local_registry, make_adapter, tasks, lineage):
     """A registry whose 'agent' v1 (2 of 4 on each of 10 test and ood tasks) is in production: it beat the base
     model (1 of 4 on each) it was registered with."""
-    reg = Registry(local_registry)
+    reg = _registry(local_registry)
     reg.register(
         "agent",
         make_adapter(),
@@ -207,7 +229,7 @@ def test_promote_refused_and_audited(reg_with_production, make_adapter, lineage,
 
 
 def test_first_version_without_a_base_report_is_refused(local_registry, make_adapter, lineage, tasks):
-    reg = Registry(local_registry)
+    reg = _registry(local_registry)
     reg.register("agent", make_adapter(), tasks(GAIN, PROD), lineage)
     with pytest.raises(GateRefused, match="nothing to compare the candidate v1 with"):
         reg.promote("agent", 1)
@@ -216,7 +238,7 @@ def test_first_version_without_a_base_report_is_refused(local_registry, make_ada
 
 def test_a_base_report_must_be_of_the_base_model(local_registry, make_adapter, lineage, tasks):
     with pytest.raises(ConfigError, match="evaluates adapter 'file:///a', not the base model"):
-        Registry(local_registry).register(
+        _registry(local_registry).register(
             "agent", make_adapter(), tasks(GAIN, PROD), lineage, base_eval_report=tasks(PROD, PROD)
         )
 
@@ -352,7 +374,7 @@ def test_rollback(reg_with_production, make_adapter, lineage, tasks):
 
 
 def test_rollback_without_history(local_registry, make_adapter, lineage, report):
-    reg = Registry(local_registry)
+    reg = _registry(local_registry)
     reg.register("agent", make_adapter(), report(0.5, 0.6, 0.4), lineage)
     with pytest.raises(RegistryError, match="versions so far: none"):
         reg.rollback("agent", stage="staging")
@@ -363,9 +385,9 @@ def test_check_gate_refuses_values_that_are_not_probabilities(report, bad):
     """NaN compares False with every threshold, so a NaN pass@1 once passed; now any non-probability refuses."""
     candidate = report(0.6, 0.7, 0.4)
     candidate["splits"]["test"]["pass_at_k"]["1"] = bad
-    failures = check_gate(candidate, {"production": report(0.5, 0.7, 0.4)}).failures
+    failures = _check(candidate, {"production": report(0.5, 0.7, 0.4)}).failures
     assert failures[0].startswith("test of the candidate eval report: pass_at_k.1")
-    assert check_gate(report(0.6, 0.7, 0.4), {"production": candidate}).failures  # a broken production too
+    assert _check(report(0.6, 0.7, 0.4), {"production": candidate}).failures  # a broken production too
 
 
 def _with(rep: dict, path: tuple, value) -> dict:
@@ -400,7 +422,7 @@ def _with(rep: dict, path: tuple, value) -> dict:
 )
 def test_register_refuses_reports_the_gate_cannot_trust(local_registry, make_adapter, lineage, report, path,
                                                          value, message):  # fmt: skip
-    reg = Registry(local_registry)
+    reg = _registry(local_registry)
     with pytest.raises(ConfigError, match=message) as err:
         reg.register("agent", make_adapter(), _with(report(0.5, 0.7, 0.4), path, value), lineage)
     assert "\n" not in str(err.value) and "fix: " in str(err.value)
@@ -413,7 +435,7 @@ def test_first_production_needs_a_report_the_gate_can_trust(local_registry, make
     first production, which every later candidate would be compared with."""
     from sdarflow.registry import intake
 
-    reg = Registry(local_registry)
+    reg = _registry(local_registry)
     monkeypatch.setattr(intake, "load_report", dict)
     v = reg.register(
         "agent",
@@ -445,7 +467,7 @@ def test_a_forced_promotion_still_needs_a_report_the_gate_can_read(reg_with_prod
 def test_three_of_32_tasks_gaining_one_success_do_not_pass(tasks):
     # Student's t bound alone was +0.0012 and passed; under no gain the three non-zero differences are each as
     # likely + as -, all + with p = 1/8, so the sign-flip bound is 0: not above min_gain 0
-    verdict = check_gate(tasks([1] * 3 + [0] * 29, [0] * 32), _refs(tasks([0] * 32, [0] * 32)))
+    verdict = _check(tasks([1] * 3 + [0] * 29, [0] * 32), _refs(tasks([0] * 32, [0] * 32)))
     [pass1] = [c for c in verdict.checks if c["criterion"] == "min_gain"]
     assert pass1["t_lower"] == pytest.approx(0.0012, abs=1e-4) and pass1["sign_flip_lower"] == 0.0
     assert verdict.failures == [
@@ -477,12 +499,12 @@ def test_reports_made_differently_are_not_compared(tasks, field, value, named):
     }
     reference = {**tasks(PROD, PROD), "env": "textworld-cooking", "protocol": protocol}
     candidate = {**tasks(GAIN, PROD), "env": "textworld-cooking", "protocol": dict(protocol)}
-    assert check_gate(candidate, _refs(reference)).passed
+    assert _check(candidate, _refs(reference)).passed
     if field == "env":
         candidate["env"] = value
     else:
         candidate["protocol"][field] = value
-    verdict = check_gate(candidate, _refs(reference))
+    verdict = _check(candidate, _refs(reference))
     assert verdict.checks == [] and len(verdict.failures) == 1
     assert (
         f"the candidate and production v1 eval reports were made differently ({named})" in verdict.failures[0]
@@ -500,7 +522,7 @@ def test_a_report_that_does_not_record_how_it_was_made_is_never_paired(tasks, st
         candidate["protocol"] = {}
     else:
         del candidate[strip]
-    verdict = check_gate(candidate, _refs(tasks(PROD, PROD)))
+    verdict = _check(candidate, _refs(tasks(PROD, PROD)))
     assert verdict.checks == [] and len(verdict.failures) == 1
     named = {"protocol": "temperature, max_turns", "all": "temperature, max_turns", "env": "its env,"}
     assert verdict.failures[0].startswith("the candidate eval report does not record its ")
@@ -508,7 +530,7 @@ def test_a_report_that_does_not_record_how_it_was_made_is_never_paired(tasks, st
 
 
 def test_other_samples_per_task_are_not_compared(tasks):
-    verdict = check_gate(tasks([6] * 10, [3] * 10, n=8), _refs(tasks(PROD, PROD)))
+    verdict = _check(tasks([6] * 10, [3] * 10, n=8), _refs(tasks(PROD, PROD)))
     assert verdict.failures == [
         "the candidate and production v1 eval reports were made differently (test samples per task 8 vs 4; ood "
         "samples per task 8 vs 4), so their tasks cannot be compared; fix: evaluate both with the same env and "
@@ -558,10 +580,10 @@ def _renamed(report: dict, old: str, new: str) -> dict:
 
 
 def test_reports_on_other_tasks_are_refused_not_compared_unpaired(tasks):
-    assert not check_gate(tasks(FEW_GAINS, FLAT), _refs(tasks(FLAT, FLAT))).passed
+    assert not _check(tasks(FEW_GAINS, FLAT), _refs(tasks(FLAT, FLAT))).passed
     # one unchanged (tied) task renamed: before, an unpaired Welch bound with no sign-flip bound promoted it
     renamed = _renamed(tasks(FEW_GAINS, FLAT), "task-031", "task-999")
-    verdict = check_gate(renamed, _refs(tasks(FLAT, FLAT)))
+    verdict = _check(renamed, _refs(tasks(FLAT, FLAT)))
     assert not verdict.passed and verdict.checks == []
     assert verdict.failures[0].startswith(
         "test: the candidate and production v1 eval reports are on different tasks (1 only in the candidate's, "
@@ -569,7 +591,7 @@ def test_reports_on_other_tasks_are_refused_not_compared_unpaired(tasks):
     )
     # two tasks solved every time against two other tasks never solved: zero variance, was a +1.0 bound
     two = _renamed(_renamed(tasks([4, 4], [4, 4]), "task-000", "x-0"), "task-001", "x-1")
-    assert "are on different tasks" in check_gate(two, _refs(tasks([0, 0], [0, 0]))).failures[0]
+    assert "are on different tasks" in _check(two, _refs(tasks([0, 0], [0, 0]))).failures[0]
 
 
 def test_a_split_listing_more_tasks_than_its_protocol_evaluated_is_refused(tasks):
@@ -579,7 +601,7 @@ def test_a_split_listing_more_tasks_than_its_protocol_evaluated_is_refused(tasks
         report["protocol"] = {**report["protocol"], "tasks": len(counts)}
         return report
 
-    verdict = check_gate(doubled(FEW_GAINS), _refs(doubled(FLAT)))
+    verdict = _check(doubled(FEW_GAINS), _refs(doubled(FLAT)))
     assert not verdict.passed and verdict.checks == []
     assert (
         "test of the candidate eval report lists 64 tasks, but its protocol evaluated 32"
@@ -590,7 +612,7 @@ def test_a_split_listing_more_tasks_than_its_protocol_evaluated_is_refused(tasks
 def test_n_tasks_that_disagrees_with_the_listed_tasks_is_refused(tasks):
     candidate = tasks(GAIN, PROD)
     candidate["splits"]["test"]["n_tasks"] = 1000
-    verdict = check_gate(candidate, _refs(tasks(PROD, PROD)))
+    verdict = _check(candidate, _refs(tasks(PROD, PROD)))
     assert any("n_tasks 1000 but 10 tasks in task_successes" in f for f in verdict.failures)
 
 

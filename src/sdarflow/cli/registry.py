@@ -334,7 +334,11 @@ def _gate_flags(p: argparse.ArgumentParser, scope: str) -> None:
 
     for name, help_text in GATE_HELP.items():
         flag = f"--{name.replace('_', '-')}"
-        p.add_argument(flag, type=float, help=f"{help_text}; {scope} (default policy: {getattr(GATE, name)})")
+        p.add_argument(
+            flag,
+            type=type(getattr(GATE, name)),
+            help=f"{help_text}; {scope} (default policy: {getattr(GATE, name)})",
+        )
 
 
 def _add_gate(p: argparse.ArgumentParser) -> None:

@@ -59,12 +59,18 @@ class GatePolicy(Checked):
         0.05, "gate: how far the lower bound of ood pass@1's change may fall below 0", ge=0, le=1
     )
     floor: float = opt(0.0, "gate: the candidate's test pass@1 must be above this", ge=0, le=1)
+    min_tasks: int = opt(
+        32,
+        "gate: each split is compared on at least this many paired tasks (a collapse on 1 task in 10 is absent "
+        "from 18 percent of 16-task samples, and then no bound can see it)",
+        ge=2,
+    )
 
 
 GATE = GatePolicy()  # a registry's policy until `sdarflow registry gate` sets one
 # What each threshold means, for every entry point's help (CLI flags, pipeline parameters)
 GATE_HELP = {f.name: f.metadata["help"] for f in fields(GatePolicy)}
-_HIGHER_IS_TIGHTER = ("min_gain", "floor")  # the tolerances are tighter when lower
+_HIGHER_IS_TIGHTER = ("min_gain", "floor", "min_tasks")  # the tolerances are tighter when lower
 
 
 @dataclass
@@ -141,12 +147,23 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str
     return entry, None
 
 
-def _other_tasks(cand: Mapping[str, Any], ref: Mapping[str, Any], split: str, ref_label: str) -> str | None:
-    """Why two splits are not the same tasks, or None: the gate compares only task by task, never unpaired (a
-    task renamed or dropped must not turn a refused gain into an unpaired pass)."""
+def _other_tasks(
+    cand: Mapping[str, Any], ref: Mapping[str, Any], split: str, ref_label: str, min_tasks: int
+) -> str | None:
+    """Why two splits are not the same tasks, or too few of them, or None: the gate compares only task by task,
+    never unpaired (a task renamed or dropped must not turn a refused gain into an unpaired pass), and never on
+    fewer than ``min_tasks``: a rare collapse absent from a small sample leaves every bound computed from it blind
+    (``bench/results/gate_null.json``: 10% of tasks collapsing, 16 tasks promote 18%)."""
     a, b = set(cand["task_successes"]), set(ref["task_successes"])
     if a == b:
-        return None
+        if len(a) >= min_tasks:
+            return None
+        return (
+            f"{split}: {len(a)} paired tasks are fewer than the gate's min_tasks {min_tasks} (a collapse on 1 "
+            f"task in 10 is absent from {0.9 ** len(a):.0%} of {len(a)}-task samples); fix: evaluate both on at "
+            f"least {min_tasks} tasks (eval_tasks), or lower the registry's min_tasks (sdarflow registry gate "
+            f"--min-tasks N --reason TEXT)"
+        )
     only = sorted(a - b)[:3] or sorted(b - a)[:3]
     return (
         f"{split}: the candidate and {ref_label} eval reports are on different tasks ({len(a - b)} only in the "
@@ -239,7 +256,7 @@ def _compare(
     if None not in splits["ood"]:
         checks.append(("ood", 1, -policy.ood_tolerance, False, "ood_tolerance"))
     for split in dict.fromkeys(c[0] for c in checks):
-        if (other := _other_tasks(*splits[split], split, ref)) is not None:
+        if (other := _other_tasks(*splits[split], split, ref, policy.min_tasks)) is not None:
             verdict.failures.append(other)
             checks = [c for c in checks if c[0] != split]
     for split, k, threshold, strict, name in checks:
