@@ -44,13 +44,14 @@ def no_shared_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def sigterm_handler_kept() -> Iterator[None]:
-    """A component's entry point sets SIGTERM's handler for the rest of its process (``kfp_runtime.setup_component``);
-    a test that calls one in this process gets pytest's back afterwards."""
-    before = signal.getsignal(signal.SIGTERM)
+def component_hooks_kept() -> Iterator[None]:
+    """A component's entry point sets SIGTERM's handler and the exception hook for the rest of its process
+    (``kfp_runtime.setup_component``); a test that calls one in this process gets pytest's back afterwards."""
+    before, hook = signal.getsignal(signal.SIGTERM), sys.excepthook
     yield
     if before is not None:
         signal.signal(signal.SIGTERM, before)
+    sys.excepthook = hook
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,13 @@ from sdarflow.errors import ConfigError
 S3_SECRET = "sdarflow-s3"
 # The registry's stage aliases; only production is gated.
 RELEASE_STAGES: tuple[str, ...] = ("production", "staging")
+# What only the registry writes in a name's folder (registry/layout.py has the whole layout), named here so that
+# storage can refuse every other writer there: the audit log, the version claims, the gate policy, and the kind of
+# the one artifact published there, a version.
+REGISTRY_AUDIT = "audit"
+REGISTRY_CLAIMS = "claims"
+GATE_POLICY = "gate_policy.json"
+VERSION_KIND = "sdarflow-adapter-version"
 # The name a pipeline registers its adapters under unless told.
 DEFAULT_POLICY_NAME = "sdar-policy"
 # A serving Deployment's pod-template annotations (serve-config and k8s/serving write them, registry/roll.py reads

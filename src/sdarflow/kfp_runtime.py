@@ -4,15 +4,20 @@ and ``promote_candidate`` the training pipeline's last one."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
+import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from sdarflow import progress, stopping, storage
 from sdarflow.config import SHARED_CACHE_ENV
+from sdarflow.defaults import VERSION_KIND
 from sdarflow.errors import ConfigError
 from sdarflow.evaluate.metrics import REPORT, REPORT_KIND
 from sdarflow.model_cache import with_local_model
@@ -25,7 +30,6 @@ from sdarflow.pipeline_config import (
     stage_config,
 )
 from sdarflow.registry import GateRefused, Registry
-from sdarflow.registry.layout import VERSION_KIND
 from sdarflow.registry.roll import ServingRoll
 from sdarflow.stages import STAGES
 
@@ -56,11 +60,24 @@ def run_base_evaluation(config_uri: str) -> dict:
 
 
 def setup_component() -> None:
-    """What every component process does first: log lines a pod log can read, no library progress bars, and
-    SIGTERM (how Kubernetes stops the pod) unwinding through the stage's cleanups (``sdarflow.stopping``)."""
+    """What every component process does first: log lines a pod log can read, no library progress bars,
+    SIGTERM (how Kubernetes stops the pod) unwinding through the stage's cleanups (``sdarflow.stopping``), and a
+    failure's frames freed once it is printed (:func:`_print_then_free`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     progress.quiet_library_bars()
     stopping.unwind_on_sigterm()
+    sys.excepthook = _print_then_free
+
+
+def _print_then_free(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
+    """KFP's executor lets a stage's exception end the process. Its traceback keeps the failed frames, and with
+    them Arrow tables read from Python bytes, alive in reference cycles until interpreter teardown, after torch's,
+    where their destructors abort the process (SIGABRT, "terminate called without an active exception", in place
+    of the error's exit 1). So, as the CLI's ``main`` does, free them while everything is alive: print the
+    exception, then clear the frames' locals and collect."""
+    sys.__excepthook__(kind, err, tb)
+    traceback.clear_frames(tb)
+    gc.collect()
 
 
 def kfp_actor(run_id: str) -> str:

@@ -163,41 +163,67 @@ def test_an_adapter_in_pickle_format_is_refused(local_registry, make_adapter, re
     assert reg.list_versions("agent") == []
 
 
-def test_overwrite_never_replaces_another_kind_of_artifact(
+def test_nothing_but_the_registry_writes_inside_its_folders(
     local_registry, make_adapter, report, lineage, tiny_model, capsys, tmp_path
 ):
-    """`evaluate --output <registry>/p/versions/1 --overwrite` deleted a registered adapter (another stage's
-    output there was taken for a broken artifact); and a publish with --overwrite replaces only its own kind."""
-    from sdarflow import storage
+    """`evaluate --output <registry>/p/versions/1 --overwrite` deleted a registered adapter, and an output at a
+    version number not yet claimed (or anywhere in the name's folder) would break or shadow a later version: every
+    stage and command that writes a folder (a fetch, an import, a build) refuses one inside a registry name folder,
+    before any work, leaving the registry as it was."""
     from sdarflow.cli import main
-    from sdarflow.errors import StorageError
     from sdarflow.registry import Registry
 
     reg = Registry(local_registry)
     reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage)
-    version = Path(local_registry) / "agent" / "versions" / "1"
-    before = {p: p.read_bytes() for p in version.rglob("*") if p.is_file()}
-    argv = [
-        "evaluate",
-        "--model",
-        str(tiny_model),
-        "--env",
-        "tool-use",
-        "--tasks",
-        "1",
-        "--output",
-        str(version),
-    ]
-    assert main([*argv, "--overwrite"]) != 0
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "holds a 'sdarflow-adapter-version' artifact, expected 'eval-report'" in err and "fix:" in err
-    assert {p: p.read_bytes() for p in version.rglob("*") if p.is_file()} == before
+    reg.set_gate("other", "production", {"min_gain": 0.1}, reason="a name with a policy and no version yet")
+    root = Path(local_registry)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    evaluate = ["evaluate", "--model", str(tiny_model), "--env", "tool-use", "--tasks", "1", "--output"]
+    for out in ("agent/versions/1", "agent/versions/2", "agent", "agent/notes/x", "other/versions/1"):
+        for extra in ([], ["--overwrite"]):
+            assert main([*evaluate, str(root / out), *extra]) == 2
+            err = capsys.readouterr().err.strip().splitlines()[-1]
+            name = out.split("/")[0]
+            assert f"evaluate: '{root / out}' lies inside the registry folder {root / name}," in err, err
+            assert "fix: choose an output outside the registry" in err
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    registry = ["--registry", str(root)]
+    inside = str(
+        root / "agent" / "versions" / "1"
+    )  # holds lineage.json: fetch took it for an earlier fetch's
+    for what, argv in (
+        ("registry fetch", ["registry", "fetch", *registry, "--policy-name", "agent", "--version", "1", "--output"]),
+        ("import-model", ["import-model", "--gguf", str(gguf), "--source", "s", "--license", "l", "--output"]),
+        ("build-model", ["build-model", "--tasks", "1", "--sft-steps", "1", "--output"]),
+        ("registry serve-fetch", ["registry", "serve-fetch", *registry, "--base-model", str(tiny_model),
+                                  "--adapter", "agent:1", "--model-dir", str(tmp_path / "m"), "--adapter-root"]),
+    ):  # fmt: skip
+        out = str(root / "agent") if what == "registry serve-fetch" else inside
+        assert main([*argv, out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"{what}: '" in err and "lies inside the registry folder" in err, err
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
     assert [v["version"] for v in reg.list_versions("agent")] == [1]
-    report_dir = tmp_path / "r"
-    report_dir.mkdir()
-    (report_dir / "x.json").write_text("{}")
-    with pytest.raises(
-        StorageError, match="is a published sdarflow-adapter-version, and --overwrite replaces only a report"
-    ):
-        storage.publish_dir(report_dir, str(version), kind="report", overwrite=True)
-    assert {p: p.read_bytes() for p in version.rglob("*") if p.is_file()} == before
+    # the registry itself still registers, and a folder that merely holds an `audit` folder is not a registry's
+    assert reg.register("agent", *with_report(make_adapter(seed=1), report(0.5, 0.7, 0.4)), lineage) == 2
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "x.json").write_text("{}")
+    (tmp_path / "mine" / "audit").mkdir(parents=True)
+    storage.publish_dir(folder, str(tmp_path / "mine" / "report"), kind="report")
+
+
+def test_overwrite_never_replaces_another_kind_of_artifact(tmp_path):
+    """A publish with --overwrite replaces only its own kind: a report never replaces an adapter."""
+    from sdarflow.errors import StorageError
+
+    adapter, report_dir = tmp_path / "a", tmp_path / "r"
+    for folder in (adapter, report_dir):
+        folder.mkdir()
+        (folder / "x.json").write_text(f'"{folder.name}"')
+    storage.publish_dir(adapter, str(tmp_path / "out"), kind="adapter")
+    before = {p: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    with pytest.raises(StorageError, match="is a published adapter, and --overwrite replaces only a report"):
+        storage.publish_dir(report_dir, str(tmp_path / "out"), kind="report", overwrite=True)
+    assert {p: p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file()} == before

@@ -12,7 +12,7 @@ from factories import bound
 
 from sdarflow import storage
 from sdarflow.cli.registry import add_arguments
-from sdarflow.errors import ConfigError
+from sdarflow.errors import ConfigError, StorageError
 from sdarflow.registry import GateRefused
 
 
@@ -268,12 +268,12 @@ def test_fetch_replaces_only_an_earlier_fetch(local_registry, make_adapter, repo
     mine.mkdir()
     (mine / "README.md").write_text("my notes")
     version = Path(local_registry) / "agent" / "versions" / "1"
-    for refused, message in (
-        (mine, r"did not write \(no lineage\.json\)"),
-        (version, "is a published artifact"),
+    for refused, error, message in (
+        (mine, ConfigError, r"did not write \(no lineage\.json\)"),
+        (version, StorageError, "lies inside the registry folder"),
     ):
         before = {p: p.read_bytes() for p in refused.rglob("*") if p.is_file()}
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(error, match=message):
             run([*argv, str(refused)])
         assert {p: p.read_bytes() for p in refused.rglob("*") if p.is_file()} == before
     assert run([*argv, str(tmp_path / "dl")]) == 0

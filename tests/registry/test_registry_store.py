@@ -10,6 +10,7 @@ import pytest
 from factories import bound, with_report
 
 from sdarflow import storage
+from sdarflow.defaults import VERSION_KIND
 from sdarflow.errors import ConfigError, ModelError, StorageError
 from sdarflow.models.identity import base_fingerprint
 from sdarflow.registry import Registry, RegistryError
@@ -67,9 +68,14 @@ def test_versions_are_immutable(registry_uri, make_adapter, report, lineage):
     reg.register("agent", make_adapter(), report(0.5, 0.7, 0.4), lineage, version=1)
     with pytest.raises(RegistryError, match="version 1 of 'agent' already exists and versions are immutable"):
         reg.register("agent", *with_report(make_adapter(seed=1), report(0.9, 0.9, 0.9)), lineage, version=1)
-    # Even bypassing the claim, the published folder refuses to be overwritten.
+    # Even bypassing the claim, the published folder refuses to be overwritten, and only versions publish there
     with pytest.raises(StorageError, match="already published"):
-        storage.publish_dir(make_adapter(seed=2), Layout(reg.uri, "agent").version(1), kind="x")
+        storage.publish_dir(make_adapter(seed=2), Layout(reg.uri, "agent").version(1), kind=VERSION_KIND)
+    for version in (1, 3):
+        with pytest.raises(
+            StorageError, match="publish x: .* lies inside the registry folder .*/agent, where"
+        ):
+            storage.publish_dir(make_adapter(seed=2), Layout(reg.uri, "agent").version(version), kind="x")
     assert reg.show("agent", 1)["eval"]["test"]["pass_at_k"]["1"] == 0.5
     # The next automatic number skips the taken one.
     assert reg.register("agent", *with_report(make_adapter(seed=3), report(0.5, 0.7, 0.4)), lineage) == 2

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from factories import cli, reseal
+from factories import cli, rescored_table, reseal
 
 from sdarflow import storage
 from sdarflow.cli import main
@@ -54,12 +55,12 @@ def rows(n: int = 2) -> list[dict]:
     ]
 
 
-def fake_dataset(folder: Path, table: pa.Table) -> str:
+def fake_dataset(folder: Path, table: pa.Table, kind: str = "trajectories") -> str:
     """A dataset written by hand (not through sdarflow) with a manifest, as a foreign producer would."""
     folder.mkdir(parents=True)
     pq.write_table(table, folder / "part-00000.parquet")
     (folder / "_manifest.json").write_text(
-        json.dumps({"kind": "trajectories", "files": [{"path": "part-00000.parquet"}]})
+        json.dumps({"kind": kind, "files": [{"path": "part-00000.parquet"}]})
     )
     reseal(folder)  # its parts' sizes and sha256, as the data contract asks
     return str(folder)
@@ -102,6 +103,23 @@ def test_rows_no_stage_writes_are_refused(tmp_path, capsys, row, column, value, 
     src = fake_dataset(tmp_path / "in", pa.Table.from_pylist(bad, schema=TRAJECTORY_SCHEMA))
     fails(capsys, ["extract-skills", "--input", src, "--output", str(tmp_path / "out")], message)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("column", ["teacher_logprobs", "old_logprobs", "ref_logprobs"])
+def test_a_rescored_log_prob_no_model_writes_is_refused_before_training(tmp_path, capsys, tiny_model, column):
+    """A teacher log-prob of +1e30 in a rescored dataset made by hand would train (a huge OPSD target) and
+    publish: train refuses it in one line and writes nothing."""
+    table = rescored_table(n_groups=1, group_size=2, turns=1)
+    values = table[column].to_pylist()
+    values[1] = [1e30, *values[1][1:]]
+    table = table.set_column(
+        table.schema.get_field_index(column), column, pa.array(values, pa.list_(pa.float32()))
+    )
+    src = fake_dataset(tmp_path / "in", table, kind="rescored")
+    out = tmp_path / "out"
+    argv = ["train", "--input", src, "--model", str(tiny_model), "--output", str(out)]
+    fails(capsys, argv, f"dataset {src}", f"row 1 has a '{column}' value that is not a log-probability")
+    assert not out.exists()
 
 
 def test_a_token_id_beyond_the_models_vocabulary_is_refused_before_scoring(tmp_path, capsys, tiny_model):
@@ -407,6 +425,30 @@ def test_a_model_that_ships_its_own_code_is_refused_without_a_prompt(tmp_path, t
 def test_a_settings_refusal_names_its_fix(tmp_path, capsys, argv, expected):
     fails(capsys, [*argv, "--output", str(tmp_path / "out")], expected)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_component_process_frees_a_failed_stages_frames_before_teardown():
+    """KFP's executor lets a stage's exception end the process: the frames it held (Arrow tables among them, in
+    reference cycles) were freed only at teardown, after torch's, where they aborted it. A component process prints
+    the exception, then frees them: before the interpreter's exit handlers run, not after."""
+    code = """
+import atexit, sys
+from sdarflow.kfp_runtime import setup_component
+setup_component()
+class Held:
+    def __del__(self):
+        print("freed", file=sys.stderr, flush=True)
+atexit.register(lambda: print("exit handlers", file=sys.stderr, flush=True))
+def stage():
+    held = Held()
+    held.cycle = held  # only the cycle collector frees it, as the Arrow tables
+    raise ValueError("refused")
+stage()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines[-3:] == ["ValueError: refused", "freed", "exit handlers"], proc.stderr
 
 
 def test_a_refusal_in_a_subprocess_exits_2_not_sigabrt(tmp_path, tiny_model):

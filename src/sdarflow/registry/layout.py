@@ -19,19 +19,17 @@ import re
 from dataclasses import dataclass
 
 from sdarflow import storage
-from sdarflow.defaults import RELEASE_STAGES
+from sdarflow.defaults import GATE_POLICY, REGISTRY_AUDIT, REGISTRY_CLAIMS, RELEASE_STAGES
 from sdarflow.errors import ConfigError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
-VERSION_KIND = "sdarflow-adapter-version"
 EVAL_REPORT = "eval_report.json"
 BASE_EVAL_REPORT = "base_eval_report.json"  # the base model's evaluation on the same tasks, for the gate
 LINEAGE = "lineage.json"
 MODEL_CARD = "README.md"  # written by the registry from lineage and evaluation (registry.intake.model_card)
 ALIASES = "aliases.json"
-GATE_POLICY = "gate_policy.json"
 # Files the registry writes into a version folder itself; an adapter folder must not bring its own.
 RESERVED_FILES: tuple[str, ...] = (EVAL_REPORT, BASE_EVAL_REPORT, LINEAGE, storage.MANIFEST)
 
@@ -87,7 +85,7 @@ class Layout:
 
     @property
     def claims(self) -> str:
-        return storage.join(self.base, "claims")
+        return storage.join(self.base, REGISTRY_CLAIMS)
 
     @property
     def versions(self) -> str:
@@ -103,7 +101,7 @@ class Layout:
 
     @property
     def audit(self) -> str:
-        return storage.join(self.base, "audit")
+        return storage.join(self.base, REGISTRY_AUDIT)
 
     def claim(self, version: int) -> str:
         return storage.join(self.claims, f"{version}.json")

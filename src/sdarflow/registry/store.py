@@ -21,7 +21,7 @@ from typing import Any
 
 from sdarflow import storage
 from sdarflow.config import FileSchema, opt
-from sdarflow.defaults import RELEASE_STAGES
+from sdarflow.defaults import RELEASE_STAGES, VERSION_KIND
 from sdarflow.errors import ConfigError, StorageError
 from sdarflow.models.identity import adapter_folder_id, adapter_id, base_ids, lora_rank
 from sdarflow.registry import cas, gate, intake
@@ -32,7 +32,6 @@ from sdarflow.registry.layout import (
     LINEAGE,
     MAX_VERSION,
     MODEL_CARD,
-    VERSION_KIND,
     Layout,
     parse_version,
     validate_stage,

@@ -133,6 +133,8 @@ def once(kind: str | None) -> Callable[[Callable[[Any], dict]], Callable[[Any], 
         @functools.wraps(run)
         def wrapper(cfg: Any) -> dict:
             key = request_hash(cfg)
+            if cfg.output:  # before the work, not only at its publish
+                storage.refuse_inside_registry(cfg.output, cfg.stage)
             if cfg.output and storage.is_published(cfg.output):
                 try:
                     manifest = storage.read_manifest(cfg.output)

@@ -25,6 +25,7 @@ from sdarflow.storage.files import (
     read_member,
     read_member_json,
     read_table,
+    refuse_inside_registry,
     replacing_folder,
     resolve,
     write_bytes,

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from sdarflow import __version__, stopping
 from sdarflow.config import FileSchema, opt
+from sdarflow.defaults import GATE_POLICY, REGISTRY_AUDIT, REGISTRY_CLAIMS, VERSION_KIND
 from sdarflow.errors import ConfigError, SchemaError, StorageError
 from sdarflow.schema import check_turns_unique, fingerprint, validate
 
@@ -140,13 +141,40 @@ def reachable(loc: Location, action: str, errors: tuple = (OSError, pa.ArrowExce
         raise StorageError(f"cannot {action} '{loc.uri}': {first}; fix: {hint}") from err
 
 
+def registry_folder_of(uri: str) -> str | None:
+    """The registry name folder that ``uri`` is or lies inside, or None: a folder holding the registry's audit log
+    and its version claims or gate policy (what ``register`` or ``registry gate`` made). Local links are followed."""
+    loc = resolve(uri)
+    s3 = loc.uri.startswith("s3://")
+    parts = (loc.path if s3 else str(Path(loc.path).resolve())).split("/")
+    for end in range(len(parts), 1, -1):  # from the URI up to the bucket (S3) or the first folder (local)
+        folder = ("s3://" if s3 else "") + "/".join(parts[:end])
+        if exists(join(folder, REGISTRY_AUDIT)) and (
+            exists(join(folder, REGISTRY_CLAIMS)) or exists(join(folder, GATE_POLICY))
+        ):
+            return folder
+    return None
+
+
+def refuse_inside_registry(uri: str, what: str) -> None:
+    """StorageError when ``uri`` is or lies inside a registry name folder, where only the registry writes: another
+    artifact in ``versions/`` would break or shadow a version, a fetch would mix its files into one."""
+    if (folder := registry_folder_of(uri)) is not None:
+        raise StorageError(
+            f"{what}: '{uri}' lies inside the registry folder {folder}, where only `sdarflow registry` writes; "
+            f"fix: choose an output outside the registry"
+        )
+
+
 @contextlib.contextmanager
 def replacing_folder(out: str | Path, own: str, what: str) -> Iterator[Path]:
     """A new staging folder beside the local folder ``out`` that takes its place when the block completes (and is
     removed if it raises). ``out`` may be absent, empty, or this command's own earlier output (a folder holding the
     file ``own``); anything else there (a file, another model, a registry, a user's notes) is refused before the
-    block runs: nothing is deleted that the command did not make, and a killed command leaves ``out`` as it was."""
+    block runs: nothing is deleted that the command did not make, and a killed command leaves ``out`` as it was;
+    never inside a registry's folder."""
     out = Path(out)
+    refuse_inside_registry(str(out), what)
     _check_replaceable(out, own, what)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged, old = (out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.{k}") for k in ("staging", "replaced"))
@@ -388,8 +416,11 @@ def publishing(uri: str, overwrite: bool = False, kind: str | None = None) -> It
     """Guard a folder write: refuse to replace a published artifact (unless ``overwrite``, and then only one of
     the same ``kind``: a report never replaces a registered adapter), write a replacement beside it, and remove
     what the body wrote if it raises. The body writes its files at ``Target.file`` and the
-    manifest last (``Target.manifest``): that write is the commit. After it, the replaced files are removed."""
+    manifest last (``Target.manifest``): that write is the commit. After it, the replaced files are removed.
+    Inside a registry's folder only the registry publishes (a version, ``VERSION_KIND``)."""
     loc = resolve(uri)
+    if kind != VERSION_KIND:
+        refuse_inside_registry(loc.uri, f"publish {kind or 'artifact'}")
     old = None
     if is_published(uri):
         if not overwrite:
