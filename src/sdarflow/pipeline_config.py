@@ -126,8 +126,8 @@ class PipelineConfig(StageConfig):
     gate: dict[str, float] = opt(
         {},
         'the gate thresholds this run tightens the registry\'s policy to, e.g. {"min_gain": 0.02} (min_gain, '
-        "passk_tolerance, ood_tolerance, floor, min_tasks); empty: the registry's policy (`sdarflow registry gate`); a looser "
-        "value refuses the promotion",
+        "passk_tolerance, ood_tolerance, floor, min_tasks); empty: the registry's policy (`sdarflow registry "
+        "gate`); a looser value refuses the promotion",
         keys=tuple(GATE_HELP),
     )
     checkpoint_every: int = opt(

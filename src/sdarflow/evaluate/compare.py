@@ -11,7 +11,8 @@ Student's bound assumes a near-normal mean, which fails when few tasks differ; t
 little and a few collapse (a skewed difference), :func:`skew_corrected_lower` widens Student's bound by the sample
 skewness. Task sets that differ are compared unpaired (Welch's standard error
 ``sqrt(sd_a^2 / m_a + sd_b^2 / m_b)``, with ``min(m_a, m_b) - 1`` degrees of freedom), for a run report's display
-only: the gate never compares them (``registry.gate``). Fewer than two tasks on a side give no bound (None). Pure functions of a report's split (``samples_per_task``, ``task_successes``).
+only: the gate never compares them (``registry.gate``). Fewer than two tasks on a side give no bound (None). Pure
+functions of a report's split (``samples_per_task``, ``task_successes``).
 """
 
 from __future__ import annotations

@@ -132,10 +132,9 @@ def import_gguf(
     gguf_file = Path(gguf_file)
     if not gguf_file.is_file():
         raise ConfigError(f"import-model: --gguf {gguf_file} does not exist; fix: pass a GGUF file")
-    from sdarflow.storage import refuse_inside_registry
+    from sdarflow.storage import file_sha256, refuse_inside_registry
 
     refuse_inside_registry(str(output), "import-model")  # before reading the file, not only at the write
-    from sdarflow.storage import file_sha256
 
     digest = file_sha256(gguf_file)
     info_path = output / IMPORT_FILE
