@@ -189,9 +189,8 @@ def test_nothing_but_the_registry_writes_inside_its_folders(
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     registry = ["--registry", str(root)]
-    inside = str(
-        root / "agent" / "versions" / "1"
-    )  # holds lineage.json: fetch took it for an earlier fetch's
+    # a version folder holds lineage.json: fetch took it for an earlier fetch's output
+    inside = str(root / "agent" / "versions" / "1")
     for what, argv in (
         ("registry fetch", ["registry", "fetch", *registry, "--policy-name", "agent", "--version", "1", "--output"]),
         ("import-model", ["import-model", "--gguf", str(gguf), "--source", "s", "--license", "l", "--output"]),

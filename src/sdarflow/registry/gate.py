@@ -147,7 +147,7 @@ def _split(report: Mapping[str, Any], split: str, who: str) -> tuple[Mapping[str
     return entry, None
 
 
-def _other_tasks(
+def _not_comparable(
     cand: Mapping[str, Any], ref: Mapping[str, Any], split: str, ref_label: str, min_tasks: int
 ) -> str | None:
     """Why two splits are not the same tasks, or too few of them, or None: the gate compares only task by task,
@@ -256,7 +256,7 @@ def _compare(
     if None not in splits["ood"]:
         checks.append(("ood", 1, -policy.ood_tolerance, False, "ood_tolerance"))
     for split in dict.fromkeys(c[0] for c in checks):
-        if (other := _other_tasks(*splits[split], split, ref, policy.min_tasks)) is not None:
+        if (other := _not_comparable(*splits[split], split, ref, policy.min_tasks)) is not None:
             verdict.failures.append(other)
             checks = [c for c in checks if c[0] != split]
     for split, k, threshold, strict, name in checks:
