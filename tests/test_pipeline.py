@@ -420,6 +420,10 @@ def test_a_run_continues_after_the_registered_tasks_with_the_next_seed(registry_
     rewound = {"cursor": {**cursor, "next_task": 0, "next_eval_task": 0, "seed": 20}}
     registry.register("sdar-policy", fake_adapter(tmp_path / "a5"), eval_report([1] * 10), rewound)
     assert started() == (21, [8, 12], {3})  # the furthest tasks, the newest seed + 1
+    # ... nor replay a seed: after a newest version recording seed 6, 7 was v4's, so the run takes 8
+    lower = {"cursor": {**cursor, "seed": 6}}
+    registry.register("sdar-policy", fake_adapter(tmp_path / "a6"), eval_report([1] * 10), lower)
+    assert started() == (8, [8, 12], {3})
     # a cursor that is not one is refused at register, so it can never fail a later scheduled run
     problems = (({"next_task": -1}, "next_task = -1 must be >= 0"), ({"seed": "x"}, "seed"))
     for i, (bad, problem) in enumerate(problems):

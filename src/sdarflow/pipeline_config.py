@@ -404,7 +404,8 @@ def prepare(pc: PipelineConfig) -> str:
 def continue_cursor(pc: PipelineConfig) -> None:
     """``data_cursor=continue``: start where the versions of ``policy_name`` registered on this env stopped (their
     lineages' cursors: the furthest train and evaluation task, so a version registered by hand with an earlier
-    cursor cannot rewind the tasks later runs are judged on) with the newest one's seed + 1. Every registered
+    cursor cannot rewind the tasks later runs are judged on) with the newest one's seed + 1, or the next seed no
+    version recorded (one registered by hand with a lower seed must not replay an earlier run's). Every registered
     version counts, promoted or not, so a refused promotion does not replay its tasks; a cursor that is not one
     (registered before register checked them) is skipped with a warning; with none the settings stay."""
     from sdarflow.registry.intake import Cursor
@@ -428,7 +429,10 @@ def continue_cursor(pc: PipelineConfig) -> None:
         seed=newest.seed,
         next_eval_task=max(c.next_eval_task for _, c in cursors),
     )
+    played = {c.seed for _, c in cursors}
     seed = (cursor.seed + 1) % (MAX_SEED + 1)
+    while seed in played:
+        seed = (seed + 1) % (MAX_SEED + 1)
     generate = {**pc.stage_settings.get("generate", {}), "first_task": cursor.next_task}
     if "seed" in generate:  # where generate's seed is set, the new one goes
         generate["seed"] = seed
