@@ -192,6 +192,33 @@ def test_a_skill_or_index_too_large_for_any_prompt_is_refused_before_it_is_read(
         SkillLibrary.load(folder)
 
 
+def test_a_json_file_too_big_to_be_ours_is_refused_before_it_is_read(tmp_path):
+    """An eval report, lineage or manifest of gigabytes was read whole into memory: a JSON file (or a published
+    JSON member, by its manifest's size) above MAX_JSON_BYTES is refused from its size alone."""
+    from sdarflow.storage.files import MAX_JSON_BYTES
+
+    big = tmp_path / "eval_report.json"
+    with big.open("wb") as f:
+        f.truncate(MAX_JSON_BYTES + 1)  # sparse: the size without the bytes
+    with pytest.raises(
+        StorageError, match=f"is {MAX_JSON_BYTES + 1} bytes, more than the {MAX_JSON_BYTES} read"
+    ):
+        storage.read_json(str(big))
+    folder = tmp_path / "art"
+    folder.mkdir()
+    (folder / "report.json").write_text("{}")
+    uri = str(tmp_path / "published")
+    storage.publish_dir(folder, uri, kind="report")
+    assert storage.read_member_json(uri, "report.json") == {}
+    manifest = json.loads(Path(uri, storage.MANIFEST).read_text())
+    manifest["files"][0]["bytes"] = (
+        MAX_JSON_BYTES + 1
+    )  # what a member says it holds is checked before reading
+    Path(uri, storage.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(StorageError, match="report.json' is .* bytes, more than the"):
+        storage.read_member_json(uri, "report.json")
+
+
 @pytest.mark.parametrize(
     "stats",
     [

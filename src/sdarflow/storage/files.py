@@ -229,13 +229,29 @@ def exists(uri: str) -> bool:
         return loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound
 
 
-def read_bytes(uri: str) -> bytes:
+# The most a JSON file is read whole: none sdarflow writes comes near it (a manifest of 10,000 files is about 2 MB),
+# and a bigger one, not ours, would take the memory of whatever reads it.
+MAX_JSON_BYTES = 64 * 2**20
+
+
+def _too_big(uri: str, size: int | None, most: int | None) -> None:
+    if most is not None and size is not None and size > most:
+        raise StorageError(
+            f"'{uri}' is {size} bytes, more than the {most} read whole here; fix: check the URI (the files sdarflow "
+            f"writes there are far smaller), or regenerate it"
+        )
+
+
+def read_bytes(uri: str, most: int | None = None) -> bytes:
+    """A whole file; StorageError when it is missing, or larger than ``most`` bytes (before reading it)."""
     loc = resolve(uri)
     with reachable(loc, "read"):
-        if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
+        info = loc.fs.get_file_info(loc.path)
+        if info.type == pafs.FileType.NotFound:
             raise StorageError(
                 f"'{loc.uri}' does not exist; fix: check the URI or run the stage that writes it"
             )
+        _too_big(loc.uri, info.size, most)
         with loc.fs.open_input_stream(loc.path) as f:
             return f.read()
 
@@ -304,7 +320,7 @@ def copy_hashing(source: BinaryIO, dest: BinaryIO | None = None) -> tuple[int, s
 
 
 def read_json(uri: str) -> dict:
-    return parse_json(read_bytes(uri), uri)
+    return parse_json(read_bytes(uri, MAX_JSON_BYTES), uri)
 
 
 class _DuplicateKey(ValueError):
@@ -715,8 +731,9 @@ def member_entry(manifest: dict, name: str) -> dict | None:
     return by_path.get(name) or by_path.get(f"{ATTACHMENTS}/{name}")
 
 
-def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
-    """One file of a published artifact (a listed file or an attachment), verified against its manifest."""
+def read_member(uri: str, name: str, kind: str | None = None, most: int | None = None) -> bytes:
+    """One file of a published artifact (a listed file or an attachment), verified against its manifest; larger
+    than ``most`` bytes (as its manifest or the file says) is refused before it is read."""
     manifest = read_manifest(uri, kind)
     entry = member_entry(manifest, name)
     loc = resolve(uri)
@@ -724,19 +741,20 @@ def read_member(uri: str, name: str, kind: str | None = None) -> bytes:
         raise StorageError(
             f"'{loc.uri}' publishes no '{name}'; fix: pass the output of the stage that writes {name}"
         )
-    return _read_entry(loc, manifest, entry, manifest.get("kind", "artifact"))
+    _too_big(join(loc.uri, name), entry.get("bytes"), most)
+    return _read_entry(loc, manifest, entry, manifest.get("kind", "artifact"), most)
 
 
-def _read_entry(loc: Location, manifest: dict, entry: dict, what: str) -> bytes:
+def _read_entry(loc: Location, manifest: dict, entry: dict, what: str, most: int | None = None) -> bytes:
     """A listed file's bytes, verified against its manifest entry."""
     path = _member_location(loc, manifest, entry["path"], what)
-    data = read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path)
+    data = read_bytes(path if isinstance(loc.fs, pafs.LocalFileSystem) else "s3://" + path, most)
     _verify(entry, len(data), sha256(data), loc.uri)
     return data
 
 
 def read_member_json(uri: str, name: str, kind: str | None = None) -> dict:
-    return parse_json(read_member(uri, name, kind), join(uri, name))
+    return parse_json(read_member(uri, name, kind, MAX_JSON_BYTES), join(uri, name))
 
 
 def _verify(entry: dict, size: int, digest: str, uri: str) -> None:
