@@ -14,7 +14,7 @@ import pyarrow as pa
 import torch
 
 from sdarflow import storage
-from sdarflow.models.identity import adapter_folder_id
+from sdarflow.models.identity import BASE_FILE, adapter_folder_id
 from sdarflow.schema import RESCORED_SCHEMA
 
 # The base model fingerprint the fake eval reports record (no base model folder behind it)
@@ -34,7 +34,8 @@ FAKE_PROTOCOL = {
 
 def fake_adapter(folder: Path, rank: int = 8, seed: int = 0) -> Path:
     """A tiny PEFT-format LoRA adapter folder (adapter_config.json, adapter_model.safetensors) whose content is a
-    function of ``rank`` and ``seed`` alone, so reports bound to one (:func:`bound`) fit every copy."""
+    function of ``rank`` and ``seed`` alone, so reports bound to one (:func:`bound`) fit every copy. Like the train
+    stage's, it records its base model's fingerprint (:data:`FAKE_BASE_ID`: no folder behind it)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
@@ -46,6 +47,7 @@ def fake_adapter(folder: Path, rank: int = 8, seed: int = 0) -> Path:
         "base_model_name_or_path": "tiny-qwen2",
     }
     (folder / "adapter_config.json").write_text(json.dumps(config))
+    (folder / BASE_FILE).write_text(json.dumps({"fingerprint": FAKE_BASE_ID}))
     generator = torch.Generator().manual_seed(seed)
     tensors = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.randn(rank, 16, generator=generator)}
     save_file(tensors, str(folder / "adapter_model.safetensors"))

@@ -40,6 +40,7 @@ def test_round_trip(registry_uri, make_adapter, report, lineage, tmp_path):
     assert set(files) == {
         "adapter_config.json",
         "adapter_model.safetensors",
+        "base_model.json",  # the base model's fingerprint, as the train stage records it
         "eval_report.json",
         "lineage.json",
         "README.md",  # the model card (registry.intake.model_card)
@@ -344,6 +345,51 @@ def test_a_report_on_another_base_model_is_refused(local_registry, lora_adapter,
     # a report that does not say which base it ran on cannot be shown to be this one's
     with pytest.raises(ConfigError, match=r"does not record the base model it evaluated \(base_id\)"):
         reg.register("agent", lora_adapter, {**rep, "base_id": None}, lineage, base_model=tiny_model)
+
+
+def test_without_a_readable_base_the_report_is_bound_to_the_base_the_adapter_records(
+    local_registry, make_adapter, report, lineage
+):
+    """An adapter whose base (``tiny-qwen2``) is no folder here and no --base-model: its report must have run on
+    the base the adapter records it was trained on (train's base_model.json); one recording none is refused."""
+    from sdarflow.models.identity import BASE_FILE
+
+    reg = Registry(local_registry)
+    adapter = make_adapter()  # records FAKE_BASE_ID
+    with pytest.raises(ConfigError, match="evaluated the adapter on another base model"):
+        reg.register("agent", adapter, {**report(0.5, 0.7, 0.4), "base_id": "fedcba9876543210"}, lineage)
+    (adapter / BASE_FILE).unlink()
+    with pytest.raises(
+        ConfigError, match=r"records no base model fingerprint \(base_model.json\).*--base-model"
+    ):
+        reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
+    assert reg.list_names() == []
+
+
+def test_an_older_sampled_base_fingerprint_is_refused_by_the_registry_alone(
+    local_registry, lora_adapter, tiny_model, report, lineage, tmp_path, caplog
+):
+    """The registry binds only full-content fingerprints: a report, or an adapter, recording the base by an older
+    build's sampled fingerprint is refused (it is blind to changed bytes between its windows); the stages that
+    merely load an adapter accept such an adapter with a warning."""
+    import shutil
+
+    from sdarflow.models.identity import BASE_FILE, check_adapter, legacy_fingerprints
+
+    sampled = legacy_fingerprints(str(tiny_model))[0]
+    reg = Registry(local_registry)
+    rep = bound(report(0.5, 0.7, 0.4), lora_adapter, sampled)
+    with pytest.raises(ConfigError, match="or recorded it by an older sdarflow's sampled fingerprint"):
+        reg.register("agent", lora_adapter, rep, lineage, base_model=tiny_model)
+    old = tmp_path / "old-adapter"
+    shutil.copytree(lora_adapter, old)
+    (old / BASE_FILE).write_text(json.dumps({"fingerprint": sampled}))
+    rep = bound(report(0.5, 0.7, 0.4), old, base_fingerprint(str(tiny_model)))
+    with pytest.raises(ModelError, match="records its base model by an older fingerprint .*train it again"):
+        reg.register("agent", old, rep, lineage, base_model=tiny_model)
+    assert reg.list_names() == []
+    check_adapter(str(old), str(tiny_model))  # generate and evaluate: a warning
+    assert "older fingerprint" in caplog.text
 
 
 def test_a_base_eval_report_of_another_base_model_is_refused(local_registry, make_adapter, tasks, lineage):

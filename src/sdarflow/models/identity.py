@@ -230,15 +230,16 @@ def safetensors_shapes(path: Path, what: str) -> dict[str, list[int]]:
         ) from err
 
 
-def check_adapter(adapter: str, base_path: str) -> dict:
-    """The adapter's PEFT config, after checking it was trained on ``base_path`` (ModelError otherwise)."""
+def check_adapter(adapter: str, base_path: str, *, strict: bool = False) -> dict:
+    """The adapter's PEFT config, after checking it was trained on ``base_path`` (ModelError otherwise;
+    ``strict``: :func:`check_trained_on`'s)."""
     try:
         config = json.loads((Path(adapter) / "adapter_config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ModelError(
             f"adapter '{adapter}' has no readable adapter_config.json ({err}); fix: pass a PEFT folder"
         ) from err
-    check_trained_on(adapter, base_path)
+    check_trained_on(adapter, base_path, strict=strict)
     return config
 
 
@@ -249,9 +250,9 @@ def is_full_fine_tune(folder: str) -> bool:
     return not (path / "adapter_config.json").is_file() and (path / "config.json").is_file()
 
 
-def check_trained_on(folder: str, base_path: str, what: str = "adapter") -> None:
-    """ModelError unless the ``what`` (adapter or full fine-tune) ``folder`` records ``base_path``'s fingerprint
-    in ``BASE_FILE``; only an adapter from before fingerprints were recorded may lack it."""
+def recorded_base(folder: str | Path, what: str = "adapter") -> str | None:
+    """The base model fingerprint the ``what`` ``folder`` records in ``BASE_FILE`` (the train stage writes it);
+    None when it records none."""
     base_file = Path(folder) / BASE_FILE
     try:
         recorded = json.loads(base_file.read_text()).get("fingerprint") if base_file.is_file() else None
@@ -260,6 +261,15 @@ def check_trained_on(folder: str, base_path: str, what: str = "adapter") -> None
             f"{what} '{folder}': {BASE_FILE} is not a JSON object with a fingerprint ({err}); fix: re-export the "
             f"{what} with the train stage"
         ) from err
+    return str(recorded) if recorded else None
+
+
+def check_trained_on(folder: str, base_path: str, what: str = "adapter", *, strict: bool = False) -> None:
+    """ModelError unless the ``what`` (adapter or full fine-tune) ``folder`` records ``base_path``'s fingerprint
+    in ``BASE_FILE``; only an adapter from before fingerprints were recorded may lack it. An older build's
+    fingerprint (:func:`legacy_fingerprints`) is accepted with a warning, or refused when ``strict`` (the registry:
+    a sampled fingerprint cannot show that every weight byte is the base's)."""
+    recorded = recorded_base(folder, what)
     if not recorded:
         if what != "adapter":
             raise ModelError(
@@ -272,6 +282,12 @@ def check_trained_on(folder: str, base_path: str, what: str = "adapter") -> None
         raise ModelError(
             f"{what} '{folder}' was trained on a different base model than '{base_path}' "
             f"(fingerprint {recorded} != {ids[0]}); fix: pass the matching --model"
+        )
+    if recorded != ids[0] and strict:
+        raise ModelError(
+            f"{what} '{folder}' records its base model by an older fingerprint ({recorded}: sampled weights or the "
+            f"config alone), which cannot show it was trained on every weight byte of '{base_path}'; fix: train it "
+            f"again with this sdarflow"
         )
     if recorded != ids[0]:
         log.warning(

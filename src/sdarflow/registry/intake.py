@@ -12,7 +12,7 @@ import logging
 import os
 import shlex
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,7 +21,15 @@ from sdarflow import storage
 from sdarflow.config import MAX_SEED, Checked, opt
 from sdarflow.errors import ConfigError, ModelError
 from sdarflow.evaluate.metrics import BASE_ADAPTER, REPORT, REPORT_KIND, EvalReport
-from sdarflow.models.identity import check_adapter, lora_rank, safetensors_shapes, weight_shapes
+from sdarflow.models.identity import (
+    BASE_FILE,
+    base_fingerprint,
+    check_adapter,
+    lora_rank,
+    recorded_base,
+    safetensors_shapes,
+    weight_shapes,
+)
 from sdarflow.registry.layout import BASE_EVAL_REPORT, EVAL_REPORT, LINEAGE, RESERVED_FILES
 from sdarflow.report import Report, Section, markdown, with_interval
 from sdarflow.teacher import controls
@@ -210,14 +218,14 @@ def load_base_report(base_report: Mapping[str, Any] | str | Path) -> dict[str, A
 def check_bound(
     report: Mapping[str, Any],
     adapter: str,
-    base_ids: Sequence[str] | None,
+    base_id: str | None,
     base_report: Mapping[str, Any] | None = None,
     what: str = "the eval report",
 ) -> None:
     """Refuse (ConfigError) a ``report`` that did not evaluate the adapter whose :func:`adapter_id` is ``adapter``
-    on the base model whose fingerprints are ``base_ids`` (its current one first, then any an older build
-    recorded: :func:`~sdarflow.models.identity.base_ids`; None: not known here, so only ``base_report`` is
-    compared), or a ``base_report`` of another base model: the gate must judge what it is shown."""
+    on the base model whose full fingerprint is ``base_id`` (:func:`bound_base_id`; None: not known, so only
+    ``base_report`` is compared), or a ``base_report`` of another base model: the gate must judge what it is
+    shown. An older evaluate's sampled fingerprint is another base's: it cannot show every weight byte."""
     fix = "fix: evaluate this adapter with `sdarflow evaluate --adapter ...` and register it with that report"
     recorded = report.get("adapter_id")
     if not recorded:
@@ -236,16 +244,11 @@ def check_bound(
             f"{what} does not record the base model it evaluated (base_id); fix: evaluate it again with "
             f"`sdarflow evaluate`"
         )
-    if base_ids is not None and evaluated_on not in base_ids:
+    if base_id is not None and evaluated_on != base_id:
         raise ConfigError(
             f"{what} evaluated the adapter on another base model (fingerprint {evaluated_on}) than the one it is "
-            f"registered with ({base_ids[0]}); fix: evaluate it on this base model (--model)"
-        )
-    if base_ids is not None and evaluated_on != base_ids[0]:
-        log.warning(
-            "%s records its base model by an older fingerprint (sampled weights), blind to some weight changes; "
-            "evaluate again to pin every weight byte",
-            what,
+            f"registered with ({base_id}), or recorded it by an older sdarflow's sampled fingerprint; fix: "
+            f"evaluate it on this base model (--model) with this sdarflow"
         )
     if base_report is not None and base_report.get("base_id") != evaluated_on:
         raise ConfigError(
@@ -270,10 +273,13 @@ def stage_version(
     (staged / LINEAGE).write_text(json.dumps(dict(lineage), indent=2, sort_keys=True, default=str))
 
 
-def checked_base(adapter_dir: Path, config: Mapping[str, Any], base_model: str | Path | None) -> str:
+def checked_base(
+    adapter_dir: Path, config: Mapping[str, Any], base_model: str | Path | None, *, strict: bool = False
+) -> str:
     """The base model ``adapter_dir`` was checked against: ``base_model`` (a folder or ``s3://`` URI), else the
     adapter's ``base_model_name_or_path`` when that is a local folder; "" when none (logged). The adapter's base
-    fingerprint and every tensor shape (:data:`_LORA_DIMS`, from safetensors headers) must fit, or it is refused."""
+    fingerprint (``strict``: no older build's, :func:`~sdarflow.models.identity.check_trained_on`) and every tensor
+    shape (:data:`_LORA_DIMS`, from safetensors headers) must fit, or it is refused."""
     base = str(base_model or config.get("base_model_name_or_path") or "")
     if not (base and (base.startswith("s3://") or (Path(base) / "config.json").is_file())):
         if base_model:
@@ -288,7 +294,7 @@ def checked_base(adapter_dir: Path, config: Mapping[str, Any], base_model: str |
             base or "none recorded",
         )
         return ""
-    check_adapter(str(adapter_dir), base)
+    check_adapter(str(adapter_dir), base, strict=strict)
     shapes = weight_shapes(base)
     if not shapes:
         raise ModelError(
@@ -305,6 +311,22 @@ def checked_base(adapter_dir: Path, config: Mapping[str, Any], base_model: str |
                     f"with the base model it was trained on"
                 )
     return base
+
+
+def bound_base_id(adapter_dir: Path, base: str) -> str:
+    """The base model fingerprint an eval report of ``adapter_dir`` must record: that of ``base``
+    (:func:`checked_base`'s), else the one the adapter records (the train stage writes it), so a report is bound
+    to a base model even where the base cannot be read here."""
+    if base:
+        return base_fingerprint(base)
+    recorded = recorded_base(adapter_dir)
+    if not recorded:
+        raise ConfigError(
+            f"adapter '{adapter_dir}' records no base model fingerprint ({BASE_FILE}) and its base model is not a "
+            f"folder here, so its eval report cannot be bound to a base model; fix: pass --base-model (the folder "
+            f"or s3:// URI it was trained on)"
+        )
+    return recorded
 
 
 def _targets(modules: object) -> str:

@@ -23,7 +23,7 @@ from sdarflow import storage
 from sdarflow.config import FileSchema, opt
 from sdarflow.defaults import RELEASE_STAGES, VERSION_KIND
 from sdarflow.errors import ConfigError, StorageError
-from sdarflow.models.identity import adapter_folder_id, adapter_id, base_ids, lora_rank
+from sdarflow.models.identity import adapter_folder_id, adapter_id, lora_rank
 from sdarflow.registry import cas, gate, intake
 from sdarflow.registry.errors import GateRefused, RegistryConflict, RegistryError
 from sdarflow.registry.layout import (
@@ -184,14 +184,11 @@ class Registry:
         layout = self._layout(name)
         adapter_dir = Path(adapter_dir)
         adapter_config = intake.check_adapter_dir(adapter_dir)
-        base = intake.checked_base(adapter_dir, adapter_config, base_model)
+        base = intake.checked_base(adapter_dir, adapter_config, base_model, strict=True)
         report = intake.load_report(eval_report)
         base_report = None if base_eval_report is None else intake.load_base_report(base_eval_report)
         intake.check_bound(
-            report,
-            adapter_folder_id(adapter_dir),
-            base_ids(base, report.get("base_id")) if base else None,
-            base_report,
+            report, adapter_folder_id(adapter_dir), intake.bound_base_id(adapter_dir, base), base_report
         )
         intake.check_lineage(lineage)
         actor = actor or default_actor()
@@ -498,7 +495,7 @@ class Registry:
                 intake.check_bound(
                     again,
                     adapter_id(files),
-                    [base] if (base := candidate.get("base_id")) else None,
+                    candidate.get("base_id") or None,
                     what=f"the report {where}",
                 )
                 label, production = f"{label} (same tasks)", again
