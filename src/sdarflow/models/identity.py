@@ -283,19 +283,20 @@ def check_trained_on(folder: str, base_path: str, what: str = "adapter", *, stri
             f"{what} '{folder}' was trained on a different base model than '{base_path}' "
             f"(fingerprint {recorded} != {ids[0]}); fix: pass the matching --model"
         )
-    if recorded != ids[0] and strict:
+    if recorded == ids[0]:
+        return
+    if strict:
         raise ModelError(
             f"{what} '{folder}' records its base model by an older fingerprint ({recorded}: sampled weights or the "
             f"config alone), which cannot show it was trained on every weight byte of '{base_path}'; fix: train it "
             f"again with this sdarflow"
         )
-    if recorded != ids[0]:
-        log.warning(
-            "%s %s records its base model by an older fingerprint (sampled weights or the config alone), "
-            "blind to some weight changes; retrain it to pin every weight byte",
-            what,
-            folder,
-        )
+    log.warning(
+        "%s %s records its base model by an older fingerprint (sampled weights or the config alone), "
+        "blind to some weight changes; retrain it to pin every weight byte",
+        what,
+        folder,
+    )
 
 
 # The values vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks); a rank is rounded up to one.
