@@ -1,8 +1,9 @@
 """SDAR's premise on a model, measured as discrimination: does the teacher (the same weights with privileged context
 in its prompt) rank the policy's good turns above its bad ones?
 
-The model plays ``--tasks`` train tasks x ``--samples`` (generate, its own prompt format, expert labels on: each
-turn records whether its action was the expert's; with ``--adapter``, e.g. a warm start, that policy). Its rollouts
+The model plays ``--tasks`` train tasks x ``--samples`` from ``--first-task`` (generate, its own prompt format,
+expert labels on: each turn records whether its action was the expert's; with ``--adapter``, e.g. a warm start,
+that policy: pass the warm start's task count as ``--first-task`` so it plays tasks its SFT never saw). Its rollouts
 then go through the rescore stage itself, once per teacher context and skill place, so rescore's guards run (a
 teacher prompt left unchanged, or skills that never reach it, is refused and reported as refused, not scored):
 
@@ -18,7 +19,8 @@ Each row of the result: the gate ``sigmoid(beta (q - s))`` and the gap ``q - s``
 on expert-matching turns minus the others, and on successful episodes' turns minus failed ones', each with a 95%
 interval from a bootstrap over tasks (``sdarflow.teacher.discrimination``; "n/a" below 5 tasks on a side).
 
-    python -m bench.premise --model smollm2-135m-instruct --env search-qa [--adapter DIR] [--tasks 32 --samples 4]
+    python -m bench.premise --model smollm2-135m-instruct --env search-qa [--adapter DIR --first-task 32]
+        [--tasks 32 --samples 4]
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adapter", default="", help="the policy's adapter (e.g. an SFT warm start)")
     ap.add_argument("--env", default="search-qa")
     ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--first-task", type=int, default=0, help="the first train task played")
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="", help="work folder (default bench/work/premise-<env>)")
@@ -134,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or Path(__file__).parent / "work" / f"premise-{args.env}").absolute()
     generated = generate.run(
         generate.GenerateConfig(
-            model=model, adapter=args.adapter, env=args.env, tasks=args.tasks, group_size=args.samples,
-            seed=args.seed, engine="hf", allow_unpublished=True, overwrite=True, output=str(work / "rollouts"),
+            model=model, adapter=args.adapter, env=args.env, tasks=args.tasks, first_task=args.first_task,
+            group_size=args.samples, seed=args.seed, engine="hf", allow_unpublished=True, overwrite=True, output=str(work / "rollouts"),
         )
     )  # fmt: skip
     rollouts = {"own": generated["uri"], "other": other_tasks(generated["uri"], str(work / "rollouts-other"))}
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "adapter": args.adapter,
         "tasks": args.tasks,
+        "first_task": args.first_task,
         "samples": args.samples,
         "skills_library": library,
         "rollouts": {k: v for k, v in generated["metrics"].items() if k.startswith("rollout/")},
