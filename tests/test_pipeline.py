@@ -544,6 +544,7 @@ def test_start_adapter_resolves_production_into_the_run(registry_with_production
     assert sorted(p.name for p in Path(folder).iterdir() if not p.name.startswith("_")) == [
         "adapter_config.json",
         "adapter_model.safetensors",
+        "base_model.json",  # the base fingerprint the stages check it against
     ]
     # round 0 continues from it; later rounds get their previous round's adapter
     assert stage_config(load(prepare(pc)), "train", 0, input=["x"], adapter="").adapter.endswith(
