@@ -350,7 +350,7 @@ def test_a_report_on_another_base_model_is_refused(local_registry, lora_adapter,
 def test_without_a_readable_base_the_report_is_bound_to_the_base_the_adapter_records(
     local_registry, make_adapter, report, lineage
 ):
-    """An adapter whose base (``tiny-qwen2``) is no folder here and no --base-model: its report must have run on
+    """An adapter whose base (``tiny-qwen2``) is no folder here and no --model: its report must have run on
     the base the adapter records it was trained on (train's base_model.json); one recording none is refused."""
     from sdarflow.models.identity import BASE_FILE
 
@@ -360,7 +360,7 @@ def test_without_a_readable_base_the_report_is_bound_to_the_base_the_adapter_rec
         reg.register("agent", adapter, {**report(0.5, 0.7, 0.4), "base_id": "fedcba9876543210"}, lineage)
     (adapter / BASE_FILE).unlink()
     with pytest.raises(
-        ConfigError, match=r"records no base model fingerprint \(base_model.json\).*--base-model"
+        ConfigError, match=r"records no base model fingerprint \(base_model.json\).*fix: pass --model"
     ):
         reg.register("agent", adapter, report(0.5, 0.7, 0.4), lineage)
     assert reg.list_names() == []

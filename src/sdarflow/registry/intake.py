@@ -323,8 +323,8 @@ def bound_base_id(adapter_dir: Path, base: str) -> str:
     if not recorded:
         raise ConfigError(
             f"adapter '{adapter_dir}' records no base model fingerprint ({BASE_FILE}) and its base model is not a "
-            f"folder here, so its eval report cannot be bound to a base model; fix: pass --base-model (the folder "
-            f"or s3:// URI it was trained on)"
+            f"folder here, so its eval report cannot be bound to a base model; fix: pass --model (the folder or "
+            f"s3:// URI it was trained on)"
         )
     return recorded
 
